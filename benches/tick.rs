@@ -1,0 +1,211 @@
+//! The cost of one host sampling tick against the floor, in one run.
+//!
+//! `cargo bench --bench tick` spawns a real process tree (1 and 16
+//! processes) and times, per tick:
+//! - the floor: one `pread` of a kept-open `/proc/PID/statm` per process
+//!   (the least any sampler of RSS can do);
+//! - memtrack's procfs sample (new-process check + statm per process), with
+//!   and without the rate-limited `VmHWM` read falling due;
+//! - a full engine tick: sample, store fold and journal serialization;
+//! - sysinfo refreshing the same processes' memory (known PIDs only, and
+//!   all processes, which is what finding new children takes).
+//!
+//! Each figure is the median of 31 batches; ratios are to the floor.
+
+// A benchmark program: it prints its table and fails loudly.
+#![allow(clippy::expect_used, clippy::print_stdout)]
+// spawn_tree hands its child to main, which kills and reaps it.
+#![allow(clippy::zombie_processes)]
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use memtrack::model::RunInfo;
+use memtrack::sample::gpu::NoGpu;
+use memtrack::sample::procfs::{HostSample, ProcOptions, ProcTree};
+use memtrack::sample::{Sample, Sampler};
+use memtrack::store::pressure::Thresholds;
+use memtrack::store::{Limits, Record, SampleKind, Store};
+
+/// `cargo bench` passes `--bench`; `cargo test` runs this binary without
+/// it, as a quick smoke run that keeps the benchmark from rotting.
+fn full_run() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// Median time per call of `f`, from batches of about 20 ms each.
+fn per_call(mut f: impl FnMut()) -> Duration {
+    let (batch_ms, batches) = if full_run() { (20, 31) } else { (2, 3) };
+    // Warm up and size the batch.
+    let t = Instant::now();
+    let mut n = 0u32;
+    while t.elapsed() < Duration::from_millis(batch_ms) {
+        f();
+        n += 1;
+    }
+    let batch = n.max(1);
+    let mut samples: Vec<Duration> = (0..batches)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..batch {
+                f();
+            }
+            t.elapsed() / batch
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn spawn_tree(n: usize) -> (Child, Vec<u32>) {
+    let script = if n == 1 {
+        "exec sleep 600".to_string()
+    } else {
+        format!("for i in $(seq {}); do sleep 600 & done; wait", n - 1)
+    };
+    let child = Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .expect("spawn");
+    let root = child.id();
+    // Wait until the whole tree exists.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut tree = tree(Duration::from_secs(3600));
+        tree.add_root(root).expect("root");
+        tree.sample(Instant::now(), &mut HostSample::default());
+        if tree.len() == n {
+            return (child, tree.pids().collect());
+        }
+        if Instant::now() > deadline {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("tree of {n} did not form");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn tree(hwm_interval: Duration) -> ProcTree {
+    ProcTree::new(ProcOptions {
+        root: "/proc".into(),
+        hwm_interval,
+        reaper: None,
+        job: None,
+        smaps: None,
+    })
+    .expect("procfs")
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn main() {
+    if !full_run() {
+        println!("(smoke run: figures are meaningless; `cargo bench --bench tick` measures)");
+    }
+    println!("memtrack tick cost vs the floor (median per tick, this machine)");
+    println!();
+    println!("| processes | floor: statm pread | memtrack sample | ratio | sample + VmHWM read | ratio | full tick (sample+store+journal) | ratio | sysinfo, known PIDs | ratio | sysinfo, all processes | ratio |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for n in [1usize, 16] {
+        let (mut child, pids) = spawn_tree(n);
+        let root = child.id();
+
+        let files: Vec<File> = pids
+            .iter()
+            .map(|p| File::open(format!("/proc/{p}/statm")).expect("statm"))
+            .collect();
+        let mut buf = [0u8; 256];
+        let floor = per_call(|| {
+            for f in &files {
+                let n = f.read_at(&mut buf, 0).expect("pread");
+                std::hint::black_box(&buf[..n]);
+            }
+        });
+
+        let mut t = tree(Duration::from_secs(3600));
+        t.add_root(root).expect("root");
+        let mut out = HostSample::default();
+        t.sample(Instant::now(), &mut out);
+        assert_eq!(t.len(), n, "the whole tree is followed");
+        let sample = per_call(|| {
+            out.clear();
+            t.sample(Instant::now(), &mut out);
+            std::hint::black_box(&out);
+        });
+
+        let mut t = tree(Duration::from_nanos(1));
+        t.add_root(root).expect("root");
+        let with_hwm = per_call(|| {
+            out.clear();
+            t.sample(Instant::now(), &mut out);
+            std::hint::black_box(&out);
+        });
+
+        let mut t = tree(Duration::from_secs(3600));
+        t.add_root(root).expect("root");
+        let mut sampler = Sampler::new(
+            t,
+            Box::new(NoGpu {
+                reason: "bench".into(),
+            }),
+            File::open("/proc/meminfo").ok(),
+        );
+        let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let mut journal = Vec::with_capacity(1 << 20);
+        let full = per_call(|| {
+            let mut s = Sample::default();
+            sampler.sample(&mut s);
+            let record = Record::Sample {
+                kind: SampleKind::Timer,
+                sample: Box::new(s),
+            };
+            store.apply(&record);
+            journal.clear();
+            serde_json::to_writer(&mut journal, &record).expect("json");
+        });
+
+        let sys_pids: Vec<sysinfo::Pid> = pids.iter().map(|p| sysinfo::Pid::from_u32(*p)).collect();
+        let mut sys = sysinfo::System::new().expect("sysinfo");
+        let kind = sysinfo::ProcessRefreshKind::nothing().with_memory();
+        let sysinfo_some = per_call(|| {
+            sys.refresh_processes_specifics(
+                sysinfo::ProcessesToUpdate::Some(&sys_pids),
+                true,
+                kind,
+            );
+        });
+        let sysinfo_all = per_call(|| {
+            sys.refresh_processes_specifics(sysinfo::ProcessesToUpdate::All, true, kind);
+        });
+
+        let r = |d: Duration| us(d) / us(floor);
+        println!(
+            "| {n} | {:.2} µs | {:.2} µs | {:.2}× | {:.2} µs | {:.2}× | {:.2} µs | {:.2}× | {:.2} µs | {:.2}× | {:.1} µs | {:.1}× |",
+            us(floor),
+            us(sample),
+            r(sample),
+            us(with_hwm),
+            r(with_hwm),
+            us(full),
+            r(full),
+            us(sysinfo_some),
+            r(sysinfo_some),
+            us(sysinfo_all),
+            r(sysinfo_all),
+        );
+        let _ = child.kill();
+        let _ = Command::new("pkill")
+            .args(["-P", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+    }
+    println!();
+    println!("goal (issue 2): memtrack sample <= 2x the floor. The VmHWM read falls due once per");
+    println!("host.hwm_interval (1 s): every tick at a 1 s interval, one tick in 100 at 10 ms.");
+}

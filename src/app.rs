@@ -1,0 +1,459 @@
+//! Wiring one run together: the run directory, the sampler, the store and
+//! its journal, the job (or the attached PIDs), signals, and the engine.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::sync_channel;
+
+use anyhow::{bail, Context};
+
+use crate::config::Config;
+use crate::engine::{EndWhen, Engine, EngineOptions, Input};
+use crate::model::{Exit, RunInfo};
+use crate::sample::procfs::{ProcOptions, ProcTree, SmapsOptions};
+use crate::sample::{gpu, Sampler};
+use crate::shutdown::SignalThread;
+use crate::store::journal::{self, Journal};
+use crate::store::{Limits, Store};
+use crate::{sys, target};
+
+/// What to follow.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// Spawn this command and follow its tree.
+    Run { argv: Vec<String> },
+    /// Follow existing processes.
+    Attach { pids: Vec<u32> },
+}
+
+/// Environment variables turned into run labels (SLURM and torchrun).
+pub const LABEL_ENV: &[(&str, &str)] = &[
+    ("SLURM_JOB_ID", "slurm_job_id"),
+    ("SLURM_PROCID", "slurm_procid"),
+    ("SLURM_NODEID", "slurm_nodeid"),
+    ("SLURM_LOCALID", "slurm_localid"),
+    ("RANK", "rank"),
+    ("LOCAL_RANK", "local_rank"),
+    ("WORLD_SIZE", "world_size"),
+];
+
+/// The run's labels: host, SLURM / torchrun variables, then configured
+/// labels (which win).
+pub fn run_labels(
+    host: &str,
+    env: impl Fn(&str) -> Option<String>,
+    configured: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    labels.insert("host".to_string(), host.to_string());
+    for (var, label) in LABEL_ENV {
+        if let Some(v) = env(var).filter(|v| !v.is_empty() && v.len() <= 256) {
+            labels.insert((*label).to_string(), v);
+        }
+    }
+    if !labels.contains_key("rank") {
+        if let Some(r) = labels.get("slurm_procid").cloned() {
+            labels.insert("rank".into(), r);
+        }
+    }
+    labels.extend(configured.iter().map(|(k, v)| (k.clone(), v.clone())));
+    labels
+}
+
+fn random_id() -> String {
+    let mut bytes = [0u8; 16];
+    if File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+            ^ u128::from(std::process::id());
+        bytes = seed.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Programs that start the real job, skipped when naming a run.
+fn is_launcher(name: &str) -> bool {
+    let bare = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    matches!(
+        bare,
+        "" | "env"
+            | "sh"
+            | "bash"
+            | "dash"
+            | "zsh"
+            | "exec"
+            | "nohup"
+            | "time"
+            | "python"
+            | "python3"
+            | "torchrun"
+            | "accelerate"
+            | "deepspeed"
+            | "uv"
+            | "poetry"
+            | "srun"
+            | "mpirun"
+            | "nice"
+            | "taskset"
+    ) || matches!(name, "run" | "launch")
+}
+
+/// `<script>-<UTC date>-<time>`, e.g. `train-20261122-144302`.
+pub fn default_run_name(mode: &Mode) -> String {
+    let base = match mode {
+        // Named after the script, not the launcher: `python3 train.py`,
+        // `torchrun --nproc-per-node 8 train.py` and
+        // `sh -c 'python train.py'` are all `train`.
+        Mode::Run { argv } => argv
+            .iter()
+            .flat_map(|a| a.split_whitespace())
+            .filter(|a| !a.starts_with('-') && !a.contains('='))
+            .map(|a| {
+                Path::new(a)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            })
+            .find(|n| !is_launcher(n))
+            .map(|n| n.strip_suffix(".py").map(str::to_string).unwrap_or(n))
+            .unwrap_or_else(|| "job".into()),
+        Mode::Attach { pids } if !pids.is_empty() => format!("attach-{}", pids[0]),
+        Mode::Attach { .. } => "attach".into(),
+    };
+    let base: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(48)
+        .collect();
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let stamp: String = stamp.chars().filter(char::is_ascii_digit).collect();
+    format!(
+        "{base}-{}-{}",
+        &stamp[..8.min(stamp.len())],
+        &stamp[8.min(stamp.len())..]
+    )
+}
+
+/// Creates the run directory. A chosen name is used as is; an automatic
+/// one gets `-2`, `-3`… when taken. Runs left behind by a killed memtrack
+/// under the same output root are recovered first.
+pub fn prepare_run_dir(output: &Path, name: &str, explicit: bool) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(output)
+        .with_context(|| format!("cannot create output directory {}", output.display()))?;
+    recover_leftovers(output);
+    let mut dir = output.join(name);
+    if !explicit {
+        let mut n = 2;
+        while dir.exists() {
+            dir = output.join(format!("{name}-{n}"));
+            n += 1;
+        }
+    }
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create run directory {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Rebuilds `memory_usage.json` of runs whose daemon died. Live runs (lock
+/// held) are left alone.
+pub fn recover_leftovers(output: &Path) {
+    let Ok(entries) = std::fs::read_dir(output) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if !journal::has_journal(&dir) {
+            continue;
+        }
+        match journal::recover(&dir) {
+            Ok(r) => tracing::info!(
+                "recovered the run in {} left by a memtrack that did not finish ({} journalled records replayed)",
+                dir.display(),
+                r.replayed
+            ),
+            Err(journal::JournalError::Locked(_)) => {}
+            Err(e) => tracing::warn!("cannot recover {}: {e}", dir.display()),
+        }
+    }
+}
+
+/// Removes what a run created when it fails before its engine starts, so
+/// a job that cannot start leaves no half-written run behind.
+struct Cleanup {
+    dir: PathBuf,
+    existed: bool,
+    armed: bool,
+}
+
+impl Cleanup {
+    fn new(dir: &Path) -> Cleanup {
+        // prepare_run_dir has just created it unless a chosen name reused it.
+        let existed = std::fs::read_dir(dir)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true);
+        Cleanup {
+            dir: dir.to_path_buf(),
+            existed,
+            armed: true,
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let _ = std::fs::remove_dir_all(self.dir.join(journal::DIR));
+        if !self.existed {
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+}
+
+/// What a finished daemon reports to `main`.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The process exit status memtrack should use.
+    pub exit_code: i32,
+    pub document: PathBuf,
+}
+
+/// Runs `memtrack run` or `memtrack attach` to the end.
+pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
+    let explicit = !config.name.is_empty();
+    let name = if explicit {
+        config.name.clone()
+    } else {
+        default_run_name(&mode)
+    };
+    if let Mode::Attach { pids } = &mode {
+        for pid in pids {
+            if !sys::pid_exists(*pid) {
+                bail!("no process with PID {pid}");
+            }
+        }
+    }
+
+    let is_run = matches!(mode, Mode::Run { .. });
+    if is_run {
+        // Orphaned workers then stay in the tree and their exits reach us.
+        if let Err(e) = sys::become_subreaper() {
+            tracing::debug!("cannot become a child subreaper: {e}");
+        }
+    }
+    let host = sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into());
+    let run_dir = prepare_run_dir(&config.output, &name, explicit)?;
+    let mut cleanup = Cleanup::new(&run_dir);
+    let gpu = gpu::open(
+        &config.gpu,
+        std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+    );
+    let backend = gpu.backend();
+    if backend == "nvml" {
+        let names: Vec<String> = gpu
+            .devices()
+            .iter()
+            .map(|d| format!("{} {}", d.index, d.name))
+            .collect();
+        tracing::info!("GPU figures from NVML: {}", names.join(", "));
+    } else {
+        tracing::info!(
+            "host-only mode, GPU figures are 0: {}",
+            backend.trim_start_matches("none: ")
+        );
+    }
+
+    let document = run_dir.join(crate::export::json::FILE_NAME);
+    let run = RunInfo {
+        id: random_id(),
+        name: run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or(name),
+        host: host.clone(),
+        mode: if is_run { "run" } else { "attach" }.into(),
+        command: match &mode {
+            Mode::Run { argv } => argv.clone(),
+            Mode::Attach { .. } => Vec::new(),
+        },
+        start: crate::units::unix_now(),
+        labels: run_labels(&host, |v| std::env::var(v).ok(), &config.labels),
+        interval_s: config.interval.as_secs_f64(),
+        memtrack_version: env!("CARGO_PKG_VERSION").into(),
+        gpu_backend: backend,
+        ..RunInfo::default()
+    };
+    let limits = Limits {
+        max_timer_entries: config.log.max_timer_entries,
+        target_series_points: config.log.target_series_points,
+        max_targets: config.log.max_targets,
+        ..Limits::default()
+    };
+    let mut store = Store::new(run, limits, config.pressure);
+    store.describe_gpus(gpu.devices());
+    let journal = Journal::create(&run_dir, &store)
+        .with_context(|| format!("cannot write to the run directory {}", run_dir.display()))?;
+
+    let (tx, rx) = sync_channel::<Input>(65_536);
+    let mut opts = ProcOptions {
+        root: config.host.proc_root.clone(),
+        hwm_interval: config.host.hwm_interval,
+        reaper: is_run.then(std::process::id),
+        job: None,
+        smaps: config.host.smaps.then_some(SmapsOptions {
+            interval: config.host.smaps_interval,
+            max_rss: config.host.smaps_max_rss_mb << 20,
+        }),
+    };
+
+    // Start the job last, once everything that can fail has succeeded.
+    let (tree, job_pid, end_when) = match &mode {
+        Mode::Run { argv } => {
+            let child = target::spawn(argv, &[])?;
+            let pid = child.id();
+            opts.job = Some(pid);
+            let mut tree = ProcTree::new(opts).context("cannot read procfs")?;
+            if let Err(e) = tree.add_root(pid) {
+                // A job that ends at once is gone before we look.
+                tracing::debug!("cannot follow the job: {e}");
+            }
+            let waiter_tx = tx.clone();
+            std::thread::Builder::new()
+                .name("memtrack-wait".into())
+                .spawn(move || {
+                    // The Child handle is not used to wait: wait4 also gives
+                    // the exact peak RSS.
+                    let _child = child;
+                    match sys::wait_child(pid, true) {
+                        Ok(Some(reaped)) => {
+                            let _ = waiter_tx.send(Input::JobExited { pid, reaped });
+                        }
+                        other => tracing::error!("cannot wait for the job: {other:?}"),
+                    }
+                })
+                .context("cannot start the waiter thread")?;
+            (tree, Some(pid), EndWhen::JobExits)
+        }
+        Mode::Attach { pids } => {
+            let mut tree = ProcTree::new(opts).context("cannot read procfs")?;
+            for pid in pids {
+                tree.add_root(*pid)
+                    .with_context(|| format!("cannot follow PID {pid}"))?;
+            }
+            let end = if pids.is_empty() {
+                EndWhen::Stopped
+            } else {
+                EndWhen::TreeEmpty
+            };
+            (tree, None, end)
+        }
+    };
+    let signals =
+        SignalThread::start(job_pid, tx.clone()).context("cannot install signal handlers")?;
+    let meminfo = File::open(config.host.proc_root.join("meminfo")).ok();
+    let sampler = Sampler::new(tree, gpu, meminfo);
+    let engine = Engine::new(
+        sampler,
+        store,
+        Some(journal),
+        EngineOptions {
+            interval: config.interval,
+            checkpoint_interval: config.checkpoint_interval,
+            journal_flush: std::time::Duration::from_secs(1),
+            end_when,
+        },
+    );
+    drop(tx);
+    cleanup.disarm();
+    let (ended, store) = engine.run(&rx);
+    let first_signal = signals.stop();
+
+    let doc = store.document();
+    tracing::info!(
+        "run {} ended: peak host RAM {:.1} MiB, peak GPU {:.1} MiB; {}",
+        doc.run.name,
+        doc.peak_usage
+            .cpu_ram_used_mb
+            .max(doc.peak_usage.cpu_ram_hwm_mb),
+        doc.peak_usage
+            .gpu_process_used_mb
+            .max(doc.peak_usage.reserved_gpu_ram_mb),
+        if ended.write_error.is_some() {
+            "the JSON could not be written (see above)".to_string()
+        } else {
+            format!("wrote {}", document.display())
+        }
+    );
+    let exit_code = match (ended.job_exit, first_signal) {
+        (Some(exit), _) => exit.code,
+        (None, Some(sig)) => Exit::signal(sig).code,
+        (None, None) if ended.write_error.is_some() => 1,
+        (None, None) => 0,
+    };
+    Ok(Outcome {
+        exit_code,
+        document,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_from_slurm_and_torchrun() {
+        let env = |v: &str| match v {
+            "SLURM_JOB_ID" => Some("4242".to_string()),
+            "SLURM_PROCID" => Some("3".to_string()),
+            "LOCAL_RANK" => Some("1".to_string()),
+            _ => None,
+        };
+        let mut configured = BTreeMap::new();
+        configured.insert("team".to_string(), "nlp".to_string());
+        let l = run_labels("node7", env, &configured);
+        assert_eq!(l["host"], "node7");
+        assert_eq!(l["slurm_job_id"], "4242");
+        assert_eq!(l["rank"], "3", "SLURM_PROCID stands in for RANK");
+        assert_eq!(l["local_rank"], "1");
+        assert_eq!(l["team"], "nlp");
+    }
+
+    #[test]
+    fn run_names() {
+        let name = |argv: &[&str]| {
+            default_run_name(&Mode::Run {
+                argv: argv.iter().map(|a| a.to_string()).collect(),
+            })
+        };
+        let n = name(&["/usr/bin/python3", "train.py"]);
+        assert!(n.starts_with("train-2"), "{n}");
+        assert!(name(&["python3.11", "-u", "examples/demo_job.py"]).starts_with("demo_job-2"));
+        assert!(name(&["torchrun", "--nproc-per-node=8", "train.py"]).starts_with("train-2"));
+        assert!(name(&["sh", "-c", "exec python finetune.py --lr 3e-4"]).starts_with("finetune-2"));
+        assert!(name(&["./bin/serve"]).starts_with("serve-2"));
+        assert!(name(&["sh", "-c", "exit 7"]).starts_with("exit-"));
+        let dir = tempfile::tempdir().unwrap();
+        let a = prepare_run_dir(dir.path(), "x", false).unwrap();
+        let b = prepare_run_dir(dir.path(), "x", false).unwrap();
+        assert_ne!(a, b);
+        assert!(b.ends_with("x-2"));
+    }
+}

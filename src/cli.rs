@@ -1,0 +1,145 @@
+//! The command line, in two layers: clap parses raw arguments here; the
+//! daemon flags then become the top [`Layer`] of the configuration, where
+//! they are validated like every other source.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use toml::Value;
+
+use crate::config::Layer;
+
+/// Memory telemetry sidecar for ML jobs: host RSS and GPU memory of a
+/// process tree, phase marks, peaks, and memory_usage.json.
+#[derive(Debug, Parser)]
+#[command(name = "memtrack", version, max_term_width = 100)]
+#[command(
+    after_help = "Settings: defaults < --config FILE < MEMTRACK_* environment < flags. \
+See `memtrack config --defaults` for every key."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a job, follow its process tree, write outputs/RUN/memory_usage.json,
+    /// and exit with the job's status
+    Run(RunArgs),
+    /// Follow processes that are already running until they exit or memtrack is signalled
+    Attach(AttachArgs),
+    /// Rebuild memory_usage.json of a run whose memtrack was killed
+    Recover(RecoverArgs),
+    /// Print the default or the effective configuration
+    Config(ConfigArgs),
+}
+
+/// Options shared by `run` and `attach`.
+#[derive(Debug, Args, Default)]
+pub struct DaemonArgs {
+    /// TOML configuration file
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Timer period between samples, e.g. 100ms, 1s (default 1s)
+    #[arg(long, value_name = "DURATION")]
+    pub interval: Option<String>,
+    /// Run name: the output folder outputs/NAME/ (default: script name and time)
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Directory holding one folder per run (default ./outputs)
+    #[arg(long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Extra label for the run and its metrics (repeatable)
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// Host-only mode: do not load NVML
+    #[arg(long)]
+    pub no_gpu: bool,
+    /// NVML library to load instead of libnvidia-ml.so.1
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// Also read PSS/USS from smaps_rollup (costly; rate limited)
+    #[arg(long)]
+    pub smaps: bool,
+    /// How often memory_usage.json is rewritten during the run (default 30s)
+    #[arg(long, value_name = "DURATION")]
+    pub checkpoint_interval: Option<String>,
+    /// Log level or tracing filter (default info)
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+}
+
+impl DaemonArgs {
+    /// The flags as the top configuration layer.
+    pub fn layer(&self) -> Result<Layer, String> {
+        let mut layer = Layer::new("command line");
+        let mut set_str = |key: &str, v: &Option<String>| {
+            if let Some(v) = v {
+                layer.set(key, Value::String(v.clone()));
+            }
+        };
+        set_str("interval", &self.interval);
+        set_str("name", &self.name);
+        set_str("checkpoint_interval", &self.checkpoint_interval);
+        set_str("log_level", &self.log_level);
+        if let Some(o) = &self.output {
+            layer.set("output", Value::String(o.display().to_string()));
+        }
+        if let Some(p) = &self.nvml_lib {
+            layer.set("gpu.nvml_library", Value::String(p.display().to_string()));
+        }
+        if self.no_gpu {
+            layer.set("gpu.enabled", Value::Boolean(false));
+        }
+        if self.smaps {
+            layer.set("host.smaps", Value::Boolean(true));
+        }
+        for l in &self.labels {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| format!("--label `{l}`: expected KEY=VALUE"))?;
+            layer.set(&format!("labels.{k}"), Value::String(v.to_string()));
+        }
+        Ok(layer)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+    /// The job and its arguments, after `--`
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+    /// A process to follow with its descendants (repeatable)
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// A file holding PIDs to follow (repeatable)
+    #[arg(long = "pid-file", value_name = "FILE")]
+    pub pid_files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct RecoverArgs {
+    /// The run directory (outputs/RUN), or the output root to recover every run in it
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Print the built-in defaults as TOML
+    #[arg(long, conflicts_with = "show")]
+    pub defaults: bool,
+    /// Print the configuration after every layer (file, environment, flags)
+    #[arg(long)]
+    pub show: bool,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+}

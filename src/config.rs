@@ -1,0 +1,558 @@
+//! Layered configuration: defaults < TOML file (`--config`) < `MEMTRACK_*`
+//! environment < command-line flags.
+//!
+//! One mechanism serves every layer: each becomes a TOML table, is checked
+//! against the defaults (unknown keys and ill-typed values are errors that
+//! name the layer and the key), and the tables are merged and deserialized
+//! once. Environment variable names are derived from the key paths
+//! (`host.hwm_interval` ↔ `MEMTRACK_HOST_HWM_INTERVAL`), so a new key is
+//! reachable from every layer without further code. Empty strings mean
+//! "choose automatically", so every key has a value and appears in
+//! `memtrack.example.toml`, which a test keeps equal to the defaults.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use toml::{Table, Value};
+
+use crate::store::pressure::Thresholds;
+use crate::units::serde_duration;
+
+/// Config files larger than this are refused before parsing.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Prefix of every environment variable that maps onto a config key.
+pub const ENV_PREFIX: &str = "MEMTRACK_";
+
+/// Everything the daemon (`run`, `attach`) can be told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Timer period between samples (10ms … 1h).
+    #[serde(with = "serde_duration")]
+    pub interval: Duration,
+    /// Run name; `outputs/<name>/memory_usage.json`. Empty: `<command>-<time>`.
+    pub name: String,
+    /// Directory under which each run gets its own folder.
+    pub output: PathBuf,
+    /// How often `memory_usage.json` is rewritten during the run.
+    #[serde(with = "serde_duration")]
+    pub checkpoint_interval: Duration,
+    /// `error`, `warn`, `info`, `debug` or `trace` (or a tracing filter).
+    pub log_level: String,
+    /// Extra labels recorded in `run.labels` and on every metric.
+    pub labels: BTreeMap<String, String>,
+    pub host: HostConfig,
+    pub gpu: GpuConfig,
+    pub log: LogConfig,
+    /// Used-memory ratios at which host RAM and each GPU change level.
+    pub pressure: Thresholds,
+}
+
+/// Host (procfs) sampling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// Where procfs is mounted (tests point this at a fake tree).
+    pub proc_root: PathBuf,
+    /// How often `VmHWM` is read from `/proc/PID/status` (it costs ~10×
+    /// the `statm` read done every tick; the value is a running maximum,
+    /// so reading it less often loses nothing while the process lives).
+    #[serde(with = "serde_duration")]
+    pub hwm_interval: Duration,
+    /// Read PSS/USS from `smaps_rollup` (costly: ~10 ms per GiB of RSS,
+    /// and it stalls the target while the kernel walks its page tables).
+    pub smaps: bool,
+    #[serde(with = "serde_duration")]
+    pub smaps_interval: Duration,
+    /// Processes above this RSS are skipped by the `smaps_rollup` read.
+    pub smaps_max_rss_mb: u64,
+}
+
+/// GPU (NVML) sampling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// `false` forces host-only mode.
+    pub enabled: bool,
+    /// NVML shared library to load. Empty: the system's `libnvidia-ml.so.1`.
+    pub nvml_library: PathBuf,
+}
+
+/// Bounds that keep a long run's memory and JSON size flat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Timer entries kept in `detailed_log`; beyond it neighbours are merged
+    /// (keeping every maximum). Event entries are all kept.
+    pub max_timer_entries: usize,
+    /// Points kept in each target's `series`.
+    pub target_series_points: usize,
+    /// Processes kept in `targets`; beyond it the exited ones with the
+    /// smallest peak are dropped (and counted).
+    pub max_targets: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            interval: Duration::from_secs(1),
+            name: String::new(),
+            output: PathBuf::from("outputs"),
+            checkpoint_interval: Duration::from_secs(30),
+            log_level: "info".into(),
+            labels: BTreeMap::new(),
+            host: HostConfig::default(),
+            gpu: GpuConfig::default(),
+            log: LogConfig::default(),
+            pressure: Thresholds::default(),
+        }
+    }
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            proc_root: PathBuf::from("/proc"),
+            hwm_interval: Duration::from_secs(1),
+            smaps: false,
+            smaps_interval: Duration::from_secs(30),
+            smaps_max_rss_mb: 4096,
+        }
+    }
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            enabled: true,
+            nvml_library: PathBuf::new(),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            max_timer_entries: 4096,
+            target_series_points: 512,
+            max_targets: 1024,
+        }
+    }
+}
+
+/// A configuration problem, naming where it came from and the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{layer}: {message}")]
+    Parse { layer: String, message: String },
+    #[error("{layer}: unknown setting `{key}`{hint}")]
+    Unknown {
+        layer: String,
+        key: String,
+        hint: String,
+    },
+    #[error("{layer}: bad value for `{key}`: {message}")]
+    Invalid {
+        layer: String,
+        key: String,
+        message: String,
+    },
+}
+
+/// One source of settings, as a table shaped like the config.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// Human name used in error messages: "config file x.toml", …
+    pub name: String,
+    pub table: Table,
+}
+
+impl Layer {
+    pub fn new(name: impl Into<String>) -> Self {
+        Layer {
+            name: name.into(),
+            table: Table::new(),
+        }
+    }
+
+    /// Sets `dotted.key` to `value`, creating the intermediate tables.
+    pub fn set(&mut self, dotted: &str, value: Value) {
+        let mut table = &mut self.table;
+        let mut parts = dotted.split('.').peekable();
+        while let Some(part) = parts.next() {
+            if parts.peek().is_none() {
+                table.insert(part.to_string(), value);
+                return;
+            }
+            let entry = table
+                .entry(part.to_string())
+                .or_insert_with(|| Value::Table(Table::new()));
+            if !entry.is_table() {
+                *entry = Value::Table(Table::new());
+            }
+            let Value::Table(next) = entry else {
+                unreachable!("just made it a table")
+            };
+            table = next;
+        }
+    }
+
+    /// Reads a TOML file (at most [`MAX_CONFIG_BYTES`]).
+    pub fn from_file(path: &Path) -> Result<Layer, ConfigError> {
+        let name = format!("config file {}", path.display());
+        let read_err = |source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let size = std::fs::metadata(path).map_err(read_err)?.len();
+        if size > MAX_CONFIG_BYTES {
+            return Err(ConfigError::Parse {
+                layer: name,
+                message: format!(
+                    "{size} bytes; a memtrack config is at most {MAX_CONFIG_BYTES} bytes"
+                ),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        let table: Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            layer: name.clone(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        Ok(Layer { name, table })
+    }
+
+    /// Collects `MEMTRACK_*` variables. A variable that names no setting is
+    /// an error, so a typo (`MEMTRACK_INTERVALL`) never passes silently.
+    pub fn from_env(
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Layer, ConfigError> {
+        let defaults = default_table();
+        let keys = leaf_keys(&defaults);
+        let mut layer = Layer::new("environment");
+        for (name, raw) in vars {
+            let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            if CLIENT_ONLY_ENV.contains(&name.as_str()) {
+                continue;
+            }
+            let Some((key, default)) = keys
+                .iter()
+                .find(|(k, _)| k.replace('.', "_").eq_ignore_ascii_case(rest))
+            else {
+                return Err(ConfigError::Unknown {
+                    layer: format!("environment variable {name}"),
+                    key: rest.to_ascii_lowercase(),
+                    hint: " (no memtrack setting has this name)".into(),
+                });
+            };
+            layer.set(key, env_value(&raw, default));
+        }
+        Ok(layer)
+    }
+}
+
+/// Variables read by clients (`memtrack mark`, the Python client) rather
+/// than by the daemon's config.
+const CLIENT_ONLY_ENV: &[&str] = &["MEMTRACK_SOCKET", "MEMTRACK_TIMEOUT", "MEMTRACK_DISABLE"];
+
+/// A string from the environment, typed like the default it overrides:
+/// strings stay strings, anything else is read as a TOML literal
+/// (`true`, `42`, `[1, 2]`, `{ rank = "0" }`).
+fn env_value(raw: &str, default: &Value) -> Value {
+    if default.is_str() {
+        return Value::String(raw.to_string());
+    }
+    toml::from_str::<Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| Value::String(raw.to_string()))
+}
+
+/// The defaults as a TOML table.
+pub fn default_table() -> Table {
+    match Value::try_from(Config::default()) {
+        Ok(Value::Table(t)) => t,
+        _ => unreachable!("Config serializes to a table"),
+    }
+}
+
+/// Every settable key path with its default value. Tables whose keys are
+/// free-form (`labels`) count as one leaf.
+pub fn leaf_keys(defaults: &Table) -> Vec<(String, Value)> {
+    fn walk(prefix: &str, table: &Table, out: &mut Vec<(String, Value)>) {
+        for (k, v) in table {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                Value::Table(t) if !FREE_FORM_TABLES.contains(&path.as_str()) => {
+                    walk(&path, t, out)
+                }
+                _ => out.push((path, v.clone())),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk("", defaults, &mut out);
+    out
+}
+
+const FREE_FORM_TABLES: &[&str] = &["labels"];
+
+fn check_unknown(
+    layer: &str,
+    defaults: &Table,
+    table: &Table,
+    prefix: &str,
+) -> Result<(), ConfigError> {
+    for (k, v) in table {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match defaults.get(k) {
+            None => {
+                let known: Vec<&str> = defaults.keys().map(String::as_str).collect();
+                return Err(ConfigError::Unknown {
+                    layer: layer.to_string(),
+                    key: path,
+                    hint: format!(" (known here: {})", known.join(", ")),
+                });
+            }
+            Some(Value::Table(d)) if !FREE_FORM_TABLES.contains(&path.as_str()) => {
+                if let Value::Table(t) = v {
+                    check_unknown(layer, d, t, &path)?;
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+fn merge_into(base: &mut Table, over: &Table) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(Value::Table(b)), Value::Table(o)) if k != "labels" => merge_into(b, o),
+            (Some(Value::Table(b)), Value::Table(o)) => {
+                for (lk, lv) in o {
+                    b.insert(lk.clone(), lv.clone());
+                }
+            }
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+fn deserialize(layer: &str, table: Table) -> Result<Config, ConfigError> {
+    Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| {
+            // toml reports "…\nin `host.smaps`"; lift the key into our message.
+            let text = e.to_string();
+            let (message, key) = match text.trim_end().rsplit_once("\nin `") {
+                Some((m, k)) => (m.to_string(), k.trim_end_matches('`').to_string()),
+                None => (text.trim_end().to_string(), String::from("?")),
+            };
+            ConfigError::Invalid {
+                layer: layer.to_string(),
+                key,
+                message,
+            }
+        })
+}
+
+/// Merges the layers over the defaults and validates the result.
+pub fn resolve(layers: &[Layer]) -> Result<Config, ConfigError> {
+    let defaults = default_table();
+    for layer in layers {
+        check_unknown(&layer.name, &defaults, &layer.table, "")?;
+        // Deserialize each layer alone first so a type error names its source.
+        let mut alone = defaults.clone();
+        merge_into(&mut alone, &layer.table);
+        deserialize(&layer.name, alone)?.validate(&layer.name)?;
+    }
+    let mut all = defaults;
+    for layer in layers {
+        merge_into(&mut all, &layer.table);
+    }
+    let config = deserialize("configuration", all)?;
+    config.validate("configuration")?;
+    Ok(config)
+}
+
+impl Config {
+    /// Checks what types cannot express.
+    pub fn validate(&self, layer: &str) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| {
+            Err(ConfigError::Invalid {
+                layer: layer.to_string(),
+                key: key.to_string(),
+                message,
+            })
+        };
+        if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(3600) {
+            return bad("interval", "must be between 10ms and 1h".into());
+        }
+        if self.checkpoint_interval < Duration::from_secs(1) {
+            return bad("checkpoint_interval", "must be at least 1s".into());
+        }
+        if self.name.contains('/')
+            || self.name == "."
+            || self.name == ".."
+            || self.name.contains('\0')
+        {
+            return bad(
+                "name",
+                format!("`{}` cannot be a directory name", self.name),
+            );
+        }
+        if self.log.max_timer_entries < 16 {
+            return bad("log.max_timer_entries", "must be at least 16".into());
+        }
+        if self.log.target_series_points < 16 {
+            return bad("log.target_series_points", "must be at least 16".into());
+        }
+        if self.log.max_targets < 1 {
+            return bad("log.max_targets", "must be at least 1".into());
+        }
+        if self.host.hwm_interval.is_zero() {
+            return bad("host.hwm_interval", "must be positive".into());
+        }
+        for (k, v) in &self.labels {
+            if !valid_label_name(k) {
+                return bad(
+                    "labels",
+                    format!("`{k}` is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*)"),
+                );
+            }
+            if v.len() > 256 {
+                return bad("labels", format!("value of `{k}` is longer than 256 bytes"));
+            }
+        }
+        if let Err(e) = self.pressure.validate() {
+            return bad("pressure", e);
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log_level).is_err() {
+            return bad(
+                "log_level",
+                format!("`{}` is not a log level or filter", self.log_level),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Prometheus label-name rules, applied to every label memtrack records.
+pub fn valid_label_name(k: &str) -> bool {
+    let mut chars = k.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !k.starts_with("__")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(name: &str, toml_text: &str) -> Layer {
+        Layer {
+            name: name.into(),
+            table: toml::from_str(toml_text).unwrap(),
+        }
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        assert_eq!(resolve(&[]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn later_layers_win() {
+        let file = layer(
+            "file",
+            "interval = '2s'\nname = 'a'\n[gpu]\nenabled = false",
+        );
+        let env = Layer::from_env([("MEMTRACK_INTERVAL".into(), "500ms".into())]).unwrap();
+        let mut flags = Layer::new("flags");
+        flags.set("name", Value::String("b".into()));
+        let c = resolve(&[file, env, flags]).unwrap();
+        assert_eq!(c.interval, Duration::from_millis(500));
+        assert_eq!(c.name, "b");
+        assert!(!c.gpu.enabled);
+    }
+
+    #[test]
+    fn env_values_are_typed_like_their_defaults() {
+        let env = Layer::from_env([
+            ("MEMTRACK_GPU_ENABLED".into(), "false".into()),
+            ("MEMTRACK_LOG_MAX_TARGETS".into(), "50".into()),
+            ("MEMTRACK_NAME".into(), "123".into()),
+            ("MEMTRACK_LABELS".into(), "{ rank = '3' }".into()),
+            ("MEMTRACK_SOCKET".into(), "/tmp/x".into()),
+            ("PATH".into(), "/bin".into()),
+        ])
+        .unwrap();
+        let c = resolve(&[env]).unwrap();
+        assert!(!c.gpu.enabled);
+        assert_eq!(c.log.max_targets, 50);
+        assert_eq!(c.name, "123");
+        assert_eq!(c.labels["rank"], "3");
+    }
+
+    #[test]
+    fn unknown_keys_name_layer_and_key() {
+        let err = resolve(&[layer("config file x.toml", "[host]\nsmap = true")]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("config file x.toml") && text.contains("host.smap"),
+            "{text}"
+        );
+        let err = Layer::from_env([("MEMTRACK_INTERVALL".into(), "1s".into())]).unwrap_err();
+        assert!(err.to_string().contains("MEMTRACK_INTERVALL"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_layer_and_key() {
+        let err = resolve(&[layer("config file x.toml", "[gpu]\nenabled = 'yes'")]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("gpu.enabled") && text.contains("x.toml"),
+            "{text}"
+        );
+        let err = resolve(&[layer("flags", "interval = '1ms'")]).unwrap_err();
+        assert!(err.to_string().contains("`interval`"), "{err}");
+        let err = resolve(&[layer("flags", "interval = 'soon'")]).unwrap_err();
+        assert!(err.to_string().contains("interval"), "{err}");
+        let err = resolve(&[layer("flags", "labels = { 'bad-name' = 'x' }")]).unwrap_err();
+        assert!(err.to_string().contains("bad-name"), "{err}");
+    }
+
+    #[test]
+    fn env_names_are_unambiguous() {
+        let keys = leaf_keys(&default_table());
+        let mut names: Vec<String> = keys.iter().map(|(k, _)| k.replace('.', "_")).collect();
+        names.sort();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(
+            before,
+            names.len(),
+            "two keys map to one MEMTRACK_ variable"
+        );
+    }
+}

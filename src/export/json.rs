@@ -1,0 +1,137 @@
+//! Writing `memory_usage.json` so that no reader ever sees half a file.
+//!
+//! Every write goes to a temporary file in the same directory, is synced,
+//! and replaces the target with `rename`: a full disk, a killed memtrack or
+//! a crash leave either the previous complete file or the new complete
+//! file, never a truncated one.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::model::Document;
+
+/// The file name seed 002 uses.
+pub const FILE_NAME: &str = "memory_usage.json";
+
+/// Why a file could not be written, with the path.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {path}: {source}{hint}")]
+pub struct WriteError {
+    pub path: PathBuf,
+    pub source: io::Error,
+    hint: &'static str,
+}
+
+impl WriteError {
+    fn new(path: &Path, source: io::Error) -> Self {
+        let hint = match source.raw_os_error() {
+            Some(libc::ENOSPC) => " (disk full; the previous version of the file is intact)",
+            Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
+                " (not writable; choose another directory with --output)"
+            }
+            _ => "",
+        };
+        WriteError {
+            path: path.to_path_buf(),
+            source,
+            hint,
+        }
+    }
+}
+
+/// Replaces `path` with `bytes` atomically.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+        fs::rename(&tmp, path)?;
+        // Make the rename itself durable.
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    result.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        WriteError::new(path, e)
+    })
+}
+
+/// Serializes and writes a document atomically.
+pub fn write_document(path: &Path, doc: &Document) -> Result<(), WriteError> {
+    let bytes =
+        serde_json::to_vec_pretty(doc).map_err(|e| WriteError::new(path, io::Error::other(e)))?;
+    write_atomic(path, &bytes)
+}
+
+/// Reads a document (any schema version, or the seed's bare shape).
+pub fn read_document(path: &Path) -> anyhow::Result<Document> {
+    use anyhow::Context;
+    let meta = fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    anyhow::ensure!(
+        meta.len() <= MAX_DOCUMENT_BYTES,
+        "{} is {} MiB; memtrack reads files up to {} MiB",
+        path.display(),
+        meta.len() >> 20,
+        MAX_DOCUMENT_BYTES >> 20
+    );
+    let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a memory_usage.json document", path.display()))
+}
+
+/// Files larger than this are refused by the readers (a memtrack file is
+/// bounded far below it).
+pub const MAX_DOCUMENT_BYTES: u64 = 1 << 30;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_atomically_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        write_atomic(&path, b"{\"a\":1}").unwrap();
+        write_atomic(&path, b"{\"a\":2}").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"{\"a\":2}");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn unwritable_directory_is_a_clear_error() {
+        let err = write_atomic(Path::new("/proc/memtrack-test/x.json"), b"{}").unwrap_err();
+        assert!(
+            err.to_string().contains("/proc/memtrack-test/x.json"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn reader_rejects_non_documents_with_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.json");
+        fs::write(&path, b"[1, 2").unwrap();
+        let err = read_document(&path).unwrap_err();
+        assert!(format!("{err:#}").contains("bad.json"), "{err:#}");
+    }
+}

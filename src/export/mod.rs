@@ -1,0 +1,4 @@
+//! What leaves memtrack. Exporters read the store's output; none of them
+//! ever calls a sampler.
+
+pub mod json;

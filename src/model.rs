@@ -1,0 +1,487 @@
+//! The `memory_usage.json` schema: seed 002's format, extended (SPEC §5).
+//!
+//! One set of types serves the writer (the store builds a [`Document`]) and
+//! every reader (`report`, `compare`, `merge`, `plot`). Readers must accept
+//! files from older schema versions and the seed's bare shape (only
+//! `detailed_log` and `peak_usage`), so every field added by memtrack has a
+//! default. The seed's keys keep the seed's names and meaning exactly.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the document layout written by this build. Bump it when a
+/// field changes meaning; adding a defaulted field does not need a bump.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The whole `memory_usage.json`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Document {
+    /// 0 for a seed-shaped file (no `schema` key), else [`SCHEMA_VERSION`].
+    #[serde(default)]
+    pub schema: u32,
+    #[serde(default)]
+    pub run: RunInfo,
+    /// Seed 002: one entry per measurement, in time order.
+    #[serde(default)]
+    pub detailed_log: Vec<Entry>,
+    /// Seed 002: the maximum of each figure over every sample of the run
+    /// (full resolution, including timer samples merged in the log).
+    #[serde(default)]
+    pub peak_usage: Peaks,
+    #[serde(default)]
+    pub peaks_by_component: BTreeMap<String, Peaks>,
+    #[serde(default)]
+    pub stages: Vec<Stage>,
+    #[serde(default)]
+    pub targets: Vec<Target>,
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+    #[serde(default)]
+    pub alerts: Vec<Alert>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leak: Option<serde_json::Value>,
+    /// High-rate samples around a target's death (OOM flight recorder).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flight_recorder: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub summary: Summary,
+    #[serde(default)]
+    pub counters: Counters,
+}
+
+/// Who ran what, where, and how it ended.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RunInfo {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub host: String,
+    /// `run` (memtrack spawned the job) or `attach`.
+    #[serde(default)]
+    pub mode: String,
+    /// The job's argv in `run` mode; the root PIDs' command lines otherwise.
+    #[serde(default)]
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub start: f64,
+    #[serde(default)]
+    pub end: Option<f64>,
+    /// The job's exit in `run` mode (absent while running or when unknown).
+    #[serde(default)]
+    pub exit: Option<Exit>,
+    /// `running` while checkpointed, `finished` after a clean end,
+    /// `recovered` when rebuilt from the journal after memtrack died.
+    #[serde(default)]
+    pub status: String,
+    /// User labels plus those taken from SLURM / torchrun variables.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub interval_s: f64,
+    #[serde(default)]
+    pub memtrack_version: String,
+    /// Where the GPU figures came from: `nvml` or `none` (with the reason).
+    #[serde(default)]
+    pub gpu_backend: String,
+}
+
+/// How a process ended. `code` follows the shell: a signal-killed process
+/// reports `128 + signal`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Exit {
+    pub code: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// False when the process vanished and its status could not be read.
+    #[serde(default = "yes")]
+    pub known: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Exit {
+    pub fn code(code: i32) -> Self {
+        Exit {
+            code,
+            signal: None,
+            known: true,
+        }
+    }
+
+    pub fn signal(signal: i32) -> Self {
+        Exit {
+            code: 128 + signal,
+            signal: Some(signal),
+            known: true,
+        }
+    }
+
+    pub fn unknown() -> Self {
+        Exit {
+            code: 0,
+            signal: None,
+            known: false,
+        }
+    }
+
+    /// Decodes a `waitpid` status word.
+    pub fn from_wait_status(status: i32) -> Self {
+        if libc::WIFSIGNALED(status) {
+            Exit::signal(libc::WTERMSIG(status))
+        } else {
+            Exit::code(libc::WEXITSTATUS(status))
+        }
+    }
+}
+
+/// Which view the seed's GPU fields of an entry carry.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuSource {
+    /// PyTorch's allocator figures sent by the job with the event.
+    Allocator,
+    /// NVML's per-process used memory, summed over the tree.
+    Nvml,
+    /// No GPU figures: no GPU, no driver, or GPUs hidden.
+    #[default]
+    None,
+}
+
+/// Why an entry was recorded.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    /// A mark sent by the job (or `memtrack mark`).
+    #[default]
+    Event,
+    /// A periodic sample (possibly several merged, see `samples`).
+    Timer,
+    /// memtrack's own `experiment_start` / `experiment_end`.
+    System,
+}
+
+/// One `detailed_log` element. The first eight fields are seed 002's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Entry {
+    pub component: String,
+    pub operation: String,
+    /// Unix seconds.
+    pub timestamp: f64,
+    /// Host RSS of the whole process tree, MiB.
+    #[serde(default)]
+    pub cpu_ram_used_mb: f64,
+    /// `memory_allocated` (allocator) or per-process NVML used (nvml), MiB.
+    #[serde(default)]
+    pub gpu_ram_used_mb: f64,
+    /// `max_memory_allocated` (allocator) or the highest NVML figure so far.
+    #[serde(default)]
+    pub gpu_ram_peak_mb: f64,
+    /// `memory_reserved` (allocator) or per-process NVML used (nvml).
+    #[serde(default)]
+    pub reserved_gpu_ram_mb: f64,
+    #[serde(default)]
+    pub gpu_source: GpuSource,
+    /// NVML per-process used memory summed over the tree, all devices.
+    #[serde(default)]
+    pub gpu_process_used_mb: f64,
+    /// Sum of the tree's `VmHWM` (kernel high-water marks), MiB.
+    #[serde(default)]
+    pub cpu_ram_hwm_mb: f64,
+    #[serde(default)]
+    pub kind: EntryKind,
+    /// The sender of an event (`SO_PEERCRED`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iteration: Option<u64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// The innermost open span a timer sample was attributed to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span: Option<String>,
+    /// The stage open when the sample was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    /// Timer samples merged into this entry (absent = 1). A merged entry
+    /// carries the maximum of each figure over its samples, so no peak is
+    /// lost when a long run's log is thinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u32>,
+    /// The last merged sample's time, for merged entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp_end: Option<f64>,
+}
+
+/// The peak of each figure. The first four are seed 002's `peak_usage`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Peaks {
+    #[serde(default)]
+    pub cpu_ram_used_mb: f64,
+    #[serde(default)]
+    pub gpu_ram_used_mb: f64,
+    #[serde(default)]
+    pub gpu_ram_peak_mb: f64,
+    #[serde(default)]
+    pub reserved_gpu_ram_mb: f64,
+    #[serde(default)]
+    pub gpu_process_used_mb: f64,
+    #[serde(default)]
+    pub cpu_ram_hwm_mb: f64,
+    /// Samples folded in.
+    #[serde(default)]
+    pub samples: u64,
+}
+
+impl Peaks {
+    /// Folds one measurement in: the pure heart of "keep the peaks".
+    pub fn observe(&mut self, e: &Entry) {
+        self.observe_weighted(e, 1);
+    }
+
+    /// As [`Peaks::observe`] for an entry standing for `n` samples.
+    pub fn observe_weighted(&mut self, e: &Entry, n: u64) {
+        self.cpu_ram_used_mb = self.cpu_ram_used_mb.max(e.cpu_ram_used_mb);
+        self.gpu_ram_used_mb = self.gpu_ram_used_mb.max(e.gpu_ram_used_mb);
+        self.gpu_ram_peak_mb = self.gpu_ram_peak_mb.max(e.gpu_ram_peak_mb);
+        self.reserved_gpu_ram_mb = self.reserved_gpu_ram_mb.max(e.reserved_gpu_ram_mb);
+        self.gpu_process_used_mb = self.gpu_process_used_mb.max(e.gpu_process_used_mb);
+        self.cpu_ram_hwm_mb = self.cpu_ram_hwm_mb.max(e.cpu_ram_hwm_mb);
+        self.samples += n;
+    }
+
+    /// The element-wise maximum of two peak sets.
+    pub fn merge(&mut self, other: &Peaks) {
+        self.cpu_ram_used_mb = self.cpu_ram_used_mb.max(other.cpu_ram_used_mb);
+        self.gpu_ram_used_mb = self.gpu_ram_used_mb.max(other.gpu_ram_used_mb);
+        self.gpu_ram_peak_mb = self.gpu_ram_peak_mb.max(other.gpu_ram_peak_mb);
+        self.reserved_gpu_ram_mb = self.reserved_gpu_ram_mb.max(other.reserved_gpu_ram_mb);
+        self.gpu_process_used_mb = self.gpu_process_used_mb.max(other.gpu_process_used_mb);
+        self.cpu_ram_hwm_mb = self.cpu_ram_hwm_mb.max(other.cpu_ram_hwm_mb);
+        self.samples += other.samples;
+    }
+}
+
+/// A pipeline stage (seed 004): `SUCCESS` / `FAILED`, duration and peak.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Stage {
+    pub name: String,
+    /// `RUNNING` until ended; then what the job reported (`SUCCESS`,
+    /// `FAILED`, …) or `ABANDONED` when the run ended with it open.
+    pub status: String,
+    pub start: f64,
+    #[serde(default)]
+    pub end: Option<f64>,
+    #[serde(default)]
+    pub duration_s: Option<f64>,
+    #[serde(default)]
+    pub peak: Peaks,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// One process of the followed tree.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Target {
+    pub pid: u32,
+    #[serde(default)]
+    pub ppid: u32,
+    /// Process start as Unix seconds (with `pid`, the process's identity).
+    #[serde(default)]
+    pub start_time: f64,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub cmdline: Vec<String>,
+    /// A root of the tree (spawned, attached, or self-registered).
+    #[serde(default)]
+    pub root: bool,
+    #[serde(default)]
+    pub first_seen: f64,
+    #[serde(default)]
+    pub last_seen: f64,
+    #[serde(default)]
+    pub exit: Option<Exit>,
+    #[serde(default)]
+    pub exited_at: Option<f64>,
+    #[serde(default)]
+    pub last_rss_mb: f64,
+    #[serde(default)]
+    pub peak_rss_mb: f64,
+    /// The kernel's `VmHWM`: a true peak no sampling interval can miss.
+    #[serde(default)]
+    pub hwm_mb: f64,
+    #[serde(default)]
+    pub peak_gpu_mb: f64,
+    /// Peak NVML used memory per GPU index.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub peak_gpu_mb_by_device: BTreeMap<u32, f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_mb: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uss_mb: Option<f64>,
+    /// `[unix seconds, rss MiB, gpu MiB]`, thinned like the log (maxima kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub series: Vec<[f64; 3]>,
+}
+
+/// One GPU as NVML describes it, with the run's extremes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Gpu {
+    pub index: u32,
+    #[serde(default)]
+    pub uuid: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub total_mb: f64,
+    /// Device-wide used memory (every process, not only ours): the last
+    /// value and the run's peak.
+    #[serde(default)]
+    pub used_mb: f64,
+    #[serde(default)]
+    pub peak_used_mb: f64,
+    /// The followed tree's memory on this device: last and peak.
+    #[serde(default)]
+    pub tree_used_mb: f64,
+    #[serde(default)]
+    pub peak_tree_used_mb: f64,
+    #[serde(default)]
+    pub utilization_pct: f64,
+    #[serde(default)]
+    pub peak_utilization_pct: f64,
+    #[serde(default)]
+    pub temperature_c: f64,
+    #[serde(default)]
+    pub peak_temperature_c: f64,
+}
+
+/// A pressure level crossed (seed 000's 75 / 85 / 90 %).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Alert {
+    pub timestamp: f64,
+    /// `host` or `gpu<index>`.
+    pub resource: String,
+    /// `normal`, `high`, `critical` or `emergency`.
+    pub level: String,
+    pub previous: String,
+    pub used_ratio: f64,
+    #[serde(default)]
+    pub message: String,
+}
+
+/// What a re-run needs (seed 002: "нужна GPU с минимум 12 GB памяти").
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    /// Peak host RAM of the tree (RSS or, if higher, the summed VmHWM).
+    #[serde(default)]
+    pub peak_host_ram_mb: f64,
+    /// Peak GPU memory of the tree per device (NVML view, or allocator
+    /// `reserved` when higher and only one device is in use).
+    #[serde(default)]
+    pub peak_gpu_mb_by_device: BTreeMap<u32, f64>,
+    /// The largest per-device need: the smallest GPU that fits the job.
+    #[serde(default)]
+    pub min_gpu_mb: f64,
+    /// Peak host RAM with headroom.
+    #[serde(default)]
+    pub min_host_ram_mb: f64,
+    #[serde(default)]
+    pub headroom_ratio: f64,
+    #[serde(default)]
+    pub duration_s: f64,
+}
+
+/// memtrack's own health over the run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Counters {
+    #[serde(default)]
+    pub ticks: u64,
+    /// Timer ticks skipped because a tick overran its slot.
+    #[serde(default)]
+    pub missed_ticks: u64,
+    #[serde(default)]
+    pub events: u64,
+    #[serde(default)]
+    pub event_samples: u64,
+    #[serde(default)]
+    pub protocol_errors: u64,
+    #[serde(default)]
+    pub dropped_events: u64,
+    #[serde(default)]
+    pub nvml_errors: u64,
+    #[serde(default)]
+    pub proc_errors: u64,
+    #[serde(default)]
+    pub journal_errors: u64,
+    #[serde(default)]
+    pub checkpoint_errors: u64,
+    #[serde(default)]
+    pub targets_seen: u64,
+    /// Exited targets dropped from `targets` to keep the file bounded.
+    #[serde(default)]
+    pub targets_pruned: u64,
+    /// Timer log entries merged away (their maxima live on in the merge).
+    #[serde(default)]
+    pub timer_samples_merged: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_seed_shape() {
+        let seed = r#"{
+          "detailed_log": [
+            {"component": "model", "operation": "before_generate",
+             "timestamp": 1234567890.123, "cpu_ram_used_mb": 1024.5,
+             "gpu_ram_used_mb": 8192.3, "gpu_ram_peak_mb": 8500.1,
+             "reserved_gpu_ram_mb": 10240.0}
+          ],
+          "peak_usage": {"cpu_ram_used_mb": 1200.0, "gpu_ram_used_mb": 10240.0,
+                         "gpu_ram_peak_mb": 12000.0, "reserved_gpu_ram_mb": 14000.0}
+        }"#;
+        let doc: Document = serde_json::from_str(seed).unwrap();
+        assert_eq!(doc.schema, 0);
+        assert_eq!(doc.detailed_log[0].component, "model");
+        assert_eq!(doc.detailed_log[0].gpu_source, GpuSource::None);
+        assert_eq!(doc.peak_usage.gpu_ram_peak_mb, 12000.0);
+    }
+
+    #[test]
+    fn peaks_fold_is_an_elementwise_max() {
+        let mut p = Peaks::default();
+        let a = Entry {
+            cpu_ram_used_mb: 10.0,
+            gpu_ram_used_mb: 5.0,
+            ..Entry::default()
+        };
+        let b = Entry {
+            cpu_ram_used_mb: 3.0,
+            gpu_ram_used_mb: 9.0,
+            ..Entry::default()
+        };
+        p.observe(&a);
+        p.observe(&b);
+        assert_eq!(
+            (p.cpu_ram_used_mb, p.gpu_ram_used_mb, p.samples),
+            (10.0, 9.0, 2)
+        );
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell() {
+        assert_eq!(Exit::signal(9).code, 137);
+        assert_eq!(Exit::from_wait_status(7 << 8), Exit::code(7));
+        assert_eq!(Exit::from_wait_status(libc::SIGKILL), Exit::signal(9));
+    }
+}

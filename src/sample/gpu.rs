@@ -1,0 +1,196 @@
+//! GPU memory behind one small trait, so the rest of memtrack never knows
+//! whether NVML is there.
+//!
+//! The contract: each call either fills a sample, reports "no GPU" (the
+//! reason was logged once when the sampler was chosen), or reports an error
+//! for this sample only. An error degrades that sample to host-only figures
+//! and is counted; it never stops sampling. [`open`] picks the NVML
+//! sampler when it can, else [`NoGpu`] with a one-line reason.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::GpuConfig;
+
+/// A GPU as described once at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+}
+
+/// One device's figures (bytes, percent, °C).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceReading {
+    pub index: u32,
+    pub used: u64,
+    pub free: u64,
+    pub total: u64,
+    pub utilization_pct: Option<u32>,
+    pub memory_utilization_pct: Option<u32>,
+    pub temperature_c: Option<u32>,
+}
+
+/// One process's memory on one device. `used: None` is NVML's
+/// `UsedGpuMemory::Unavailable` (e.g. without permission).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessReading {
+    pub pid: u32,
+    pub device: u32,
+    pub used: Option<u64>,
+}
+
+/// The GPU part of one sample.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub devices: Vec<DeviceReading>,
+    pub processes: Vec<ProcessReading>,
+}
+
+impl GpuSample {
+    pub fn clear(&mut self) {
+        self.devices.clear();
+        self.processes.clear();
+    }
+}
+
+/// Outcome of one GPU read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Status {
+    Sampled,
+    /// No GPU in this run (already reported once).
+    Unavailable,
+    /// This sample has no GPU figures; the next one tries again.
+    Error(String),
+}
+
+/// A source of GPU figures.
+pub trait GpuSampler: Send {
+    /// `nvml` or `none: <reason>`, recorded in `run.gpu_backend`.
+    fn backend(&self) -> String;
+    /// The devices this sampler reports on.
+    fn devices(&self) -> &[Device];
+    /// Fills `out` (cleared first by the caller).
+    fn sample(&mut self, out: &mut GpuSample) -> Status;
+}
+
+/// Host-only mode: GPU figures are 0 and `gpu_source` is `none`.
+#[derive(Debug, Clone)]
+pub struct NoGpu {
+    pub reason: String,
+}
+
+impl GpuSampler for NoGpu {
+    fn backend(&self) -> String {
+        format!("none: {}", self.reason)
+    }
+
+    fn devices(&self) -> &[Device] {
+        &[]
+    }
+
+    fn sample(&mut self, _out: &mut GpuSample) -> Status {
+        Status::Unavailable
+    }
+}
+
+/// Which devices `CUDA_VISIBLE_DEVICES` leaves visible: `None` when unset
+/// (all), `Some(vec![])` when set to the empty string (host-only mode).
+/// Entries are indices (`0,2`) or UUID prefixes (`GPU-8f3a`).
+pub fn visible_devices(var: Option<&str>) -> Option<Vec<String>> {
+    let v = var?;
+    Some(
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .take_while(|s| *s != "-1")
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// Whether `device` is selected by a `CUDA_VISIBLE_DEVICES` entry list.
+pub fn is_visible(device: &Device, visible: &Option<Vec<String>>) -> bool {
+    match visible {
+        None => true,
+        Some(list) => list.iter().any(|e| match e.parse::<u32>() {
+            Ok(i) => i == device.index,
+            Err(_) => device.uuid.starts_with(e.as_str()),
+        }),
+    }
+}
+
+/// Chooses the GPU sampler for a run. Never fails: every problem becomes
+/// host-only mode with the reason (logged once by the caller).
+pub fn open(config: &GpuConfig, cuda_visible: Option<&str>) -> Box<dyn GpuSampler> {
+    if !config.enabled {
+        return Box::new(NoGpu {
+            reason: "disabled by configuration".into(),
+        });
+    }
+    let visible = visible_devices(cuda_visible);
+    if matches!(&visible, Some(v) if v.is_empty()) {
+        return Box::new(NoGpu {
+            reason: "CUDA_VISIBLE_DEVICES hides every GPU".into(),
+        });
+    }
+    let lib =
+        (!config.nvml_library.as_os_str().is_empty()).then_some(config.nvml_library.as_path());
+    match super::nvml::NvmlSampler::open(lib, &visible) {
+        Ok(s) => Box::new(s),
+        Err(reason) => Box::new(NoGpu { reason }),
+    }
+}
+
+/// The library name memtrack loads when none is configured.
+pub fn default_library() -> &'static Path {
+    Path::new("libnvidia-ml.so.1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_visible_devices_forms() {
+        assert_eq!(visible_devices(None), None);
+        assert_eq!(visible_devices(Some("")), Some(vec![]));
+        assert_eq!(
+            visible_devices(Some("0,2")),
+            Some(vec!["0".into(), "2".into()])
+        );
+        assert_eq!(visible_devices(Some("1,-1,2")), Some(vec!["1".into()]));
+        let d = Device {
+            index: 2,
+            uuid: "GPU-8f3a-11".into(),
+            name: "x".into(),
+        };
+        assert!(is_visible(&d, &visible_devices(Some("0,2"))));
+        assert!(!is_visible(&d, &visible_devices(Some("0"))));
+        assert!(is_visible(&d, &visible_devices(Some("GPU-8f3a"))));
+        assert!(is_visible(&d, &None));
+    }
+
+    #[test]
+    fn disabled_and_hidden_mean_host_only() {
+        let mut cfg = GpuConfig {
+            enabled: false,
+            ..GpuConfig::default()
+        };
+        assert!(open(&cfg, None).backend().starts_with("none: disabled"));
+        cfg.enabled = true;
+        assert!(open(&cfg, Some(""))
+            .backend()
+            .contains("CUDA_VISIBLE_DEVICES"));
+        cfg.nvml_library = "/nonexistent/libnvidia-ml.so.1".into();
+        let s = open(&cfg, None);
+        assert!(
+            s.backend().starts_with("none: no NVIDIA driver"),
+            "{}",
+            s.backend()
+        );
+        assert!(s.devices().is_empty());
+    }
+}

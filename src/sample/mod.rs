@@ -1,0 +1,169 @@
+//! Samplers: what memory the followed processes hold right now.
+//!
+//! [`Sampler`] combines the procfs reader (host RSS and high-water marks of
+//! the process tree) with a [`gpu::GpuSampler`] (NVML or none) and host
+//! totals, and fills one reusable [`Sample`]. It knows nothing about peaks,
+//! logs or exporters: the store folds samples into state.
+
+pub mod gpu;
+pub mod nvml;
+pub mod procfs;
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::units::unix_now;
+
+pub use procfs::{HostSample, ProcTree};
+
+/// Host-wide memory (bytes) from `/proc/meminfo`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMemory {
+    pub total: u64,
+    pub available: u64,
+}
+
+/// Parses `MemTotal` and `MemAvailable` from `/proc/meminfo`.
+pub fn parse_meminfo(text: &str) -> Option<HostMemory> {
+    let mut total = None;
+    let mut available = None;
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let kib = || {
+            v.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .map(|x| x * 1024)
+        };
+        match k {
+            "MemTotal" => total = kib(),
+            "MemAvailable" => available = kib(),
+            _ => {}
+        }
+    }
+    Some(HostMemory {
+        total: total?,
+        available: available?,
+    })
+}
+
+/// One sample of the tree, the GPUs and the host. It is also what the
+/// journal records, so replaying a journal re-runs the same fold.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sample {
+    #[serde(skip, default = "Instant::now")]
+    pub at: Instant,
+    /// Unix seconds when the sample started.
+    pub timestamp: f64,
+    pub host: HostSample,
+    pub gpu: gpu::GpuSample,
+    pub gpu_status: gpu::Status,
+    pub memory: HostMemory,
+    /// Wall time the sample took.
+    #[serde(skip)]
+    pub took: Duration,
+}
+
+impl Default for Sample {
+    fn default() -> Self {
+        Sample {
+            at: Instant::now(),
+            timestamp: 0.0,
+            host: HostSample::default(),
+            gpu: gpu::GpuSample::default(),
+            gpu_status: gpu::Status::Unavailable,
+            memory: HostMemory::default(),
+            took: Duration::ZERO,
+        }
+    }
+}
+
+/// How often host totals are re-read.
+const MEMINFO_EVERY: Duration = Duration::from_secs(1);
+
+/// Takes samples of one process tree.
+pub struct Sampler {
+    pub tree: ProcTree,
+    pub gpu: Box<dyn gpu::GpuSampler>,
+    meminfo: Option<File>,
+    meminfo_at: Option<Instant>,
+    memory: HostMemory,
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler")
+            .field("tree", &self.tree)
+            .field("gpu", &self.gpu.backend())
+            .finish()
+    }
+}
+
+impl Sampler {
+    pub fn new(tree: ProcTree, gpu: Box<dyn gpu::GpuSampler>, meminfo: Option<File>) -> Sampler {
+        Sampler {
+            tree,
+            gpu,
+            meminfo,
+            meminfo_at: None,
+            memory: HostMemory::default(),
+            buf: vec![0; 8192],
+        }
+    }
+
+    /// Fills `out` with a fresh sample (its buffers are reused).
+    pub fn sample(&mut self, out: &mut Sample) {
+        let started = Instant::now();
+        out.at = started;
+        out.timestamp = unix_now();
+        out.host.clear();
+        out.gpu.clear();
+        self.tree.sample(started, &mut out.host);
+        out.gpu_status = self.gpu.sample(&mut out.gpu);
+        if self
+            .meminfo_at
+            .is_none_or(|t| started.duration_since(t) >= MEMINFO_EVERY)
+        {
+            if let Some(f) = &self.meminfo {
+                if let Ok(n) = f.read_at(&mut self.buf, 0) {
+                    if let Some(m) = std::str::from_utf8(&self.buf[..n])
+                        .ok()
+                        .and_then(parse_meminfo)
+                    {
+                        self.memory = m;
+                    }
+                }
+            }
+            self.meminfo_at = Some(started);
+        }
+        out.memory = self.memory;
+        out.took = started.elapsed();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo() {
+        let m =
+            parse_meminfo("MemTotal:  1000 kB\nMemFree: 10 kB\nMemAvailable:  600 kB\n").unwrap();
+        assert_eq!(
+            m,
+            HostMemory {
+                total: 1000 * 1024,
+                available: 600 * 1024
+            }
+        );
+        assert_eq!(parse_meminfo("MemTotal: 5 kB\n"), None);
+    }
+}

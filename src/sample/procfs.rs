@@ -1,0 +1,975 @@
+//! Host memory of a process tree, read straight from procfs.
+//!
+//! The per-tick path is as close to the floor as procfs allows (measured by
+//! `benches/tick.rs`): one `pread` of a kept-open `/proc/PID/statm` per
+//! process. A kept-open procfs file is bound to the process, not to the
+//! number: once the process is gone the read fails with `ESRCH`, so a
+//! reused PID can never be mistaken for the old process.
+//!
+//! New processes are found without listing `/proc` every tick: the last
+//! PID the kernel handed out (`/proc/loadavg`, fifth field) tells whether
+//! anything was created since the last tick, and PIDs are allocated
+//! cyclically, so the new ones lie in the interval between the two values.
+//! Only those are probed. A full scan runs at start, when that interval is
+//! large, and every few seconds as a safety net.
+//!
+//! `VmHWM` (the kernel's high-water mark) lives in `/proc/PID/status`,
+//! which costs ~10× `statm`; it is a running maximum, so it is refreshed at
+//! `hwm_interval` rather than every tick without losing anything while the
+//! process lives.
+//!
+//! Parsers are pure functions over `&str`; the reader takes the procfs root
+//! as an argument so tests can run against a fake tree.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Exit;
+use crate::sys;
+
+/// A procfs file that did not parse: which file and what was wrong.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{file}: {what}")]
+pub struct ParseError {
+    pub file: &'static str,
+    pub what: String,
+}
+
+fn bad(file: &'static str, what: impl Into<String>) -> ParseError {
+    ParseError {
+        file,
+        what: what.into(),
+    }
+}
+
+/// The fields of `/proc/PID/stat` memtrack uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    pub pid: u32,
+    pub comm: String,
+    pub state: char,
+    pub ppid: u32,
+    /// Clock ticks after boot.
+    pub start_ticks: u64,
+    /// Field 52 (Linux ≥ 3.5): the wait status of a zombie, when readable.
+    pub exit_code: Option<i32>,
+}
+
+/// Parses `/proc/PID/stat`. The command name sits in parentheses and may
+/// itself contain spaces and parentheses, so fields are counted from the
+/// last `)`.
+pub fn parse_stat(text: &str) -> Result<Stat, ParseError> {
+    let open = text.find('(').ok_or_else(|| bad("stat", "no `(`"))?;
+    let close = text.rfind(')').ok_or_else(|| bad("stat", "no `)`"))?;
+    if close < open {
+        return Err(bad("stat", "`)` before `(`"));
+    }
+    let pid = text[..open]
+        .trim()
+        .parse()
+        .map_err(|_| bad("stat", "pid is not a number"))?;
+    let comm = text[open + 1..close].to_string();
+    // Fields after the comm, numbered from 3 (state) as in proc(5).
+    let rest: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
+    let field = |n: usize| rest.get(n - 3).copied();
+    let state = field(3)
+        .and_then(|s| s.chars().next())
+        .ok_or_else(|| bad("stat", "no state"))?;
+    let ppid = field(4)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("stat", "no ppid"))?;
+    let start_ticks = field(22)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("stat", "no starttime"))?;
+    let exit_code = field(52).and_then(|s| s.parse().ok());
+    Ok(Stat {
+        pid,
+        comm,
+        state,
+        ppid,
+        start_ticks,
+        exit_code,
+    })
+}
+
+/// Parses `/proc/PID/statm` into resident bytes.
+pub fn parse_statm(text: &str, page_size: u64) -> Result<u64, ParseError> {
+    let mut fields = text.split_ascii_whitespace();
+    let _size = fields.next().ok_or_else(|| bad("statm", "empty"))?;
+    let resident: u64 = fields
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("statm", "no resident field"))?;
+    Ok(resident * page_size)
+}
+
+/// The fields of `/proc/PID/status` memtrack uses (sizes in bytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    /// `Name:` (the command name; it changes when the process execs).
+    pub name: String,
+    pub tgid: u32,
+    pub ppid: u32,
+    pub vm_rss: u64,
+    pub vm_hwm: u64,
+}
+
+/// Parses `/proc/PID/status`. A zombie has no `Vm*` lines: they read as 0.
+pub fn parse_status(text: &str) -> Result<Status, ParseError> {
+    let mut s = Status::default();
+    let mut saw_tgid = false;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        let kib = || -> Result<u64, ParseError> {
+            value
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .map(|v| v * 1024)
+                .map_err(|_| bad("status", format!("{key} is not a size")))
+        };
+        match key {
+            "Name" => s.name = value.to_string(),
+            "Tgid" => {
+                s.tgid = value.parse().map_err(|_| bad("status", "bad Tgid"))?;
+                saw_tgid = true;
+            }
+            "PPid" => s.ppid = value.parse().map_err(|_| bad("status", "bad PPid"))?,
+            "VmRSS" => s.vm_rss = kib()?,
+            "VmHWM" => s.vm_hwm = kib()?,
+            _ => {}
+        }
+    }
+    if !saw_tgid {
+        return Err(bad("status", "no Tgid line"));
+    }
+    Ok(s)
+}
+
+/// The last PID handed out, from `/proc/loadavg`
+/// (`0.00 0.01 0.05 1/76 2103`).
+pub fn parse_loadavg_last_pid(text: &str) -> Result<u32, ParseError> {
+    text.split_ascii_whitespace()
+        .nth(4)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("loadavg", "no last-pid field"))
+}
+
+/// `btime` from `/proc/stat`: boot time in Unix seconds.
+pub fn parse_btime(text: &str) -> Result<u64, ParseError> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| bad("stat", "no btime line"))
+}
+
+/// `(pss, uss)` in bytes from `/proc/PID/smaps_rollup`; USS is the private
+/// (clean + dirty) memory.
+pub fn parse_smaps_rollup(text: &str) -> Result<(u64, u64), ParseError> {
+    let mut pss = None;
+    let mut private = 0u64;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let kib = || {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .map(|v| v * 1024)
+                .map_err(|_| bad("smaps_rollup", format!("{key} is not a size")))
+        };
+        match key {
+            "Pss" => pss = Some(kib()?),
+            "Private_Clean" | "Private_Dirty" => private += kib()?,
+            _ => {}
+        }
+    }
+    Ok((
+        pss.ok_or_else(|| bad("smaps_rollup", "no Pss line"))?,
+        private,
+    ))
+}
+
+/// `/proc/PID/cmdline`: NUL-separated arguments.
+pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
+    bytes
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// A process's identity: PIDs are reused, (pid, start time) is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Identity {
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+/// A process that joined the tree, with what is known about it once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Joined {
+    pub id: Identity,
+    pub ppid: u32,
+    /// Process start as Unix seconds.
+    pub start_time: f64,
+    pub name: String,
+    pub cmdline: Vec<String>,
+    pub root: bool,
+}
+
+/// A member's name and command line, read after it joined (it joined in
+/// the middle of `execve`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Described {
+    pub pid: u32,
+    pub name: String,
+    pub cmdline: Vec<String>,
+}
+
+/// A process that left the tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Left {
+    pub id: Identity,
+    /// Known when we reaped it or read a zombie's status.
+    pub exit: Option<Exit>,
+    /// Exact peak RSS from `wait4`, when we reaped it.
+    pub max_rss: Option<u64>,
+}
+
+/// One process's figures in a sample (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Reading {
+    pub pid: u32,
+    pub rss: u64,
+    /// The last `VmHWM` read (at most `hwm_interval` old).
+    pub hwm: u64,
+    pub pss: Option<u64>,
+    pub uss: Option<u64>,
+}
+
+/// The host part of one sample.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct HostSample {
+    pub processes: Vec<Reading>,
+    pub joined: Vec<Joined>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub described: Vec<Described>,
+    pub left: Vec<Left>,
+    /// Reads that failed for a reason other than the process being gone.
+    pub errors: u32,
+}
+
+impl HostSample {
+    pub fn clear(&mut self) {
+        self.processes.clear();
+        self.joined.clear();
+        self.described.clear();
+        self.left.clear();
+        self.errors = 0;
+    }
+
+    pub fn tree_rss(&self) -> u64 {
+        self.processes.iter().map(|p| p.rss).sum()
+    }
+
+    pub fn tree_hwm(&self) -> u64 {
+        self.processes.iter().map(|p| p.hwm.max(p.rss)).sum()
+    }
+}
+
+/// Why a root could not be followed.
+#[derive(Debug, thiserror::Error)]
+pub enum RootError {
+    #[error("no process with PID {0}")]
+    NoSuchProcess(u32),
+    #[error("cannot read {path}: {source} (memtrack needs to read the target's /proc entries; run as the same user or with CAP_SYS_PTRACE)")]
+    Unreadable { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+}
+
+/// Options of the procfs reader.
+#[derive(Debug, Clone)]
+pub struct ProcOptions {
+    pub root: PathBuf,
+    pub hwm_interval: Duration,
+    /// `Some(our pid)` when we are the subreaper of the tree (run mode):
+    /// orphans re-parented to us belong to the tree and are ours to reap.
+    pub reaper: Option<u32>,
+    /// The job `run` spawned: its own waiter thread reaps it, never us.
+    pub job: Option<u32>,
+    pub smaps: Option<SmapsOptions>,
+}
+
+/// Opt-in PSS/USS reads.
+#[derive(Debug, Clone, Copy)]
+pub struct SmapsOptions {
+    pub interval: Duration,
+    pub max_rss: u64,
+}
+
+struct Member {
+    id: Identity,
+    statm: File,
+    hwm: u64,
+    hwm_read_at: Option<Instant>,
+    pss: Option<u64>,
+    uss: Option<u64>,
+    smaps_read_at: Option<Instant>,
+    /// Samples left in which to retry an empty command line.
+    describe_tries: u8,
+    /// Hash of the command line last described: a change means the
+    /// process exec'd (a shell wrapper, a pyenv shim) and is re-described.
+    cmdline_hash: u64,
+}
+
+/// How many samples an empty command line is retried: a process caught in
+/// `execve` (a just-spawned job always is) shows none for a moment.
+const DESCRIBE_TRIES: u8 = 10;
+
+/// Safety-net full scan period.
+const FULL_SCAN_EVERY: Duration = Duration::from_secs(10);
+/// Above this many new PIDs in one interval, list `/proc` instead of probing.
+const PROBE_LIMIT: u32 = 16;
+
+/// The followed process tree and its kept-open procfs files.
+pub struct ProcTree {
+    opts: ProcOptions,
+    page_size: u64,
+    clock_ticks: u64,
+    btime: u64,
+    loadavg: Option<File>,
+    pid_max: u32,
+    last_pid: Option<u32>,
+    last_full_scan: Option<Instant>,
+    members: HashMap<u32, Member>,
+    /// Roots added since the last sample, reported with the next one.
+    pending: Vec<Joined>,
+    /// Scratch list of members found gone during a sample.
+    departed: Vec<u32>,
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for ProcTree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcTree")
+            .field("root", &self.opts.root)
+            .field("members", &self.members.len())
+            .finish()
+    }
+}
+
+impl ProcTree {
+    /// Opens the procfs root. Fails only when it is not a procfs at all.
+    pub fn new(opts: ProcOptions) -> io::Result<ProcTree> {
+        let stat = std::fs::read_to_string(opts.root.join("stat"))?;
+        let btime = parse_btime(&stat).map_err(io::Error::other)?;
+        let loadavg = File::open(opts.root.join("loadavg")).ok();
+        let pid_max = std::fs::read_to_string(opts.root.join("sys/kernel/pid_max"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4_194_304);
+        Ok(ProcTree {
+            opts,
+            page_size: sys::page_size(),
+            clock_ticks: sys::clock_ticks(),
+            btime,
+            loadavg,
+            pid_max,
+            last_pid: None,
+            last_full_scan: None,
+            members: HashMap::new(),
+            pending: Vec::new(),
+            departed: Vec::new(),
+            buf: Vec::with_capacity(4096),
+        })
+    }
+
+    /// The PIDs followed now.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.members.keys().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn contains(&self, pid: u32) -> bool {
+        self.members.contains_key(&pid)
+    }
+
+    /// Follows `pid` and (from the next sample on) its descendants. The
+    /// join is reported with the next sample.
+    pub fn add_root(&mut self, pid: u32) -> Result<(), RootError> {
+        if self.members.contains_key(&pid) {
+            return Ok(());
+        }
+        let path = self.opts.root.join(pid.to_string()).join("stat");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(RootError::NoSuchProcess(pid))
+            }
+            Err(source) => return Err(RootError::Unreadable { path, source }),
+        };
+        let stat = parse_stat(&text)?;
+        if stat.state == 'Z' || stat.state == 'X' {
+            return Err(RootError::NoSuchProcess(pid));
+        }
+        let statm_path = self.opts.root.join(pid.to_string()).join("statm");
+        let statm = File::open(&statm_path).map_err(|source| RootError::Unreadable {
+            path: statm_path,
+            source,
+        })?;
+        let mut out = HostSample::default();
+        self.join(stat, statm, true, &mut out);
+        self.pending.append(&mut out.joined);
+        // Existing descendants are found by the full scan this forces.
+        self.last_full_scan = None;
+        Ok(())
+    }
+
+    /// Takes one host sample: discovery, then one read per process.
+    pub fn sample(&mut self, now: Instant, out: &mut HostSample) {
+        out.joined.append(&mut self.pending);
+        self.discover(now, out);
+        let mut buf = std::mem::take(&mut self.buf);
+        let mut departed = std::mem::take(&mut self.departed);
+        for (&pid, m) in &mut self.members {
+            match read_member(m, pid, now, &self.opts, self.page_size, &mut buf) {
+                MemberRead::Ok(r) => out.processes.push(r),
+                MemberRead::Gone => departed.push(pid),
+                MemberRead::Error => out.errors += 1,
+            }
+        }
+        self.buf = buf;
+        if self.members.values().any(|m| m.describe_tries > 0) {
+            self.describe_late(out);
+        }
+        for &pid in &departed {
+            self.leave(pid, out);
+        }
+        departed.clear();
+        self.departed = departed;
+    }
+
+    /// Reads `VmHWM` of every member now, whatever its age (final sample).
+    pub fn refresh_hwm_all(&mut self) {
+        for m in self.members.values_mut() {
+            m.hwm_read_at = None;
+        }
+    }
+
+    fn leave(&mut self, pid: u32, out: &mut HostSample) {
+        let Some(m) = self.members.remove(&pid) else {
+            return;
+        };
+        let mut left = Left {
+            id: m.id,
+            exit: None,
+            max_rss: None,
+        };
+        // A zombie still shows its status; if it is ours to reap, reap it.
+        let path = self.opts.root.join(pid.to_string()).join("stat");
+        if let Ok(Ok(stat)) = read_small(&path, &mut self.buf).map(parse_stat) {
+            if stat.start_ticks == m.id.start_ticks && stat.state == 'Z' {
+                left.exit = stat.exit_code.map(Exit::from_wait_status);
+                if Some(stat.ppid) == self.opts.reaper && Some(pid) != self.opts.job {
+                    if let Ok(Some(r)) = sys::wait_child(pid, false) {
+                        left.exit = Some(r.exit);
+                        left.max_rss = Some(r.max_rss_kib * 1024);
+                    }
+                }
+            }
+        }
+        out.left.push(left);
+    }
+
+    /// The command line (bounded) and the hash of its raw bytes.
+    fn read_cmdline(&self, pid: u32) -> (Vec<String>, u64) {
+        std::fs::read(self.opts.root.join(pid.to_string()).join("cmdline"))
+            .map(|b| {
+                let mut args = parse_cmdline(&b);
+                args.truncate(64);
+                for a in &mut args {
+                    truncate_utf8(a, 512);
+                }
+                (args, hash_bytes(&b))
+            })
+            .unwrap_or_default()
+    }
+
+    /// Retries the command line of members that joined mid-`execve`.
+    fn describe_late(&mut self, out: &mut HostSample) {
+        let pending: Vec<u32> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.describe_tries > 0)
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in pending {
+            let (cmdline, hash) = self.read_cmdline(pid);
+            let name = read_small(
+                &self.opts.root.join(pid.to_string()).join("stat"),
+                &mut self.buf,
+            )
+            .ok()
+            .and_then(|t| parse_stat(t).ok())
+            .map(|s| s.comm);
+            let Some(m) = self.members.get_mut(&pid) else {
+                continue;
+            };
+            if cmdline.is_empty() {
+                m.describe_tries -= 1;
+            } else {
+                m.describe_tries = 0;
+                m.cmdline_hash = hash;
+                out.described.push(Described {
+                    pid,
+                    name: name.unwrap_or_default(),
+                    cmdline,
+                });
+            }
+        }
+    }
+
+    fn join(&mut self, stat: Stat, statm: File, root: bool, out: &mut HostSample) {
+        let pid = stat.pid;
+        let (cmdline, cmdline_hash) = self.read_cmdline(pid);
+        let describe_tries = if cmdline.is_empty() {
+            DESCRIBE_TRIES
+        } else {
+            0
+        };
+        let id = Identity {
+            pid,
+            start_ticks: stat.start_ticks,
+        };
+        out.joined.push(Joined {
+            id,
+            ppid: stat.ppid,
+            start_time: self.btime as f64 + stat.start_ticks as f64 / self.clock_ticks as f64,
+            name: stat.comm,
+            cmdline,
+            root,
+        });
+        self.members.insert(
+            pid,
+            Member {
+                id,
+                statm,
+                hwm: 0,
+                hwm_read_at: None,
+                pss: None,
+                uss: None,
+                smaps_read_at: None,
+                describe_tries,
+                cmdline_hash,
+            },
+        );
+    }
+
+    fn belongs(&self, ppid: u32) -> bool {
+        self.members.contains_key(&ppid) || Some(ppid) == self.opts.reaper
+    }
+
+    /// Finds processes created since the last sample whose parent is
+    /// followed.
+    fn discover(&mut self, now: Instant, out: &mut HostSample) {
+        if self.members.is_empty() && self.opts.reaper.is_none() {
+            return;
+        }
+        let current = self.read_last_pid();
+        let full_due = self
+            .last_full_scan
+            .is_none_or(|t| now.duration_since(t) >= FULL_SCAN_EVERY);
+        match (self.last_pid, current) {
+            _ if full_due => self.full_scan(now, out),
+            (Some(prev), Some(cur)) if prev == cur => {}
+            (Some(prev), Some(cur)) => {
+                let span = if cur > prev {
+                    cur - prev
+                } else {
+                    self.pid_max - prev + cur
+                };
+                if span <= PROBE_LIMIT {
+                    let mut pid = prev;
+                    for _ in 0..span {
+                        pid = if pid + 1 >= self.pid_max { 1 } else { pid + 1 };
+                        self.probe(pid, out);
+                    }
+                } else {
+                    self.full_scan(now, out);
+                }
+            }
+            _ => self.full_scan(now, out),
+        }
+        self.last_pid = current;
+    }
+
+    fn read_last_pid(&mut self) -> Option<u32> {
+        let f = self.loadavg.as_ref()?;
+        self.buf.clear();
+        self.buf.resize(128, 0);
+        let n = f.read_at(&mut self.buf, 0).ok()?;
+        parse_loadavg_last_pid(std::str::from_utf8(&self.buf[..n]).ok()?).ok()
+    }
+
+    /// Checks one candidate PID (which may also be a thread id: those are
+    /// reachable as `/proc/TID` without being listed).
+    fn probe(&mut self, pid: u32, out: &mut HostSample) {
+        if self.members.contains_key(&pid) {
+            return;
+        }
+        let dir = self.opts.root.join(pid.to_string());
+        let Ok(Ok(stat)) = read_small(&dir.join("stat"), &mut self.buf).map(parse_stat) else {
+            return;
+        };
+        if !self.belongs(stat.ppid) || stat.state == 'Z' && Some(stat.ppid) != self.opts.reaper {
+            return;
+        }
+        // A thread of a followed process shows its process's parent as
+        // ppid; only a thread-group leader is a process of its own.
+        match read_small(&dir.join("status"), &mut self.buf).map(parse_status) {
+            Ok(Ok(status)) if status.tgid == pid => {}
+            _ => return,
+        }
+        if let Ok(statm) = File::open(dir.join("statm")) {
+            self.join(stat, statm, false, out);
+        }
+    }
+
+    /// Lists `/proc` and adds every descendant of the tree not yet followed.
+    fn full_scan(&mut self, now: Instant, out: &mut HostSample) {
+        self.last_full_scan = Some(now);
+        let Ok(entries) = std::fs::read_dir(&self.opts.root) else {
+            out.errors += 1;
+            return;
+        };
+        let mut candidates: Vec<Stat> = Vec::new();
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if self.members.contains_key(&pid) {
+                continue;
+            }
+            if let Ok(Ok(stat)) =
+                read_small(&entry.path().join("stat"), &mut self.buf).map(parse_stat)
+            {
+                if stat.state != 'X' {
+                    candidates.push(stat);
+                }
+            }
+        }
+        // Parents before children: repeat until no candidate joins.
+        loop {
+            let before = candidates.len();
+            let mut rest = Vec::with_capacity(candidates.len());
+            for stat in candidates {
+                if self.belongs(stat.ppid) {
+                    let dir = self.opts.root.join(stat.pid.to_string());
+                    if let Ok(statm) = File::open(dir.join("statm")) {
+                        self.join(stat, statm, false, out);
+                    }
+                } else {
+                    rest.push(stat);
+                }
+            }
+            candidates = rest;
+            if candidates.len() == before {
+                break;
+            }
+        }
+    }
+}
+
+/// What one member's read found.
+enum MemberRead {
+    Ok(Reading),
+    Gone,
+    Error,
+}
+
+/// Reads one followed process: `statm` every time, `VmHWM` and
+/// `smaps_rollup` when due.
+fn read_member(
+    m: &mut Member,
+    pid: u32,
+    now: Instant,
+    opts: &ProcOptions,
+    page_size: u64,
+    buf: &mut Vec<u8>,
+) -> MemberRead {
+    buf.clear();
+    buf.resize(256, 0);
+    let rss = match m.statm.read_at(buf, 0) {
+        Ok(n) => match std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|t| parse_statm(t, page_size).ok())
+        {
+            Some(rss) => rss,
+            None => return MemberRead::Error,
+        },
+        Err(e) if gone(&e) => return MemberRead::Gone,
+        Err(_) => return MemberRead::Error,
+    };
+    let dir = || opts.root.join(pid.to_string());
+    if rss == 0 {
+        // A zombie's statm reads all zeros: it has left, though its PID
+        // still answers until it is reaped.
+        match read_small(&dir().join("stat"), buf).map(parse_stat) {
+            Ok(Ok(stat)) if stat.state != 'Z' && stat.state != 'X' => {}
+            _ => return MemberRead::Gone,
+        }
+    }
+    let due =
+        |at: Option<Instant>, every: Duration| at.is_none_or(|t| now.duration_since(t) >= every);
+    if due(m.hwm_read_at, opts.hwm_interval) {
+        if let Ok(status) = read_small(&dir().join("status"), buf)
+            .and_then(|t| parse_status(t).map_err(io::Error::other))
+        {
+            m.hwm = m.hwm.max(status.vm_hwm);
+        }
+        // Same cadence: notice an exec since the process was described.
+        if m.describe_tries == 0 {
+            if let Ok(n) = File::open(dir().join("cmdline")).and_then(|mut f| {
+                buf.clear();
+                f.read_to_end(buf)
+            }) {
+                if n > 0 && hash_bytes(&buf[..n]) != m.cmdline_hash {
+                    m.describe_tries = DESCRIBE_TRIES;
+                }
+            }
+        }
+        m.hwm_read_at = Some(now);
+    }
+    if let Some(smaps) = opts.smaps {
+        if rss <= smaps.max_rss && due(m.smaps_read_at, smaps.interval) {
+            if let Ok((pss, uss)) = read_small(&dir().join("smaps_rollup"), buf)
+                .and_then(|t| parse_smaps_rollup(t).map_err(io::Error::other))
+            {
+                m.pss = Some(pss);
+                m.uss = Some(uss);
+            }
+            m.smaps_read_at = Some(now);
+        }
+    }
+    MemberRead::Ok(Reading {
+        pid,
+        rss,
+        hwm: m.hwm.max(rss),
+        pss: m.pss,
+        uss: m.uss,
+    })
+}
+
+fn hash_bytes(b: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    b.hash(&mut h);
+    h.finish()
+}
+
+fn gone(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT))
+}
+
+fn read_small<'b>(path: &Path, buf: &'b mut Vec<u8>) -> io::Result<&'b str> {
+    buf.clear();
+    File::open(path)?.read_to_end(buf)?;
+    std::str::from_utf8(buf).map_err(io::Error::other)
+}
+
+fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STAT: &str = "1234 (python3 (worker) x) S 1000 1234 1000 0 -1 4194560 100 0 0 0 5 1 0 0 20 0 4 0 98765 123456789 2500 18446744073709551615 1 1 0 0 0 0 0 16781312 134234626 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
+
+    #[test]
+    fn stat_with_parens_in_comm() {
+        let s = parse_stat(STAT).unwrap();
+        assert_eq!(s.pid, 1234);
+        assert_eq!(s.comm, "python3 (worker) x");
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.ppid, 1000);
+        assert_eq!(s.start_ticks, 98765);
+        assert_eq!(s.exit_code, Some(0));
+    }
+
+    #[test]
+    fn stat_rejects_garbage() {
+        assert!(parse_stat("").is_err());
+        assert!(parse_stat("12 (x").is_err());
+        assert!(parse_stat("12 (x) S").is_err());
+        assert!(parse_stat("x (y) S 1 2").is_err());
+    }
+
+    #[test]
+    fn statm_resident_in_pages() {
+        assert_eq!(
+            parse_statm("5000 1200 300 10 0 900 0\n", 4096).unwrap(),
+            1200 * 4096
+        );
+        assert!(parse_statm("5000\n", 4096).is_err());
+    }
+
+    #[test]
+    fn status_fields_and_zombies() {
+        let text = "Name:\tpython3\nState:\tS (sleeping)\nTgid:\t42\nPid:\t42\nPPid:\t7\nVmHWM:\t  409600 kB\nVmRSS:\t  102400 kB\n";
+        let s = parse_status(text).unwrap();
+        assert_eq!(
+            s,
+            Status {
+                name: "python3".into(),
+                tgid: 42,
+                ppid: 7,
+                vm_rss: 100 << 20,
+                vm_hwm: 400 << 20
+            }
+        );
+        let zombie = parse_status("Name:\tx\nState:\tZ (zombie)\nTgid:\t9\nPPid:\t1\n").unwrap();
+        assert_eq!((zombie.vm_rss, zombie.vm_hwm), (0, 0));
+        assert!(parse_status("Name: x\n").is_err());
+        assert!(parse_status("Tgid:\t1\nVmRSS:\tlots kB\n").is_err());
+    }
+
+    #[test]
+    fn loadavg_and_btime() {
+        assert_eq!(
+            parse_loadavg_last_pid("0.00 0.01 0.05 1/76 2103\n").unwrap(),
+            2103
+        );
+        assert!(parse_loadavg_last_pid("0.00 0.01").is_err());
+        assert_eq!(
+            parse_btime("cpu 1 2 3\nbtime 1700000000\nprocesses 5\n").unwrap(),
+            1_700_000_000
+        );
+    }
+
+    #[test]
+    fn smaps_rollup() {
+        let text = "00400000-7fff [rollup]\nRss: 2048 kB\nPss: 1024 kB\nPrivate_Clean: 100 kB\nPrivate_Dirty: 400 kB\n";
+        assert_eq!(parse_smaps_rollup(text).unwrap(), (1024 * 1024, 500 * 1024));
+    }
+
+    #[test]
+    fn cmdline_split() {
+        assert_eq!(
+            parse_cmdline(b"python3\0-c\0print(1)\0"),
+            vec!["python3", "-c", "print(1)"]
+        );
+        assert!(parse_cmdline(b"").is_empty());
+    }
+
+    fn live_tree(reaper: Option<u32>) -> ProcTree {
+        ProcTree::new(ProcOptions {
+            root: "/proc".into(),
+            hwm_interval: Duration::from_millis(0) + Duration::from_nanos(1),
+            reaper,
+            job: None,
+            smaps: None,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn follows_a_real_child_and_sees_it_leave() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut tree = live_tree(None);
+        let mut out = HostSample::default();
+        tree.add_root(child.id()).unwrap();
+        tree.sample(Instant::now(), &mut out);
+        assert_eq!(out.joined.len(), 1);
+        assert!(out.joined[0].root);
+        // Caught mid-execve, the command line arrives with a later sample.
+        let mut cmdline = out.joined[0].cmdline.clone();
+        for _ in 0..DESCRIBE_TRIES {
+            if let Some(d) = out.described.first() {
+                cmdline = d.cmdline.clone();
+            }
+            if !cmdline.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            out.clear();
+            tree.sample(Instant::now(), &mut out);
+        }
+        assert_eq!(cmdline, vec!["sleep", "30"]);
+        assert_eq!(out.processes.len(), 1);
+        assert!(out.processes[0].rss > 0);
+        assert!(out.processes[0].hwm >= out.processes[0].rss);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        out.clear();
+        tree.sample(Instant::now(), &mut out);
+        assert!(out.processes.is_empty());
+        assert_eq!(out.left.len(), 1);
+        assert_eq!(out.left[0].id.pid, child.id());
+    }
+
+    #[test]
+    fn nonexistent_root_is_a_clear_error() {
+        let mut tree = live_tree(None);
+        let err = tree.add_root(u32::MAX - 1).unwrap_err();
+        assert!(matches!(err, RootError::NoSuchProcess(_)), "{err}");
+    }
+
+    #[test]
+    fn discovers_grandchildren_started_later() {
+        // sh starts, then after a moment forks two sleeps.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 0.3; sleep 5 & sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let mut tree = live_tree(None);
+        let mut out = HostSample::default();
+        tree.add_root(child.id()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tree.len() < 3 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            tree.sample(Instant::now(), &mut out);
+        }
+        assert_eq!(tree.len(), 3, "sh and both sleeps");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = std::process::Command::new("pkill")
+            .args(["-P", &child.id().to_string()])
+            .status();
+    }
+}

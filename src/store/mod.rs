@@ -1,0 +1,1125 @@
+//! The store: every piece of run state, owned in one place and changed only
+//! by applying [`Record`]s.
+//!
+//! Records are the store's inputs: samples, marks, spans, stages, exits and
+//! the end of the run. The same records are written to the journal before
+//! they are applied, so a run rebuilt from its journal after `kill -9` goes
+//! through exactly the code that built it live. Peaks, per-component peaks,
+//! stage peaks, pressure levels and the summary are all a pure fold over
+//! the records, tested here without I/O.
+
+pub mod journal;
+pub mod pressure;
+pub mod thin;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{
+    Alert, Counters, Document, Entry, EntryKind, Exit, Gpu, GpuSource, Peaks, RunInfo, Stage,
+    Summary, Target, SCHEMA_VERSION,
+};
+use crate::sample::gpu::Status as GpuStatus;
+use crate::sample::Sample;
+use crate::units::mib;
+use pressure::{Level, Thresholds};
+use thin::Thinned;
+
+/// Component of timer samples taken outside any span, and of memtrack's
+/// own entries (seed 002's `experiment_start` / `experiment_end`).
+pub const SYSTEM: &str = "system";
+
+/// Headroom added to peaks in the "what a re-run needs" summary.
+pub const HEADROOM: f64 = 0.10;
+
+/// Why a sample was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SampleKind {
+    /// The periodic timer: becomes a timer entry of the log.
+    Timer,
+    /// Taken for the marks that follow it in the record stream.
+    Event,
+}
+
+/// PyTorch allocator figures sent with a mark (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Allocator {
+    pub allocated: u64,
+    pub reserved: u64,
+    pub max_allocated: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
+}
+
+/// One annotated measurement point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mark {
+    /// When the mark arrived (Unix seconds).
+    pub timestamp: f64,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    pub component: String,
+    pub operation: String,
+    #[serde(default)]
+    pub iteration: Option<u64>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub allocator: Option<Allocator>,
+    #[serde(default)]
+    pub kind: EntryKind,
+}
+
+/// A span or stage boundary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Boundary {
+    pub mark: Mark,
+    /// Stage end only: `SUCCESS`, `FAILED`, …
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// The store's inputs. The journal is a sequence of these.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "record", rename_all = "snake_case")]
+pub enum Record {
+    Sample {
+        kind: SampleKind,
+        sample: Box<Sample>,
+    },
+    Mark(Mark),
+    SpanBegin(Boundary),
+    SpanEnd(Boundary),
+    StageBegin(Boundary),
+    StageEnd(Boundary),
+    /// A process we reaped ourselves: exact status and peak RSS.
+    Exit {
+        pid: u32,
+        exit: Exit,
+        max_rss: Option<u64>,
+    },
+    /// The run is over: the job's exit (run mode) and the end time.
+    Finish {
+        timestamp: f64,
+        exit: Option<Exit>,
+    },
+}
+
+/// What applying a record produced, for those who react to it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    /// The log entry recorded, if any.
+    pub entry: Option<Entry>,
+    /// Pressure levels crossed.
+    pub alerts: Vec<Alert>,
+    /// Span or stage ends that matched nothing open.
+    pub unmatched: bool,
+}
+
+/// Bounds from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_timer_entries: usize,
+    pub target_series_points: usize,
+    pub max_targets: usize,
+    pub max_alerts: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_timer_entries: 4096,
+            target_series_points: 512,
+            max_targets: 1024,
+            max_alerts: 1000,
+        }
+    }
+}
+
+/// The tree's figures after the latest sample (MiB).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Current {
+    pub timestamp: f64,
+    pub cpu_rss_mb: f64,
+    pub cpu_hwm_mb: f64,
+    pub gpu_tree_mb: f64,
+    /// Highest `gpu_tree_mb` so far: the NVML stand-in for
+    /// `max_memory_allocated`.
+    pub gpu_tree_peak_mb: f64,
+    pub gpu_source: GpuSource,
+    pub processes: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LiveTarget {
+    target: Target,
+    series: Thinned<[f64; 3]>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct OpenSpan {
+    pid: Option<u32>,
+    component: String,
+    operation: String,
+    started: f64,
+}
+
+/// All run state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Store {
+    pub run: RunInfo,
+    limits: Limits,
+    thresholds: Thresholds,
+    events: Vec<Entry>,
+    timer: Thinned<Entry>,
+    peaks: Peaks,
+    by_component: BTreeMap<String, Peaks>,
+    live: BTreeMap<u32, LiveTarget>,
+    gone: Vec<Target>,
+    gpus: BTreeMap<u32, Gpu>,
+    spans: Vec<OpenSpan>,
+    stages: Vec<Stage>,
+    alerts: Vec<Alert>,
+    levels: BTreeMap<String, Level>,
+    counters: Counters,
+    current: Current,
+    /// The figures of the last sample in which the tree was alive: what
+    /// `experiment_end` reports (the final sample finds the tree gone).
+    last_alive: Option<Current>,
+    /// Sequence number of the last record applied (journal replay skips
+    /// what a checkpoint already holds).
+    pub seq: u64,
+}
+
+impl Store {
+    pub fn new(run: RunInfo, limits: Limits, thresholds: Thresholds) -> Store {
+        Store {
+            run,
+            limits,
+            thresholds,
+            events: Vec::new(),
+            timer: Thinned::new(limits.max_timer_entries),
+            peaks: Peaks::default(),
+            by_component: BTreeMap::new(),
+            live: BTreeMap::new(),
+            gone: Vec::new(),
+            gpus: BTreeMap::new(),
+            spans: Vec::new(),
+            stages: Vec::new(),
+            alerts: Vec::new(),
+            levels: BTreeMap::new(),
+            counters: Counters::default(),
+            current: Current::default(),
+            last_alive: None,
+            seq: 0,
+        }
+    }
+
+    /// Records the GPUs' static description (index, UUID, name). Called
+    /// before the first checkpoint, so the journal's state holds it.
+    pub fn describe_gpus(&mut self, devices: &[crate::sample::gpu::Device]) {
+        for d in devices {
+            let g = self.gpus.entry(d.index).or_insert_with(|| Gpu {
+                index: d.index,
+                ..Gpu::default()
+            });
+            g.uuid.clone_from(&d.uuid);
+            g.name.clone_from(&d.name);
+        }
+    }
+
+    /// The tree's figures after the latest sample.
+    pub fn current(&self) -> &Current {
+        &self.current
+    }
+
+    pub fn peaks(&self) -> &Peaks {
+        &self.peaks
+    }
+
+    pub fn peaks_by_component(&self) -> &BTreeMap<String, Peaks> {
+        &self.by_component
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn counters_mut(&mut self) -> &mut Counters {
+        &mut self.counters
+    }
+
+    pub fn gpus(&self) -> impl Iterator<Item = &Gpu> {
+        self.gpus.values()
+    }
+
+    pub fn live_targets(&self) -> impl Iterator<Item = &Target> {
+        self.live.values().map(|l| &l.target)
+    }
+
+    pub fn levels(&self) -> &BTreeMap<String, Level> {
+        &self.levels
+    }
+
+    /// Open spans as `component/operation`, outermost first.
+    pub fn open_spans(&self) -> impl Iterator<Item = String> + '_ {
+        self.spans
+            .iter()
+            .map(|s| format!("{}/{}", s.component, s.operation))
+    }
+
+    pub fn stages(&self) -> &[Stage] {
+        &self.stages
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.run.end.is_some()
+    }
+
+    /// Applies one record: the only way state changes.
+    pub fn apply(&mut self, record: &Record) -> Outcome {
+        self.seq += 1;
+        match record {
+            Record::Sample { kind, sample } => self.apply_sample(*kind, sample),
+            Record::Mark(mark) => {
+                let entry = self.record_mark(mark, mark.operation.clone(), None);
+                Outcome {
+                    entry: Some(entry),
+                    ..Outcome::default()
+                }
+            }
+            Record::SpanBegin(b) => {
+                let entry = self.record_mark(&b.mark, format!("before_{}", b.mark.operation), None);
+                self.spans.push(OpenSpan {
+                    pid: b.mark.pid,
+                    component: b.mark.component.clone(),
+                    operation: b.mark.operation.clone(),
+                    started: b.mark.timestamp,
+                });
+                Outcome {
+                    entry: Some(entry),
+                    ..Outcome::default()
+                }
+            }
+            Record::SpanEnd(b) => {
+                let m = &b.mark;
+                let found = self
+                    .spans
+                    .iter()
+                    .rposition(|s| {
+                        s.component == m.component && s.operation == m.operation && s.pid == m.pid
+                    })
+                    .or_else(|| {
+                        self.spans
+                            .iter()
+                            .rposition(|s| s.component == m.component && s.operation == m.operation)
+                    });
+                if let Some(i) = found {
+                    self.spans.remove(i);
+                }
+                let entry = self.record_mark(m, format!("after_{}", m.operation), None);
+                Outcome {
+                    entry: Some(entry),
+                    unmatched: found.is_none(),
+                    ..Outcome::default()
+                }
+            }
+            Record::StageBegin(b) => {
+                let name = b.mark.operation.clone();
+                self.stages.push(Stage {
+                    name: name.clone(),
+                    status: "RUNNING".into(),
+                    start: b.mark.timestamp,
+                    pid: b.mark.pid,
+                    labels: b.mark.labels.clone(),
+                    ..Stage::default()
+                });
+                let entry = self.record_mark(&b.mark, format!("{name}/begin"), Some(name));
+                Outcome {
+                    entry: Some(entry),
+                    ..Outcome::default()
+                }
+            }
+            Record::StageEnd(b) => {
+                let name = b.mark.operation.clone();
+                // The end's own sample belongs to the stage it closes.
+                let entry = self.record_mark(&b.mark, format!("{name}/end"), Some(name.clone()));
+                let open = self
+                    .stages
+                    .iter_mut()
+                    .rev()
+                    .find(|s| s.name == name && s.end.is_none());
+                let unmatched = open.is_none();
+                if let Some(stage) = open {
+                    stage.end = Some(b.mark.timestamp);
+                    stage.duration_s = Some((b.mark.timestamp - stage.start).max(0.0));
+                    stage.status = b.status.clone().unwrap_or_else(|| "SUCCESS".into());
+                    stage.message.clone_from(&b.message);
+                }
+                Outcome {
+                    entry: Some(entry),
+                    unmatched,
+                    ..Outcome::default()
+                }
+            }
+            Record::Exit { pid, exit, max_rss } => {
+                let target = match self.live.get_mut(pid) {
+                    Some(l) => Some(&mut l.target),
+                    None => self.gone.iter_mut().rev().find(|t| t.pid == *pid),
+                };
+                if let Some(t) = target {
+                    t.exit = Some(*exit);
+                    if let Some(b) = max_rss {
+                        t.hwm_mb = t.hwm_mb.max(mib(*b));
+                    }
+                }
+                Outcome::default()
+            }
+            Record::Finish { timestamp, exit } => {
+                self.finish(*timestamp, *exit);
+                Outcome::default()
+            }
+        }
+    }
+
+    fn finish(&mut self, timestamp: f64, exit: Option<Exit>) {
+        for stage in self.stages.iter_mut().filter(|s| s.end.is_none()) {
+            stage.end = Some(timestamp);
+            stage.duration_s = Some((timestamp - stage.start).max(0.0));
+            stage.status = "ABANDONED".into();
+        }
+        self.spans.clear();
+        let last = self
+            .last_alive
+            .clone()
+            .unwrap_or_else(|| self.current.clone());
+        let entry = Entry {
+            component: SYSTEM.into(),
+            operation: "experiment_end".into(),
+            timestamp,
+            kind: EntryKind::System,
+            ..self.entry_from(&last)
+        };
+        self.observe(&entry, 1);
+        self.events.push(entry);
+        self.run.end = Some(timestamp);
+        self.run.exit = exit.or(self.run.exit);
+        self.run.status = "finished".into();
+    }
+
+    /// An entry with the tree's figures; GPU fields from NVML (or none).
+    fn entry_from(&self, c: &Current) -> Entry {
+        Entry {
+            timestamp: c.timestamp,
+            cpu_ram_used_mb: c.cpu_rss_mb,
+            gpu_ram_used_mb: c.gpu_tree_mb,
+            gpu_ram_peak_mb: c.gpu_tree_peak_mb,
+            reserved_gpu_ram_mb: c.gpu_tree_mb,
+            gpu_source: c.gpu_source,
+            gpu_process_used_mb: c.gpu_tree_mb,
+            cpu_ram_hwm_mb: c.cpu_hwm_mb,
+            ..Entry::default()
+        }
+    }
+
+    fn record_mark(&mut self, mark: &Mark, operation: String, stage: Option<String>) -> Entry {
+        let mut entry = Entry {
+            component: mark.component.clone(),
+            operation,
+            timestamp: mark.timestamp,
+            kind: mark.kind,
+            pid: mark.pid,
+            iteration: mark.iteration,
+            labels: mark.labels.clone(),
+            stage: stage.or_else(|| self.open_stage()),
+            ..self.entry_from(&self.current.clone())
+        };
+        if let Some(a) = mark.allocator {
+            entry.gpu_ram_used_mb = mib(a.allocated);
+            entry.reserved_gpu_ram_mb = mib(a.reserved);
+            entry.gpu_ram_peak_mb = mib(a.max_allocated);
+            entry.gpu_source = GpuSource::Allocator;
+        }
+        if mark.kind == EntryKind::Event {
+            self.counters.events += 1;
+        }
+        self.observe(&entry, 1);
+        self.events.push(entry.clone());
+        entry
+    }
+
+    fn open_stage(&self) -> Option<String> {
+        self.stages
+            .iter()
+            .rev()
+            .find(|s| s.end.is_none())
+            .map(|s| s.name.clone())
+    }
+
+    /// Folds an entry into the overall, component and open-stage peaks.
+    fn observe(&mut self, entry: &Entry, n: u64) {
+        self.peaks.observe_weighted(entry, n);
+        self.by_component
+            .entry(entry.component.clone())
+            .or_default()
+            .observe_weighted(entry, n);
+        for stage in self.stages.iter_mut().filter(|s| s.end.is_none()) {
+            stage.peak.observe_weighted(entry, n);
+        }
+    }
+
+    fn apply_sample(&mut self, kind: SampleKind, sample: &Sample) -> Outcome {
+        let ts = sample.timestamp;
+        for j in &sample.host.joined {
+            self.counters.targets_seen += 1;
+            let target = Target {
+                pid: j.id.pid,
+                ppid: j.ppid,
+                start_time: j.start_time,
+                name: j.name.clone(),
+                cmdline: j.cmdline.clone(),
+                root: j.root,
+                first_seen: ts,
+                last_seen: ts,
+                ..Target::default()
+            };
+            let series = Thinned::new(self.limits.target_series_points);
+            self.live.insert(j.id.pid, LiveTarget { target, series });
+        }
+        for d in &sample.host.described {
+            if let Some(live) = self.live.get_mut(&d.pid) {
+                live.target.name.clone_from(&d.name);
+                live.target.cmdline.clone_from(&d.cmdline);
+            }
+        }
+        for left in &sample.host.left {
+            self.leave(left, ts);
+        }
+        self.counters.proc_errors += u64::from(sample.host.errors);
+
+        // GPU memory of the tree, per process and per device.
+        let sampled = sample.gpu_status == GpuStatus::Sampled;
+        if let GpuStatus::Error(_) = sample.gpu_status {
+            self.counters.nvml_errors += 1;
+        }
+        let mut tree_by_device: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut gpu_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+        for p in &sample.gpu.processes {
+            let Some(live) = self.live.get_mut(&p.pid) else {
+                continue;
+            };
+            let used = p.used.unwrap_or(0);
+            *tree_by_device.entry(p.device).or_default() += used;
+            *gpu_by_pid.entry(p.pid).or_default() += used;
+            let peak = live
+                .target
+                .peak_gpu_mb_by_device
+                .entry(p.device)
+                .or_default();
+            *peak = peak.max(mib(used));
+        }
+
+        let mut rss = 0u64;
+        let mut hwm = 0u64;
+        for r in &sample.host.processes {
+            rss += r.rss;
+            hwm += r.hwm.max(r.rss);
+            let Some(live) = self.live.get_mut(&r.pid) else {
+                continue;
+            };
+            let t = &mut live.target;
+            let gpu = gpu_by_pid.get(&r.pid).copied().unwrap_or(0);
+            t.last_seen = ts;
+            t.last_rss_mb = mib(r.rss);
+            t.peak_rss_mb = t.peak_rss_mb.max(t.last_rss_mb);
+            t.hwm_mb = t.hwm_mb.max(mib(r.hwm.max(r.rss)));
+            t.peak_gpu_mb = t.peak_gpu_mb.max(mib(gpu));
+            if r.pss.is_some() {
+                t.pss_mb = r.pss.map(mib);
+                t.uss_mb = r.uss.map(mib);
+            }
+            live.series.push([ts, mib(r.rss), mib(gpu)]);
+        }
+
+        for d in &sample.gpu.devices {
+            let g = self.gpus.entry(d.index).or_insert_with(|| Gpu {
+                index: d.index,
+                ..Gpu::default()
+            });
+            g.total_mb = mib(d.total);
+            g.used_mb = mib(d.used);
+            g.peak_used_mb = g.peak_used_mb.max(g.used_mb);
+            g.tree_used_mb = mib(tree_by_device.get(&d.index).copied().unwrap_or(0));
+            g.peak_tree_used_mb = g.peak_tree_used_mb.max(g.tree_used_mb);
+            if let Some(u) = d.utilization_pct {
+                g.utilization_pct = f64::from(u);
+                g.peak_utilization_pct = g.peak_utilization_pct.max(g.utilization_pct);
+            }
+            if let Some(t) = d.temperature_c {
+                g.temperature_c = f64::from(t);
+                g.peak_temperature_c = g.peak_temperature_c.max(g.temperature_c);
+            }
+        }
+
+        let gpu_tree = mib(tree_by_device.values().sum());
+        self.current = Current {
+            timestamp: ts,
+            cpu_rss_mb: mib(rss),
+            cpu_hwm_mb: mib(hwm),
+            gpu_tree_mb: gpu_tree,
+            gpu_tree_peak_mb: self.current.gpu_tree_peak_mb.max(gpu_tree),
+            gpu_source: if sampled {
+                GpuSource::Nvml
+            } else {
+                GpuSource::None
+            },
+            processes: sample.host.processes.len(),
+        };
+        if !sample.host.processes.is_empty() {
+            self.last_alive = Some(self.current.clone());
+        }
+
+        let alerts = self.pressure(sample);
+        let entry = match kind {
+            SampleKind::Timer => {
+                self.counters.ticks += 1;
+                let span = self.spans.last();
+                let entry = Entry {
+                    component: span.map_or_else(|| SYSTEM.to_string(), |s| s.component.clone()),
+                    operation: "timer".into(),
+                    kind: EntryKind::Timer,
+                    span: span.map(|s| format!("{}/{}", s.component, s.operation)),
+                    stage: self.open_stage(),
+                    ..self.entry_from(&self.current.clone())
+                };
+                self.observe(&entry, 1);
+                self.timer.push(entry.clone());
+                Some(entry)
+            }
+            SampleKind::Event => {
+                self.counters.event_samples += 1;
+                None
+            }
+        };
+        Outcome {
+            entry,
+            alerts,
+            unmatched: false,
+        }
+    }
+
+    fn leave(&mut self, left: &crate::sample::procfs::Left, ts: f64) {
+        let Some(live) = self.live.remove(&left.id.pid) else {
+            return;
+        };
+        let mut t = live.target;
+        t.series = live.series.iter().copied().collect();
+        t.exited_at = Some(ts);
+        if t.exit.is_none() {
+            t.exit = Some(left.exit.unwrap_or_else(Exit::unknown));
+        }
+        if let Some(b) = left.max_rss {
+            t.hwm_mb = t.hwm_mb.max(mib(b));
+        }
+        // Spans a dead process left open can never be closed by it.
+        self.spans.retain(|s| s.pid != Some(t.pid));
+        self.gone.push(t);
+        if self.gone.len() + self.live.len() > self.limits.max_targets {
+            if let Some(i) = self
+                .gone
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| !t.root)
+                .min_by(|a, b| a.1.peak_rss_mb.total_cmp(&b.1.peak_rss_mb))
+                .map(|(i, _)| i)
+            {
+                self.gone.remove(i);
+                self.counters.targets_pruned += 1;
+            }
+        }
+    }
+
+    fn pressure(&mut self, sample: &Sample) -> Vec<Alert> {
+        let mut ratios: Vec<(String, f64)> = Vec::new();
+        let m = sample.memory;
+        if m.total > 0 {
+            ratios.push(("host".into(), 1.0 - m.available as f64 / m.total as f64));
+        }
+        for d in &sample.gpu.devices {
+            if d.total > 0 {
+                ratios.push((format!("gpu{}", d.index), d.used as f64 / d.total as f64));
+            }
+        }
+        let mut alerts = Vec::new();
+        for (resource, ratio) in ratios {
+            let previous = self.levels.get(&resource).copied().unwrap_or_default();
+            let level = self.thresholds.level(ratio, previous);
+            if level == previous {
+                continue;
+            }
+            self.levels.insert(resource.clone(), level);
+            let what = if resource == "host" {
+                "host RAM".to_string()
+            } else {
+                format!("GPU {}", &resource[3..])
+            };
+            let alert = Alert {
+                timestamp: sample.timestamp,
+                resource,
+                level: level.as_str().into(),
+                previous: previous.as_str().into(),
+                used_ratio: ratio,
+                message: format!(
+                    "{what} at {:.1}% used: {} → {}",
+                    ratio * 100.0,
+                    previous.as_str(),
+                    level.as_str()
+                ),
+            };
+            if self.alerts.len() < self.limits.max_alerts {
+                self.alerts.push(alert.clone());
+            }
+            alerts.push(alert);
+        }
+        alerts
+    }
+
+    /// The whole `memory_usage.json` as of now.
+    pub fn document(&self) -> Document {
+        let mut log = Vec::with_capacity(self.events.len() + self.timer.len());
+        let mut timer = self.timer.iter().peekable();
+        for e in &self.events {
+            while let Some(t) = timer.next_if(|t| t.timestamp <= e.timestamp) {
+                log.push(t.clone());
+            }
+            log.push(e.clone());
+        }
+        log.extend(timer.cloned());
+
+        let mut targets: Vec<Target> = self.gone.clone();
+        targets.extend(self.live.values().map(|l| {
+            let mut t = l.target.clone();
+            t.series = l.series.iter().copied().collect();
+            t
+        }));
+        targets.sort_by(|a, b| {
+            a.first_seen
+                .total_cmp(&b.first_seen)
+                .then(a.pid.cmp(&b.pid))
+        });
+
+        let mut counters = self.counters.clone();
+        counters.timer_samples_merged = self.timer.merged();
+
+        let mut run = self.run.clone();
+        if run.status.is_empty() {
+            run.status = "running".into();
+        }
+        Document {
+            schema: SCHEMA_VERSION,
+            run,
+            detailed_log: log,
+            peak_usage: self.peaks,
+            peaks_by_component: self.by_component.clone(),
+            stages: self.stages.clone(),
+            targets,
+            gpus: self.gpus.values().cloned().collect(),
+            alerts: self.alerts.clone(),
+            leak: None,
+            flight_recorder: Vec::new(),
+            summary: self.summary(),
+            counters,
+        }
+    }
+
+    fn summary(&self) -> Summary {
+        let peak_host = self.peaks.cpu_ram_used_mb.max(self.peaks.cpu_ram_hwm_mb);
+        let mut by_device: BTreeMap<u32, f64> = self
+            .gpus
+            .values()
+            .filter(|g| g.peak_tree_used_mb > 0.0)
+            .map(|g| (g.index, g.peak_tree_used_mb))
+            .collect();
+        if by_device.is_empty() && self.peaks.reserved_gpu_ram_mb > 0.0 {
+            // Allocator figures only (NVML unavailable): PyTorch's reserved
+            // pool, which leaves out the CUDA context.
+            by_device.insert(0, self.peaks.reserved_gpu_ram_mb);
+        }
+        let max_gpu = by_device.values().copied().fold(0.0, f64::max);
+        let round_up = |mb: f64| (mb * (1.0 + HEADROOM)).ceil();
+        Summary {
+            peak_host_ram_mb: peak_host,
+            peak_gpu_mb_by_device: by_device,
+            min_gpu_mb: round_up(max_gpu),
+            min_host_ram_mb: round_up(peak_host),
+            headroom_ratio: HEADROOM,
+            duration_s: self
+                .run
+                .end
+                .unwrap_or(self.current.timestamp)
+                .max(self.run.start)
+                - self.run.start,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::gpu::{DeviceReading, GpuSample, ProcessReading};
+    use crate::sample::procfs::{HostSample, Identity, Joined, Left, Reading};
+    use crate::sample::HostMemory;
+
+    const M: u64 = 1024 * 1024;
+
+    fn store() -> Store {
+        Store::new(
+            RunInfo {
+                start: 100.0,
+                ..RunInfo::default()
+            },
+            Limits::default(),
+            Thresholds::default(),
+        )
+    }
+
+    fn sample(ts: f64, procs: &[(u32, u64)], gpu: &[(u32, u64)]) -> Box<Sample> {
+        let mut s = Sample {
+            timestamp: ts,
+            host: HostSample {
+                processes: procs
+                    .iter()
+                    .map(|&(pid, rss)| Reading {
+                        pid,
+                        rss: rss * M,
+                        hwm: rss * M,
+                        pss: None,
+                        uss: None,
+                    })
+                    .collect(),
+                ..HostSample::default()
+            },
+            gpu: GpuSample {
+                devices: vec![DeviceReading {
+                    index: 0,
+                    used: gpu.iter().map(|g| g.1).sum::<u64>() * M,
+                    total: 80_000 * M,
+                    free: 0,
+                    ..DeviceReading::default()
+                }],
+                processes: gpu
+                    .iter()
+                    .map(|&(pid, used)| ProcessReading {
+                        pid,
+                        device: 0,
+                        used: Some(used * M),
+                    })
+                    .collect(),
+            },
+            gpu_status: GpuStatus::Sampled,
+            memory: HostMemory {
+                total: 1000 * M,
+                available: 900 * M,
+            },
+            ..Sample::default()
+        };
+        s.host.joined = Vec::new();
+        Box::new(s)
+    }
+
+    fn join(s: &mut Sample, pid: u32) {
+        s.host.joined.push(Joined {
+            id: Identity {
+                pid,
+                start_ticks: u64::from(pid),
+            },
+            ppid: 1,
+            start_time: 0.0,
+            name: format!("p{pid}"),
+            cmdline: vec![],
+            root: pid == 10,
+        });
+    }
+
+    fn timer(st: &mut Store, s: Box<Sample>) -> Outcome {
+        st.apply(&Record::Sample {
+            kind: SampleKind::Timer,
+            sample: s,
+        })
+    }
+
+    fn mark(ts: f64, component: &str, operation: &str) -> Mark {
+        Mark {
+            timestamp: ts,
+            pid: Some(10),
+            component: component.into(),
+            operation: operation.into(),
+            iteration: None,
+            labels: BTreeMap::new(),
+            allocator: None,
+            kind: EntryKind::Event,
+        }
+    }
+
+    #[test]
+    fn tree_figures_sum_over_processes_and_peaks_fold() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100), (11, 50)], &[(10, 2000), (99, 500)]);
+        join(&mut s, 10);
+        join(&mut s, 11);
+        timer(&mut st, s);
+        timer(
+            &mut st,
+            sample(102.0, &[(10, 300), (11, 50)], &[(10, 1000)]),
+        );
+        timer(
+            &mut st,
+            sample(103.0, &[(10, 100), (11, 10)], &[(10, 1500)]),
+        );
+        let doc = st.document();
+        assert_eq!(doc.peak_usage.cpu_ram_used_mb, 350.0);
+        // pid 99 is not ours: its 500 MiB never counts.
+        assert_eq!(doc.peak_usage.gpu_process_used_mb, 2000.0);
+        assert_eq!(doc.detailed_log.len(), 3);
+        assert_eq!(doc.detailed_log[2].gpu_ram_peak_mb, 2000.0, "running max");
+        assert_eq!(doc.detailed_log[2].gpu_ram_used_mb, 1500.0);
+        assert_eq!(doc.detailed_log[2].gpu_source, GpuSource::Nvml);
+        assert_eq!(doc.gpus[0].peak_tree_used_mb, 2000.0);
+        assert_eq!(doc.targets.len(), 2);
+        assert_eq!(doc.targets[0].peak_rss_mb, 300.0);
+        assert_eq!(doc.summary.min_gpu_mb, 2200.0);
+        assert_eq!(doc.peaks_by_component["system"].samples, 3);
+    }
+
+    #[test]
+    fn allocator_figures_take_the_seed_fields() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100)], &[(10, 3000)]);
+        join(&mut s, 10);
+        timer(&mut st, s);
+        let mut m = mark(101.5, "model", "before_generate");
+        m.allocator = Some(Allocator {
+            allocated: 1024 * M,
+            reserved: 2048 * M,
+            max_allocated: 1536 * M,
+            device: Some(0),
+        });
+        let out = st.apply(&Record::Mark(m));
+        let e = out.entry.unwrap();
+        assert_eq!(e.gpu_source, GpuSource::Allocator);
+        assert_eq!(
+            (e.gpu_ram_used_mb, e.reserved_gpu_ram_mb, e.gpu_ram_peak_mb),
+            (1024.0, 2048.0, 1536.0)
+        );
+        assert_eq!(e.gpu_process_used_mb, 3000.0, "NVML view kept beside");
+        assert_eq!(e.cpu_ram_used_mb, 100.0);
+    }
+
+    #[test]
+    fn timer_samples_inside_a_span_count_for_its_component() {
+        let mut st = store();
+        timer(&mut st, sample(101.0, &[(10, 100)], &[]));
+        st.apply(&Record::SpanBegin(Boundary {
+            mark: mark(101.1, "model", "generate"),
+            status: None,
+            message: None,
+        }));
+        timer(&mut st, sample(102.0, &[(10, 600)], &[]));
+        timer(&mut st, sample(103.0, &[(10, 100)], &[]));
+        st.apply(&Record::SpanEnd(Boundary {
+            mark: mark(103.1, "model", "generate"),
+            status: None,
+            message: None,
+        }));
+        timer(&mut st, sample(104.0, &[(10, 700)], &[]));
+        let doc = st.document();
+        assert_eq!(doc.peaks_by_component["model"].cpu_ram_used_mb, 600.0);
+        assert_eq!(doc.peaks_by_component["system"].cpu_ram_used_mb, 700.0);
+        let ops: Vec<&str> = doc
+            .detailed_log
+            .iter()
+            .map(|e| e.operation.as_str())
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                "timer",
+                "before_generate",
+                "timer",
+                "timer",
+                "after_generate",
+                "timer"
+            ]
+        );
+        assert_eq!(doc.detailed_log[2].span.as_deref(), Some("model/generate"));
+    }
+
+    #[test]
+    fn stages_record_status_duration_and_peak() {
+        let mut st = store();
+        timer(&mut st, sample(101.0, &[(10, 100)], &[]));
+        let stage = |ts, name: &str, status: Option<&str>| Boundary {
+            mark: mark(ts, "stage", name),
+            status: status.map(str::to_string),
+            message: None,
+        };
+        st.apply(&Record::StageBegin(stage(101.0, "train", None)));
+        timer(&mut st, sample(102.0, &[(10, 900)], &[]));
+        st.apply(&Record::StageEnd(stage(105.0, "train", Some("SUCCESS"))));
+        st.apply(&Record::StageBegin(stage(105.0, "eval", None)));
+        timer(&mut st, sample(106.0, &[(10, 200)], &[]));
+        st.apply(&Record::StageEnd(stage(106.5, "eval", Some("FAILED"))));
+        st.apply(&Record::StageBegin(stage(107.0, "export", None)));
+        st.apply(&Record::Finish {
+            timestamp: 108.0,
+            exit: Some(Exit::code(1)),
+        });
+        let doc = st.document();
+        let s: Vec<(&str, &str, f64, f64)> = doc
+            .stages
+            .iter()
+            .map(|s| {
+                (
+                    s.name.as_str(),
+                    s.status.as_str(),
+                    s.duration_s.unwrap(),
+                    s.peak.cpu_ram_used_mb,
+                )
+            })
+            .collect();
+        assert_eq!(
+            s,
+            [
+                ("train", "SUCCESS", 4.0, 900.0),
+                ("eval", "FAILED", 1.5, 900.0),
+                ("export", "ABANDONED", 1.0, 200.0)
+            ]
+        );
+    }
+
+    #[test]
+    fn exits_are_recorded_and_dead_processes_close_their_spans() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100), (11, 100)], &[]);
+        join(&mut s, 10);
+        join(&mut s, 11);
+        timer(&mut st, s);
+        let mut m = mark(101.5, "data", "load");
+        m.pid = Some(11);
+        st.apply(&Record::SpanBegin(Boundary {
+            mark: m,
+            status: None,
+            message: None,
+        }));
+        let mut s = sample(102.0, &[(10, 100)], &[]);
+        s.host.left.push(Left {
+            id: Identity {
+                pid: 11,
+                start_ticks: 11,
+            },
+            exit: None,
+            max_rss: Some(400 * M),
+        });
+        timer(&mut st, s);
+        st.apply(&Record::Exit {
+            pid: 10,
+            exit: Exit::signal(9),
+            max_rss: None,
+        });
+        let doc = st.document();
+        let t11 = doc.targets.iter().find(|t| t.pid == 11).unwrap();
+        assert_eq!(t11.exit, Some(Exit::unknown()));
+        assert_eq!(t11.hwm_mb, 400.0, "wait4's peak");
+        assert_eq!(t11.series.len(), 1);
+        let t10 = doc.targets.iter().find(|t| t.pid == 10).unwrap();
+        assert_eq!(t10.exit.unwrap().code, 137);
+        assert_eq!(
+            doc.detailed_log.last().unwrap().component,
+            "system",
+            "span closed"
+        );
+    }
+
+    #[test]
+    fn experiment_end_reports_the_last_live_figures() {
+        let mut st = store();
+        timer(&mut st, sample(101.0, &[(10, 250)], &[]));
+        timer(&mut st, sample(102.0, &[], &[]));
+        st.apply(&Record::Finish {
+            timestamp: 102.5,
+            exit: Some(Exit::code(0)),
+        });
+        let doc = st.document();
+        let end = doc.detailed_log.last().unwrap();
+        assert_eq!(
+            (end.operation.as_str(), end.cpu_ram_used_mb, end.timestamp),
+            ("experiment_end", 250.0, 102.5)
+        );
+        assert_eq!(doc.run.status, "finished");
+        assert_eq!(doc.run.exit, Some(Exit::code(0)));
+    }
+
+    #[test]
+    fn pressure_crossings_become_alerts() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 1)], &[(10, 70_000)]);
+        s.memory.available = 100 * M; // host 90 % used
+        let out = timer(&mut st, s);
+        let levels: Vec<(&str, &str)> = out
+            .alerts
+            .iter()
+            .map(|a| (a.resource.as_str(), a.level.as_str()))
+            .collect();
+        assert_eq!(levels, [("host", "emergency"), ("gpu0", "critical")]);
+        let out = timer(&mut st, sample(102.0, &[(10, 1)], &[(10, 70_000)]));
+        assert_eq!(out.alerts.len(), 1, "host back to normal");
+        assert_eq!(out.alerts[0].level, "normal");
+        assert_eq!(st.document().alerts.len(), 3);
+    }
+
+    #[test]
+    fn a_million_samples_stay_bounded_with_exact_peaks() {
+        let mut st = Store::new(
+            RunInfo::default(),
+            Limits {
+                max_timer_entries: 256,
+                target_series_points: 64,
+                ..Limits::default()
+            },
+            Thresholds::default(),
+        );
+        let mut s = sample(0.0, &[(10, 1)], &[]);
+        join(&mut s, 10);
+        timer(&mut st, s);
+        let mut peak = 0u64;
+        for i in 1..1_000_000u64 {
+            let rss = (i * 7919) % 1000 + if i == 777_777 { 5000 } else { 0 };
+            peak = peak.max(rss);
+            timer(&mut st, sample(i as f64, &[(10, rss)], &[]));
+        }
+        let doc = st.document();
+        assert_eq!(doc.peak_usage.cpu_ram_used_mb, peak as f64);
+        assert!(doc.detailed_log.len() <= 257, "{}", doc.detailed_log.len());
+        let log_max = doc
+            .detailed_log
+            .iter()
+            .map(|e| e.cpu_ram_used_mb)
+            .fold(0.0, f64::max);
+        assert_eq!(log_max, peak as f64, "the thinned log keeps the peak");
+        assert!(doc.targets[0].series.len() <= 65);
+        assert_eq!(
+            doc.targets[0]
+                .series
+                .iter()
+                .map(|p| p[1])
+                .fold(0.0, f64::max),
+            peak as f64
+        );
+        let json = serde_json::to_vec(&doc).unwrap();
+        assert!(json.len() < 200_000, "{} bytes", json.len());
+    }
+}

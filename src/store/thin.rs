@@ -1,0 +1,177 @@
+//! Bounded time series that never lose a peak.
+//!
+//! A long run at a short interval produces millions of timer samples. The
+//! log keeps at most `cap` of them: new samples fill buckets of `width`
+//! samples, and when the buckets outnumber `cap`, neighbours are merged
+//! pairwise and `width` doubles. A merged bucket carries the maximum of
+//! every figure, so the maximum of the thinned series always equals the
+//! maximum of the full one, and resolution stays uniform over the run.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Entry;
+
+/// A point that can absorb a later neighbour, keeping maxima.
+pub trait Mergeable: Clone {
+    fn absorb(&mut self, later: &Self);
+}
+
+impl Mergeable for Entry {
+    fn absorb(&mut self, later: &Entry) {
+        self.cpu_ram_used_mb = self.cpu_ram_used_mb.max(later.cpu_ram_used_mb);
+        self.gpu_ram_used_mb = self.gpu_ram_used_mb.max(later.gpu_ram_used_mb);
+        self.gpu_ram_peak_mb = self.gpu_ram_peak_mb.max(later.gpu_ram_peak_mb);
+        self.reserved_gpu_ram_mb = self.reserved_gpu_ram_mb.max(later.reserved_gpu_ram_mb);
+        self.gpu_process_used_mb = self.gpu_process_used_mb.max(later.gpu_process_used_mb);
+        self.cpu_ram_hwm_mb = self.cpu_ram_hwm_mb.max(later.cpu_ram_hwm_mb);
+        if later.gpu_source != crate::model::GpuSource::None {
+            self.gpu_source = later.gpu_source;
+        }
+        self.samples = Some(self.samples.unwrap_or(1) + later.samples.unwrap_or(1));
+        self.timestamp_end = Some(later.timestamp_end.unwrap_or(later.timestamp));
+    }
+}
+
+/// `[time, a, b]`: a target's series point; merging keeps the later time's
+/// start and both maxima.
+impl Mergeable for [f64; 3] {
+    fn absorb(&mut self, later: &[f64; 3]) {
+        self[1] = self[1].max(later[1]);
+        self[2] = self[2].max(later[2]);
+    }
+}
+
+/// The bounded series.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Thinned<T> {
+    cap: usize,
+    /// Samples per completed bucket.
+    width: u64,
+    done: Vec<T>,
+    /// The bucket being filled and how many samples it holds.
+    open: Option<(T, u64)>,
+    /// Samples absorbed into another point.
+    merged: u64,
+}
+
+impl<T: Mergeable> Thinned<T> {
+    pub fn new(cap: usize) -> Self {
+        Thinned {
+            cap: cap.max(2),
+            width: 1,
+            done: Vec::new(),
+            open: None,
+            merged: 0,
+        }
+    }
+
+    pub fn push(&mut self, point: T) {
+        match &mut self.open {
+            Some((bucket, n)) => {
+                bucket.absorb(&point);
+                *n += 1;
+                self.merged += 1;
+            }
+            None => self.open = Some((point, 1)),
+        }
+        if let Some((_, n)) = &self.open {
+            if *n >= self.width {
+                if let Some((bucket, _)) = self.open.take() {
+                    self.done.push(bucket);
+                }
+            }
+        }
+        if self.done.len() >= self.cap {
+            self.halve();
+        }
+    }
+
+    fn halve(&mut self) {
+        let old = std::mem::take(&mut self.done);
+        let mut it = old.into_iter();
+        while let Some(mut a) = it.next() {
+            if let Some(b) = it.next() {
+                a.absorb(&b);
+                self.merged += 1;
+            }
+            self.done.push(a);
+        }
+        self.width *= 2;
+    }
+
+    /// Every point, the open bucket last.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.done.iter().chain(self.open.iter().map(|(b, _)| b))
+    }
+
+    pub fn len(&self) -> usize {
+        self.done.len() + usize::from(self.open.is_some())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Samples that now live inside another point.
+    pub fn merged(&self) -> u64 {
+        self.merged
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(t: f64, cpu: f64, gpu: f64) -> Entry {
+        Entry {
+            timestamp: t,
+            cpu_ram_used_mb: cpu,
+            gpu_ram_used_mb: gpu,
+            ..Entry::default()
+        }
+    }
+
+    #[test]
+    fn stays_bounded_and_keeps_every_maximum() {
+        let mut log = Thinned::new(64);
+        let mut max_cpu: f64 = 0.0;
+        let mut max_gpu: f64 = 0.0;
+        // A million samples with pseudo-random spikes.
+        let mut x: u64 = 88172645463325252;
+        for i in 0..1_000_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let cpu = (x % 1000) as f64
+                + if x.is_multiple_of(99991) {
+                    50_000.0
+                } else {
+                    0.0
+                };
+            let gpu = ((x >> 20) % 700) as f64;
+            max_cpu = max_cpu.max(cpu);
+            max_gpu = max_gpu.max(gpu);
+            log.push(entry(i as f64, cpu, gpu));
+            assert!(log.len() <= 65);
+        }
+        let got_cpu = log.iter().map(|e| e.cpu_ram_used_mb).fold(0.0, f64::max);
+        let got_gpu = log.iter().map(|e| e.gpu_ram_used_mb).fold(0.0, f64::max);
+        assert_eq!((got_cpu, got_gpu), (max_cpu, max_gpu));
+        let samples: u64 = log.iter().map(|e| u64::from(e.samples.unwrap_or(1))).sum();
+        assert_eq!(samples, 1_000_000, "every sample is accounted for");
+        assert_eq!(log.merged() + log.len() as u64, 1_000_000);
+        // Buckets are in time order.
+        let times: Vec<f64> = log.iter().map(|e| e.timestamp).collect();
+        assert!(times.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn short_series_are_untouched() {
+        let mut log = Thinned::new(16);
+        for i in 0..10 {
+            log.push(entry(i as f64, i as f64, 0.0));
+        }
+        assert_eq!(log.len(), 10);
+        assert!(log.iter().all(|e| e.samples.is_none()));
+    }
+}

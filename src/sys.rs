@@ -1,0 +1,161 @@
+//! The few Linux calls the standard library does not wrap: becoming a child
+//! subreaper, `wait4` with resource usage, sending signals, `sysconf`.
+//!
+//! This is the only module with `unsafe` code; each block is a single libc
+//! call whose arguments are plain integers or pointers to locals.
+#![allow(unsafe_code)]
+
+use std::io;
+
+use crate::model::Exit;
+
+/// Makes this process the reaper of orphaned descendants
+/// (`PR_SET_CHILD_SUBREAPER`), so a worker whose parent dies stays in the
+/// followed tree and its exit status reaches us.
+pub fn become_subreaper() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// What `wait4` reports for a reaped child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    pub exit: Exit,
+    /// `ru_maxrss` in KiB: the child's own peak RSS, exact even for spikes
+    /// shorter than any sampling interval.
+    pub max_rss_kib: u64,
+}
+
+/// Waits for one specific child. `block = false` returns `Ok(None)` when
+/// it has not exited yet. Never waits for "any child", so it cannot steal
+/// the status of a process somebody else spawned.
+pub fn wait_child(pid: u32, block: bool) -> io::Result<Option<Reaped>> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: zeroed rusage is a valid value of a plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let flags = if block { 0 } else { libc::WNOHANG };
+    loop {
+        // SAFETY: pointers to locals that outlive the call.
+        let rc = unsafe { libc::wait4(pid as libc::pid_t, &mut status, flags, &mut usage) };
+        if rc == 0 {
+            return Ok(None);
+        }
+        if rc > 0 {
+            return Ok(Some(Reaped {
+                exit: Exit::from_wait_status(status),
+                max_rss_kib: usage.ru_maxrss.max(0) as u64,
+            }));
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Sends `signal` to `pid`.
+pub fn kill(pid: u32, signal: i32) -> io::Result<()> {
+    // SAFETY: kill with integer arguments only.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether a process with this PID exists (it may belong to another user).
+pub fn pid_exists(pid: u32) -> bool {
+    match kill(pid, 0) {
+        Ok(()) => true,
+        Err(e) => e.raw_os_error() == Some(libc::EPERM),
+    }
+}
+
+/// Bytes per page, for `statm`.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf with a constant name.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 {
+        v as u64
+    } else {
+        4096
+    }
+}
+
+/// Clock ticks per second, for `stat`'s `starttime`.
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf with a constant name.
+    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if v > 0 {
+        v as u64
+    } else {
+        100
+    }
+}
+
+/// This process's real user id.
+pub fn uid() -> u32 {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// The name of a signal number, for messages (`SIGTERM`).
+pub fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::zombie_processes)] // reaped by wait_child, not Child::wait
+    fn wait_child_reports_code_and_signal() {
+        let child = std::process::Command::new("sh")
+            .args(["-c", "exit 7"])
+            .spawn()
+            .unwrap();
+        let r = wait_child(child.id(), true).unwrap().unwrap();
+        assert_eq!(r.exit, Exit::code(7));
+
+        let child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        assert_eq!(wait_child(child.id(), false).unwrap(), None);
+        kill(child.id(), libc::SIGKILL).unwrap();
+        let r = wait_child(child.id(), true).unwrap().unwrap();
+        assert_eq!(r.exit.code, 137);
+        assert_eq!(r.exit.signal, Some(9));
+    }
+
+    #[test]
+    fn sysconf_values_are_sane() {
+        assert!(page_size() >= 4096);
+        assert!(clock_ticks() >= 100);
+        assert!(pid_exists(std::process::id()));
+    }
+}

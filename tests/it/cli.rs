@@ -1,0 +1,282 @@
+//! The command line and configuration: every bad input gets one clear
+//! message, a non-zero exit, and leaves nothing half-written.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::*;
+
+/// Runs memtrack expecting a failure; returns stderr.
+fn fails(args: &[&str], env: &[(&str, &str)], code: i32) -> String {
+    let mut cmd = memtrack();
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run_to_end(&mut cmd, Duration::from_secs(20));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    err
+}
+
+fn empty(dir: &Path) -> bool {
+    !dir.exists() || std::fs::read_dir(dir).unwrap().next().is_none()
+}
+
+#[test]
+fn bad_flags_are_usage_errors() {
+    let err = fails(&["run", "--intervall", "1s", "--", "true"], &[], 2);
+    assert!(err.contains("--intervall"), "{err}");
+    let err = fails(&["run"], &[], 2);
+    assert!(err.contains("COMMAND"), "missing command: {err}");
+    let err = fails(&["attach", "--pid", "abc"], &[], 2);
+    assert!(err.contains("abc"), "{err}");
+    let err = fails(&["frobnicate"], &[], 2);
+    assert!(err.contains("frobnicate"), "{err}");
+}
+
+#[test]
+fn bad_values_name_the_key() {
+    let out = scratch();
+    let o = out.path().to_str().unwrap();
+    let err = fails(
+        &["run", "--output", o, "--interval", "5ms", "--", "true"],
+        &[],
+        2,
+    );
+    assert!(
+        err.contains("command line") && err.contains("`interval`") && err.contains("10ms"),
+        "{err}"
+    );
+    let err = fails(
+        &["run", "--output", o, "--interval", "soon", "--", "true"],
+        &[],
+        2,
+    );
+    assert!(err.contains("interval") && err.contains("soon"), "{err}");
+    let err = fails(
+        &["run", "--output", o, "--label", "no-equals", "--", "true"],
+        &[],
+        2,
+    );
+    assert!(err.contains("KEY=VALUE"), "{err}");
+    let err = fails(
+        &["run", "--output", o, "--label", "bad-key=1", "--", "true"],
+        &[],
+        2,
+    );
+    assert!(err.contains("bad-key"), "{err}");
+    let err = fails(
+        &["run", "--output", o, "--", "true"],
+        &[("MEMTRACK_INTERVALL", "1s")],
+        2,
+    );
+    assert!(err.contains("MEMTRACK_INTERVALL"), "{err}");
+    let err = fails(
+        &["run", "--output", o, "--", "true"],
+        &[("MEMTRACK_GPU_ENABLED", "maybe")],
+        2,
+    );
+    assert!(
+        err.contains("environment") && err.contains("gpu.enabled"),
+        "{err}"
+    );
+    assert!(empty(out.path()), "nothing written on a usage error");
+}
+
+#[test]
+fn bad_config_files_name_file_and_key() {
+    let out = scratch();
+    let o = out.path().to_str().unwrap();
+    let cfg = out.path().join("memtrack.toml");
+    let c = cfg.to_str().unwrap();
+    let cases = [
+        ("[host]\nsmap = true\n", "host.smap"),
+        ("interval = 100\n", "interval"),
+        ("interval = '100ms'\n[pressure]\nhigh = 0.95\n", "pressure"),
+        ("this is not toml", "TOML parse error"),
+        ("name = 'a/b'\n", "name"),
+    ];
+    for (text, needle) in cases {
+        std::fs::write(&cfg, text).unwrap();
+        let err = fails(
+            &[
+                "run",
+                "--config",
+                c,
+                "--output",
+                &format!("{o}/runs"),
+                "--",
+                "true",
+            ],
+            &[],
+            2,
+        );
+        assert!(
+            err.contains(needle) && err.contains("memtrack.toml"),
+            "{text:?}: {err}"
+        );
+    }
+    let err = fails(
+        &["run", "--config", "/nonexistent.toml", "--", "true"],
+        &[],
+        2,
+    );
+    assert!(err.contains("/nonexistent.toml"), "{err}");
+    // A huge file of garbage is rejected the same way, quickly.
+    std::fs::write(&cfg, "x".repeat(5 << 20)).unwrap();
+    fails(
+        &[
+            "run",
+            "--config",
+            c,
+            "--output",
+            &format!("{o}/runs"),
+            "--",
+            "true",
+        ],
+        &[],
+        2,
+    );
+    assert!(!out.path().join("runs").exists());
+}
+
+#[test]
+fn missing_command_and_pid_leave_nothing_behind() {
+    let out = scratch();
+    let o = out.path().join("runs");
+    let o = o.to_str().unwrap();
+    let err = fails(
+        &["run", "--output", o, "--", "/nonexistent/train.py"],
+        &[],
+        127,
+    );
+    assert!(
+        err.contains("/nonexistent/train.py: command not found"),
+        "{err}"
+    );
+    assert!(empty(Path::new(o)), "no half-written run");
+    let err = fails(&["attach", "--output", o, "--pid", "4000000"], &[], 1);
+    assert!(err.contains("no process with PID 4000000"), "{err}");
+    let pid_file = out.path().join("bad.pid");
+    std::fs::write(&pid_file, "12x\n").unwrap();
+    let err = fails(
+        &[
+            "attach",
+            "--output",
+            o,
+            "--pid-file",
+            pid_file.to_str().unwrap(),
+        ],
+        &[],
+        1,
+    );
+    assert!(err.contains("bad.pid") && err.contains("12x"), "{err}");
+    let err = fails(&["attach", "--output", o], &[], 2);
+    assert!(err.contains("--pid"), "{err}");
+    assert!(empty(Path::new(o)));
+}
+
+#[test]
+fn unwritable_output_is_one_clear_error() {
+    let err = fails(
+        &["run", "--output", "/proc/memtrack-out", "--", "true"],
+        &[],
+        1,
+    );
+    assert!(
+        err.contains("cannot create output directory /proc/memtrack-out"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let err = fails(
+        &["run", "--output", "/etc/hostname/runs", "--", "true"],
+        &[],
+        1,
+    );
+    assert!(err.contains("/etc/hostname/runs"), "{err}");
+}
+
+#[test]
+fn attach_follows_a_running_process_until_it_exits() {
+    let out = scratch();
+    let mut job = std::process::Command::new("sleep")
+        .arg("1")
+        .spawn()
+        .unwrap();
+    let pid_file = out.path().join("job.pid");
+    std::fs::write(&pid_file, format!("{}\n", job.id())).unwrap();
+    let res = run_to_end(
+        memtrack()
+            .args(["attach", "--interval", "100ms", "--pid-file"])
+            .arg(&pid_file)
+            .arg("--output")
+            .arg(out.path().join("runs")),
+        Duration::from_secs(20),
+    );
+    job.wait().unwrap();
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let (_, doc) = only_document(&out.path().join("runs"));
+    assert_eq!(doc.run.mode, "attach");
+    assert_eq!(doc.targets.len(), 1);
+    assert!(doc.targets[0].root && doc.targets[0].exited_at.is_some());
+}
+
+#[test]
+fn help_matches_the_snapshot() {
+    for (args, file) in [
+        (vec!["--help"], "help.txt"),
+        (vec!["run", "--help"], "help-run.txt"),
+    ] {
+        let out = run_to_end(
+            memtrack().args(&args).env("COLUMNS", "100"),
+            Duration::from_secs(10),
+        );
+        assert_eq!(out.status.code(), Some(0));
+        let got = String::from_utf8(out.stdout).unwrap();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/it/snapshots")
+            .join(file);
+        if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &got).unwrap();
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(
+            got, want,
+            "{file} changed; rerun with UPDATE_SNAPSHOTS=1 and review the diff"
+        );
+    }
+}
+
+#[test]
+fn example_config_equals_the_defaults_and_names_every_key() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("memtrack.example.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let layer = memtrack::config::Layer::from_file(&path).unwrap();
+    let parsed = memtrack::config::resolve(&[layer]).unwrap();
+    assert_eq!(
+        parsed,
+        memtrack::config::Config::default(),
+        "example values = defaults"
+    );
+    let table: toml::Table = toml::from_str(&text).unwrap();
+    let example_keys: Vec<String> = memtrack::config::leaf_keys(&table)
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    for (key, _) in memtrack::config::leaf_keys(&memtrack::config::default_table()) {
+        assert!(
+            example_keys.contains(&key),
+            "memtrack.example.toml lacks `{key}`"
+        );
+    }
+    // And `memtrack config --defaults` prints the same values.
+    let out = run_to_end(
+        memtrack().args(["config", "--defaults"]),
+        Duration::from_secs(10),
+    );
+    let printed: memtrack::config::Config =
+        toml::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    assert_eq!(printed, parsed);
+}

@@ -1,0 +1,9 @@
+//! memtrack's integration tests: one binary, real processes, real sockets,
+//! real servers on loopback. Shared helpers live in `common`.
+
+// A test crate: its helpers fail loudly like its tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+mod cli;
+mod common;
+mod core;
