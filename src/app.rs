@@ -5,17 +5,20 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 
 use crate::config::Config;
-use crate::engine::{EndWhen, Engine, EngineOptions, Input};
+use crate::engine::{EndWhen, Engine, EngineOptions, EventLink, Input};
+use crate::export::http;
 use crate::model::{Exit, RunInfo};
 use crate::sample::procfs::{ProcOptions, ProcTree, SmapsOptions};
 use crate::sample::{gpu, Sampler};
 use crate::shutdown::SignalThread;
 use crate::store::journal::{self, Journal};
+use crate::store::snapshot::Snapshot;
 use crate::store::{Limits, Store};
 use crate::{sys, target};
 
@@ -228,6 +231,119 @@ impl Drop for Cleanup {
     }
 }
 
+/// The I/O side of a run: one small tokio runtime serving the event
+/// socket and HTTP, and the channel carrying snapshots to them.
+struct Io {
+    runtime: tokio::runtime::Runtime,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    socket: Option<crate::event::server::SocketFile>,
+    link: Option<EventLink>,
+    snapshots: tokio::sync::watch::Sender<Arc<Snapshot>>,
+}
+
+impl Io {
+    fn start(
+        config: &Config,
+        engine: SyncSender<Input>,
+        self_register: bool,
+    ) -> anyhow::Result<Io> {
+        use crate::event::server;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("memtrack-io")
+            .enable_all()
+            .build()
+            .context("cannot start the I/O runtime")?;
+        let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
+        let (snapshots, snapshots_rx) = tokio::sync::watch::channel(Arc::new(Snapshot::default()));
+        let mut io = Io {
+            runtime,
+            shutdown,
+            socket: None,
+            link: None,
+            snapshots,
+        };
+
+        if !config.socket.is_off() {
+            let path = if config.socket.path.as_os_str().is_empty() {
+                server::default_path().context("cannot choose a socket path")?
+            } else {
+                config.socket.path.clone()
+            };
+            let group = if config.socket.group.is_empty() {
+                None
+            } else {
+                sys::group_id(&config.socket.group)
+            };
+            let mut file = server::bind(&path, group)?;
+            let (notices, _) = tokio::sync::broadcast::channel(64);
+            let stats = Arc::new(server::Stats::default());
+            let shared = Arc::new(server::Shared {
+                engine,
+                notices: notices.clone(),
+                stats: Arc::clone(&stats),
+                access: server::Access {
+                    uid: sys::uid(),
+                    allow_uids: config.socket.allow_uids.clone(),
+                    group,
+                    max_connections: config.socket.max_connections,
+                },
+            });
+            let std_listener = file.take_listener().context("socket already taken")?;
+            let listener = {
+                let _guard = io.runtime.enter();
+                tokio::net::UnixListener::from_std(std_listener)
+                    .context("cannot serve the socket")?
+            };
+            io.runtime
+                .spawn(server::serve(listener, shared, shutdown_rx.clone()));
+            io.socket = Some(file);
+            io.link = Some(EventLink {
+                notices,
+                stats,
+                self_register,
+            });
+        }
+
+        if let Some(addr) = http::parse_listen(&config.listen).map_err(anyhow::Error::msg)? {
+            let bound = io.runtime.block_on(tokio::net::TcpListener::bind(addr));
+            match bound {
+                Ok(listener) => {
+                    let local = listener.local_addr().unwrap_or(addr);
+                    tracing::info!("metrics on http://{local}/metrics");
+                    let state = http::State {
+                        snapshots: snapshots_rx,
+                        notices: io.link.as_ref().map(|l| l.notices.clone()),
+                    };
+                    io.runtime
+                        .spawn(http::serve(listener, state, HTTP_CONNECTIONS, shutdown_rx));
+                }
+                Err(e) if config.listen == crate::config::DEFAULT_LISTEN => {
+                    tracing::warn!(
+                        "cannot listen on {addr} ({e}); going on without /metrics (set --listen)"
+                    );
+                }
+                Err(e) => return Err(anyhow::anyhow!("cannot listen on {addr}: {e}")),
+            }
+        }
+        Ok(io)
+    }
+
+    fn socket_path(&self) -> Option<&Path> {
+        self.socket.as_ref().map(|s| s.path.as_path())
+    }
+
+    fn stop(self) {
+        let _ = self.shutdown.send(true);
+        self.runtime
+            .shutdown_timeout(std::time::Duration::from_secs(1));
+        // Dropping `socket` removes the socket file.
+    }
+}
+
+/// HTTP connections served at once; more are closed on accept.
+const HTTP_CONNECTIONS: usize = 64;
+
 /// What a finished daemon reports to `main`.
 #[derive(Debug)]
 pub struct Outcome {
@@ -312,7 +428,23 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let journal = Journal::create(&run_dir, &store)
         .with_context(|| format!("cannot write to the run directory {}", run_dir.display()))?;
 
+    sys::raise_nofile_limit();
     let (tx, rx) = sync_channel::<Input>(65_536);
+    let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
+    let io = Io::start(&config, tx.clone(), self_register)?;
+    let mut job_env = Vec::new();
+    if let Some(path) = io.socket_path() {
+        job_env.push(("MEMTRACK_SOCKET".to_string(), path.display().to_string()));
+        if is_run {
+            tracing::debug!("event socket {}", path.display());
+        } else {
+            tracing::info!(
+                "event socket {} (clients: MEMTRACK_SOCKET={})",
+                path.display(),
+                path.display()
+            );
+        }
+    }
     let mut opts = ProcOptions {
         root: config.host.proc_root.clone(),
         hwm_interval: config.host.hwm_interval,
@@ -327,7 +459,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     // Start the job last, once everything that can fail has succeeded.
     let (tree, job_pid, end_when) = match &mode {
         Mode::Run { argv } => {
-            let child = target::spawn(argv, &[])?;
+            let child = target::spawn(argv, &job_env)?;
             let pid = child.id();
             opts.job = Some(pid);
             let mut tree = ProcTree::new(opts).context("cannot read procfs")?;
@@ -380,11 +512,14 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             journal_flush: std::time::Duration::from_secs(1),
             end_when,
         },
+        io.link.clone(),
+        Some(io.snapshots.clone()),
     );
     drop(tx);
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);
     let first_signal = signals.stop();
+    io.stop();
 
     let doc = store.document();
     tracing::info!(
@@ -402,11 +537,13 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             format!("wrote {}", document.display())
         }
     );
+    // `run` exits as its job did. `attach` ends normally on a signal; a
+    // `run` stopped before its job ended reports the signal, as a shell would.
     let exit_code = match (ended.job_exit, first_signal) {
         (Some(exit), _) => exit.code,
-        (None, Some(sig)) => Exit::signal(sig).code,
-        (None, None) if ended.write_error.is_some() => 1,
-        (None, None) => 0,
+        (None, Some(sig)) if is_run => Exit::signal(sig).code,
+        (None, _) if ended.write_error.is_some() => 1,
+        (None, _) => 0,
     };
     Ok(Outcome {
         exit_code,

@@ -29,6 +29,12 @@ pub enum Command {
     Run(RunArgs),
     /// Follow processes that are already running until they exit or memtrack is signalled
     Attach(AttachArgs),
+    /// Send one annotated event (a mark) to a running memtrack
+    Mark(MarkArgs),
+    /// Print what a running memtrack sees now
+    Status(StatusArgs),
+    /// Ask the job's subscribed clients to free their caches
+    Cleanup(SocketArgs),
     /// Rebuild memory_usage.json of a run whose memtrack was killed
     Recover(RecoverArgs),
     /// Print the default or the effective configuration
@@ -68,6 +74,12 @@ pub struct DaemonArgs {
     /// Log level or tracing filter (default info)
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// HTTP address for /metrics and /memory-info (default 127.0.0.1:9464; `off`: none)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Event socket path (`off`: none). The job gets it as MEMTRACK_SOCKET
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
 }
 
 impl DaemonArgs {
@@ -83,8 +95,12 @@ impl DaemonArgs {
         set_str("name", &self.name);
         set_str("checkpoint_interval", &self.checkpoint_interval);
         set_str("log_level", &self.log_level);
+        set_str("listen", &self.listen);
         if let Some(o) = &self.output {
             layer.set("output", Value::String(o.display().to_string()));
+        }
+        if let Some(p) = &self.socket {
+            layer.set("socket.path", Value::String(p.display().to_string()));
         }
         if let Some(p) = &self.nvml_lib {
             layer.set("gpu.nvml_library", Value::String(p.display().to_string()));
@@ -124,6 +140,42 @@ pub struct AttachArgs {
     /// A file holding PIDs to follow (repeatable)
     #[arg(long = "pid-file", value_name = "FILE")]
     pub pid_files: Vec<PathBuf>,
+}
+
+/// Where the daemon's socket is.
+#[derive(Debug, Args)]
+pub struct SocketArgs {
+    /// The daemon's socket (default: $MEMTRACK_SOCKET)
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct MarkArgs {
+    /// Component, e.g. model, retriever, data
+    pub component: String,
+    /// Operation, e.g. before_generate
+    pub operation: String,
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Wait until recorded and print the sample (exit 1 if no daemon answers)
+    #[arg(long)]
+    pub wait: bool,
+    /// The job's iteration (ClearML's x axis)
+    #[arg(long, value_name = "N")]
+    pub iteration: Option<u64>,
+    /// A label (repeatable)
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Print the raw JSON reply
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -20,6 +20,9 @@ use toml::{Table, Value};
 use crate::store::pressure::Thresholds;
 use crate::units::serde_duration;
 
+/// Where `/metrics` is served unless told otherwise (loopback only).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+
 /// Config files larger than this are refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -42,6 +45,10 @@ pub struct Config {
     pub checkpoint_interval: Duration,
     /// `error`, `warn`, `info`, `debug` or `trace` (or a tracing filter).
     pub log_level: String,
+    /// HTTP address for `/metrics`, `/memory-info`, `/cleanup-memory`,
+    /// `/healthz`; `off` disables. When the default address is taken the
+    /// run goes on without HTTP (warned); a chosen address must bind.
+    pub listen: String,
     /// Extra labels recorded in `run.labels` and on every metric.
     pub labels: BTreeMap<String, String>,
     pub host: HostConfig,
@@ -49,6 +56,40 @@ pub struct Config {
     pub log: LogConfig,
     /// Used-memory ratios at which host RAM and each GPU change level.
     pub pressure: Thresholds,
+    pub socket: SocketConfig,
+}
+
+/// The event socket (docs/protocol.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SocketConfig {
+    /// Empty: `$XDG_RUNTIME_DIR/memtrack-<pid>.sock`, else
+    /// `/tmp/memtrack-<uid>/memtrack-<pid>.sock`. `off`: no socket.
+    pub path: PathBuf,
+    /// A group (name or number) whose members may connect: the socket is
+    /// then mode 0660 with that group. Empty: 0600, this user only.
+    pub group: String,
+    /// Other users allowed to connect (checked with SO_PEERCRED).
+    pub allow_uids: Vec<u32>,
+    /// Connections beyond this are closed at once.
+    pub max_connections: usize,
+}
+
+impl Default for SocketConfig {
+    fn default() -> Self {
+        SocketConfig {
+            path: PathBuf::new(),
+            group: String::new(),
+            allow_uids: Vec::new(),
+            max_connections: 1024,
+        }
+    }
+}
+
+impl SocketConfig {
+    pub fn is_off(&self) -> bool {
+        self.path.as_os_str() == "off"
+    }
 }
 
 /// Host (procfs) sampling.
@@ -103,11 +144,13 @@ impl Default for Config {
             output: PathBuf::from("outputs"),
             checkpoint_interval: Duration::from_secs(30),
             log_level: "info".into(),
+            listen: DEFAULT_LISTEN.into(),
             labels: BTreeMap::new(),
             host: HostConfig::default(),
             gpu: GpuConfig::default(),
             log: LogConfig::default(),
             pressure: Thresholds::default(),
+            socket: SocketConfig::default(),
         }
     }
 }
@@ -443,6 +486,21 @@ impl Config {
             if v.len() > 256 {
                 return bad("labels", format!("value of `{k}` is longer than 256 bytes"));
             }
+        }
+        if let Err(e) = crate::export::http::parse_listen(&self.listen) {
+            return bad("listen", e);
+        }
+        if self.socket.max_connections == 0 || self.socket.max_connections > 65_536 {
+            return bad(
+                "socket.max_connections",
+                "must be between 1 and 65536".into(),
+            );
+        }
+        if !self.socket.group.is_empty() && crate::sys::group_id(&self.socket.group).is_none() {
+            return bad(
+                "socket.group",
+                format!("no group `{}` on this host", self.socket.group),
+            );
         }
         if let Err(e) = self.pressure.validate() {
             return bad("pressure", e);

@@ -11,13 +11,20 @@
 //! drift, and a tick that overruns its slot skips the missed slots (and
 //! counts them) instead of piling up work.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::{broadcast, oneshot, watch};
+
+use crate::event::protocol::{self, Message, Notice, Request};
+use crate::event::server::Stats;
 use crate::model::{EntryKind, Exit};
 use crate::sample::{gpu, Sample, Sampler};
 use crate::store::journal::Journal;
-use crate::store::{Mark, Outcome, Record, SampleKind, Store, SYSTEM};
+use crate::store::snapshot::{Histogram, Snapshot};
+use crate::store::{Boundary, Mark, Outcome, Record, SampleKind, Store, SYSTEM};
 use crate::sys;
 use crate::units::unix_now;
 
@@ -29,6 +36,28 @@ pub enum Input {
     /// Finish the run: a final sample and every flush. `urgent` (a second
     /// signal) skips the final sample.
     Stop { urgent: bool },
+    /// A request from the event socket.
+    Client(ClientRequest),
+}
+
+/// A request read from a client, with where to send the reply line.
+#[derive(Debug)]
+pub struct ClientRequest {
+    /// The sender (`SO_PEERCRED`).
+    pub pid: Option<u32>,
+    /// When the line arrived (Unix seconds).
+    pub received: f64,
+    pub request: Request,
+    pub reply: Option<oneshot::Sender<Vec<u8>>>,
+}
+
+/// The engine's link to the event socket.
+#[derive(Debug, Clone)]
+pub struct EventLink {
+    pub notices: broadcast::Sender<Notice>,
+    pub stats: Arc<Stats>,
+    /// `attach` without PIDs: processes that mark join the tree.
+    pub self_register: bool,
 }
 
 /// When the run is over, besides a stop request.
@@ -62,6 +91,9 @@ pub struct Ended {
     pub write_error: Option<String>,
 }
 
+/// Snapshots for exporters are published at most this often.
+const PUBLISH_EVERY: Duration = Duration::from_millis(100);
+
 /// Logs a repeated problem once, then every `every`-th time.
 #[derive(Debug, Default)]
 struct RateLimited {
@@ -81,11 +113,20 @@ pub struct Engine {
     store: Store,
     journal: Option<Journal>,
     opts: EngineOptions,
+    events: Option<EventLink>,
+    /// Where exporters get the latest picture of the run.
+    snapshots: Option<watch::Sender<Arc<Snapshot>>>,
+    last_publish: Instant,
+    tick_seconds: Histogram,
     gpu_errors: RateLimited,
     journal_errors: RateLimited,
     last_checkpoint: Instant,
     last_flush: Instant,
     unflushed: bool,
+    /// An event was journalled since the last flush: flush at once.
+    unflushed_event: bool,
+    /// Acks waiting for the batch's journal flush.
+    replies: Vec<(oneshot::Sender<Vec<u8>>, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -102,6 +143,8 @@ impl Engine {
         store: Store,
         journal: Option<Journal>,
         opts: EngineOptions,
+        events: Option<EventLink>,
+        snapshots: Option<watch::Sender<Arc<Snapshot>>>,
     ) -> Engine {
         let now = Instant::now();
         Engine {
@@ -109,11 +152,17 @@ impl Engine {
             store,
             journal,
             opts,
+            events,
+            snapshots,
+            last_publish: now,
+            tick_seconds: Histogram::default(),
             gpu_errors: RateLimited::default(),
             journal_errors: RateLimited::default(),
             last_checkpoint: now,
             last_flush: now,
             unflushed: false,
+            unflushed_event: false,
+            replies: Vec::new(),
         }
     }
 
@@ -135,6 +184,16 @@ impl Engine {
         }
         for alert in &outcome.alerts {
             tracing::warn!(resource = %alert.resource, level = %alert.level, "{}", alert.message);
+            if let Some(link) = &self.events {
+                let _ = link.notices.send(Notice::Pressure {
+                    resource: alert.resource.clone(),
+                    level: alert.level.clone(),
+                    previous: alert.previous.clone(),
+                    used_ratio: alert.used_ratio,
+                    timestamp: alert.timestamp,
+                    message: alert.message.clone(),
+                });
+            }
         }
         outcome
     }
@@ -143,6 +202,7 @@ impl Engine {
     fn sample(&mut self, kind: SampleKind) -> Outcome {
         let mut sample = Sample::default();
         self.sampler.sample(&mut sample);
+        self.tick_seconds.observe(sample.took.as_secs_f64());
         if let gpu::Status::Error(e) = &sample.gpu_status {
             if let Some(n) = self.gpu_errors.hit(100) {
                 tracing::warn!("GPU figures unavailable for this sample ({n} times so far): {e}");
@@ -168,8 +228,39 @@ impl Engine {
         }));
     }
 
+    /// Copies the socket server's counters into the run's.
+    fn sync_counters(&mut self) {
+        if let Some(link) = &self.events {
+            let c = self.store.counters_mut();
+            c.protocol_errors = link.stats.protocol_errors.load(Ordering::Relaxed);
+            c.dropped_events = link.stats.dropped.load(Ordering::Relaxed);
+            c.refused_peers = link.stats.refused.load(Ordering::Relaxed);
+            c.rejected_connections = link.stats.rejected_connections.load(Ordering::Relaxed);
+            c.slow_clients = link.stats.slow_clients.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes a snapshot for exporters, at most every 100 ms unless
+    /// `force`d.
+    fn publish(&mut self, now: Instant, force: bool) {
+        let Some(tx) = &self.snapshots else {
+            return;
+        };
+        if !force && now.duration_since(self.last_publish) < PUBLISH_EVERY {
+            return;
+        }
+        self.last_publish = now;
+        let mut snap = self.store.snapshot();
+        snap.tick_seconds = self.tick_seconds.clone();
+        tx.send_replace(Arc::new(snap));
+    }
+
     fn maintain(&mut self, now: Instant) {
-        if self.unflushed && now.duration_since(self.last_flush) >= self.opts.journal_flush {
+        self.sync_counters();
+        self.publish(now, false);
+        if self.unflushed_event
+            || self.unflushed && now.duration_since(self.last_flush) >= self.opts.journal_flush
+        {
             self.flush_journal(now);
         }
         if now.duration_since(self.last_checkpoint) >= self.opts.checkpoint_interval {
@@ -186,6 +277,7 @@ impl Engine {
     fn flush_journal(&mut self, now: Instant) {
         self.last_flush = now;
         self.unflushed = false;
+        self.unflushed_event = false;
         if let Some(j) = &mut self.journal {
             if let Err(e) = j.flush() {
                 self.store.counters_mut().journal_errors += 1;
@@ -196,11 +288,141 @@ impl Engine {
         }
     }
 
+    fn run_over(&self, ended: &Ended) -> bool {
+        self.opts.end_when == EndWhen::JobExits && ended.job_exit.is_some()
+    }
+
+    /// Handles a batch of inputs. Every message needing a sample shares one
+    /// sample taken after all of them arrived. Returns `Some(urgent)` when a
+    /// stop was requested.
+    fn handle_batch(&mut self, batch: Vec<Input>, ended: &mut Ended) -> Option<bool> {
+        let mut needs_sample = false;
+        for input in &batch {
+            if let Input::Client(c) = input {
+                needs_sample |= c.request.message.needs_sample();
+                let registers =
+                    c.request.message.needs_sample() || c.request.message == Message::Register;
+                if let (Some(pid), Some(link)) = (c.pid, &self.events) {
+                    if link.self_register && registers && !self.sampler.tree.contains(pid) {
+                        match self.sampler.tree.add_root(pid) {
+                            Ok(()) => tracing::info!("PID {pid} registered itself; following it"),
+                            Err(e) => tracing::debug!("cannot follow PID {pid}: {e}"),
+                        }
+                    }
+                }
+            }
+        }
+        if needs_sample {
+            self.sample(SampleKind::Event);
+        }
+        let mut stop = None;
+        for input in batch {
+            match input {
+                Input::JobExited { pid, reaped } => {
+                    ended.job_exit = Some(reaped.exit);
+                    self.commit(Record::Exit {
+                        pid,
+                        exit: reaped.exit,
+                        max_rss: Some(reaped.max_rss_kib * 1024),
+                    });
+                }
+                Input::Stop { urgent } => {
+                    ended.stopped_by_request = true;
+                    stop = Some(stop.unwrap_or(false) || urgent);
+                }
+                Input::Client(c) => self.client(c),
+            }
+        }
+        if !self.replies.is_empty() {
+            self.flush_journal(Instant::now());
+            for (reply, line) in self.replies.drain(..) {
+                let _ = reply.send(line);
+            }
+        }
+        stop
+    }
+
+    fn client(&mut self, c: ClientRequest) {
+        let mark = |component: String, operation: String, iteration, labels, allocator| Mark {
+            timestamp: c.received,
+            pid: c.pid,
+            component,
+            operation,
+            iteration,
+            labels,
+            allocator,
+            kind: EntryKind::Event,
+        };
+        let record = match c.request.message {
+            Message::Mark(m) => Record::Mark(mark(
+                m.component,
+                m.operation,
+                m.iteration,
+                m.labels,
+                m.allocator,
+            )),
+            Message::SpanBegin(m) => Record::SpanBegin(Boundary {
+                mark: mark(m.component, m.operation, m.iteration, m.labels, m.allocator),
+                status: None,
+                message: None,
+            }),
+            Message::SpanEnd(m) => Record::SpanEnd(Boundary {
+                mark: mark(m.component, m.operation, m.iteration, m.labels, m.allocator),
+                status: None,
+                message: None,
+            }),
+            Message::StageBegin(s) => Record::StageBegin(Boundary {
+                mark: mark("stage".into(), s.name, None, s.labels, s.allocator),
+                status: None,
+                message: None,
+            }),
+            Message::StageEnd(s) => Record::StageEnd(Boundary {
+                mark: mark("stage".into(), s.name, None, s.labels, s.allocator),
+                status: s.status,
+                message: s.message,
+            }),
+            Message::Status => {
+                if let Some(reply) = c.reply {
+                    let fields = match self.store.status() {
+                        serde_json::Value::Object(m) => m,
+                        _ => Default::default(),
+                    };
+                    let _ = reply.send(protocol::ok_line("status", &c.request.id, fields));
+                }
+                return;
+            }
+            Message::Register => {
+                if let Some(reply) = c.reply {
+                    let mut fields = serde_json::Map::new();
+                    fields.insert(
+                        "following".into(),
+                        c.pid.is_some_and(|p| self.sampler.tree.contains(p)).into(),
+                    );
+                    let _ = reply.send(protocol::ok_line("registered", &c.request.id, fields));
+                }
+                return;
+            }
+            // Answered by the socket server itself.
+            Message::Subscribe | Message::Cleanup => return,
+        };
+        let outcome = self.commit(record);
+        self.unflushed_event = true;
+        if let (Some(reply), Some(entry)) = (c.reply, outcome.entry) {
+            // Sent once the batch is in the journal: an ack means recorded.
+            self.replies
+                .push((reply, protocol::recorded_line(&c.request.id, &entry)));
+        }
+    }
+
     /// Runs until the run ends; writes the final document.
+    ///
+    /// The first sample is published at once, so `/metrics` has data
+    /// from the start.
     pub fn run(mut self, rx: &Receiver<Input>) -> (Ended, Store) {
         let start = Instant::now();
         self.sample(SampleKind::Event);
         self.system_mark("experiment_start");
+        self.publish(Instant::now(), true);
         let mut ended = Ended {
             job_exit: None,
             stopped_by_request: false,
@@ -235,25 +457,13 @@ impl Engine {
                             Err(_) => break,
                         }
                     }
-                    for input in batch {
-                        match input {
-                            Input::JobExited { pid, reaped } => {
-                                ended.job_exit = Some(reaped.exit);
-                                self.commit(Record::Exit {
-                                    pid,
-                                    exit: reaped.exit,
-                                    max_rss: Some(reaped.max_rss_kib * 1024),
-                                });
-                                if self.opts.end_when == EndWhen::JobExits {
-                                    break 'run;
-                                }
-                            }
-                            Input::Stop { urgent: u } => {
-                                ended.stopped_by_request = true;
-                                urgent = u;
-                                break 'run;
-                            }
+                    match self.handle_batch(batch, &mut ended) {
+                        Some(u) => {
+                            urgent = u;
+                            break 'run;
                         }
+                        None if self.run_over(&ended) => break 'run,
+                        None => {}
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -266,10 +476,12 @@ impl Engine {
             self.sampler.tree.refresh_hwm_all();
             self.sample(SampleKind::Timer);
         }
+        self.sync_counters();
         self.commit(Record::Finish {
             timestamp: unix_now(),
             exit: ended.job_exit,
         });
+        self.publish(Instant::now(), true);
         if let Some(j) = self.journal.take() {
             if let Err(e) = j.finish(&self.store) {
                 tracing::error!("{e}");

@@ -3,6 +3,8 @@
 //! Data flows one way through the folders:
 //!
 //! - [`target`]: which processes — a spawned job or attached PIDs;
+//! - [`event`]: what the job says it is doing — marks, spans and stages
+//!   over a Unix socket;
 //! - [`sample`]: what they hold now — host RSS/high-water marks from procfs,
 //!   GPU memory from NVML (or none);
 //! - [`engine`]: the one thread that owns the store, turning ticks, marks
@@ -19,6 +21,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod event;
 pub mod export;
 pub mod logging;
 pub mod model;

@@ -7,6 +7,7 @@ use clap::Parser;
 use memtrack::app::{self, Mode};
 use memtrack::cli::{Cli, Command, DaemonArgs};
 use memtrack::config::{self, Config, Layer};
+use memtrack::event::client;
 use memtrack::{logging, store, target};
 
 /// Exit status for usage and configuration errors (as clap uses).
@@ -69,12 +70,41 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             for f in &args.pid_files {
                 pids.extend(target::read_pid_file(f).map_err(|e| runtime(e.into()))?);
             }
-            if pids.is_empty() {
+            if pids.is_empty() && config.socket.is_off() {
                 return Err(usage(anyhow::anyhow!(
-                    "attach needs --pid PID or --pid-file FILE (self-registration arrives with the event socket)"
+                    "attach needs --pid PID, --pid-file FILE, or the event socket (processes then register themselves)"
                 )));
             }
             daemon(Mode::Attach { pids }, config)
+        }
+        Command::Mark(args) => mark(&args),
+        Command::Status(args) => {
+            let path = client::socket_path(args.socket.socket.as_deref()).map_err(runtime)?;
+            let reply = client::Connection::open(&path, CLIENT_TIMEOUT)
+                .and_then(|mut c| c.call(&serde_json::json!({"type": "status"})))
+                .map_err(runtime)?;
+            let text = if args.json {
+                format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&reply).unwrap_or_default()
+                )
+            } else {
+                memtrack::event::client::format_status(&reply)
+            };
+            stdout(&text).map_err(|e| runtime(e.into()))?;
+            Ok(0)
+        }
+        Command::Cleanup(args) => {
+            let path = client::socket_path(args.socket.as_deref()).map_err(runtime)?;
+            let reply = client::Connection::open(&path, CLIENT_TIMEOUT)
+                .and_then(|mut c| c.call(&serde_json::json!({"type": "cleanup"})))
+                .map_err(runtime)?;
+            let n = reply["notified"].as_u64().unwrap_or(0);
+            stdout(&format!(
+                "asked {n} subscribed client(s) to free their caches\n"
+            ))
+            .map_err(|e| runtime(e.into()))?;
+            Ok(0)
         }
         Command::Recover(args) => {
             logging::init("info");
@@ -90,6 +120,60 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             stdout(&text).map_err(|e| runtime(e.into()))?;
             Ok(0)
         }
+    }
+}
+
+/// How long the socket commands wait for the daemon.
+const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `memtrack mark`: without `--wait`, an absent daemon is a warning, not a
+/// failure, so a mark in a job's shell script never fails the job.
+fn mark(args: &memtrack::cli::MarkArgs) -> Result<u8, Failure> {
+    let mut labels = serde_json::Map::new();
+    for l in &args.labels {
+        let (k, v) = l
+            .split_once('=')
+            .ok_or_else(|| usage(anyhow::anyhow!("--label `{l}`: expected KEY=VALUE")))?;
+        labels.insert(k.to_string(), v.into());
+    }
+    let mut message = serde_json::json!({
+        "type": "mark",
+        "component": args.component,
+        "operation": args.operation,
+        "labels": labels,
+        "ack": args.wait,
+    });
+    if let Some(i) = args.iteration {
+        message["iteration"] = i.into();
+    }
+    let sent = client::socket_path(args.socket.socket.as_deref()).and_then(|path| {
+        let mut c = client::Connection::open(&path, CLIENT_TIMEOUT)?;
+        if args.wait {
+            c.call(&message).map(Some)
+        } else {
+            c.send(&message).map(|()| None)
+        }
+    });
+    match sent {
+        Ok(Some(reply)) => {
+            let e = &reply["entry"];
+            let line = format!(
+                "recorded {}/{}: host {:.1} MiB, GPU {:.1} MiB ({})\n",
+                args.component,
+                args.operation,
+                e["cpu_ram_used_mb"].as_f64().unwrap_or(0.0),
+                e["gpu_ram_used_mb"].as_f64().unwrap_or(0.0),
+                e["gpu_source"].as_str().unwrap_or("none"),
+            );
+            stdout(&line).map_err(|e| runtime(e.into()))?;
+            Ok(0)
+        }
+        Ok(None) => Ok(0),
+        Err(e) if !args.wait => {
+            eprintln!("memtrack: warning: mark not sent: {e:#}");
+            Ok(0)
+        }
+        Err(e) => Err(runtime(e)),
     }
 }
 

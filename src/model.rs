@@ -321,6 +321,9 @@ pub struct Target {
     pub hwm_mb: f64,
     #[serde(default)]
     pub peak_gpu_mb: f64,
+    /// NVML used memory at the last sample, all devices.
+    #[serde(default)]
+    pub last_gpu_mb: f64,
     /// Peak NVML used memory per GPU index.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub peak_gpu_mb_by_device: BTreeMap<u32, f64>,
@@ -416,6 +419,15 @@ pub struct Counters {
     pub protocol_errors: u64,
     #[serde(default)]
     pub dropped_events: u64,
+    /// Socket peers of another user, refused.
+    #[serde(default)]
+    pub refused_peers: u64,
+    /// Connections beyond `socket.max_connections`, closed at once.
+    #[serde(default)]
+    pub rejected_connections: u64,
+    /// Clients disconnected because they stopped reading their replies.
+    #[serde(default)]
+    pub slow_clients: u64,
     #[serde(default)]
     pub nvml_errors: u64,
     #[serde(default)]

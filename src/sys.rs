@@ -105,6 +105,44 @@ pub fn uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
+/// A group's id from its name or number.
+pub fn group_id(group: &str) -> Option<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Some(gid);
+    }
+    let name = std::ffi::CString::new(group).ok()?;
+    // SAFETY: zeroed group is a valid value of a plain C struct.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut result: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer refers to a live local; getgrnam_r writes only
+    // within `buf` (whose length it is given) and `grp`.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    (rc == 0 && !result.is_null()).then_some(grp.gr_gid)
+}
+
+/// Raises the soft limit of open files to the hard limit: every client
+/// connection and followed process holds a descriptor.
+pub fn raise_nofile_limit() {
+    // SAFETY: zeroed rlimit is a valid value of a plain C struct.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a pointer to a local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max
+    {
+        lim.rlim_cur = lim.rlim_max.min(1 << 20);
+        // SAFETY: a pointer to a local.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    }
+}
+
 /// The name of a signal number, for messages (`SIGTERM`).
 pub fn signal_name(signal: i32) -> String {
     let name = match signal {
@@ -150,6 +188,13 @@ mod tests {
         let r = wait_child(child.id(), true).unwrap().unwrap();
         assert_eq!(r.exit.code, 137);
         assert_eq!(r.exit.signal, Some(9));
+    }
+
+    #[test]
+    fn groups() {
+        assert_eq!(group_id("0"), Some(0));
+        assert_eq!(group_id("root"), Some(0));
+        assert_eq!(group_id("no-such-group-memtrack"), None);
     }
 
     #[test]

@@ -1,4 +1,6 @@
 //! What leaves memtrack. Exporters read the store's output; none of them
 //! ever calls a sampler.
 
+pub mod http;
 pub mod json;
+pub mod prometheus;

@@ -10,6 +10,7 @@
 
 pub mod journal;
 pub mod pressure;
+pub mod snapshot;
 pub mod thin;
 
 use std::collections::BTreeMap;
@@ -158,7 +159,22 @@ pub struct Current {
 struct LiveTarget {
     target: Target,
     series: Thinned<[f64; 3]>,
+    /// Latest figures in bytes, for exporters.
+    #[serde(default)]
+    rss: u64,
+    #[serde(default)]
+    hwm: u64,
+    #[serde(default)]
+    gpu: BTreeMap<u32, u64>,
+    #[serde(default)]
+    pss: Option<u64>,
+    #[serde(default)]
+    uss: Option<u64>,
 }
+
+/// Distinct (component, operation) pairs counted separately; beyond it
+/// events count under `_other`, keeping metric cardinality bounded.
+pub const MAX_EVENT_KINDS: usize = 1000;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 struct OpenSpan {
@@ -193,6 +209,18 @@ pub struct Store {
     /// Sequence number of the last record applied (journal replay skips
     /// what a checkpoint already holds).
     pub seq: u64,
+    /// Events per component and operation.
+    #[serde(default)]
+    event_counts: BTreeMap<String, BTreeMap<String, u64>>,
+    #[serde(default)]
+    event_kinds: usize,
+    /// The latest allocator figures each process sent.
+    #[serde(default)]
+    allocator_now: BTreeMap<u32, snapshot::AllocatorNow>,
+    #[serde(default)]
+    host_memory: crate::sample::HostMemory,
+    #[serde(default)]
+    nvml_up: bool,
 }
 
 impl Store {
@@ -216,6 +244,11 @@ impl Store {
             current: Current::default(),
             last_alive: None,
             seq: 0,
+            event_counts: BTreeMap::new(),
+            event_kinds: 0,
+            allocator_now: BTreeMap::new(),
+            host_memory: Default::default(),
+            nvml_up: false,
         }
     }
 
@@ -446,10 +479,43 @@ impl Store {
         }
         if mark.kind == EntryKind::Event {
             self.counters.events += 1;
+            self.count_event(&entry.component, &entry.operation);
+        }
+        if let (Some(a), Some(pid)) = (mark.allocator, mark.pid) {
+            self.allocator_now.insert(
+                pid,
+                snapshot::AllocatorNow {
+                    pid,
+                    timestamp: mark.timestamp,
+                    figures: a,
+                },
+            );
         }
         self.observe(&entry, 1);
         self.events.push(entry.clone());
         entry
+    }
+
+    fn count_event(&mut self, component: &str, operation: &str) {
+        let known = self
+            .event_counts
+            .get(component)
+            .is_some_and(|ops| ops.contains_key(operation));
+        let (c, o) = if known || self.event_kinds < MAX_EVENT_KINDS {
+            (component, operation)
+        } else {
+            ("_other", "_other")
+        };
+        let n = self
+            .event_counts
+            .entry(c.to_string())
+            .or_default()
+            .entry(o.to_string())
+            .or_insert(0);
+        if *n == 0 {
+            self.event_kinds += 1;
+        }
+        *n += 1;
     }
 
     fn open_stage(&self) -> Option<String> {
@@ -488,7 +554,18 @@ impl Store {
                 ..Target::default()
             };
             let series = Thinned::new(self.limits.target_series_points);
-            self.live.insert(j.id.pid, LiveTarget { target, series });
+            self.live.insert(
+                j.id.pid,
+                LiveTarget {
+                    target,
+                    series,
+                    rss: 0,
+                    hwm: 0,
+                    gpu: BTreeMap::new(),
+                    pss: None,
+                    uss: None,
+                },
+            );
         }
         for d in &sample.host.described {
             if let Some(live) = self.live.get_mut(&d.pid) {
@@ -508,11 +585,15 @@ impl Store {
         }
         let mut tree_by_device: BTreeMap<u32, u64> = BTreeMap::new();
         let mut gpu_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+        for live in self.live.values_mut() {
+            live.gpu.clear();
+        }
         for p in &sample.gpu.processes {
             let Some(live) = self.live.get_mut(&p.pid) else {
                 continue;
             };
             let used = p.used.unwrap_or(0);
+            *live.gpu.entry(p.device).or_default() += used;
             *tree_by_device.entry(p.device).or_default() += used;
             *gpu_by_pid.entry(p.pid).or_default() += used;
             let peak = live
@@ -531,13 +612,20 @@ impl Store {
             let Some(live) = self.live.get_mut(&r.pid) else {
                 continue;
             };
+            live.rss = r.rss;
+            live.hwm = r.hwm.max(r.rss);
+            if r.pss.is_some() {
+                live.pss = r.pss;
+                live.uss = r.uss;
+            }
             let t = &mut live.target;
             let gpu = gpu_by_pid.get(&r.pid).copied().unwrap_or(0);
             t.last_seen = ts;
             t.last_rss_mb = mib(r.rss);
             t.peak_rss_mb = t.peak_rss_mb.max(t.last_rss_mb);
             t.hwm_mb = t.hwm_mb.max(mib(r.hwm.max(r.rss)));
-            t.peak_gpu_mb = t.peak_gpu_mb.max(mib(gpu));
+            t.last_gpu_mb = mib(gpu);
+            t.peak_gpu_mb = t.peak_gpu_mb.max(t.last_gpu_mb);
             if r.pss.is_some() {
                 t.pss_mb = r.pss.map(mib);
                 t.uss_mb = r.uss.map(mib);
@@ -565,6 +653,10 @@ impl Store {
             }
         }
 
+        if sample.memory.total > 0 {
+            self.host_memory = sample.memory;
+        }
+        self.nvml_up = sampled;
         let gpu_tree = mib(tree_by_device.values().sum());
         self.current = Current {
             timestamp: ts,
@@ -627,6 +719,7 @@ impl Store {
         }
         // Spans a dead process left open can never be closed by it.
         self.spans.retain(|s| s.pid != Some(t.pid));
+        self.allocator_now.remove(&t.pid);
         self.gone.push(t);
         if self.gone.len() + self.live.len() > self.limits.max_targets {
             if let Some(i) = self
@@ -686,6 +779,97 @@ impl Store {
             alerts.push(alert);
         }
         alerts
+    }
+
+    /// What the daemon sees now, for `status` (socket and CLI) and live
+    /// views: run identity, current figures, peaks, live processes, open
+    /// spans and stages, pressure levels, GPUs, counters.
+    pub fn status(&self) -> serde_json::Value {
+        let processes: Vec<serde_json::Value> = self
+            .live
+            .values()
+            .map(|l| {
+                let t = &l.target;
+                serde_json::json!({
+                    "pid": t.pid, "ppid": t.ppid, "name": t.name, "root": t.root,
+                    "rss_mb": t.last_rss_mb, "peak_rss_mb": t.peak_rss_mb, "hwm_mb": t.hwm_mb,
+                    "gpu_mb": t.last_gpu_mb, "peak_gpu_mb": t.peak_gpu_mb,
+                })
+            })
+            .collect();
+        let open_stages: Vec<&str> = self
+            .stages
+            .iter()
+            .filter(|s| s.end.is_none())
+            .map(|s| s.name.as_str())
+            .collect();
+        serde_json::json!({
+            "run": {
+                "id": self.run.id, "name": self.run.name, "mode": self.run.mode, "host": self.run.host,
+                "start": self.run.start, "labels": self.run.labels, "gpu_backend": self.run.gpu_backend,
+            },
+            "current": self.current,
+            "peak_usage": self.peaks,
+            "peaks_by_component": self.by_component,
+            "processes": processes,
+            "open_spans": self.open_spans().collect::<Vec<_>>(),
+            "open_stages": open_stages,
+            "levels": self.levels,
+            "gpus": self.gpus.values().collect::<Vec<_>>(),
+            "counters": self.counters,
+        })
+    }
+
+    /// The picture exporters read (see [`snapshot::Snapshot`]).
+    pub fn snapshot(&self) -> snapshot::Snapshot {
+        snapshot::Snapshot {
+            seq: self.seq,
+            run: snapshot::RunMeta {
+                id: self.run.id.clone(),
+                name: self.run.name.clone(),
+                host: self.run.host.clone(),
+                mode: self.run.mode.clone(),
+                start: self.run.start,
+                interval_s: self.run.interval_s,
+                gpu_backend: self.run.gpu_backend.clone(),
+                labels: self.run.labels.clone(),
+            },
+            current: self.current.clone(),
+            peaks: self.peaks,
+            by_component: self.by_component.clone(),
+            processes: self
+                .live
+                .values()
+                .map(|l| snapshot::ProcessNow {
+                    pid: l.target.pid,
+                    ppid: l.target.ppid,
+                    name: l.target.name.clone(),
+                    root: l.target.root,
+                    rss_bytes: l.rss,
+                    hwm_bytes: l.hwm,
+                    peak_rss_bytes: (l.target.peak_rss_mb * crate::units::MIB) as u64,
+                    gpu_bytes: l.gpu.clone(),
+                    pss_bytes: l.pss,
+                    uss_bytes: l.uss,
+                })
+                .collect(),
+            gpus: self.gpus.values().cloned().collect(),
+            allocator: self.allocator_now.values().copied().collect(),
+            events: self.event_counts.clone(),
+            levels: self.levels.clone(),
+            open_spans: self.open_spans().collect(),
+            open_stages: self
+                .stages
+                .iter()
+                .filter(|s| s.end.is_none())
+                .map(|s| s.name.clone())
+                .collect(),
+            host_memory: self.host_memory,
+            counters: self.counters.clone(),
+            nvml_up: self.nvml_up,
+            finished: self.is_finished(),
+            ..snapshot::Snapshot::default()
+        }
     }
 
     /// The whole `memory_usage.json` as of now.

@@ -172,7 +172,7 @@ fn missing_command_and_pid_leave_nothing_behind() {
         1,
     );
     assert!(err.contains("bad.pid") && err.contains("12x"), "{err}");
-    let err = fails(&["attach", "--output", o], &[], 2);
+    let err = fails(&["attach", "--output", o, "--socket", "off"], &[], 2);
     assert!(err.contains("--pid"), "{err}");
     assert!(empty(Path::new(o)));
 }

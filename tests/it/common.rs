@@ -129,3 +129,103 @@ pub fn signal(pid: u32, sig: &str) {
         .success();
     assert!(ok, "kill -{sig} {pid}");
 }
+
+/// A memtrack run in the background, with its HTTP address and socket.
+pub struct Daemon {
+    pub child: std::process::Child,
+    pub out: PathBuf,
+    pub socket: PathBuf,
+    pub http: std::net::SocketAddr,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Daemon {
+    /// `memtrack run --listen 127.0.0.1:0 --socket <out>/m.sock
+    /// --output <out> EXTRA… -- JOB…`, returned once `/metrics` is up.
+    pub fn start(out: &Path, extra: &[&str], job: &[String], env: &[(&str, &str)]) -> Daemon {
+        use std::io::BufRead;
+        let socket = out.join("m.sock");
+        let mut cmd = memtrack();
+        cmd.args(["run", "--listen", "127.0.0.1:0", "--name", "d", "--output"])
+            .arg(out)
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .arg("--")
+            .args(job)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn memtrack");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pipe = child.stderr.take().expect("stderr");
+        let sink = std::sync::Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("metrics on http://").nth(1) {
+                    let _ = tx.send(addr.trim_end_matches("/metrics").to_string());
+                }
+                let mut all = sink.lock().unwrap();
+                all.push_str(&line);
+                all.push('\n');
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(15))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!(
+                    "memtrack did not report its HTTP address:\n{}",
+                    lines.lock().unwrap()
+                )
+            });
+        Daemon {
+            child,
+            out: out.to_path_buf(),
+            socket,
+            http: addr.parse().expect("address"),
+            stderr: lines,
+        }
+    }
+
+    /// An HTTP/1.1 request; returns (status, body).
+    pub fn http(&self, method: &str, path: &str) -> (u16, String) {
+        http_request(self.http, method, path)
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits for the run to end; returns its exit code and document.
+    pub fn finish(mut self) -> (Option<i32>, Document) {
+        let status = self.child.wait().expect("wait");
+        (
+            status.code(),
+            read_document(&self.out.join("d/memory_usage.json")),
+        )
+    }
+}
+
+/// A minimal HTTP/1.1 client (Connection: close), enough for the tests.
+pub fn http_request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("response");
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}

@@ -1,0 +1,154 @@
+//! A small blocking client of the event socket, behind `memtrack mark`,
+//! `memtrack status` and `memtrack cleanup`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+/// The socket to talk to: `--socket`, else `MEMTRACK_SOCKET`.
+pub fn socket_path(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = flag {
+        return Ok(p.to_path_buf());
+    }
+    match std::env::var_os("MEMTRACK_SOCKET").filter(|v| !v.is_empty()) {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => bail!("no memtrack socket: pass --socket PATH or set MEMTRACK_SOCKET (memtrack run sets it for the job)"),
+    }
+}
+
+/// A connection to a running daemon.
+#[derive(Debug)]
+pub struct Connection {
+    path: PathBuf,
+    reader: BufReader<UnixStream>,
+}
+
+impl Connection {
+    pub fn open(path: &Path, timeout: Duration) -> anyhow::Result<Connection> {
+        let stream = UnixStream::connect(path)
+            .with_context(|| format!("no memtrack daemon answers at {}", path.display()))?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        Ok(Connection {
+            path: path.to_path_buf(),
+            reader: BufReader::new(stream),
+        })
+    }
+
+    /// Sends one message without waiting for a reply.
+    pub fn send(&mut self, message: &serde_json::Value) -> anyhow::Result<()> {
+        let mut line = serde_json::to_vec(message)?;
+        line.push(b'\n');
+        self.reader
+            .get_mut()
+            .write_all(&line)
+            .with_context(|| format!("cannot send to {}", self.path.display()))
+    }
+
+    /// Reads one reply line. A reply with `"ok": false` is an error.
+    pub fn reply(&mut self) -> anyhow::Result<serde_json::Value> {
+        let mut line = String::new();
+        let n = self
+            .reader
+            .read_line(&mut line)
+            .with_context(|| format!("no reply from {}", self.path.display()))?;
+        if n == 0 {
+            bail!("{} closed the connection", self.path.display());
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&line).context("the daemon's reply is not JSON")?;
+        if v["ok"] == false {
+            bail!(
+                "the daemon refused: {} ({})",
+                v["message"].as_str().unwrap_or("?"),
+                v["error"].as_str().unwrap_or("?")
+            );
+        }
+        Ok(v)
+    }
+
+    /// Sends and waits for the reply.
+    pub fn call(&mut self, message: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        self.send(message)?;
+        self.reply()
+    }
+}
+
+/// A `status` reply as a short readable report.
+pub fn format_status(v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mb = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0);
+    let run = &v["run"];
+    let cur = &v["current"];
+    let peak = &v["peak_usage"];
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "run {} ({}) on {}, GPU: {}",
+        run["name"].as_str().unwrap_or("?"),
+        run["mode"].as_str().unwrap_or("?"),
+        run["host"].as_str().unwrap_or("?"),
+        run["gpu_backend"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        out,
+        "now:  host {:.1} MiB (high-water {:.1}), GPU {:.1} MiB",
+        mb(&cur["cpu_rss_mb"]),
+        mb(&cur["cpu_hwm_mb"]),
+        mb(&cur["gpu_tree_mb"])
+    );
+    let _ = writeln!(
+        out,
+        "peak: host {:.1} MiB (high-water {:.1}), GPU {:.1} MiB (allocator peak {:.1})",
+        mb(&peak["cpu_ram_used_mb"]),
+        mb(&peak["cpu_ram_hwm_mb"]),
+        mb(&peak["gpu_process_used_mb"]),
+        mb(&peak["gpu_ram_peak_mb"])
+    );
+    let _ = writeln!(
+        out,
+        "{:>8} {:>10} {:>10} {:>10}  NAME",
+        "PID", "RSS MiB", "PEAK MiB", "GPU MiB"
+    );
+    for p in v["processes"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{:>8} {:>10.1} {:>10.1} {:>10.1}  {}{}",
+            p["pid"].as_u64().unwrap_or(0),
+            mb(&p["rss_mb"]),
+            mb(&p["peak_rss_mb"]),
+            mb(&p["gpu_mb"]),
+            p["name"].as_str().unwrap_or("?"),
+            if p["root"] == true { " (root)" } else { "" },
+        );
+    }
+    let list = |key: &str| -> String {
+        v[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "none".into())
+    };
+    let _ = writeln!(
+        out,
+        "open spans: {}; open stages: {}",
+        list("open_spans"),
+        list("open_stages")
+    );
+    if let Some(levels) = v["levels"].as_object().filter(|l| !l.is_empty()) {
+        let l: Vec<String> = levels
+            .iter()
+            .map(|(k, v)| format!("{k} {}", v.as_str().unwrap_or("?")))
+            .collect();
+        let _ = writeln!(out, "pressure: {}", l.join(", "));
+    }
+    out
+}

@@ -1,0 +1,455 @@
+//! The Unix socket server: accepts clients, reads lines, hands requests to
+//! the engine, writes replies, pushes notices to subscribers.
+//!
+//! Nothing a client does can stop sampling: requests reach the engine
+//! through its bounded channel with `try_send` (a full queue drops the
+//! message and says so), each connection has a bounded outgoing queue and a
+//! write timeout (a client that never reads is disconnected), lines are
+//! capped at 64 KiB, and connections beyond the limit are closed at once.
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedReadHalf;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+
+use super::protocol::{self, ErrorCode, Message, Notice, ProtocolError, MAX_LINE};
+use crate::engine::{ClientRequest, Input};
+use crate::units::unix_now;
+
+/// Replies waiting for a client that does not read; beyond this it is
+/// disconnected.
+const OUT_QUEUE: usize = 256;
+/// A reply write that takes longer than this disconnects the client.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection waits for the engine to answer an `ack`.
+const ENGINE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Who may connect, and how many at once.
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// Our own uid: always allowed.
+    pub uid: u32,
+    pub allow_uids: Vec<u32>,
+    /// With a group, the socket is 0660 and the file system decides.
+    pub group: Option<u32>,
+    pub max_connections: usize,
+}
+
+/// Counters the engine copies into the run's counters.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub protocol_errors: AtomicU64,
+    pub dropped: AtomicU64,
+    pub refused: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    /// Clients disconnected because they stopped reading their replies.
+    pub slow_clients: AtomicU64,
+    pub connections: AtomicUsize,
+}
+
+/// What connection tasks share.
+#[derive(Debug)]
+pub struct Shared {
+    pub engine: SyncSender<Input>,
+    pub notices: broadcast::Sender<Notice>,
+    pub stats: Arc<Stats>,
+    pub access: Access,
+}
+
+/// Why the socket could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("socket {0} is in use by a running memtrack; stop it or choose another --socket")]
+    InUse(PathBuf),
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    #[error("socket path {0} is too long for a Unix socket (at most 107 bytes)")]
+    TooLong(PathBuf),
+    #[error("cannot create socket {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// The socket file; removed when dropped.
+#[derive(Debug)]
+pub struct SocketFile {
+    pub path: PathBuf,
+    listener: Option<std::os::unix::net::UnixListener>,
+}
+
+impl SocketFile {
+    /// The bound listener, for the runtime that serves it.
+    pub fn take_listener(&mut self) -> Option<std::os::unix::net::UnixListener> {
+        self.listener.take()
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Creates the socket at `path` with its final mode before anyone can
+/// reach it: bound inside a private directory, chmod'ed, then renamed into
+/// place. A stale socket (nobody answers) is replaced; a live one is not.
+pub fn bind(path: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
+    let io_err = |source| BindError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.as_os_str().len() > 107 {
+        return Err(BindError::TooLong(path.to_path_buf()));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(BindError::NotASocket(path.to_path_buf()))
+        }
+        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => return Err(BindError::InUse(path.to_path_buf())),
+            Err(e)
+                if e.kind() == io::ErrorKind::ConnectionRefused
+                    || e.kind() == io::ErrorKind::NotFound =>
+            {
+                std::fs::remove_file(path).map_err(io_err)?;
+            }
+            Err(e) => return Err(io_err(e)),
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(e)),
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let private = parent.join(format!(".memtrack-bind-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::create_dir(&private).map_err(io_err)?;
+    let result = (|| {
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+        let tmp = private.join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
+        let mode = if group.is_some() { 0o660 } else { 0o600 };
+        if let Some(gid) = group {
+            std::os::unix::fs::chown(&tmp, None, Some(gid))?;
+        }
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+        std::fs::rename(&tmp, path)?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&private);
+    let listener = result.map_err(io_err)?;
+    listener.set_nonblocking(true).map_err(io_err)?;
+    Ok(SocketFile {
+        path: path.to_path_buf(),
+        listener: Some(listener),
+    })
+}
+
+/// Accepts connections until `shutdown` turns true.
+pub async fn serve(
+    listener: UnixListener,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::debug!("accept failed: {e}");
+                        // Out of descriptors: let some close before retrying.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let open = shared.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
+                if open > shared.access.max_connections {
+                    shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
+                    shared.stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
+                    drop(stream);
+                    continue;
+                }
+                let shared = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    connection(stream, &shared).await;
+                    shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+        }
+    }
+}
+
+enum LineRead {
+    Line,
+    TooLong,
+    Eof,
+}
+
+/// Reads one line into `buf` (without its newline), never holding more
+/// than [`MAX_LINE`] bytes.
+async fn read_line(
+    reader: &mut BufReader<OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+) -> io::Result<LineRead> {
+    buf.clear();
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(if buf.is_empty() {
+                LineRead::Eof
+            } else {
+                LineRead::Line
+            });
+        }
+        if let Some(i) = available.iter().position(|b| *b == b'\n') {
+            if buf.len() + i >= MAX_LINE {
+                return Ok(LineRead::TooLong);
+            }
+            buf.extend_from_slice(&available[..i]);
+            reader.consume(i + 1);
+            return Ok(LineRead::Line);
+        }
+        let n = available.len();
+        if buf.len() + n >= MAX_LINE {
+            return Ok(LineRead::TooLong);
+        }
+        buf.extend_from_slice(available);
+        reader.consume(n);
+    }
+}
+
+async fn connection(stream: UnixStream, shared: &Shared) {
+    let cred = stream.peer_cred().ok();
+    let pid = cred
+        .as_ref()
+        .and_then(|c| c.pid())
+        .and_then(|p| u32::try_from(p).ok());
+    let uid = cred.as_ref().map(|c| c.uid());
+    let (read, mut write) = stream.into_split();
+    let allowed = match uid {
+        Some(u) => {
+            u == shared.access.uid
+                || shared.access.allow_uids.contains(&u)
+                || shared.access.group.is_some()
+        }
+        None => false,
+    };
+    if !allowed {
+        shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+        shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+        let e = ProtocolError::new(
+            ErrorCode::Refused,
+            format!(
+                "user {} may not use this socket (see socket.allow_uids)",
+                uid.map_or("?".into(), |u| u.to_string())
+            ),
+        );
+        let _ =
+            tokio::time::timeout(WRITE_TIMEOUT, write.write_all(&protocol::error_line(&e))).await;
+        return;
+    }
+
+    let (out, mut out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
+    let writer = tokio::spawn(async move {
+        while let Some(line) = out_rx.recv().await {
+            match tokio::time::timeout(WRITE_TIMEOUT, write.write_all(&line)).await {
+                Ok(Ok(())) => {}
+                _ => break,
+            }
+        }
+    });
+    // Queues a line; false when the client must be dropped (it stopped
+    // reading and its replies piled up).
+    let send = |line: Vec<u8>| match out.try_send(line) {
+        Ok(()) => true,
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            shared.stats.slow_clients.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+    };
+
+    let mut reader = BufReader::with_capacity(16 * 1024, read);
+    let mut buf = Vec::with_capacity(1024);
+    let mut subscription: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        match read_line(&mut reader, &mut buf).await {
+            Ok(LineRead::Line) => {}
+            Ok(LineRead::TooLong) => {
+                shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                let e = ProtocolError::new(
+                    ErrorCode::TooLong,
+                    format!("a line may be at most {MAX_LINE} bytes; closing"),
+                );
+                send(protocol::error_line(&e));
+                break;
+            }
+            Ok(LineRead::Eof) | Err(_) => break,
+        }
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let request = match protocol::parse(&buf) {
+            Ok(r) => r,
+            Err(e) => {
+                shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                if !send(protocol::error_line(&e)) {
+                    break;
+                }
+                continue;
+            }
+        };
+        let id = request.id.clone();
+        match request.message {
+            Message::Subscribe => {
+                if subscription.is_none() {
+                    subscription = Some(tokio::spawn(forward_notices(
+                        shared.notices.subscribe(),
+                        out.clone(),
+                    )));
+                }
+                if !send(protocol::ok_line("subscribed", &id, Default::default())) {
+                    break;
+                }
+            }
+            Message::Cleanup => {
+                let notified = shared
+                    .notices
+                    .send(Notice::Cleanup {
+                        reason: "socket".into(),
+                        timestamp: unix_now(),
+                    })
+                    .unwrap_or(0);
+                let mut fields = serde_json::Map::new();
+                fields.insert("notified".into(), notified.into());
+                if !send(protocol::ok_line("cleanup", &id, fields)) {
+                    break;
+                }
+            }
+            _ => {
+                let wants_reply =
+                    request.ack || matches!(request.message, Message::Status | Message::Register);
+                let (tx, rx) = if wants_reply {
+                    let (tx, rx) = oneshot::channel();
+                    (Some(tx), Some(rx))
+                } else {
+                    (None, None)
+                };
+                let input = Input::Client(ClientRequest {
+                    pid,
+                    received: unix_now(),
+                    request,
+                    reply: tx,
+                });
+                if !to_engine(&shared.engine, input).await {
+                    shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    let mut e = ProtocolError::new(
+                        ErrorCode::Overloaded,
+                        "the daemon's queue stayed full; the message was dropped",
+                    );
+                    e.id = id;
+                    if !send(protocol::error_line(&e)) {
+                        break;
+                    }
+                    continue;
+                }
+                if let Some(rx) = rx {
+                    let line = match tokio::time::timeout(ENGINE_TIMEOUT, rx).await {
+                        Ok(Ok(line)) => line,
+                        _ => {
+                            let mut e = ProtocolError::new(
+                                ErrorCode::Overloaded,
+                                "the daemon did not answer in time",
+                            );
+                            e.id = id;
+                            protocol::error_line(&e)
+                        }
+                    };
+                    if !send(line) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(s) = subscription {
+        s.abort();
+    }
+    drop(out);
+    let _ = writer.await;
+}
+
+/// Hands a request to the engine. A full queue is backpressure: this
+/// connection waits (and its client's socket buffer fills) rather than
+/// losing the message; only after [`ENGINE_TIMEOUT`] is it dropped.
+async fn to_engine(engine: &SyncSender<Input>, mut input: Input) -> bool {
+    let deadline = tokio::time::Instant::now() + ENGINE_TIMEOUT;
+    loop {
+        match engine.try_send(input) {
+            Ok(()) => return true,
+            Err(TrySendError::Disconnected(_)) => return false,
+            Err(TrySendError::Full(back)) => {
+                if tokio::time::Instant::now() >= deadline {
+                    return false;
+                }
+                input = back;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+}
+
+async fn forward_notices(mut rx: broadcast::Receiver<Notice>, out: mpsc::Sender<Vec<u8>>) {
+    loop {
+        match rx.recv().await {
+            Ok(notice) => {
+                // A slow subscriber misses notices; it never slows anyone.
+                if let Err(mpsc::error::TrySendError::Closed(_)) =
+                    out.try_send(protocol::notice_line(&notice))
+                {
+                    return;
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// The socket path used when none is configured: in `$XDG_RUNTIME_DIR`
+/// when set, else in a private `/tmp/memtrack-<uid>` directory.
+pub fn default_path() -> io::Result<PathBuf> {
+    let name = format!("memtrack-{}.sock", std::process::id());
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if dir.is_dir() {
+            return Ok(dir.join(name));
+        }
+    }
+    let dir = PathBuf::from(format!("/tmp/memtrack-{}", crate::sys::uid()));
+    match std::fs::create_dir(&dir) {
+        Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            use std::os::unix::fs::MetadataExt;
+            let meta = std::fs::symlink_metadata(&dir)?;
+            if !meta.is_dir() || meta.uid() != crate::sys::uid() || meta.mode() & 0o077 != 0 {
+                return Err(io::Error::other(format!(
+                    "{} is not a private directory of this user; set --socket",
+                    dir.display()
+                )));
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(dir.join(name))
+}

@@ -1,0 +1,542 @@
+//! `/metrics`: the snapshot in Prometheus text format, encoded with the
+//! `prometheus` crate.
+//!
+//! Metric families are built from the snapshot at scrape time, so the
+//! series of a process that exited disappear with it (bounded cardinality)
+//! and a scrape never touches the sampler. [`METRICS`] is the one list of
+//! what is exported; the README's reference table is checked against it
+//! and against a real scrape by the tests.
+
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
+};
+use prometheus::{Encoder, TextEncoder};
+
+use crate::store::snapshot::Snapshot;
+
+/// Metric types, as the reference table names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Gauge,
+    Counter,
+    Histogram,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One exported metric family.
+#[derive(Debug, Clone, Copy)]
+pub struct Def {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// Labels beyond the run labels (`run`, `host`, and `rank` when set).
+    pub labels: &'static [&'static str],
+    pub help: &'static str,
+}
+
+const fn def(
+    name: &'static str,
+    kind: Kind,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Def {
+    Def {
+        name,
+        kind,
+        labels,
+        help,
+    }
+}
+
+use Kind::{Counter as C, Gauge as G, Histogram as H};
+
+const PROC: &[&str] = &["pid", "name"];
+const DEV: &[&str] = &["gpu", "gpu_uuid", "gpu_name"];
+
+/// Everything `/metrics` serves.
+pub const METRICS: &[Def] = &[
+    def("memtrack_build_info", G, &["version", "gpu_backend"], "Always 1; the labels describe this memtrack."),
+    def("memtrack_process_resident_memory_bytes", G, PROC, "RSS of a followed process."),
+    def("memtrack_process_resident_memory_high_water_bytes", G, PROC, "Kernel high-water mark (VmHWM) of a followed process."),
+    def("memtrack_process_gpu_memory_bytes", G, &["pid", "name", "gpu", "gpu_uuid"], "NVML used GPU memory of a followed process on one device."),
+    def("memtrack_process_proportional_memory_bytes", G, PROC, "PSS of a followed process (host.smaps only)."),
+    def("memtrack_process_unique_memory_bytes", G, PROC, "USS (private memory) of a followed process (host.smaps only)."),
+    def("memtrack_tree_resident_memory_bytes", G, &[], "RSS summed over the followed process tree."),
+    def("memtrack_tree_resident_memory_high_water_bytes", G, &[], "VmHWM summed over the tree (an upper bound of its simultaneous peak)."),
+    def("memtrack_tree_gpu_memory_bytes", G, &["gpu", "gpu_uuid"], "NVML used GPU memory of the tree on one device."),
+    def("memtrack_tree_processes", G, &[], "Processes in the followed tree."),
+    def("memtrack_gpu_memory_used_bytes", G, DEV, "Used memory of a GPU (every process on it)."),
+    def("memtrack_gpu_memory_total_bytes", G, DEV, "Total memory of a GPU."),
+    def("memtrack_gpu_memory_free_bytes", G, DEV, "Free memory of a GPU."),
+    def("memtrack_gpu_utilization_ratio", G, DEV, "GPU utilization (0-1) over NVML's last sample period."),
+    def("memtrack_gpu_temperature_celsius", G, DEV, "GPU temperature."),
+    def("memtrack_allocator_allocated_bytes", G, &["pid", "device"], "torch.cuda.memory_allocated() last sent by a process."),
+    def("memtrack_allocator_reserved_bytes", G, &["pid", "device"], "torch.cuda.memory_reserved() last sent by a process."),
+    def("memtrack_allocator_max_allocated_bytes", G, &["pid", "device"], "torch.cuda.max_memory_allocated() last sent by a process."),
+    def("memtrack_host_memory_total_bytes", G, &[], "Host RAM (MemTotal)."),
+    def("memtrack_host_memory_available_bytes", G, &[], "Host RAM available (MemAvailable)."),
+    def("memtrack_peak_memory_bytes", G, &["figure"], "Run peak of each memory_usage.json figure (cpu_ram_used, cpu_ram_hwm, gpu_ram_used, gpu_ram_peak, reserved_gpu_ram, gpu_process_used)."),
+    def("memtrack_component_peak_memory_bytes", G, &["component", "figure"], "Peak of each figure over the samples attributed to a component."),
+    def("memtrack_events_total", C, &["component", "operation"], "Events (marks, spans, stages) recorded."),
+    def("memtrack_pressure_level", G, &["resource"], "Memory pressure: 0 normal, 1 high, 2 critical, 3 emergency."),
+    def("memtrack_open_spans", G, &[], "Spans open now."),
+    def("memtrack_open_stages", G, &[], "Stages open now."),
+    def("memtrack_last_sample_timestamp_seconds", G, &[], "Unix time of the latest sample."),
+    def("memtrack_tick_duration_seconds", H, &[], "Time one sample took."),
+    def("memtrack_ticks_total", C, &[], "Timer samples taken."),
+    def("memtrack_missed_ticks_total", C, &[], "Timer slots skipped because a tick overran."),
+    def("memtrack_dropped_events_total", C, &[], "Events dropped (the daemon's queue stayed full)."),
+    def("memtrack_protocol_errors_total", C, &[], "Socket messages refused as malformed or invalid."),
+    def("memtrack_socket_refused_peers_total", C, &[], "Socket peers of another user, refused."),
+    def("memtrack_socket_rejected_connections_total", C, &[], "Socket connections beyond the limit, closed."),
+    def("memtrack_socket_slow_clients_total", C, &[], "Socket clients disconnected for not reading their replies."),
+    def("memtrack_nvml_up", G, &[], "1 when NVML answered at the latest sample."),
+    def("memtrack_nvml_errors_total", C, &[], "Samples whose GPU figures failed."),
+    def("memtrack_export_errors_total", C, &["exporter"], "Failed exports (checkpoint, journal, clearml, s3)."),
+];
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+struct Families {
+    run_labels: Vec<(String, String)>,
+    out: Vec<MetricFamily>,
+}
+
+impl Families {
+    fn family(&mut self, name: &str) -> &mut MetricFamily {
+        let def = METRICS
+            .iter()
+            .find(|d| d.name == name)
+            .unwrap_or_else(|| unreachable!("{name} is in METRICS"));
+        if self.out.last().map(MetricFamily::name) != Some(name) {
+            let mut f = MetricFamily::default();
+            f.set_name(name.to_string());
+            f.set_help(def.help.to_string());
+            f.set_field_type(match def.kind {
+                Kind::Gauge => MetricType::GAUGE,
+                Kind::Counter => MetricType::COUNTER,
+                Kind::Histogram => MetricType::HISTOGRAM,
+            });
+            self.out.push(f);
+        }
+        let n = self.out.len() - 1;
+        &mut self.out[n]
+    }
+
+    fn labels(&self, extra: &[(&str, String)]) -> Vec<LabelPair> {
+        self.run_labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .chain(extra.iter().map(|(k, v)| (*k, v.clone())))
+            .map(|(k, v)| {
+                let mut l = LabelPair::default();
+                l.set_name(k.to_string());
+                l.set_value(v);
+                l
+            })
+            .collect()
+    }
+
+    fn gauge(&mut self, name: &str, extra: &[(&str, String)], value: f64) {
+        let mut m = Metric::from_label(self.labels(extra));
+        let mut g = Gauge::default();
+        g.set_value(value);
+        m.set_gauge(g);
+        self.family(name).mut_metric().push(m);
+    }
+
+    fn counter(&mut self, name: &str, extra: &[(&str, String)], value: f64) {
+        let mut m = Metric::from_label(self.labels(extra));
+        let mut c = Counter::default();
+        c.set_value(value);
+        m.set_counter(c);
+        self.family(name).mut_metric().push(m);
+    }
+}
+
+/// The run labels every series carries.
+pub fn run_labels(snap: &Snapshot) -> Vec<(String, String)> {
+    let mut l = vec![
+        ("run".to_string(), snap.run.name.clone()),
+        ("host".to_string(), snap.run.host.clone()),
+    ];
+    if let Some(rank) = snap.run.labels.get("rank") {
+        l.push(("rank".to_string(), rank.clone()));
+    }
+    l
+}
+
+/// The snapshot as metric families, in [`METRICS`] order.
+pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
+    let mut f = Families {
+        run_labels: run_labels(snap),
+        out: Vec::new(),
+    };
+    let version = env!("CARGO_PKG_VERSION").to_string();
+    let backend = snap
+        .run
+        .gpu_backend
+        .split(':')
+        .next()
+        .unwrap_or("none")
+        .to_string();
+    f.gauge(
+        "memtrack_build_info",
+        &[("version", version), ("gpu_backend", backend)],
+        1.0,
+    );
+
+    let proc_labels = |p: &crate::store::snapshot::ProcessNow| {
+        [("pid", p.pid.to_string()), ("name", p.name.clone())]
+    };
+    for p in &snap.processes {
+        f.gauge(
+            "memtrack_process_resident_memory_bytes",
+            &proc_labels(p),
+            p.rss_bytes as f64,
+        );
+    }
+    for p in &snap.processes {
+        f.gauge(
+            "memtrack_process_resident_memory_high_water_bytes",
+            &proc_labels(p),
+            p.hwm_bytes as f64,
+        );
+    }
+    let uuid = |index: u32| {
+        snap.gpus
+            .iter()
+            .find(|g| g.index == index)
+            .map(|g| g.uuid.clone())
+            .unwrap_or_default()
+    };
+    for p in &snap.processes {
+        for (dev, bytes) in &p.gpu_bytes {
+            let labels = [
+                ("pid", p.pid.to_string()),
+                ("name", p.name.clone()),
+                ("gpu", dev.to_string()),
+                ("gpu_uuid", uuid(*dev)),
+            ];
+            f.gauge("memtrack_process_gpu_memory_bytes", &labels, *bytes as f64);
+        }
+    }
+    for p in &snap.processes {
+        if let Some(pss) = p.pss_bytes {
+            f.gauge(
+                "memtrack_process_proportional_memory_bytes",
+                &proc_labels(p),
+                pss as f64,
+            );
+        }
+    }
+    for p in &snap.processes {
+        if let Some(uss) = p.uss_bytes {
+            f.gauge(
+                "memtrack_process_unique_memory_bytes",
+                &proc_labels(p),
+                uss as f64,
+            );
+        }
+    }
+    f.gauge(
+        "memtrack_tree_resident_memory_bytes",
+        &[],
+        snap.current.cpu_rss_mb * MIB,
+    );
+    f.gauge(
+        "memtrack_tree_resident_memory_high_water_bytes",
+        &[],
+        snap.current.cpu_hwm_mb * MIB,
+    );
+    for g in &snap.gpus {
+        f.gauge(
+            "memtrack_tree_gpu_memory_bytes",
+            &[("gpu", g.index.to_string()), ("gpu_uuid", g.uuid.clone())],
+            g.tree_used_mb * MIB,
+        );
+    }
+    f.gauge("memtrack_tree_processes", &[], snap.processes.len() as f64);
+
+    let dev = |g: &crate::model::Gpu| {
+        [
+            ("gpu", g.index.to_string()),
+            ("gpu_uuid", g.uuid.clone()),
+            ("gpu_name", g.name.clone()),
+        ]
+    };
+    for g in &snap.gpus {
+        f.gauge("memtrack_gpu_memory_used_bytes", &dev(g), g.used_mb * MIB);
+    }
+    for g in &snap.gpus {
+        f.gauge("memtrack_gpu_memory_total_bytes", &dev(g), g.total_mb * MIB);
+    }
+    for g in &snap.gpus {
+        f.gauge(
+            "memtrack_gpu_memory_free_bytes",
+            &dev(g),
+            (g.total_mb - g.used_mb).max(0.0) * MIB,
+        );
+    }
+    for g in &snap.gpus {
+        f.gauge(
+            "memtrack_gpu_utilization_ratio",
+            &dev(g),
+            g.utilization_pct / 100.0,
+        );
+    }
+    for g in &snap.gpus {
+        f.gauge("memtrack_gpu_temperature_celsius", &dev(g), g.temperature_c);
+    }
+
+    let alloc = |a: &crate::store::snapshot::AllocatorNow| {
+        [
+            ("pid", a.pid.to_string()),
+            (
+                "device",
+                a.figures.device.map(|d| d.to_string()).unwrap_or_default(),
+            ),
+        ]
+    };
+    for a in &snap.allocator {
+        f.gauge(
+            "memtrack_allocator_allocated_bytes",
+            &alloc(a),
+            a.figures.allocated as f64,
+        );
+    }
+    for a in &snap.allocator {
+        f.gauge(
+            "memtrack_allocator_reserved_bytes",
+            &alloc(a),
+            a.figures.reserved as f64,
+        );
+    }
+    for a in &snap.allocator {
+        f.gauge(
+            "memtrack_allocator_max_allocated_bytes",
+            &alloc(a),
+            a.figures.max_allocated as f64,
+        );
+    }
+    if snap.host_memory.total > 0 {
+        f.gauge(
+            "memtrack_host_memory_total_bytes",
+            &[],
+            snap.host_memory.total as f64,
+        );
+        f.gauge(
+            "memtrack_host_memory_available_bytes",
+            &[],
+            snap.host_memory.available as f64,
+        );
+    }
+
+    let figures = |p: &crate::model::Peaks| {
+        [
+            ("cpu_ram_used", p.cpu_ram_used_mb),
+            ("cpu_ram_hwm", p.cpu_ram_hwm_mb),
+            ("gpu_ram_used", p.gpu_ram_used_mb),
+            ("gpu_ram_peak", p.gpu_ram_peak_mb),
+            ("reserved_gpu_ram", p.reserved_gpu_ram_mb),
+            ("gpu_process_used", p.gpu_process_used_mb),
+        ]
+    };
+    for (figure, mb) in figures(&snap.peaks) {
+        f.gauge(
+            "memtrack_peak_memory_bytes",
+            &[("figure", figure.to_string())],
+            mb * MIB,
+        );
+    }
+    for (component, peaks) in &snap.by_component {
+        for (figure, mb) in figures(peaks) {
+            f.gauge(
+                "memtrack_component_peak_memory_bytes",
+                &[
+                    ("component", component.clone()),
+                    ("figure", figure.to_string()),
+                ],
+                mb * MIB,
+            );
+        }
+    }
+    for (component, ops) in &snap.events {
+        for (operation, n) in ops {
+            f.counter(
+                "memtrack_events_total",
+                &[
+                    ("component", component.clone()),
+                    ("operation", operation.clone()),
+                ],
+                *n as f64,
+            );
+        }
+    }
+    for (resource, level) in &snap.levels {
+        f.gauge(
+            "memtrack_pressure_level",
+            &[("resource", resource.clone())],
+            f64::from(level.as_number()),
+        );
+    }
+    f.gauge("memtrack_open_spans", &[], snap.open_spans.len() as f64);
+    f.gauge("memtrack_open_stages", &[], snap.open_stages.len() as f64);
+    f.gauge(
+        "memtrack_last_sample_timestamp_seconds",
+        &[],
+        snap.current.timestamp,
+    );
+
+    let h = &snap.tick_seconds;
+    let mut hist = Histogram::default();
+    hist.set_sample_count(h.count);
+    hist.set_sample_sum(h.sum);
+    hist.set_bucket(
+        h.bounds
+            .iter()
+            .zip(&h.cumulative)
+            .map(|(bound, n)| {
+                let mut b = Bucket::default();
+                b.set_upper_bound(*bound);
+                b.set_cumulative_count(*n);
+                b
+            })
+            .collect(),
+    );
+    let mut m = Metric::from_label(f.labels(&[]));
+    m.set_histogram(hist);
+    f.family("memtrack_tick_duration_seconds")
+        .mut_metric()
+        .push(m);
+
+    let c = &snap.counters;
+    f.counter("memtrack_ticks_total", &[], c.ticks as f64);
+    f.counter("memtrack_missed_ticks_total", &[], c.missed_ticks as f64);
+    f.counter(
+        "memtrack_dropped_events_total",
+        &[],
+        c.dropped_events as f64,
+    );
+    f.counter(
+        "memtrack_protocol_errors_total",
+        &[],
+        c.protocol_errors as f64,
+    );
+    f.counter(
+        "memtrack_socket_refused_peers_total",
+        &[],
+        c.refused_peers as f64,
+    );
+    f.counter(
+        "memtrack_socket_rejected_connections_total",
+        &[],
+        c.rejected_connections as f64,
+    );
+    f.counter(
+        "memtrack_socket_slow_clients_total",
+        &[],
+        c.slow_clients as f64,
+    );
+    f.gauge(
+        "memtrack_nvml_up",
+        &[],
+        if snap.nvml_up { 1.0 } else { 0.0 },
+    );
+    f.counter("memtrack_nvml_errors_total", &[], c.nvml_errors as f64);
+    let mut errors = snap.export_errors.clone();
+    errors
+        .entry("checkpoint".into())
+        .or_insert(c.checkpoint_errors);
+    errors.entry("journal".into()).or_insert(c.journal_errors);
+    for (exporter, n) in errors {
+        f.counter(
+            "memtrack_export_errors_total",
+            &[("exporter", exporter)],
+            n as f64,
+        );
+    }
+    f.out.retain(|fam| !fam.get_metric().is_empty());
+    f.out
+}
+
+/// The text exposition of a snapshot.
+pub fn render(snap: &Snapshot) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 * 1024);
+    // Encoding our own well-formed families cannot fail; an empty body
+    // would still be a valid scrape.
+    let _ = TextEncoder::new().encode(&families(snap), &mut out);
+    out
+}
+
+/// The `Content-Type` of [`render`]'s output.
+pub fn content_type() -> &'static str {
+    prometheus::TEXT_FORMAT
+}
+
+/// The README's reference table rows, generated from [`METRICS`].
+pub fn reference_table() -> String {
+    let mut s = String::from("| metric | type | labels | meaning |\n|---|---|---|---|\n");
+    for d in METRICS {
+        let labels = if d.labels.is_empty() {
+            "—".to_string()
+        } else {
+            d.labels.join(", ")
+        };
+        s.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            d.name,
+            d.kind.as_str(),
+            labels,
+            d.help
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::snapshot::ProcessNow;
+
+    #[test]
+    fn every_family_is_declared_once_with_the_conventions() {
+        let mut names: Vec<&str> = METRICS.iter().map(|d| d.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), METRICS.len());
+        for d in METRICS {
+            assert!(d.name.starts_with("memtrack_"), "{}", d.name);
+            match d.kind {
+                Kind::Counter => assert!(d.name.ends_with("_total"), "{}", d.name),
+                _ => assert!(!d.name.ends_with("_total"), "{}", d.name),
+            }
+            assert!(!d.help.is_empty());
+        }
+    }
+
+    #[test]
+    fn dead_processes_have_no_series() {
+        let mut snap = Snapshot::default();
+        snap.run.name = "r".into();
+        snap.processes.push(ProcessNow {
+            pid: 7,
+            name: "python3".into(),
+            rss_bytes: 1024,
+            ..ProcessNow::default()
+        });
+        let text = String::from_utf8(render(&snap)).unwrap();
+        assert!(text.contains("memtrack_process_resident_memory_bytes{run=\"r\",host=\"\",pid=\"7\",name=\"python3\"} 1024"), "{text}");
+        snap.processes.clear();
+        let text = String::from_utf8(render(&snap)).unwrap();
+        assert!(!text.contains("pid=\"7\""), "{text}");
+    }
+}
