@@ -91,6 +91,11 @@ pub struct Ended {
     pub write_error: Option<String>,
 }
 
+/// Longest wait, once the run is over, for clients to finish sending.
+const DRAIN_MAX: Duration = Duration::from_secs(2);
+/// How often the drain checks whether the clients have gone.
+const DRAIN_POLL: Duration = Duration::from_millis(5);
+
 /// Snapshots for exporters are published at most this often.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
@@ -289,7 +294,18 @@ impl Engine {
     }
 
     fn run_over(&self, ended: &Ended) -> bool {
-        self.opts.end_when == EndWhen::JobExits && ended.job_exit.is_some()
+        match self.opts.end_when {
+            EndWhen::JobExits => ended.job_exit.is_some(),
+            EndWhen::TreeEmpty => self.sampler.tree.is_empty(),
+            EndWhen::Stopped => false,
+        }
+    }
+
+    /// Whether every socket client has hung up (all they sent is queued).
+    fn clients_gone(&self) -> bool {
+        self.events
+            .as_ref()
+            .is_none_or(|l| l.stats.connections.load(Ordering::Relaxed) == 0)
     }
 
     /// Handles a batch of inputs. Every message needing a sample shares one
@@ -430,9 +446,26 @@ impl Engine {
         };
         let mut slot: u32 = 1;
         let mut urgent = false;
+        let mut stop_requested = false;
+        // Once the run is over, marks already sent may still sit in client
+        // connections: keep reading until every client has hung up (or
+        // DRAIN_MAX has passed) before the final sample.
+        let mut draining: Option<Instant> = None;
         'run: loop {
-            let next = start + self.opts.interval * slot;
             let now = Instant::now();
+            if draining.is_none() && (stop_requested || self.run_over(&ended)) {
+                draining = Some(now);
+            }
+            if let Some(since) = draining {
+                if self.clients_gone() || now.duration_since(since) >= DRAIN_MAX {
+                    let rest: Vec<Input> = rx.try_iter().collect();
+                    if !rest.is_empty() && self.handle_batch(rest, &mut ended) == Some(true) {
+                        urgent = true;
+                    }
+                    break 'run;
+                }
+            }
+            let next = start + self.opts.interval * slot;
             if now >= next {
                 self.sample(SampleKind::Timer);
                 // Skip the slots this tick overran instead of catching up.
@@ -442,27 +475,24 @@ impl Engine {
                 let next_slot = behind.max(slot) + 1;
                 self.store.counters_mut().missed_ticks += u64::from(next_slot - slot - 1);
                 slot = next_slot;
-                if self.opts.end_when == EndWhen::TreeEmpty && self.sampler.tree.is_empty() {
-                    break 'run;
-                }
                 self.maintain(after);
                 continue;
             }
-            match rx.recv_timeout(next - now) {
+            let wait = if draining.is_some() {
+                (next - now).min(DRAIN_POLL)
+            } else {
+                next - now
+            };
+            match rx.recv_timeout(wait) {
                 Ok(input) => {
                     let mut batch = vec![input];
-                    while batch.len() < 4096 {
-                        match rx.try_recv() {
-                            Ok(i) => batch.push(i),
-                            Err(_) => break,
-                        }
-                    }
+                    batch.extend(rx.try_iter().take(4095));
                     match self.handle_batch(batch, &mut ended) {
-                        Some(u) => {
-                            urgent = u;
+                        Some(true) => {
+                            urgent = true;
                             break 'run;
                         }
-                        None if self.run_over(&ended) => break 'run,
+                        Some(false) => stop_requested = true,
                         None => {}
                     }
                 }

@@ -137,7 +137,6 @@ struct Raw {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawAllocator {
     allocated: u64,
     reserved: u64,
@@ -219,14 +218,20 @@ pub fn parse(line: &[u8]) -> Result<Request, ProtocolError> {
             // name the field.
             let path = e.path().to_string();
             let inner = e.into_inner();
-            return Err(if inner.is_data() && path != "." {
+            let mut err = if inner.is_data() && path != "." {
                 ProtocolError::new(ErrorCode::Invalid, format!("`{path}`: {inner}"))
             } else {
                 ProtocolError::new(
                     ErrorCode::Parse,
                     format!("not a JSON object on one line ({inner})"),
                 )
-            });
+            };
+            // A readable object with a bad field still gets its id back,
+            // so an ack caller can match the error to its request.
+            if inner.is_data() {
+                err.id = id_of(line);
+            }
+            return Err(err);
         }
     };
     let id = match raw.id.take() {
@@ -257,6 +262,18 @@ pub fn parse(line: &[u8]) -> Result<Request, ProtocolError> {
     let ack = raw.ack.unwrap_or(false);
     let message = body(raw).map_err(with_id)?;
     Ok(Request { message, ack, id })
+}
+
+/// The `id` of a line that is a JSON object but failed validation.
+fn id_of(line: &[u8]) -> Option<Id> {
+    #[derive(Deserialize)]
+    struct OnlyId {
+        id: Option<Id>,
+    }
+    serde_json::from_slice::<OnlyId>(line)
+        .ok()
+        .and_then(|o| o.id)
+        .filter(|id| !matches!(id, Id::Str(s) if s.len() > MAX_ID))
 }
 
 fn body(raw: Raw) -> Result<Message, ProtocolError> {
@@ -544,6 +561,26 @@ mod tests {
         ))
         .message
         .contains("16"));
+    }
+
+    #[test]
+    fn errors_keep_the_id_when_the_object_is_readable() {
+        let e = err(r#"{"component":"a","operation":"b","labels":{"k":1},"ack":true,"id":6}"#);
+        assert_eq!((e.code, e.id), (ErrorCode::Invalid, Some(Id::Int(6))));
+        let e = err(r#"{"component":"a","operation":"b","iteration":"x","id":"q"}"#);
+        assert_eq!(e.id, Some(Id::Str("q".into())));
+        assert_eq!(err("{\"id\":6").id, None, "unreadable: no id");
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_everywhere() {
+        let r = ok(
+            r#"{"component":"a","operation":"b","allocator":{"allocated":1,"reserved":2,"max_allocated":3,"stream":7}}"#,
+        );
+        let Message::Mark(m) = r.message else {
+            panic!()
+        };
+        assert_eq!(m.allocator.unwrap().reserved, 2);
     }
 
     #[test]

@@ -418,3 +418,44 @@ fn shell_marks_spans_and_status_from_inside_the_job() {
         (Some(1), "train")
     );
 }
+
+#[test]
+fn marks_sent_just_before_the_job_exits_are_recorded() {
+    // No final ack: the workers fire and exit, the parent exits right
+    // after them. The marks are in the socket buffers when the job ends.
+    let dir = scratch();
+    let script = r#"
+import os, socket
+pids = []
+for w in range(4):
+    pid = os.fork()
+    if pid == 0:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(os.environ["MEMTRACK_SOCKET"])
+        s.sendall(b'{"component":"load","operation":"step"}\n' * 5000)
+        os._exit(0)
+    pids.append(pid)
+for p in pids:
+    os.waitpid(p, 0)
+"#;
+    for _ in 0..3 {
+        let out = run_to_end(
+            memtrack()
+                .args(["run", "--interval", "100ms", "--output"])
+                .arg(dir.path())
+                .arg("--")
+                .args(python(script)),
+            Duration::from_secs(60),
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let doc = read_document(&entry.unwrap().path().join("memory_usage.json"));
+        let steps = doc
+            .detailed_log
+            .iter()
+            .filter(|e| e.operation == "step")
+            .count();
+        assert_eq!(steps, 20_000);
+    }
+}

@@ -1,0 +1,1131 @@
+"""The memtrack event client: docs/protocol.md, spoken from Python.
+
+Standard library only. It never imports torch and never initialises CUDA: the
+allocator figures are read only when the job has already imported torch and
+initialised CUDA itself.
+
+Design (see README.md for the user-facing contract):
+
+- one persistent, non-blocking ``SOCK_STREAM`` connection per process and
+  client; a fire-and-forget message is one ``send()`` under a small lock;
+- a partial write leaves the unsent tail of *that* message in ``_pending``,
+  completed before anything else is written (the line stream is never
+  corrupted); while it cannot be completed, new messages are dropped and
+  counted;
+- no daemon (or a daemon gone): drop, count, warn once per process, and try
+  to connect again at most every ``retry_s`` seconds (a monotonic-clock check);
+- ``ack`` requests carry an integer ``id`` and wait for the reply with that
+  id, so error replies to earlier fire-and-forget messages never answer them;
+- fork: ``os.register_at_fork`` resets every client in the child, which opens
+  its own connection (a shared socket would interleave two processes' bytes).
+"""
+
+import atexit
+import errno
+import functools
+import gc
+import json
+import logging
+import operator
+import os
+import select
+import socket
+import sys
+import threading
+import time
+import warnings
+import weakref
+
+__all__ = [
+    "Client",
+    "MemtrackError",
+    "MemtrackWarning",
+    "MAX_LINE",
+    "get_client",
+    "mark",
+    "span",
+    "stage",
+    "clear_memory",
+    "on_cleanup",
+    "on_pressure",
+    "enable_auto_cleanup",
+    "wait_subscribed",
+    "status",
+    "cleanup",
+    "dropped",
+]
+
+#: Longest line the daemon accepts, newline included.
+MAX_LINE = 65536
+#: Longest stage_end message, in UTF-8 bytes.
+MAX_MESSAGE = 1024
+#: Pressure levels, lowest first.
+LEVELS = ("normal", "high", "critical", "emergency")
+_LEVEL_RANK = {name: i for i, name in enumerate(LEVELS)}
+
+_DEFAULT_TIMEOUT = 1.0
+_RETRY_S = 5.0
+# A connection that dies younger than this is not retried at once (a daemon
+# that accepts and closes, e.g. `refused`, must not cost a connect per mark).
+_SHORT_LIVED_S = 1.0
+# Asked for at connect; the kernel doubles it and caps it at wmem_max. A
+# bigger send buffer absorbs bursts of marks while the daemon is descheduled.
+_SNDBUF = 1 << 20
+# Unread replies are drained every this many fire-and-forget sends (a power of
+# two minus one, used as a mask); the daemon closes a connection with 256
+# unread replies.
+_DRAIN_MASK = 63
+_SUBSCRIBE_LINE = b'{"type":"subscribe"}\n'
+
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+_monotonic = time.monotonic
+_modules = sys.modules
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+_log = logging.getLogger("memtrack")
+
+
+class MemtrackError(Exception):
+    """An error reply from the daemon to a request that waited for one.
+
+    ``code`` is the protocol's error code (``invalid``, ``parse``,
+    ``unknown_type``, ``unsupported_version``, ``too_long``, ``refused``),
+    ``message`` the daemon's explanation and ``reply`` the whole reply.
+    """
+
+    def __init__(self, code, message="", reply=None):
+        super().__init__("%s: %s" % (code, message) if message else str(code))
+        self.code = code
+        self.message = message
+        self.reply = reply
+
+
+class MemtrackWarning(RuntimeWarning):
+    """Issued once per process when the daemon cannot be reached."""
+
+
+def _env_flag(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_timeout():
+    raw = os.environ.get("MEMTRACK_TIMEOUT", "").strip()
+    if not raw:
+        return _DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also rejects NaN
+        _warn("MEMTRACK_TIMEOUT=%r is not a number of seconds >= 0; using %s s" % (raw, _DEFAULT_TIMEOUT))
+        return _DEFAULT_TIMEOUT
+    return value
+
+
+def _warn(text):
+    """warnings.warn, attributed to the first caller outside this package,
+    and never raising into the job (even under ``-W error``)."""
+    level = 1
+    try:
+        frame = sys._getframe(0)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("memtrack"):
+            frame = frame.f_back
+            level += 1
+    except Exception:
+        level = 2
+    try:
+        warnings.warn(text, MemtrackWarning, stacklevel=level)
+    except Exception:
+        pass
+
+
+def _allocator_figures():
+    """PyTorch's caching-allocator figures, or None. Only when the job has
+    already imported torch and initialised CUDA; never imports anything."""
+    torch = _modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        cuda = torch.cuda
+        if not cuda.is_initialized():
+            return None
+        figures = {
+            "allocated": int(cuda.memory_allocated()),
+            "reserved": int(cuda.memory_reserved()),
+            "max_allocated": int(cuda.max_memory_allocated()),
+        }
+    except Exception:
+        return None
+    try:
+        figures["device"] = int(cuda.current_device())
+    except Exception:
+        pass
+    return figures
+
+
+def _check_name(value, what):
+    if not isinstance(value, str):
+        raise TypeError("memtrack: %s must be a str, not %s" % (what, type(value).__name__))
+
+
+def _check_iteration(iteration):
+    if iteration.__class__ is int:
+        return iteration
+    if isinstance(iteration, bool):
+        raise TypeError("memtrack: iteration must be an int, not bool")
+    try:
+        return operator.index(iteration)  # numpy integers and the like
+    except TypeError:
+        raise TypeError("memtrack: iteration must be an int, not %s" % type(iteration).__name__) from None
+
+
+def _check_labels(labels):
+    """A dict of str → str. Values that are not str are converted with str()
+    (``labels={"batch_size": 128}`` is fine); names must be str."""
+    if not isinstance(labels, dict):
+        try:
+            labels = dict(labels)
+        except (TypeError, ValueError):
+            raise TypeError("memtrack: labels must be a dict of str to str, not %s" % type(labels).__name__) from None
+    out = labels
+    for key, value in labels.items():
+        if not isinstance(key, str):
+            raise TypeError("memtrack: label names must be str, not %s" % type(key).__name__)
+        if not isinstance(value, str):
+            if out is labels:
+                out = dict(labels)
+            out[key] = str(value)
+    return out
+
+
+def _truncate_utf8(text, limit):
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore")
+
+
+def _fields(component, operation, iteration, labels):
+    _check_name(component, "component")
+    _check_name(operation, "operation")
+    fields = {"component": component, "operation": operation}
+    if iteration is not None:
+        fields["iteration"] = _check_iteration(iteration)
+    if labels:
+        fields["labels"] = _check_labels(labels)
+    return fields
+
+
+def _line(msg):
+    data = (_encode(msg) + "\n").encode()
+    if len(data) > MAX_LINE:
+        raise MemtrackError("too_long", "message of %d bytes; the protocol allows %d" % (len(data), MAX_LINE))
+    return data
+
+
+def _count_overloaded(lines):
+    n = 0
+    for line in lines.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("error") == "overloaded":
+            n += 1
+    return n
+
+
+def _wait_fd(sock, events, timeout):
+    """True when ``sock`` is ready for ``events`` within ``timeout`` seconds."""
+    try:
+        poller = select.poll()
+        poller.register(sock.fileno(), events)
+        return bool(poller.poll(max(0, int(timeout * 1000.0) + 1)))
+    except (OSError, ValueError):
+        return False
+
+
+def _accepts_one_argument(handler):
+    try:
+        import inspect
+
+        inspect.signature(handler).bind(None)
+        return True
+    except TypeError:
+        return False
+    except ValueError:  # no signature (some builtins): pass the notice
+        return True
+
+
+class Client:
+    """One process's connection to the memtrack daemon.
+
+    ``path``: the daemon's socket, default ``$MEMTRACK_SOCKET``; without one
+    the client is inactive (every call is a no-op, nothing is counted).
+    ``timeout``: seconds an ``ack``/``status``/``cleanup`` call waits for its
+    reply, default ``$MEMTRACK_TIMEOUT`` or 1.0. ``disabled``: default
+    ``$MEMTRACK_DISABLE``; a disabled client does nothing at all.
+
+    Thread-safe. Fork-safe: in a forked child every client starts over with
+    no connection (opened again on first use), no subscription and zeroed
+    counters.
+    """
+
+    def __init__(self, path=None, timeout=None, *, disabled=None, retry_s=_RETRY_S):
+        if path is None:
+            path = os.environ.get("MEMTRACK_SOCKET") or None
+        if path is not None:
+            path = os.fspath(path)
+        if timeout is None:
+            timeout = _env_timeout()
+        elif not timeout >= 0:
+            raise ValueError("memtrack: timeout must be >= 0")
+        if disabled is None:
+            disabled = _env_flag("MEMTRACK_DISABLE")
+        self.path = path
+        self.timeout = float(timeout)
+        self.retry_s = float(retry_s)
+        #: False when disabled or without a socket path: every call is a no-op.
+        self.enabled = bool(path) and not disabled
+        self._off = not self.enabled
+        self._reset()
+        _clients.add(self)
+
+    # -- state -------------------------------------------------------------
+
+    def _reset(self):
+        """Fresh per-process state (also the child's state after a fork)."""
+        # The connection, pending bytes and counters. Reentrant, with _busy
+        # marking a section in progress: a signal handler or finalizer that
+        # marks while this thread is inside a section drops its message
+        # instead of deadlocking or writing into a half-sent one.
+        self._lock = threading.RLock()
+        self._busy = False
+        self._rlock = threading.Lock()  # one reader of replies at a time
+        self._sock = None
+        self._connected_at = 0.0
+        self._pending = b""  # unsent tail of the message(s) being written
+        self._written = 0  # bytes handed to the kernel on this connection
+        self._rbuf = b""  # a partial reply line
+        self._waiting = set()  # ids of ack requests waiting for replies
+        self._stash = {}  # replies read by one waiter for another
+        self._next_id = 0
+        self._retry_at = 0.0
+        self._sent = 0
+        self._dropped = 0
+        # Drops of calls that re-entered a section (signal handlers, which
+        # can nest): one list.append each, atomic under the GIL, so neither
+        # an interrupted `_dropped += 1` nor a nested handler loses a count.
+        self._reentrant = []
+        self._warned = False
+        self._pid = os.getpid()
+        # Subscription (on_cleanup / on_pressure / enable_auto_cleanup).
+        self._sub_lock = threading.Lock()
+        self._listener = None
+        self._listen_sock = None
+        self._listen_stop = threading.Event()
+        self._subscribed = threading.Event()
+        self._cleanup_handlers = []
+        self._pressure_handlers = []
+        self._auto_level = None
+        self._auto_min_interval = 5.0
+        self._auto_last = None
+        self._auto_lock = threading.Lock()
+
+    def _after_fork_in_child(self):
+        # Close (never shutdown) the inherited descriptors: that releases the
+        # child's references only; the parent's connections are untouched.
+        for sock in (self._sock, self._listen_sock):
+            if sock is not None:
+                try:
+                    sock.close()
+                except Exception:
+                    pass
+        self._reset()
+
+    def __repr__(self):
+        state = "disabled" if self._off else ("connected" if self._sock is not None else "not connected")
+        return "<memtrack.Client %r %s, %d dropped>" % (self.path, state, self.dropped())
+
+    # -- the connection (callers hold self._lock) --------------------------
+
+    def _enter(self):
+        """Take the lock for a section; False (lock not held) when this
+        thread is already inside one (re-entered from a signal handler)."""
+        self._lock.acquire()
+        if self._busy:
+            self._lock.release()
+            return False
+        self._busy = True
+        return True
+
+    def _leave(self):
+        self._busy = False
+        self._lock.release()
+
+    def _connect_locked(self, now):
+        sock = None
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
+            except OSError:
+                pass
+            # Non-blocking: a daemon whose accept backlog is full gives
+            # EAGAIN at once instead of stalling the job.
+            sock.connect(self.path)
+        except OSError as exc:
+            if sock is not None:
+                sock.close()
+            self._retry_at = now + self.retry_s
+            self._warn_once("no memtrack daemon at %s (%s)" % (self.path, _describe(exc)))
+            return None
+        self._sock = sock
+        self._connected_at = now
+        self._pending = b""
+        self._written = 0
+        self._rbuf = b""
+        return sock
+
+    def _lost_locked(self, sock, why):
+        """Forget ``sock`` (the daemon closed it, or it timed out)."""
+        if self._sock is not sock:
+            return
+        self._sock = None
+        self._pending = b""  # the tail of a message is garbage on a new connection
+        self._rbuf = b""
+        self._stash.clear()
+        try:
+            sock.close()
+        except Exception:
+            pass
+        now = _monotonic()
+        self._retry_at = now + (self.retry_s if now - self._connected_at < _SHORT_LIVED_S else 0.0)
+        if why is not None:
+            self._warn_once("lost the connection to the memtrack daemon at %s (%s)" % (self.path, why))
+
+    def _warn_once(self, what):
+        if self._warned:
+            return
+        self._warned = True
+        _warn(
+            "memtrack: %s; marks are dropped and counted (memtrack.dropped()) "
+            "and the client tries again every %g s" % (what, self.retry_s)
+        )
+
+    def _flush_locked(self, sock):
+        """Try to write the pending tail; True when nothing is left."""
+        try:
+            n = sock.send(self._pending, _NOSIGNAL)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            self._lost_locked(sock, _describe(exc))
+            return False
+        self._written += n
+        self._pending = self._pending[n:]
+        return not self._pending
+
+    def _drain_locked(self, sock):
+        """Read and discard unread replies (error replies to fire-and-forget
+        messages), counting ``overloaded`` ones as dropped. Only while no
+        ack request is waiting, so no awaited reply is consumed here."""
+        try:
+            chunk = sock.recv(MAX_LINE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._lost_locked(sock, _describe(exc))
+            return
+        if not chunk:
+            self._lost_locked(sock, "the daemon closed it")
+            return
+        buf = self._rbuf + chunk
+        cut = buf.rfind(b"\n") + 1
+        self._rbuf = buf[cut:]
+        if cut and b"overloaded" in buf:
+            self._dropped += _count_overloaded(buf[:cut])
+
+    def _send(self, data):
+        """Fire-and-forget: one non-blocking send, or a counted drop."""
+        lock = self._lock
+        lock.acquire()
+        if self._busy:  # re-entered from a signal handler mid-send
+            lock.release()
+            self._reentrant.append(1)
+            return
+        self._busy = True
+        try:
+            sock = self._sock
+            if sock is None:
+                now = _monotonic()
+                if now < self._retry_at:
+                    self._dropped += 1
+                    return
+                sock = self._connect_locked(now)
+                if sock is None:
+                    self._dropped += 1
+                    return
+            if self._pending and not self._flush_locked(sock):
+                self._dropped += 1
+                return
+            try:
+                n = sock.send(data, _NOSIGNAL)
+            except BlockingIOError:
+                self._dropped += 1
+                return
+            except OSError as exc:
+                self._lost_locked(sock, _describe(exc))
+                self._dropped += 1
+                return
+            self._written += n
+            if n != len(data):
+                self._pending = data[n:]
+            self._sent += 1
+            if not self._sent & _DRAIN_MASK:
+                if not self._waiting:
+                    self._drain_locked(sock)
+                if len(self._reentrant) > 4096:  # keep the list small
+                    folded, self._reentrant = self._reentrant, []
+                    self._dropped += len(folded)
+        finally:
+            self._busy = False
+            lock.release()
+
+    def _drop(self):
+        if not self._enter():
+            self._reentrant.append(1)
+            return
+        self._dropped += 1
+        self._leave()
+
+    # -- requests that wait for a reply -------------------------------------
+
+    def _request(self, msg, timeout=None):
+        """Send ``msg`` with a fresh id and return the reply with that id, or
+        None (no daemon, connection lost, or no reply within the timeout;
+        counted as dropped)."""
+        if self._off:
+            return None
+        if timeout is None:
+            timeout = self.timeout
+        deadline = _monotonic() + timeout
+        if not self._enter():
+            self._reentrant.append(1)
+            return None
+        try:
+            sock = self._sock
+            if sock is None:
+                # A request that waits anyway tries to connect now,
+                # regardless of the fire-and-forget retry interval.
+                sock = self._connect_locked(_monotonic())
+                if sock is None:
+                    self._dropped += 1
+                    return None
+            self._next_id += 1
+            rid = self._next_id
+            msg["id"] = rid
+            data = _line(msg)
+            self._waiting.add(rid)
+            if self._pending:
+                self._pending += data  # whole messages only: the stream stays intact
+            else:
+                try:
+                    n = sock.send(data, _NOSIGNAL)
+                except BlockingIOError:
+                    n = 0
+                except OSError as exc:
+                    self._lost_locked(sock, _describe(exc))
+                    self._waiting.discard(rid)
+                    self._dropped += 1
+                    return None
+                self._written += n
+                if n != len(data):
+                    self._pending = data[n:]
+            end = self._written + len(self._pending)
+        finally:
+            self._leave()
+        reply = None
+        try:
+            if self._wait_written(sock, end, deadline):
+                reply = self._read_reply(sock, rid, deadline)
+        finally:
+            if self._enter():
+                try:
+                    self._waiting.discard(rid)
+                    self._stash.pop(rid, None)
+                    if reply is None:
+                        # No reply in time: a late one would answer the next
+                        # request on this connection, so the connection goes.
+                        self._lost_locked(sock, None)
+                        self._dropped += 1
+                finally:
+                    self._leave()
+        return reply
+
+    def _wait_written(self, sock, end, deadline):
+        """Wait (outside the lock) until our bytes are all in the kernel."""
+        while True:
+            if not self._enter():
+                return False
+            try:
+                if self._sock is not sock:
+                    return False
+                if self._written < end and self._pending:
+                    self._flush_locked(sock)
+                if self._sock is not sock:
+                    return False
+                if self._written >= end:
+                    return True
+            finally:
+                self._leave()
+            remaining = deadline - _monotonic()
+            if remaining <= 0:
+                return False
+            _wait_fd(sock, select.POLLOUT, remaining)
+
+    def _read_reply(self, sock, rid, deadline):
+        remaining = deadline - _monotonic()
+        if remaining <= 0 or not self._rlock.acquire(timeout=remaining):
+            return None
+        try:
+            if not self._enter():
+                return None
+            try:
+                if self._sock is not sock:
+                    return None
+                buf = self._rbuf
+                self._rbuf = b""
+            finally:
+                self._leave()
+            overloaded = 0
+            try:
+                while True:
+                    reply = self._stash.pop(rid, None)
+                    if reply is not None:
+                        return reply
+                    while True:
+                        cut = buf.find(b"\n")
+                        if cut < 0:
+                            break
+                        line = buf[:cut]
+                        buf = buf[cut + 1 :]
+                        try:
+                            obj = json.loads(line)
+                        except ValueError:
+                            continue
+                        if not isinstance(obj, dict):
+                            continue
+                        other = obj.get("id")
+                        if other == rid:
+                            return obj
+                        if other in self._waiting:
+                            self._stash[other] = obj
+                        elif obj.get("error") == "overloaded":
+                            overloaded += 1
+                    remaining = deadline - _monotonic()
+                    if remaining <= 0 or self._sock is not sock:
+                        return None
+                    if not _wait_fd(sock, select.POLLIN, remaining):
+                        continue
+                    try:
+                        chunk = sock.recv(MAX_LINE)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        return None
+                    if not chunk:
+                        return None
+                    buf += chunk
+            finally:
+                if self._enter():  # always true here: this is never a re-entered call
+                    try:
+                        self._dropped += overloaded
+                        if self._sock is sock:
+                            self._rbuf = buf + self._rbuf
+                    finally:
+                        self._leave()
+        finally:
+            self._rlock.release()
+
+    def _recorded(self, msg):
+        msg["ack"] = True
+        reply = self._request(msg)
+        if reply is None:
+            return None
+        if reply.get("ok"):
+            return reply.get("entry")
+        code = reply.get("error")
+        if code == "overloaded":  # the daemon dropped it: a drop, not an error
+            self._drop()
+            return None
+        raise MemtrackError(code, reply.get("message", ""), reply)
+
+    # -- the API -----------------------------------------------------------
+
+    def mark(self, component, operation, *, iteration=None, labels=None, ack=False, allocator=True):
+        """Record that the job reached ``operation`` of ``component``.
+
+        Fire-and-forget (default): one non-blocking send; returns None.
+        ``ack=True``: waits (up to ``timeout``) for the daemon's sample and
+        returns the recorded ``detailed_log`` entry, or None when there is no
+        daemon or no reply in time; an error reply raises MemtrackError.
+        """
+        if self._off:
+            return None
+        if not (component.__class__ is str and operation.__class__ is str):
+            _check_name(component, "component")
+            _check_name(operation, "operation")
+        if not ack and self._sock is None and _monotonic() < self._retry_at:
+            self._drop()  # no daemon: a clock read and a counter
+            return None
+        msg = {"type": "mark", "component": component, "operation": operation}
+        if iteration is not None:
+            msg["iteration"] = _check_iteration(iteration)
+        if labels:
+            msg["labels"] = _check_labels(labels)
+        if allocator and "torch" in _modules:
+            figures = _allocator_figures()
+            if figures is not None:
+                msg["allocator"] = figures
+        if ack:
+            return self._recorded(msg)
+        self._send(_line(msg))
+        return None
+
+    def _event(self, kind, fields, allocator=True):
+        """A fire-and-forget span/stage message built from checked fields."""
+        if self._off:
+            return
+        if self._sock is None and _monotonic() < self._retry_at:
+            self._drop()
+            return
+        msg = {"type": kind}
+        msg.update(fields)
+        if allocator and "torch" in _modules:
+            figures = _allocator_figures()
+            if figures is not None:
+                msg["allocator"] = figures
+        self._send(_line(msg))
+
+    def span(self, component, operation, *, iteration=None, labels=None):
+        """A phase with a duration: context manager and decorator."""
+        return Span(component, operation, iteration=iteration, labels=labels, client=self)
+
+    def stage(self, name, *, labels=None):
+        """A pipeline stage: context manager and decorator."""
+        return Stage(name, labels=labels, client=self)
+
+    def clear_memory(self, component="system"):
+        """gc.collect(), torch.cuda.empty_cache() when the job already uses
+        CUDA, then a ``clear_memory`` mark. The freeing happens even when the
+        client is disabled or has no daemon (the job asked for it; only the
+        mark is skipped), so disabling telemetry never changes memory use."""
+        gc.collect()
+        torch = _modules.get("torch")
+        if torch is not None:
+            try:
+                if torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()
+            except Exception:
+                pass
+        self.mark(component, "clear_memory")
+
+    def status(self, timeout=None):
+        """The daemon's ``status`` reply (a dict), or None without a daemon."""
+        reply = self._request({"type": "status"}, timeout)
+        if reply is None:
+            return None
+        if not reply.get("ok"):
+            raise MemtrackError(reply.get("error"), reply.get("message", ""), reply)
+        return reply
+
+    def cleanup(self, timeout=None):
+        """Ask the daemon to push a cleanup notice to every subscriber;
+        returns how many were notified, or None without a daemon."""
+        reply = self._request({"type": "cleanup"}, timeout)
+        if reply is None:
+            return None
+        if not reply.get("ok"):
+            raise MemtrackError(reply.get("error"), reply.get("message", ""), reply)
+        return reply.get("notified")
+
+    def dropped(self):
+        """Messages dropped in this process: daemon absent, gone, stuck or
+        overloaded, and ack requests that got no reply in time."""
+        return self._dropped + len(self._reentrant)
+
+    # -- notices -----------------------------------------------------------
+
+    def on_cleanup(self, handler):
+        """Run ``handler`` (in the subscriber thread) on every ``cleanup``
+        notice. It gets the notice dict if it accepts one argument. Returns
+        ``handler``, so this works as a decorator."""
+        if not callable(handler):
+            raise TypeError("memtrack: the cleanup handler must be callable")
+        with self._sub_lock:
+            self._cleanup_handlers.append((handler, _accepts_one_argument(handler)))
+        self._ensure_listener()
+        return handler
+
+    def on_pressure(self, handler):
+        """Run ``handler(notice)`` (in the subscriber thread) on every
+        ``pressure`` notice. Returns ``handler``."""
+        if not callable(handler):
+            raise TypeError("memtrack: the pressure handler must be callable")
+        with self._sub_lock:
+            self._pressure_handlers.append(handler)
+        self._ensure_listener()
+        return handler
+
+    def enable_auto_cleanup(self, level="critical", *, min_interval=5.0):
+        """Run clear_memory() when a pressure notice at ``level`` or above
+        arrives, or a cleanup notice; at most once per ``min_interval`` s."""
+        if level not in _LEVEL_RANK:
+            raise ValueError("memtrack: level must be one of %s" % ", ".join(LEVELS))
+        with self._sub_lock:
+            self._auto_level = level
+            self._auto_min_interval = float(min_interval)
+        self._ensure_listener()
+
+    def disable_auto_cleanup(self):
+        with self._sub_lock:
+            self._auto_level = None
+
+    def wait_subscribed(self, timeout=None):
+        """True once the subscriber connection is established (the daemon
+        replied ``subscribed``); False after ``timeout`` seconds."""
+        return self._subscribed.wait(timeout)
+
+    def _ensure_listener(self):
+        if self._off:
+            return
+        with self._sub_lock:
+            if self._listener is not None and self._listener.is_alive():
+                return
+            self._listen_stop.clear()
+            thread = threading.Thread(target=self._listen, name="memtrack-subscriber", daemon=True)
+            self._listener = thread
+            thread.start()
+
+    def _listen(self):
+        """The subscriber thread: its own connection, reconnecting with
+        backoff (0.1 s doubling to ``retry_s``) while the daemon is away."""
+        stop = self._listen_stop
+        backoff = 0.1
+        while not stop.is_set():
+            sock = None
+            try:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._listen_sock = sock
+                sock.settimeout(max(self.timeout, 0.1))
+                sock.connect(self.path)
+                sock.sendall(_SUBSCRIBE_LINE)
+                sock.settimeout(None)
+                buf = b""
+                while not stop.is_set():
+                    chunk = sock.recv(MAX_LINE)
+                    if not chunk:
+                        break
+                    buf += chunk
+                    while True:
+                        cut = buf.find(b"\n")
+                        if cut < 0:
+                            break
+                        line = buf[:cut]
+                        buf = buf[cut + 1 :]
+                        try:
+                            notice = json.loads(line)
+                        except ValueError:
+                            continue
+                        if isinstance(notice, dict):
+                            if notice.get("type") == "subscribed":
+                                backoff = 0.1
+                            self._dispatch(notice)
+            except OSError:
+                pass
+            finally:
+                self._subscribed.clear()
+                self._listen_sock = None
+                if sock is not None:
+                    try:
+                        sock.close()
+                    except Exception:
+                        pass
+            if stop.wait(backoff):
+                break
+            backoff = min(backoff * 2, max(self.retry_s, 0.1))
+
+    def _dispatch(self, notice):
+        kind = notice.get("type")
+        if kind == "subscribed":
+            self._subscribed.set()
+            return
+        if kind == "cleanup":
+            for handler, with_notice in list(self._cleanup_handlers):
+                self._call(handler, notice if with_notice else None, with_notice)
+            if self._auto_level is not None:
+                self._auto_clear()
+        elif kind == "pressure":
+            for handler in list(self._pressure_handlers):
+                self._call(handler, notice, True)
+            level = self._auto_level
+            if level is not None and _LEVEL_RANK.get(notice.get("level"), -1) >= _LEVEL_RANK[level]:
+                self._auto_clear()
+        elif notice.get("ok") is False:
+            _log.warning("memtrack: the daemon refused the subscription: %s", notice.get("message", notice))
+
+    @staticmethod
+    def _call(handler, notice, with_notice):
+        try:
+            if with_notice:
+                handler(notice)
+            else:
+                handler()
+        except Exception:
+            _log.exception("memtrack: notice handler %r failed", handler)
+
+    def _auto_clear(self):
+        with self._auto_lock:
+            now = _monotonic()
+            if self._auto_last is not None and now - self._auto_last < self._auto_min_interval:
+                return
+            self._auto_last = now
+        try:
+            self.clear_memory()
+        except Exception:
+            _log.exception("memtrack: automatic clear_memory failed")
+
+    # -- closing -----------------------------------------------------------
+
+    def flush(self, timeout=0.2):
+        """Try for up to ``timeout`` s to finish writing a partly sent
+        message. True when nothing is left unsent."""
+        deadline = _monotonic() + timeout
+        while True:
+            if not self._enter():
+                return False
+            try:
+                sock = self._sock
+                if sock is None or not self._pending or self._flush_locked(sock):
+                    return True
+            finally:
+                self._leave()
+            remaining = deadline - _monotonic()
+            if remaining <= 0:
+                return False
+            _wait_fd(sock, select.POLLOUT, min(remaining, 0.05))
+
+    def close(self):
+        """Flush briefly, close the connections, stop the subscriber."""
+        self.flush()
+        self._listen_stop.set()
+        listen = self._listen_sock
+        if listen is not None:
+            try:
+                listen.shutdown(socket.SHUT_RDWR)  # wakes the subscriber's recv
+            except OSError:
+                pass
+        if self._enter():
+            try:
+                if self._sock is not None:
+                    self._lost_locked(self._sock, None)
+                self._retry_at = 0.0
+            finally:
+                self._leave()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _describe(exc):
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return "%s: %s" % (errno.errorcode.get(exc.errno, exc.errno), exc.strerror)
+    return str(exc)
+
+
+def _is_coroutine_function(func):
+    try:
+        import inspect
+
+        return inspect.iscoroutinefunction(func)
+    except Exception:
+        return False
+
+
+class _Scope:
+    """Shared by Span and Stage: context manager and decorator."""
+
+    __slots__ = ()
+
+    def _client(self):
+        c = self._owner
+        return c if c is not None else get_client()
+
+    def __call__(self, func):
+        if _is_coroutine_function(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args, **kwargs):
+                with self:
+                    return await func(*args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with self:
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+class Span(_Scope):
+    """``span_begin`` on entry, ``span_end`` on exit (also on exceptions).
+    Timer samples taken in between count for ``component``. Reusable and
+    reentrant; holds no state between uses."""
+
+    __slots__ = ("_owner", "_fields")
+
+    def __init__(self, component, operation, *, iteration=None, labels=None, client=None):
+        self._owner = client
+        self._fields = _fields(component, operation, iteration, labels)
+
+    def __enter__(self):
+        self._client()._event("span_begin", self._fields)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._client()._event("span_end", self._fields)
+        return False
+
+
+class Stage(_Scope):
+    """``stage_begin`` on entry; ``stage_end`` with status SUCCESS on a normal
+    exit, FAILED with ``message=repr(exc)`` (at most 1024 bytes) when an
+    exception leaves the block, which is then re-raised."""
+
+    __slots__ = ("_owner", "_fields")
+
+    def __init__(self, name, *, labels=None, client=None):
+        _check_name(name, "stage name")
+        self._owner = client
+        self._fields = {"name": name}
+        if labels:
+            self._fields["labels"] = _check_labels(labels)
+
+    def __enter__(self):
+        self._client()._event("stage_begin", self._fields)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        fields = dict(self._fields)
+        if exc_type is None:
+            fields["status"] = "SUCCESS"
+        else:
+            fields["status"] = "FAILED"
+            try:
+                text = repr(exc)
+            except Exception:
+                text = exc_type.__name__
+            fields["message"] = _truncate_utf8(text, MAX_MESSAGE)
+        self._client()._event("stage_end", fields)
+        return False
+
+
+# -- the per-process default client ------------------------------------------
+
+_clients = weakref.WeakSet()
+_default = None
+_default_lock = threading.RLock()
+
+
+def get_client():
+    """This process's default Client (created on first use from the
+    environment: MEMTRACK_SOCKET, MEMTRACK_TIMEOUT, MEMTRACK_DISABLE)."""
+    global _default
+    c = _default
+    if c is None:
+        with _default_lock:
+            c = _default
+            if c is None:
+                c = _default = Client()
+    return c
+
+
+def _after_fork_in_child():
+    global _default, _default_lock
+    _default_lock = threading.RLock()
+    _default = None  # the child reads its environment again
+    for c in list(_clients):
+        c._after_fork_in_child()
+
+
+def _flush_at_exit():
+    for c in list(_clients):
+        try:
+            if c._pending:
+                c.flush(0.2)
+        except Exception:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+atexit.register(_flush_at_exit)
+
+
+def mark(component, operation, *, iteration=None, labels=None, ack=False, allocator=True):
+    """Record a mark with the default client; see Client.mark."""
+    c = _default
+    if c is None:
+        c = get_client()
+    return c.mark(component, operation, iteration=iteration, labels=labels, ack=ack, allocator=allocator)
+
+
+def span(component, operation, *, iteration=None, labels=None):
+    """A span on the default client (resolved at entry, so a decorator
+    applied before a fork works in the child)."""
+    return Span(component, operation, iteration=iteration, labels=labels)
+
+
+def stage(name, *, labels=None):
+    """A stage on the default client; see Stage."""
+    return Stage(name, labels=labels)
+
+
+def clear_memory(component="system"):
+    get_client().clear_memory(component)
+
+
+def on_cleanup(handler):
+    return get_client().on_cleanup(handler)
+
+
+def on_pressure(handler):
+    return get_client().on_pressure(handler)
+
+
+def enable_auto_cleanup(level="critical", *, min_interval=5.0):
+    get_client().enable_auto_cleanup(level, min_interval=min_interval)
+
+
+def wait_subscribed(timeout=None):
+    return get_client().wait_subscribed(timeout)
+
+
+def status(timeout=None):
+    return get_client().status(timeout)
+
+
+def cleanup(timeout=None):
+    return get_client().cleanup(timeout)
+
+
+def dropped():
+    return get_client().dropped()
