@@ -246,6 +246,7 @@ impl Io {
         config: &Config,
         engine: SyncSender<Input>,
         self_register: bool,
+        first: Snapshot,
     ) -> anyhow::Result<Io> {
         use crate::event::server;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -255,7 +256,8 @@ impl Io {
             .build()
             .context("cannot start the I/O runtime")?;
         let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
-        let (snapshots, snapshots_rx) = tokio::sync::watch::channel(Arc::new(Snapshot::default()));
+        // The run's identity is known before its first sample.
+        let (snapshots, snapshots_rx) = tokio::sync::watch::channel(Arc::new(first));
         let mut io = Io {
             runtime,
             shutdown,
@@ -431,7 +433,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     sys::raise_nofile_limit();
     let (tx, rx) = sync_channel::<Input>(65_536);
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
-    let io = Io::start(&config, tx.clone(), self_register)?;
+    let io = Io::start(&config, tx.clone(), self_register, store.snapshot())?;
     let mut job_env = Vec::new();
     if let Some(path) = io.socket_path() {
         job_env.push(("MEMTRACK_SOCKET".to_string(), path.display().to_string()));

@@ -820,6 +820,19 @@ impl Store {
         })
     }
 
+    /// The level of every resource seen (host RAM and each GPU), normal
+    /// included, so exporters have a series from the start.
+    pub fn all_levels(&self) -> BTreeMap<String, Level> {
+        let mut levels = self.levels.clone();
+        if self.host_memory.total > 0 {
+            levels.entry("host".into()).or_default();
+        }
+        for g in self.gpus.values() {
+            levels.entry(format!("gpu{}", g.index)).or_default();
+        }
+        levels
+    }
+
     /// The picture exporters read (see [`snapshot::Snapshot`]).
     pub fn snapshot(&self) -> snapshot::Snapshot {
         snapshot::Snapshot {
@@ -856,7 +869,7 @@ impl Store {
             gpus: self.gpus.values().cloned().collect(),
             allocator: self.allocator_now.values().copied().collect(),
             events: self.event_counts.clone(),
-            levels: self.levels.clone(),
+            levels: self.all_levels(),
             open_spans: self.open_spans().collect(),
             open_stages: self
                 .stages

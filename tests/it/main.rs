@@ -8,3 +8,5 @@ mod cli;
 mod common;
 mod core;
 mod events;
+mod http;
+mod prometheus;

@@ -1,0 +1,368 @@
+//! The HTTP endpoints (issue 4): real daemons, real TCP, hostile clients.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use memtrack::model::EntryKind;
+
+use crate::common::*;
+
+/// `name{labels} value` lines of a scrape.
+fn samples(body: &str) -> Vec<(String, String, f64)> {
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n.to_string(), rest.trim_end_matches('}').to_string()),
+                None => (series.to_string(), String::new()),
+            };
+            Some((name, labels, value.parse().ok()?))
+        })
+        .collect()
+}
+
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    labels
+        .split(',')
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=\""))?.strip_suffix('"'))
+}
+
+/// A job holding memory still: 200 MiB in the parent, 100 MiB in a child.
+fn still_job(ready: &Path) -> Vec<String> {
+    python(&format!(
+        r#"
+import os, time
+def hold(mib):
+    b = bytearray(mib << 20)
+    for i in range(0, len(b), 4096): b[i] = 1
+    return b
+a = hold(200)
+if os.fork() == 0:
+    c = hold(100)
+    open({ready:?}, 'w').write('x')
+    time.sleep(6)
+    os._exit(0)
+time.sleep(6.5)
+"#,
+        ready = ready.display().to_string()
+    ))
+}
+
+#[test]
+fn tree_rss_in_metrics_matches_the_kernel() {
+    let dir = scratch();
+    let ready = dir.path().join("ready");
+    let d = Daemon::start(
+        dir.path(),
+        &["--interval", "100ms"],
+        &still_job(&ready),
+        &[],
+    );
+    wait_for("the child", Duration::from_secs(15), || ready.exists());
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, body) = d.http("GET", "/metrics");
+    assert_eq!(status, 200);
+    let s = samples(&body);
+    let tree = s
+        .iter()
+        .find(|(n, _, _)| n == "memtrack_tree_resident_memory_bytes")
+        .unwrap()
+        .2;
+    let pids: Vec<u32> = s
+        .iter()
+        .filter(|(n, _, _)| n == "memtrack_process_resident_memory_bytes")
+        .map(|(_, l, _)| label(l, "pid").unwrap().parse().unwrap())
+        .collect();
+    assert!(pids.len() >= 2, "{pids:?}");
+    let kernel: u64 = pids.iter().map(|p| vm_rss(*p).unwrap()).sum();
+    let diff = (tree - kernel as f64).abs() / kernel as f64;
+    assert!(
+        diff < 0.01,
+        "tree RSS {tree} vs VmRSS sum {kernel} ({:.2}%)",
+        diff * 100.0
+    );
+    assert!(tree >= 300.0 * MIB);
+    let (code, _) = d.finish();
+    assert_eq!(code, Some(0));
+}
+
+/// Runs a job that exercises every metric: the fake NVML (GPU series),
+/// allocator figures, spans, smaps.
+fn busy_daemon(dir: &Path) -> Daemon {
+    let state = dir.join("nvml-state");
+    std::fs::write(
+        &state,
+        "device 0 name=NVIDIA_Fake_H100 total_mib=81559 util_gpu=40 temp=50\n",
+    )
+    .unwrap();
+    let script = format!(
+        r#"
+import json, os, socket, time
+tmp = {state:?} + '.tmp'
+open(tmp, 'w').write('device 0 name=NVIDIA_Fake_H100 total_mib=81559 util_gpu=40 temp=50\nprocess 0 %d 1500\n' % os.getpid())
+os.replace(tmp, {state:?})
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET']); f = s.makefile('rwb')
+def call(m):
+    m['ack'] = True
+    f.write((json.dumps(m) + '\n').encode()); f.flush(); return json.loads(f.readline())
+alloc = {{'allocated': 1 << 30, 'reserved': 2 << 30, 'max_allocated': 3 << 29, 'device': 0}}
+call({{'type': 'span_begin', 'component': 'model', 'operation': 'generate', 'allocator': alloc}})
+call({{'component': 'model', 'operation': 'step', 'allocator': alloc}})
+time.sleep(3)
+call({{'type': 'span_end', 'component': 'model', 'operation': 'generate'}})
+"#,
+        state = state.display().to_string()
+    );
+    let lib = fake_nvml().display().to_string();
+    Daemon::start(
+        dir,
+        &["--interval", "100ms", "--smaps", "--nvml-lib", &lib],
+        &python(&script),
+        &[("FAKE_NVML_STATE", state.to_str().unwrap())],
+    )
+}
+
+#[test]
+fn every_declared_metric_is_served_and_the_readme_lists_them() {
+    let dir = scratch();
+    let d = busy_daemon(dir.path());
+    let names = || -> BTreeSet<String> {
+        let (_, body) = d.http("GET", "/metrics");
+        body.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap().to_string())
+            .collect()
+    };
+    let declared: BTreeSet<String> = memtrack::export::prometheus::METRICS
+        .iter()
+        .map(|m| m.name.to_string())
+        .collect();
+    wait_for("every metric family", Duration::from_secs(15), || {
+        names() == declared
+    });
+    let (_, body) = d.http("GET", "/metrics");
+    let s = samples(&body);
+    let get = |name: &str| s.iter().filter(|(n, _, _)| n == name).collect::<Vec<_>>();
+    assert_eq!(get("memtrack_process_gpu_memory_bytes")[0].2, 1500.0 * MIB);
+    assert_eq!(
+        get("memtrack_allocator_reserved_bytes")[0].2,
+        2.0 * 1024.0 * MIB
+    );
+    assert_eq!(get("memtrack_gpu_utilization_ratio")[0].2, 0.4);
+    let model_events: f64 = get("memtrack_events_total")
+        .iter()
+        .filter(|(_, l, _)| label(l, "component") == Some("model"))
+        .map(|(_, _, v)| v)
+        .sum();
+    assert!(model_events >= 2.0, "{model_events}");
+    for (_, labels, _) in &s {
+        assert!(labels.starts_with("run=\"d\",host=\""), "{labels}");
+    }
+    let (code, doc) = d.finish();
+    assert_eq!(code, Some(0));
+    assert!(doc.peaks_by_component.contains_key("model"));
+
+    // The README's table is the generated one, verbatim.
+    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let readme = std::fs::read_to_string(&readme_path).unwrap();
+    let table = memtrack::export::prometheus::reference_table();
+    let (before, rest) = readme
+        .split_once("<!-- metrics:begin -->\n")
+        .expect("README metrics markers");
+    let (current, after) = rest
+        .split_once("<!-- metrics:end -->")
+        .expect("README metrics markers");
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(
+            &readme_path,
+            format!("{before}<!-- metrics:begin -->\n{table}<!-- metrics:end -->{after}"),
+        )
+        .unwrap();
+    } else {
+        assert_eq!(
+            current, table,
+            "README metrics table is stale; rerun with UPDATE_SNAPSHOTS=1"
+        );
+    }
+}
+
+#[test]
+fn endpoints_answer_and_refuse_the_right_things() {
+    let dir = scratch();
+    let d = Daemon::start(
+        dir.path(),
+        &["--interval", "100ms"],
+        &["sleep".into(), "3".into()],
+        &[],
+    );
+    // Before the first sample it says "starting" (503); then "ok".
+    wait_for("healthz ok", Duration::from_secs(10), || {
+        d.http("GET", "/healthz").0 == 200
+    });
+    let (status, body) = d.http("GET", "/healthz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"ok\""));
+    let (status, body) = d.http("GET", "/memory-info");
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for key in [
+        "host",
+        "tree",
+        "peak_usage",
+        "gpus",
+        "processes",
+        "peaks_by_component",
+    ] {
+        assert!(!v[key].is_null(), "/memory-info lacks {key}: {v}");
+    }
+    assert!(v["tree"]["processes"].as_u64().unwrap() >= 1);
+    let (status, body) = d.http("POST", "/cleanup-memory");
+    assert_eq!(
+        (status, body.contains("\"notified\": 0")),
+        (200, true),
+        "{body}"
+    );
+    assert_eq!(d.http("GET", "/cleanup-memory").0, 405);
+    assert_eq!(d.http("DELETE", "/metrics").0, 405);
+    assert_eq!(d.http("GET", "/admin").0, 404);
+    assert_eq!(d.http("HEAD", "/metrics").0, 200);
+    let (code, _) = d.finish();
+    assert_eq!(code, Some(0));
+}
+
+#[test]
+fn hostile_http_clients_never_stop_sampling() {
+    let dir = scratch();
+    let d = Daemon::start(
+        dir.path(),
+        &["--interval", "250ms"],
+        &["sleep".into(), "9".into()],
+        &[],
+    );
+    let addr = d.http;
+
+    // Huge headers: refused (431) or cut off, never buffered whole.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    assert!(
+        reply.is_empty() || reply.starts_with("HTTP/1.1 431"),
+        "{}",
+        &reply[..reply.len().min(200)]
+    );
+
+    // A body over the limit.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = write!(
+        s,
+        "POST /cleanup-memory HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{}",
+        "b".repeat(100_000)
+    );
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 413"),
+        "{}",
+        &reply[..reply.len().min(200)]
+    );
+
+    // Slow drip: headers a byte at a time never complete; the server
+    // gives up after its header timeout.
+    let drip = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+        let start = std::time::Instant::now();
+        for b in b"GET /metrics HTTP/1.1\r\nHost: slow\r\n".iter().cycle() {
+            if s.write_all(&[*b]).is_err() || start.elapsed() > Duration::from_secs(8) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        start.elapsed()
+    });
+
+    // 1000 connections at once: beyond the limit they are closed.
+    let crowd: Vec<TcpStream> = (0..1000)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect();
+    assert!(crowd.len() > 100);
+    // Bad methods while the crowd waits.
+    for m in ["PUT", "PATCH", "TRACE"] {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = write!(
+            s,
+            "{m} /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        // Either refused at the door (over the limit) or told 405.
+        assert!(
+            reply.is_empty() || reply.starts_with("HTTP/1.1 405"),
+            "{m}: {reply}"
+        );
+    }
+    drop(crowd);
+    let dripped = drip.join().unwrap();
+    assert!(
+        dripped < Duration::from_secs(8),
+        "the slow client was cut off ({dripped:?})"
+    );
+
+    // And a normal scrape still works.
+    assert_eq!(d.http("GET", "/metrics").0, 200);
+    let (code, doc) = d.finish();
+    assert_eq!(code, Some(0));
+    let t: Vec<f64> = doc
+        .detailed_log
+        .iter()
+        .filter(|e| e.kind == EntryKind::Timer)
+        .map(|e| e.timestamp)
+        .collect();
+    let gap = t.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    assert!(
+        gap <= 0.5,
+        "largest gap between timer samples {gap:.3}s > 2 intervals"
+    );
+    assert_eq!(doc.counters.missed_ticks, 0);
+}
+
+#[test]
+fn a_chosen_address_must_bind_the_default_may_not() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = scratch();
+    let out = run_to_end(
+        memtrack()
+            .args(["run", "--listen", &addr, "--output"])
+            .arg(dir.path())
+            .args(["--", "true"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(&format!("cannot listen on {addr}")),
+        "{}",
+        stderr(&out)
+    );
+    let out = run_to_end(
+        memtrack()
+            .args(["run", "--listen", "nowhere", "--output"])
+            .arg(dir.path())
+            .args(["--", "true"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("listen"), "{}", stderr(&out));
+}
