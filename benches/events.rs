@@ -73,10 +73,15 @@ fn cpu_seconds(pid: u32) -> f64 {
 
 fn start_daemon(dir: &Path) -> (Child, PathBuf) {
     let sock = dir.join("m.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_memtrack"))
+    // BENCH_MEMTRACK_BIN: the binary when this bench runs on another
+    // machine; BENCH_GPU=1: keep NVML on (ack time then includes it).
+    let bin = std::env::var("BENCH_MEMTRACK_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_memtrack").to_string());
+    let gpu = std::env::var("BENCH_GPU").is_ok_and(|v| v == "1");
+    let child = Command::new(bin)
         .args([
             "run",
-            "--no-gpu",
+            if gpu { "--log-level=info" } else { "--no-gpu" },
             "--interval",
             "1s",
             "--name",
@@ -150,7 +155,12 @@ fn main() {
         percentile(&acks, 0.5),
         percentile(&acks, 0.99),
     );
-    println!("memtrack event path vs the floor ({n} round trips each, this machine, no GPU)");
+    let gpu = if std::env::var("BENCH_GPU").is_ok_and(|v| v == "1") {
+        "with NVML"
+    } else {
+        "no GPU"
+    };
+    println!("memtrack event path vs the floor ({n} round trips each, this machine, {gpu})");
     println!();
     println!("| | floor: Unix stream echo | memtrack ack | ratio |");
     println!("|---|---|---|---|");

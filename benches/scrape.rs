@@ -92,9 +92,9 @@ fn main() {
         println!("(smoke run: figures are meaningless; `cargo bench --bench scrape` measures)");
     }
     let snap = snapshot();
-    let families = prometheus::families(&snap);
+    let families = prometheus::families(&snap, None);
     let series: usize = families.iter().map(|f| f.get_metric().len()).sum();
-    let bytes = prometheus::render(&snap).len();
+    let bytes = prometheus::render(&snap, None).len();
 
     let floor = median(
         || {
@@ -106,7 +106,7 @@ fn main() {
     );
     let render = median(
         || {
-            std::hint::black_box(prometheus::render(&snap));
+            std::hint::black_box(prometheus::render(&snap, None));
         },
         runs,
     );

@@ -116,7 +116,7 @@ pub async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
         "/metrics" => respond(
             StatusCode::OK,
             prometheus::content_type(),
-            prometheus::render(&snap),
+            prometheus::render(&snap, prometheus::SelfUsage::read()),
         ),
         "/memory-info" => json(StatusCode::OK, &memory_info(&snap)),
         "/cleanup-memory" => {

@@ -90,6 +90,10 @@ pub const METRICS: &[Def] = &[
     def("memtrack_open_spans", G, &[], "Spans open now."),
     def("memtrack_open_stages", G, &[], "Stages open now."),
     def("memtrack_last_sample_timestamp_seconds", G, &[], "Unix time of the latest sample."),
+    def("memtrack_run_start_timestamp_seconds", G, &[], "Unix time the run started."),
+    def("memtrack_interval_seconds", G, &[], "The timer period."),
+    def("memtrack_self_resident_memory_bytes", G, &[], "RSS of memtrack itself."),
+    def("memtrack_self_cpu_seconds_total", C, &[], "CPU time memtrack itself has used (user + system)."),
     def("memtrack_tick_duration_seconds", H, &[], "Time one sample took."),
     def("memtrack_ticks_total", C, &[], "Timer samples taken."),
     def("memtrack_missed_ticks_total", C, &[], "Timer slots skipped because a tick overran."),
@@ -174,8 +178,35 @@ pub fn run_labels(snap: &Snapshot) -> Vec<(String, String)> {
     l
 }
 
-/// The snapshot as metric families, in [`METRICS`] order.
-pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
+/// memtrack's own footprint, read at scrape time (not by the sampler).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SelfUsage {
+    pub rss_bytes: u64,
+    pub cpu_seconds: f64,
+}
+
+impl SelfUsage {
+    /// Reads `/proc/self`; `None` where procfs is missing.
+    pub fn read() -> Option<SelfUsage> {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let rss_bytes = crate::sample::procfs::parse_statm(&statm, crate::sys::page_size()).ok()?;
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+        // utime and stime are fields 14 and 15 of proc(5); `rest` starts at 3.
+        let ticks: f64 =
+            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+        Some(SelfUsage {
+            rss_bytes,
+            cpu_seconds: ticks / crate::sys::clock_ticks() as f64,
+        })
+    }
+}
+
+/// The snapshot as metric families, in [`METRICS`] order. Device-level GPU
+/// series are left out while NVML does not answer: no data rather than the
+/// last values of a lost GPU.
+pub fn families(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<MetricFamily> {
     let mut f = Families {
         run_labels: run_labels(snap),
         out: Vec::new(),
@@ -257,7 +288,8 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
         &[],
         snap.current.cpu_hwm_mb * MIB,
     );
-    for g in &snap.gpus {
+    let gpus: &[crate::model::Gpu] = if snap.nvml_up { &snap.gpus } else { &[] };
+    for g in gpus {
         f.gauge(
             "memtrack_tree_gpu_memory_bytes",
             &[("gpu", g.index.to_string()), ("gpu_uuid", g.uuid.clone())],
@@ -273,27 +305,27 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
             ("gpu_name", g.name.clone()),
         ]
     };
-    for g in &snap.gpus {
+    for g in gpus {
         f.gauge("memtrack_gpu_memory_used_bytes", &dev(g), g.used_mb * MIB);
     }
-    for g in &snap.gpus {
+    for g in gpus {
         f.gauge("memtrack_gpu_memory_total_bytes", &dev(g), g.total_mb * MIB);
     }
-    for g in &snap.gpus {
+    for g in gpus {
         f.gauge(
             "memtrack_gpu_memory_free_bytes",
             &dev(g),
             (g.total_mb - g.used_mb).max(0.0) * MIB,
         );
     }
-    for g in &snap.gpus {
+    for g in gpus {
         f.gauge(
             "memtrack_gpu_utilization_ratio",
             &dev(g),
             g.utilization_pct / 100.0,
         );
     }
-    for g in &snap.gpus {
+    for g in gpus {
         f.gauge("memtrack_gpu_temperature_celsius", &dev(g), g.temperature_c);
     }
 
@@ -395,6 +427,16 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
         &[],
         snap.current.timestamp,
     );
+    f.gauge("memtrack_run_start_timestamp_seconds", &[], snap.run.start);
+    f.gauge("memtrack_interval_seconds", &[], snap.run.interval_s);
+    if let Some(me) = me {
+        f.gauge(
+            "memtrack_self_resident_memory_bytes",
+            &[],
+            me.rss_bytes as f64,
+        );
+        f.counter("memtrack_self_cpu_seconds_total", &[], me.cpu_seconds);
+    }
 
     let h = &snap.tick_seconds;
     let mut hist = Histogram::default();
@@ -469,11 +511,11 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
 }
 
 /// The text exposition of a snapshot.
-pub fn render(snap: &Snapshot) -> Vec<u8> {
+pub fn render(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 * 1024);
     // Encoding our own well-formed families cannot fail; an empty body
     // would still be a valid scrape.
-    let _ = TextEncoder::new().encode(&families(snap), &mut out);
+    let _ = TextEncoder::new().encode(&families(snap, me), &mut out);
     out
 }
 
@@ -524,6 +566,29 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_gpu_leaves_no_stale_series() {
+        let mut snap = Snapshot::default();
+        snap.gpus.push(crate::model::Gpu {
+            index: 0,
+            used_mb: 1500.0,
+            total_mb: 80_000.0,
+            tree_used_mb: 1500.0,
+            ..Default::default()
+        });
+        snap.nvml_up = true;
+        let text = String::from_utf8(render(&snap, None)).unwrap();
+        assert!(text.contains("memtrack_gpu_memory_used_bytes{"), "{text}");
+        snap.nvml_up = false;
+        let text = String::from_utf8(render(&snap, None)).unwrap();
+        assert!(!text.contains("memtrack_gpu_memory_used_bytes{"), "{text}");
+        assert!(!text.contains("memtrack_tree_gpu_memory_bytes{"), "{text}");
+        assert!(
+            text.contains("memtrack_nvml_up{run=\"\",host=\"\"} 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn dead_processes_have_no_series() {
         let mut snap = Snapshot::default();
         snap.run.name = "r".into();
@@ -533,10 +598,10 @@ mod tests {
             rss_bytes: 1024,
             ..ProcessNow::default()
         });
-        let text = String::from_utf8(render(&snap)).unwrap();
+        let text = String::from_utf8(render(&snap, None)).unwrap();
         assert!(text.contains("memtrack_process_resident_memory_bytes{run=\"r\",host=\"\",pid=\"7\",name=\"python3\"} 1024"), "{text}");
         snap.processes.clear();
-        let text = String::from_utf8(render(&snap)).unwrap();
+        let text = String::from_utf8(render(&snap, None)).unwrap();
         assert!(!text.contains("pid=\"7\""), "{text}");
     }
 }

@@ -366,3 +366,46 @@ fn a_chosen_address_must_bind_the_default_may_not() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("listen"), "{}", stderr(&out));
 }
+
+#[test]
+fn post_cleanup_memory_runs_the_python_clients_handler() {
+    let dir = scratch();
+    let done = dir.path().join("cleaned");
+    let subscribed = dir.path().join("subscribed");
+    let script = format!(
+        r#"
+import os, sys, time
+import memtrack
+def free(notice):
+    open({done:?}, 'w').write(notice.get('reason', '?'))
+memtrack.on_cleanup(free)
+assert memtrack.wait_subscribed(10)
+open({subscribed:?}, 'w').write('x')
+deadline = time.time() + 20
+while not os.path.exists({done:?}) and time.time() < deadline:
+    time.sleep(0.05)
+"#,
+        done = done.display().to_string(),
+        subscribed = subscribed.display().to_string()
+    );
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/src");
+    let d = Daemon::start(
+        dir.path(),
+        &["--interval", "100ms"],
+        &python(&script),
+        &[("PYTHONPATH", src.to_str().unwrap())],
+    );
+    wait_for("the client to subscribe", Duration::from_secs(15), || {
+        subscribed.exists()
+    });
+    let (status, body) = d.http("POST", "/cleanup-memory");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["notified"], 1, "{body}");
+    wait_for("the cleanup handler", Duration::from_secs(10), || {
+        done.exists()
+    });
+    assert_eq!(std::fs::read_to_string(&done).unwrap(), "http");
+    let (code, _) = d.finish();
+    assert_eq!(code, Some(0));
+}

@@ -562,6 +562,13 @@ impl Rig {
     fn finish(mut self) {
         stop_child(self.prometheus.take(), "prometheus");
         std::fs::write(&self.stop, "").unwrap();
+        let child = &mut self.daemon.as_mut().unwrap().child;
+        let ended = exits_within(child, Duration::from_secs(15));
+        assert!(
+            ended,
+            "memtrack did not end after its job was told to stop:\n{}",
+            self.daemon().stderr()
+        );
         let daemon = self.daemon.take().unwrap();
         let stderr = daemon.stderr();
         let (code, doc) = daemon.finish();
@@ -990,7 +997,7 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
                     assert_eq!(
                         got.get("gpu0").map(String::as_str),
                         Some("0"),
-                        "GPU 0 is normal (filled in): {got:?}"
+                        "GPU 0 is normal, exported as 0: {got:?}"
                     );
                     assert!(
                         got.contains_key("host"),
