@@ -100,6 +100,45 @@ fn tree(hwm_interval: Duration) -> ProcTree {
     .expect("procfs")
 }
 
+/// NVML: memtrack's GPU sample against the floor of one process-list query
+/// per GPU (SPEC section 8), both through nvml-wrapper, when NVML loads.
+fn gpu_rows() {
+    use memtrack::sample::gpu::{GpuSample, GpuSampler};
+    let Ok(mut sampler) = memtrack::sample::nvml::NvmlSampler::open(None, &None) else {
+        println!();
+        println!("GPU: NVML not available on this machine; run this bench on a GPU machine for the NVML rows.");
+        return;
+    };
+    let nvml = nvml_wrapper::Nvml::init().expect("nvml");
+    let n = nvml.device_count().expect("count");
+    let floor = per_call(|| {
+        for i in 0..n {
+            let d = nvml.device_by_index(i).expect("device");
+            std::hint::black_box(d.running_compute_processes().expect("processes"));
+        }
+    });
+    let mut out = GpuSample::default();
+    let sample = per_call(|| {
+        out.clear();
+        std::hint::black_box(sampler.sample(&mut out));
+    });
+    let name = nvml
+        .device_by_index(0)
+        .and_then(|d| d.name())
+        .unwrap_or_default();
+    println!();
+    println!("GPU ({n} x {name}): memtrack's NVML sample vs one process-list query per GPU");
+    println!();
+    println!("| floor: running_compute_processes per GPU | memtrack NVML sample (memory, utilization, temperature, compute + graphics lists) | ratio |");
+    println!("|---|---|---|");
+    println!(
+        "| {:.1} µs | {:.1} µs | {:.2}× |",
+        us(floor),
+        us(sample),
+        us(sample) / us(floor)
+    );
+}
+
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -205,6 +244,7 @@ fn main() {
             .status();
         let _ = child.wait();
     }
+    gpu_rows();
     println!();
     println!("goal (issue 2): memtrack sample <= 2x the floor. The VmHWM read falls due once per");
     println!("host.hwm_interval (1 s): every tick at a 1 s interval, one tick in 100 at 10 ms.");

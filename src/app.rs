@@ -239,6 +239,7 @@ struct Io {
     socket: Option<crate::event::server::SocketFile>,
     link: Option<EventLink>,
     snapshots: tokio::sync::watch::Sender<Arc<Snapshot>>,
+    s3: Option<crate::export::s3::Uploader>,
 }
 
 impl Io {
@@ -264,20 +265,42 @@ impl Io {
             socket: None,
             link: None,
             snapshots,
+            s3: None,
         };
 
+        if !config.s3.url.is_empty() {
+            let uploader = io
+                .runtime
+                .block_on(crate::export::s3::Uploader::new(&config.s3))?;
+            if !io.runtime.block_on(uploader.credentials_found()) {
+                tracing::warn!(
+                    "no AWS credentials found (environment, profile files): the upload to {} will fail; \
+                     memory_usage.json stays local and `memtrack upload` can send it later",
+                    config.s3.url
+                );
+            }
+            io.s3 = Some(uploader);
+        }
+
         if !config.socket.is_off() {
-            let path = if config.socket.path.as_os_str().is_empty() {
-                server::default_path().context("cannot choose a socket path")?
-            } else {
-                config.socket.path.clone()
-            };
             let group = if config.socket.group.is_empty() {
                 None
             } else {
                 sys::group_id(&config.socket.group)
             };
-            let mut file = server::bind(&path, group)?;
+            let mut file = match sys::systemd_listener() {
+                // Socket activation: systemd made the socket and owns its mode.
+                Some(listener) => server::SocketFile::from_systemd(listener)
+                    .context("cannot use the socket systemd passed")?,
+                None => {
+                    let path = if config.socket.path.as_os_str().is_empty() {
+                        server::default_path().context("cannot choose a socket path")?
+                    } else {
+                        config.socket.path.clone()
+                    };
+                    server::bind(&path, group)?
+                }
+            };
             let (notices, _) = tokio::sync::broadcast::channel(64);
             let stats = Arc::new(server::Stats::default());
             let shared = Arc::new(server::Shared {
@@ -331,6 +354,68 @@ impl Io {
         Ok(io)
     }
 
+    /// Uploads the run's document; logs the outcome. `None` when S3 is off.
+    fn upload(
+        &self,
+        document: &Path,
+        run: &RunInfo,
+    ) -> Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>> {
+        let s3 = self.s3.as_ref()?;
+        let key = crate::export::s3::object_key(
+            &s3.dest,
+            &run.name,
+            None,
+            &crate::export::s3::file_name(&run.labels),
+        );
+        let result = self.runtime.block_on(s3.upload(document, &key));
+        match &result {
+            Ok(u) => tracing::info!(
+                "uploaded {} ({} bytes, {} part{})",
+                u.uri,
+                u.size,
+                u.parts,
+                if u.parts == 1 { "" } else { "s" }
+            ),
+            Err(e) => tracing::error!(
+                "upload failed: {e}; {} is intact, and `memtrack upload {}` retries",
+                document.display(),
+                document.display()
+            ),
+        }
+        Some(result)
+    }
+
+    /// Uploads the document after every checkpoint (`s3.upload_checkpoints`).
+    fn upload_checkpoints(
+        &self,
+        document: PathBuf,
+        run: &RunInfo,
+    ) -> Option<tokio::sync::watch::Sender<u64>> {
+        let s3 = self.s3.clone()?;
+        let (tx, mut rx) = tokio::sync::watch::channel(0u64);
+        let key = crate::export::s3::object_key(
+            &s3.dest,
+            &run.name,
+            None,
+            &crate::export::s3::file_name(&run.labels),
+        );
+        let mut shutdown = self.shutdown.subscribe();
+        self.runtime.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+                if let Err(e) = s3.upload(&document, &key).await {
+                    tracing::warn!(
+                        "checkpoint upload failed (the final upload will try again): {e}"
+                    );
+                }
+            }
+        });
+        Some(tx)
+    }
+
     fn socket_path(&self) -> Option<&Path> {
         self.socket.as_ref().map(|s| s.path.as_path())
     }
@@ -378,7 +463,14 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         }
     }
     let host = sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into());
-    let run_dir = prepare_run_dir(&config.output, &name, explicit)?;
+    let labels = run_labels(&host, |v| std::env::var(v).ok(), &config.labels);
+    // One rank of a multi-node job shares the job's run name; its own
+    // directory (and journal) carries the rank.
+    let dir_name = match labels.get("rank") {
+        Some(rank) => format!("{name}.rank{rank}"),
+        None => name.clone(),
+    };
+    let run_dir = prepare_run_dir(&config.output, &dir_name, explicit)?;
     let mut cleanup = Cleanup::new(&run_dir);
     let gpu = gpu::open(
         &config.gpu,
@@ -402,10 +494,16 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let document = run_dir.join(crate::export::json::FILE_NAME);
     let run = RunInfo {
         id: random_id(),
-        name: run_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or(name),
+        // A rank's run name is the job's, shared by all its ranks; otherwise
+        // the directory's (an automatic name may have gained a `-2`).
+        name: if labels.contains_key("rank") {
+            name
+        } else {
+            run_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or(name)
+        },
         host: host.clone(),
         mode: if is_run { "run" } else { "attach" }.into(),
         command: match &mode {
@@ -413,7 +511,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             Mode::Attach { .. } => Vec::new(),
         },
         start: crate::units::unix_now(),
-        labels: run_labels(&host, |v| std::env::var(v).ok(), &config.labels),
+        labels: labels.clone(),
         interval_s: config.interval.as_secs_f64(),
         memtrack_version: env!("CARGO_PKG_VERSION").into(),
         gpu_backend: backend,
@@ -504,7 +602,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         SignalThread::start(job_pid, tx.clone()).context("cannot install signal handlers")?;
     let meminfo = File::open(config.host.proc_root.join("meminfo")).ok();
     let sampler = Sampler::new(tree, gpu, meminfo);
-    let engine = Engine::new(
+    let mut engine = Engine::new(
         sampler,
         store,
         Some(journal),
@@ -517,10 +615,29 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         io.link.clone(),
         Some(io.snapshots.clone()),
     );
+    if config.s3.upload_checkpoints {
+        if let Some(tx) = io.upload_checkpoints(document.clone(), &engine.store().run) {
+            engine.notify_checkpoints(tx);
+        }
+    }
     drop(tx);
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);
     let first_signal = signals.stop();
+
+    // The local file is written; now what goes over the network, unless a
+    // second signal asked to stop at once.
+    let mut export_failed = false;
+    if ended.urgent {
+        if io.s3.is_some() {
+            tracing::warn!(
+                "stopping at once: the upload was skipped; `memtrack upload {}` sends it",
+                document.display()
+            );
+        }
+    } else if ended.write_error.is_none() {
+        export_failed |= matches!(io.upload(&document, &store.run), Some(Err(_)));
+    }
     io.stop();
 
     let doc = store.document();
@@ -541,10 +658,12 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     );
     // `run` exits as its job did. `attach` ends normally on a signal; a
     // `run` stopped before its job ended reports the signal, as a shell would.
+    // An export failure never hides the job's status; in `attach` mode it
+    // is the status.
     let exit_code = match (ended.job_exit, first_signal) {
         (Some(exit), _) => exit.code,
         (None, Some(sig)) if is_run => Exit::signal(sig).code,
-        (None, _) if ended.write_error.is_some() => 1,
+        (None, _) if ended.write_error.is_some() || export_failed => 1,
         (None, _) => 0,
     };
     Ok(Outcome {

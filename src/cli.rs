@@ -37,6 +37,8 @@ pub enum Command {
     Cleanup(SocketArgs),
     /// Rebuild memory_usage.json of a run whose memtrack was killed
     Recover(RecoverArgs),
+    /// Upload a memory_usage.json to S3 / MinIO (or retry a failed upload)
+    Upload(UploadArgs),
     /// Print the default or the effective configuration
     Config(ConfigArgs),
 }
@@ -77,6 +79,21 @@ pub struct DaemonArgs {
     /// HTTP address for /metrics and /memory-info (default 127.0.0.1:9464; `off`: none)
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Option<String>,
+    /// Report into this ClearML task (default: $CLEARML_TASK_ID, else a new task)
+    #[arg(long, value_name = "TASK_ID")]
+    pub clearml_task: Option<String>,
+    /// ClearML project of the task memtrack creates (turns ClearML on)
+    #[arg(long, value_name = "NAME")]
+    pub clearml_project: Option<String>,
+    /// Do not report to ClearML even when it is configured
+    #[arg(long)]
+    pub no_clearml: bool,
+    /// Upload memory_usage.json to s3://bucket/prefix at the end
+    #[arg(long, value_name = "S3_URL")]
+    pub s3_url: Option<String>,
+    /// S3 endpoint (MinIO), e.g. http://127.0.0.1:9000
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
     /// Event socket path (`off`: none). The job gets it as MEMTRACK_SOCKET
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
@@ -96,6 +113,21 @@ impl DaemonArgs {
         set_str("checkpoint_interval", &self.checkpoint_interval);
         set_str("log_level", &self.log_level);
         set_str("listen", &self.listen);
+        let mut set = |key: &str, v: &Option<String>| {
+            if let Some(v) = v {
+                layer.set(key, Value::String(v.clone()));
+            }
+        };
+        set("clearml.task", &self.clearml_task);
+        set("clearml.project", &self.clearml_project);
+        set("s3.url", &self.s3_url);
+        set("s3.endpoint", &self.s3_endpoint);
+        // Naming a task or project asks for ClearML; --no-clearml wins.
+        if self.no_clearml {
+            layer.set("clearml.enabled", Value::String("false".into()));
+        } else if self.clearml_task.is_some() || self.clearml_project.is_some() {
+            layer.set("clearml.enabled", Value::String("true".into()));
+        }
         if let Some(o) = &self.output {
             layer.set("output", Value::String(o.display().to_string()));
         }
@@ -176,6 +208,35 @@ pub struct StatusArgs {
     /// Print the raw JSON reply
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UploadArgs {
+    /// The memory_usage.json to upload
+    pub file: PathBuf,
+    /// TOML configuration file (its [s3] section)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Destination s3://bucket/prefix
+    #[arg(long, value_name = "S3_URL")]
+    pub s3_url: Option<String>,
+    /// S3 endpoint (MinIO), e.g. http://127.0.0.1:9000
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+}
+
+impl UploadArgs {
+    /// The flags as the top configuration layer.
+    pub fn layer(&self) -> Layer {
+        let mut layer = Layer::new("command line");
+        if let Some(v) = &self.s3_url {
+            layer.set("s3.url", Value::String(v.clone()));
+        }
+        if let Some(v) = &self.s3_endpoint {
+            layer.set("s3.endpoint", Value::String(v.clone()));
+        }
+        layer
+    }
 }
 
 #[derive(Debug, Args)]

@@ -57,6 +57,111 @@ pub struct Config {
     /// Used-memory ratios at which host RAM and each GPU change level.
     pub pressure: Thresholds,
     pub socket: SocketConfig,
+    pub clearml: ClearmlConfig,
+    pub s3: S3Config,
+}
+
+/// ClearML scalars (clearml-contract.md). Credentials are never set here:
+/// they come from `CLEARML_*` variables or `clearml.conf`, as ClearML users
+/// have them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClearmlConfig {
+    /// `auto`: on when `CLEARML_TASK_ID` or `CLEARML_API_HOST` is set, or a
+    /// task or project is given here; `true`: on; `false`: off.
+    pub enabled: String,
+    /// Report into this task (else `CLEARML_TASK_ID`; else one is created).
+    pub task: String,
+    /// Project of a task memtrack creates (made if missing).
+    pub project: String,
+    /// Name of a task memtrack creates. Empty: the run name.
+    pub task_name: String,
+    /// Type of a task memtrack creates (training, inference, monitor, …).
+    pub task_type: String,
+    /// Timer samples are forwarded at most this often (the maxima of the
+    /// window); marks are all forwarded. `0s`: every timer sample.
+    #[serde(with = "serde_duration")]
+    pub timer_every: Duration,
+    /// Points per `events.add_batch` request.
+    pub batch_max: usize,
+    /// A batch is sent at least this often.
+    #[serde(with = "serde_duration")]
+    pub flush_interval: Duration,
+    /// Points kept in memory while the server is unreachable; beyond it
+    /// they spill to `clearml-spool.jsonl` in the run directory.
+    pub queue_max: usize,
+    /// How long the end of the run waits for the last points.
+    #[serde(with = "serde_duration")]
+    pub final_flush_timeout: Duration,
+    #[serde(with = "serde_duration")]
+    pub request_timeout: Duration,
+    /// API server (else `CLEARML_API_HOST`, else `clearml.conf`).
+    pub api_host: String,
+    /// `clearml.conf` to read (else `CLEARML_CONFIG_FILE`, else
+    /// `~/clearml.conf`).
+    pub config_file: PathBuf,
+}
+
+impl Default for ClearmlConfig {
+    fn default() -> Self {
+        ClearmlConfig {
+            enabled: "auto".into(),
+            task: String::new(),
+            project: "memtrack".into(),
+            task_name: String::new(),
+            task_type: "training".into(),
+            timer_every: Duration::from_secs(10),
+            batch_max: 100,
+            flush_interval: Duration::from_secs(5),
+            queue_max: 100_000,
+            final_flush_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(10),
+            api_host: String::new(),
+            config_file: PathBuf::new(),
+        }
+    }
+}
+
+/// Uploading `memory_usage.json` to S3 / MinIO. Credentials come from the
+/// standard AWS chain (environment, profile files, …), never from here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct S3Config {
+    /// Destination `s3://bucket/prefix`. Empty: no upload.
+    pub url: String,
+    /// Endpoint for MinIO and other S3-compatible stores (else
+    /// `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`).
+    pub endpoint: String,
+    /// Region (else the AWS chain; else `us-east-1`, which MinIO accepts).
+    pub region: String,
+    /// `auto` (path-style with a custom endpoint), `true` or `false`.
+    pub path_style: String,
+    /// Also upload at every checkpoint, not only at the end.
+    pub upload_checkpoints: bool,
+    /// Attempts per request, with exponential backoff.
+    pub max_attempts: u32,
+    /// Files larger than this go up in parts.
+    pub multipart_threshold_mb: u64,
+    pub part_size_mb: u64,
+    /// Per-request timeout.
+    #[serde(with = "serde_duration")]
+    pub timeout: Duration,
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        S3Config {
+            url: String::new(),
+            endpoint: String::new(),
+            region: String::new(),
+            path_style: "auto".into(),
+            upload_checkpoints: false,
+            max_attempts: 5,
+            multipart_threshold_mb: 16,
+            part_size_mb: 8,
+            timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// The event socket (docs/protocol.md).
@@ -151,6 +256,8 @@ impl Default for Config {
             log: LogConfig::default(),
             pressure: Thresholds::default(),
             socket: SocketConfig::default(),
+            clearml: ClearmlConfig::default(),
+            s3: S3Config::default(),
         }
     }
 }
@@ -501,6 +608,39 @@ impl Config {
                 "socket.group",
                 format!("no group `{}` on this host", self.socket.group),
             );
+        }
+        if !matches!(self.clearml.enabled.as_str(), "auto" | "true" | "false") {
+            return bad(
+                "clearml.enabled",
+                format!("`{}`: use auto, true or false", self.clearml.enabled),
+            );
+        }
+        if self.clearml.batch_max == 0 || self.clearml.batch_max > 10_000 {
+            return bad("clearml.batch_max", "must be between 1 and 10000".into());
+        }
+        if self.clearml.queue_max < self.clearml.batch_max {
+            return bad(
+                "clearml.queue_max",
+                "must be at least clearml.batch_max".into(),
+            );
+        }
+        if !self.s3.url.is_empty() && !self.s3.url.starts_with("s3://") {
+            return bad(
+                "s3.url",
+                format!("`{}` must look like s3://bucket/prefix", self.s3.url),
+            );
+        }
+        if !matches!(self.s3.path_style.as_str(), "auto" | "true" | "false") {
+            return bad(
+                "s3.path_style",
+                format!("`{}`: use auto, true or false", self.s3.path_style),
+            );
+        }
+        if self.s3.max_attempts == 0 || self.s3.max_attempts > 20 {
+            return bad("s3.max_attempts", "must be between 1 and 20".into());
+        }
+        if self.s3.part_size_mb < 5 || self.s3.part_size_mb > 5120 {
+            return bad("s3.part_size_mb", "S3 parts are 5 MiB to 5 GiB".into());
         }
         if let Err(e) = self.pressure.validate() {
             return bad("pressure", e);

@@ -87,6 +87,8 @@ pub struct EngineOptions {
 pub struct Ended {
     pub job_exit: Option<Exit>,
     pub stopped_by_request: bool,
+    /// A second signal: skip everything that can wait on the network.
+    pub urgent: bool,
     /// Problems writing the final files, already logged.
     pub write_error: Option<String>,
 }
@@ -123,6 +125,8 @@ pub struct Engine {
     snapshots: Option<watch::Sender<Arc<Snapshot>>>,
     last_publish: Instant,
     tick_seconds: Histogram,
+    entries: Option<tokio::sync::mpsc::UnboundedSender<crate::model::Entry>>,
+    checkpoints: Option<watch::Sender<u64>>,
     gpu_errors: RateLimited,
     journal_errors: RateLimited,
     last_checkpoint: Instant,
@@ -161,6 +165,8 @@ impl Engine {
             snapshots,
             last_publish: now,
             tick_seconds: Histogram::default(),
+            entries: None,
+            checkpoints: None,
             gpu_errors: RateLimited::default(),
             journal_errors: RateLimited::default(),
             last_checkpoint: now,
@@ -176,8 +182,23 @@ impl Engine {
     }
 
     /// Applies a record and journals it.
+    /// Bumped after every successful checkpoint (uploads at checkpoints).
+    pub fn notify_checkpoints(&mut self, tx: watch::Sender<u64>) {
+        self.checkpoints = Some(tx);
+    }
+
+    /// Every log entry recorded from now on is also sent here (the ClearML
+    /// reporter). The send never blocks: the receiver drains it into its
+    /// own bounded queue and spool file.
+    pub fn forward_entries(&mut self, tx: tokio::sync::mpsc::UnboundedSender<crate::model::Entry>) {
+        self.entries = Some(tx);
+    }
+
     fn commit(&mut self, record: Record) -> Outcome {
         let outcome = self.store.apply(&record);
+        if let (Some(tx), Some(entry)) = (&self.entries, &outcome.entry) {
+            let _ = tx.send(entry.clone());
+        }
         if let Some(j) = &mut self.journal {
             if let Err(e) = j.append(self.store.seq, &record) {
                 self.store.counters_mut().journal_errors += 1;
@@ -271,9 +292,18 @@ impl Engine {
         if now.duration_since(self.last_checkpoint) >= self.opts.checkpoint_interval {
             self.last_checkpoint = now;
             if let Some(j) = &mut self.journal {
-                if let Err(e) = j.checkpoint(&self.store) {
-                    self.store.counters_mut().checkpoint_errors += 1;
-                    tracing::warn!("checkpoint failed (the journal still holds every record): {e}");
+                match j.checkpoint(&self.store) {
+                    Ok(()) => {
+                        if let Some(tx) = &self.checkpoints {
+                            tx.send_modify(|n| *n += 1);
+                        }
+                    }
+                    Err(e) => {
+                        self.store.counters_mut().checkpoint_errors += 1;
+                        tracing::warn!(
+                            "checkpoint failed (the journal still holds every record): {e}"
+                        );
+                    }
                 }
             }
         }
@@ -442,6 +472,7 @@ impl Engine {
         let mut ended = Ended {
             job_exit: None,
             stopped_by_request: false,
+            urgent: false,
             write_error: None,
         };
         let mut slot: u32 = 1;
@@ -502,6 +533,7 @@ impl Engine {
             self.maintain(Instant::now());
         }
 
+        ended.urgent = urgent;
         if !urgent {
             self.sampler.tree.refresh_hwm_all();
             self.sample(SampleKind::Timer);

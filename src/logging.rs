@@ -38,13 +38,25 @@ where
 /// Installs the stderr logger. `filter` is a level (`info`) or a tracing
 /// filter (`memtrack=debug`); `RUST_LOG`, when set, wins.
 pub fn init(filter: &str) {
+    // A bare level applies to memtrack; the libraries it uses (AWS SDK,
+    // hyper, rustls) only speak up for errors unless a filter names them.
+    let quiet = ",aws_config=error,aws_smithy_runtime=error,aws_smithy_http_client=error,aws_sdk_s3=error,\
+                 aws_runtime=error,hyper=error,hyper_util=error,rustls=error,h2=error,reqwest=error";
+    let with_quiet = |f: &str| {
+        if f.contains('=') {
+            f.to_string()
+        } else {
+            format!("{f}{quiet}")
+        }
+    };
     let filter = std::env::var("RUST_LOG")
         .ok()
-        .and_then(|f| EnvFilter::try_new(f).ok())
-        .or_else(|| EnvFilter::try_new(filter).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .and_then(|f| EnvFilter::try_new(with_quiet(&f)).ok())
+        .or_else(|| EnvFilter::try_new(with_quiet(filter)).ok())
+        .unwrap_or_else(|| EnvFilter::new(with_quiet("info")));
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(false)
         .with_env_filter(filter)
         .event_format(Prefixed)
         .try_init();

@@ -106,6 +106,19 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             .map_err(|e| runtime(e.into()))?;
             Ok(0)
         }
+        Command::Upload(args) => {
+            let mut layers = Vec::new();
+            if let Some(path) = &args.config {
+                layers.push(Layer::from_file(path).map_err(usage)?);
+            }
+            layers.push(Layer::from_env(std::env::vars()).map_err(usage)?);
+            layers.push(args.layer());
+            let config = config::resolve(&layers).map_err(usage)?;
+            logging::init(&config.log_level);
+            let uri = memtrack::export::s3::upload_file(&config.s3, &args.file).map_err(runtime)?;
+            stdout(&format!("{uri}\n")).map_err(|e| runtime(e.into()))?;
+            Ok(0)
+        }
         Command::Recover(args) => {
             logging::init("info");
             recover(&args.dir).map_err(runtime)

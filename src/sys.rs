@@ -143,6 +143,49 @@ pub fn raise_nofile_limit() {
     }
 }
 
+/// The listening Unix socket systemd passed (socket activation: fd 3 with
+/// `LISTEN_PID` = this process), if any and if it really is a listening
+/// stream socket. The `LISTEN_*` variables are removed so children do not
+/// inherit them.
+pub fn systemd_listener() -> Option<std::os::unix::net::UnixListener> {
+    use std::os::fd::FromRawFd;
+    let ours = std::env::var("LISTEN_PID").ok()?.parse::<u32>().ok()? == std::process::id();
+    let count: i32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
+    for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
+        std::env::remove_var(var);
+    }
+    if !ours || count < 1 {
+        return None;
+    }
+    const FD: libc::c_int = 3;
+    let int_opt = |level, name| -> Option<libc::c_int> {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into a local int.
+        let rc = unsafe {
+            libc::getsockopt(
+                FD,
+                level,
+                name,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (rc == 0).then_some(value)
+    };
+    let is_unix_stream_listener = int_opt(libc::SOL_SOCKET, libc::SO_DOMAIN) == Some(libc::AF_UNIX)
+        && int_opt(libc::SOL_SOCKET, libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && int_opt(libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(1);
+    if !is_unix_stream_listener {
+        return None;
+    }
+    // SAFETY: fcntl on a descriptor we just checked is an open socket.
+    unsafe { libc::fcntl(FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // SAFETY: systemd handed us fd 3 to own; nothing else in this process
+    // uses it, and it is a listening Unix stream socket (checked above).
+    Some(unsafe { std::os::unix::net::UnixListener::from_raw_fd(FD) })
+}
+
 /// The name of a signal number, for messages (`SIGTERM`).
 pub fn signal_name(signal: i32) -> String {
     let name = match signal {

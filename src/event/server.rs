@@ -77,11 +77,13 @@ pub enum BindError {
     Io { path: PathBuf, source: io::Error },
 }
 
-/// The socket file; removed when dropped.
+/// The socket file; removed when dropped unless systemd owns it.
 #[derive(Debug)]
 pub struct SocketFile {
     pub path: PathBuf,
     listener: Option<std::os::unix::net::UnixListener>,
+    /// False for a socket systemd created (socket activation).
+    owned: bool,
 }
 
 impl SocketFile {
@@ -91,9 +93,28 @@ impl SocketFile {
     }
 }
 
+impl SocketFile {
+    /// Adopts the socket systemd passed (socket activation).
+    pub fn from_systemd(listener: std::os::unix::net::UnixListener) -> std::io::Result<SocketFile> {
+        listener.set_nonblocking(true)?;
+        let path = listener
+            .local_addr()?
+            .as_pathname()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        Ok(SocketFile {
+            path,
+            listener: Some(listener),
+            owned: false,
+        })
+    }
+}
+
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.owned {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -150,6 +171,7 @@ pub fn bind(path: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
     Ok(SocketFile {
         path: path.to_path_buf(),
         listener: Some(listener),
+        owned: true,
     })
 }
 

@@ -4,3 +4,4 @@
 pub mod http;
 pub mod json;
 pub mod prometheus;
+pub mod s3;

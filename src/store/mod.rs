@@ -412,14 +412,14 @@ impl Store {
                 }
                 Outcome::default()
             }
-            Record::Finish { timestamp, exit } => {
-                self.finish(*timestamp, *exit);
-                Outcome::default()
-            }
+            Record::Finish { timestamp, exit } => Outcome {
+                entry: Some(self.finish(*timestamp, *exit)),
+                ..Outcome::default()
+            },
         }
     }
 
-    fn finish(&mut self, timestamp: f64, exit: Option<Exit>) {
+    fn finish(&mut self, timestamp: f64, exit: Option<Exit>) -> Entry {
         for stage in self.stages.iter_mut().filter(|s| s.end.is_none()) {
             stage.end = Some(timestamp);
             stage.duration_s = Some((timestamp - stage.start).max(0.0));
@@ -438,10 +438,11 @@ impl Store {
             ..self.entry_from(&last)
         };
         self.observe(&entry, 1);
-        self.events.push(entry);
+        self.events.push(entry.clone());
         self.run.end = Some(timestamp);
         self.run.exit = exit.or(self.run.exit);
         self.run.status = "finished".into();
+        entry
     }
 
     /// An entry with the tree's figures; GPU fields from NVML (or none).

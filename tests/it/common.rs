@@ -137,6 +137,7 @@ pub struct Daemon {
     pub socket: PathBuf,
     pub http: std::net::SocketAddr,
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
@@ -163,7 +164,7 @@ impl Daemon {
         let (tx, rx) = std::sync::mpsc::channel();
         let pipe = child.stderr.take().expect("stderr");
         let sink = std::sync::Arc::clone(&lines);
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
                 if let Some(addr) = line.split("metrics on http://").nth(1) {
                     let _ = tx.send(addr.trim_end_matches("/metrics").to_string());
@@ -188,6 +189,7 @@ impl Daemon {
             socket,
             http: addr.parse().expect("address"),
             stderr: lines,
+            reader: Some(reader),
         }
     }
 
@@ -201,11 +203,21 @@ impl Daemon {
     }
 
     /// Waits for the run to end; returns its exit code and document.
-    pub fn finish(mut self) -> (Option<i32>, Document) {
+    pub fn finish(self) -> (Option<i32>, Document) {
+        let (code, doc, _) = self.finish_logged();
+        (code, doc)
+    }
+
+    /// As [`Daemon::finish`], with memtrack's whole log.
+    pub fn finish_logged(mut self) -> (Option<i32>, Document, String) {
         let status = self.child.wait().expect("wait");
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
         (
             status.code(),
             read_document(&self.out.join("d/memory_usage.json")),
+            self.stderr(),
         )
     }
 }
@@ -228,4 +240,87 @@ pub fn http_request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u1
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// A real S3 server that checks signatures (s3s-fs) on loopback, with one
+/// bucket. `scripts/test` installs it (`cargo install s3s-fs`).
+pub struct S3Server {
+    child: Option<std::process::Child>,
+    pub root: tempfile::TempDir,
+    pub port: u16,
+    pub bucket: String,
+}
+
+pub const S3_KEY: &str = "memtrack-test-key";
+pub const S3_SECRET: &str = "memtrack-test-secret-do-not-log";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl S3Server {
+    pub fn start() -> S3Server {
+        let root = scratch();
+        let bucket = "memtrack-test".to_string();
+        std::fs::create_dir_all(root.path().join(&bucket)).unwrap();
+        let mut s = S3Server {
+            child: None,
+            root,
+            port: free_port(),
+            bucket,
+        };
+        s.up();
+        s
+    }
+
+    /// Starts (again) on the same port and root.
+    pub fn up(&mut self) {
+        let child = Command::new("s3s-fs")
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string(), "--access-key", S3_KEY, "--secret-key", S3_SECRET])
+            .arg(self.root.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start s3s-fs ({e}); scripts/test installs it: cargo install s3s-fs --version 0.14.1 --features binary"));
+        self.child = Some(child);
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", self.port).parse().unwrap();
+        wait_for("s3s-fs to listen", Duration::from_secs(10), || {
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+    }
+
+    pub fn down(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The stored bytes of an object (s3s-fs keeps objects as files).
+    pub fn object(&self, key: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.root.path().join(&self.bucket).join(key)).ok()
+    }
+
+    /// Environment for a memtrack talking to this server.
+    pub fn env(&self, secret: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", S3_KEY.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", secret.to_string()),
+            ("AWS_EC2_METADATA_DISABLED", "true".to_string()),
+        ]
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.down();
+    }
 }

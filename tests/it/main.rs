@@ -10,3 +10,4 @@ mod core;
 mod events;
 mod http;
 mod prometheus;
+mod s3;

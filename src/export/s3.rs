@@ -1,0 +1,599 @@
+//! Uploading `memory_usage.json` to S3 or any S3-compatible store (MinIO),
+//! with aws-sdk-s3.
+//!
+//! Credentials come from the standard AWS chain (environment, profile files,
+//! web identity, instance metadata). A custom endpoint (`--s3-endpoint`,
+//! `AWS_ENDPOINT_URL`) turns on path-style addressing, and the region
+//! defaults to `us-east-1`, which MinIO accepts. Every object carries a
+//! SHA-256 checksum the server verifies; files above the multipart threshold
+//! go up in parts, each with its own checksum. Retries with backoff are the
+//! SDK's standard policy with `max_attempts`. A failure never touches the
+//! local file.
+
+use std::path::Path;
+use std::time::Duration;
+
+use aws_sdk_s3::error::ProvideErrorMetadata;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart};
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+
+use crate::config::S3Config;
+
+/// Where uploads go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    pub bucket: String,
+    /// Key prefix without leading or trailing `/` (may be empty).
+    pub prefix: String,
+}
+
+/// Why an upload could not happen, in terms a user can act on. Never
+/// contains credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum S3Error {
+    #[error("`{0}` is not an S3 URL like s3://bucket/prefix")]
+    BadUrl(String),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("S3 at {endpoint} refused the credentials for bucket `{bucket}`: {code} (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile){detail}")]
+    Credentials {
+        endpoint: String,
+        bucket: String,
+        code: String,
+        detail: String,
+    },
+    #[error("bucket `{bucket}` does not exist at {endpoint}")]
+    NoSuchBucket { endpoint: String, bucket: String },
+    #[error(
+        "cannot reach S3 at {endpoint} (bucket `{bucket}`) after {attempts} attempts: {detail}"
+    )]
+    Unreachable {
+        endpoint: String,
+        bucket: String,
+        attempts: u32,
+        detail: String,
+    },
+    #[error("S3 at {endpoint} (bucket `{bucket}`) failed: {detail}")]
+    Other {
+        endpoint: String,
+        bucket: String,
+        detail: String,
+    },
+}
+
+/// Parses `s3://bucket/prefix`.
+pub fn parse_url(url: &str) -> Result<Destination, S3Error> {
+    let rest = url
+        .strip_prefix("s3://")
+        .ok_or_else(|| S3Error::BadUrl(url.into()))?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let valid_bucket = (3..=63).contains(&bucket.len())
+        && bucket
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && bucket.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !valid_bucket {
+        return Err(S3Error::BadUrl(url.into()));
+    }
+    Ok(Destination {
+        bucket: bucket.into(),
+        prefix: prefix.trim_matches('/').into(),
+    })
+}
+
+/// A ClearML task the artifact belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskKey {
+    pub project: String,
+    pub name: String,
+    pub id: String,
+}
+
+/// The artifact's file name: `memory_usage.json`, or with the host and rank
+/// when the run is one rank of a multi-node job, so ranks never overwrite
+/// each other (`memory_usage.node7.rank3.json`).
+pub fn file_name(labels: &std::collections::BTreeMap<String, String>) -> String {
+    let rank = labels.get("rank").or_else(|| labels.get("slurm_nodeid"));
+    match (rank, labels.get("host")) {
+        (Some(rank), Some(host)) => format!("memory_usage.{}.rank{}.json", safe(host), safe(rank)),
+        (Some(rank), None) => format!("memory_usage.rank{}.json", safe(rank)),
+        _ => crate::export::json::FILE_NAME.to_string(),
+    }
+}
+
+fn safe(part: &str) -> String {
+    part.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The object key, as seed 002 lays artifacts out:
+/// `<prefix>/<run>/artifacts/memory_usage/<file>`, or with a ClearML task,
+/// `<prefix>/<project>/<task name>.<task id>/artifacts/memory_usage/<file>`.
+pub fn object_key(dest: &Destination, run: &str, task: Option<&TaskKey>, file: &str) -> String {
+    let folder = match task {
+        Some(t) => format!("{}/{}.{}", t.project, t.name, t.id),
+        None => run.to_string(),
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    if !dest.prefix.is_empty() {
+        parts.push(&dest.prefix);
+    }
+    let tail = format!("{folder}/artifacts/memory_usage/{file}");
+    parts.push(&tail);
+    parts.join("/")
+}
+
+/// What was uploaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uploaded {
+    pub uri: String,
+    pub size: u64,
+    /// Hex SHA-256 of the object (ClearML's artifact `hash`).
+    pub sha256: String,
+    pub parts: usize,
+}
+
+/// An S3 client bound to one destination.
+#[derive(Debug, Clone)]
+pub struct Uploader {
+    client: aws_sdk_s3::Client,
+    pub dest: Destination,
+    /// For messages: the endpoint, or "AWS S3 (region)".
+    pub endpoint: String,
+    attempts: u32,
+    threshold: u64,
+    part_size: u64,
+    credentials: Option<aws_sdk_s3::config::SharedCredentialsProvider>,
+}
+
+impl Uploader {
+    /// Builds the client from the AWS chain and `config`. Does no I/O
+    /// beyond reading profile files.
+    pub async fn new(config: &S3Config) -> Result<Uploader, S3Error> {
+        let dest = parse_url(&config.url)?;
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let endpoint = if config.endpoint.is_empty() {
+            std::env::var("AWS_ENDPOINT_URL_S3")
+                .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+                .unwrap_or_default()
+        } else {
+            config.endpoint.clone()
+        };
+        let mut loader =
+            aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
+        let region_env = ["AWS_REGION", "AWS_DEFAULT_REGION"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some());
+        if !config.region.is_empty() {
+            loader = loader.region(aws_config::Region::new(config.region.clone()));
+        } else if !endpoint.is_empty() && !region_env {
+            // MinIO and friends accept any region; asking the AWS chain would
+            // probe the instance-metadata service for nothing.
+            loader = loader.region(aws_config::Region::new("us-east-1"));
+        }
+        let shared = loader.load().await;
+        let path_style = match config.path_style.as_str() {
+            "true" => true,
+            "false" => false,
+            _ => !endpoint.is_empty(),
+        };
+        let mut b = aws_sdk_s3::config::Builder::from(&shared)
+            .force_path_style(path_style)
+            .retry_config(
+                aws_config::retry::RetryConfig::standard()
+                    .with_max_attempts(config.max_attempts)
+                    .with_initial_backoff(Duration::from_millis(200))
+                    .with_max_backoff(Duration::from_secs(5)),
+            )
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .operation_attempt_timeout(config.timeout)
+                    .build(),
+            );
+        if shared.region().is_none() {
+            b = b.region(aws_config::Region::new("us-east-1"));
+        }
+        if !endpoint.is_empty() {
+            b = b.endpoint_url(endpoint.clone());
+        }
+        let described = if endpoint.is_empty() {
+            format!(
+                "AWS S3 ({})",
+                shared
+                    .region()
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|| "us-east-1".into())
+            )
+        } else {
+            endpoint
+        };
+        Ok(Uploader {
+            credentials: shared.credentials_provider(),
+            client: aws_sdk_s3::Client::from_conf(b.build()),
+            dest,
+            endpoint: described,
+            attempts: config.max_attempts,
+            threshold: config.multipart_threshold_mb << 20,
+            part_size: config.part_size_mb << 20,
+        })
+    }
+
+    /// Whether the AWS chain yields credentials at all (checked at start,
+    /// so a missing secret is reported before the job runs for hours).
+    pub async fn credentials_found(&self) -> bool {
+        use aws_sdk_s3::config::ProvideCredentials;
+        match &self.credentials {
+            Some(p) => p.provide_credentials().await.is_ok(),
+            None => false,
+        }
+    }
+
+    fn error<E, R>(&self, e: aws_sdk_s3::error::SdkError<E, R>) -> S3Error
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        R: std::fmt::Debug,
+    {
+        use aws_sdk_s3::error::SdkError;
+        let (endpoint, bucket) = (self.endpoint.clone(), self.dest.bucket.clone());
+        match &e {
+            SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => S3Error::Unreachable {
+                endpoint,
+                bucket,
+                attempts: self.attempts,
+                detail: chain(&e),
+            },
+            _ => {
+                let code = e.code().unwrap_or_default().to_string();
+                let detail = e.message().map(|m| format!(": {m}")).unwrap_or_default();
+                match code.as_str() {
+                    "SignatureDoesNotMatch"
+                    | "InvalidAccessKeyId"
+                    | "AccessDenied"
+                    | "InvalidToken"
+                    | "ExpiredToken" => S3Error::Credentials {
+                        endpoint,
+                        bucket,
+                        code,
+                        detail,
+                    },
+                    "NoSuchBucket" => S3Error::NoSuchBucket { endpoint, bucket },
+                    "" => S3Error::Other {
+                        endpoint,
+                        bucket,
+                        detail: chain(&e),
+                    },
+                    _ => S3Error::Other {
+                        endpoint,
+                        bucket,
+                        detail: format!("{code}{detail}"),
+                    },
+                }
+            }
+        }
+    }
+
+    /// A missing bucket is a clear error on every store (some S3-compatible
+    /// servers create it on the first PutObject instead). A 403 here may
+    /// only mean "no ListBucket permission": the upload goes ahead and its
+    /// own reply says what is wrong.
+    async fn check_bucket(&self) -> Result<(), S3Error> {
+        use aws_sdk_s3::error::SdkError;
+        match self
+            .client
+            .head_bucket()
+            .bucket(&self.dest.bucket)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(e))
+                if e.err().is_not_found() || e.raw().status().as_u16() == 404 =>
+            {
+                Err(S3Error::NoSuchBucket {
+                    endpoint: self.endpoint.clone(),
+                    bucket: self.dest.bucket.clone(),
+                })
+            }
+            Err(e @ (SdkError::DispatchFailure(_) | SdkError::TimeoutError(_))) => {
+                Err(self.error(e))
+            }
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Uploads `path` as `key`; multipart above the threshold.
+    pub async fn upload(&self, path: &Path, key: &str) -> Result<Uploaded, S3Error> {
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|source| S3Error::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
+        self.check_bucket().await?;
+        let sha256 = hex(&Sha256::digest(&bytes));
+        let size = bytes.len() as u64;
+        let parts = if size > self.threshold {
+            self.multipart(bytes, key).await?
+        } else {
+            let checksum = b64(&Sha256::digest(&bytes));
+            self.client
+                .put_object()
+                .bucket(&self.dest.bucket)
+                .key(key)
+                .content_type("application/json")
+                .checksum_sha256(checksum)
+                .body(ByteStream::from(bytes))
+                .send()
+                .await
+                .map_err(|e| self.error(e))?;
+            1
+        };
+        Ok(Uploaded {
+            uri: format!("s3://{}/{key}", self.dest.bucket),
+            size,
+            sha256,
+            parts,
+        })
+    }
+
+    async fn multipart(&self, bytes: Vec<u8>, key: &str) -> Result<usize, S3Error> {
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.dest.bucket)
+            .key(key)
+            .content_type("application/json")
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
+            .send()
+            .await
+            .map_err(|e| self.error(e))?;
+        let Some(upload_id) = created.upload_id().map(str::to_string) else {
+            return Err(S3Error::Other {
+                endpoint: self.endpoint.clone(),
+                bucket: self.dest.bucket.clone(),
+                detail: "no upload id in the CreateMultipartUpload reply".into(),
+            });
+        };
+        let result = async {
+            let mut done = Vec::new();
+            for (i, chunk) in bytes.chunks(self.part_size as usize).enumerate() {
+                let number = i as i32 + 1;
+                let checksum = b64(&Sha256::digest(chunk));
+                let part = self
+                    .client
+                    .upload_part()
+                    .bucket(&self.dest.bucket)
+                    .key(key)
+                    .upload_id(&upload_id)
+                    .part_number(number)
+                    .checksum_sha256(&checksum)
+                    .body(ByteStream::from(chunk.to_vec()))
+                    .send()
+                    .await
+                    .map_err(|e| self.error(e))?;
+                done.push(
+                    CompletedPart::builder()
+                        .part_number(number)
+                        .set_e_tag(part.e_tag().map(str::to_string))
+                        .checksum_sha256(checksum)
+                        .build(),
+                );
+            }
+            let n = done.len();
+            self.client
+                .complete_multipart_upload()
+                .bucket(&self.dest.bucket)
+                .key(key)
+                .upload_id(&upload_id)
+                .multipart_upload(
+                    CompletedMultipartUpload::builder()
+                        .set_parts(Some(done))
+                        .build(),
+                )
+                .send()
+                .await
+                .map_err(|e| self.error(e))?;
+            Ok(n)
+        }
+        .await;
+        if result.is_err() {
+            // Leave no half upload behind (and no storage charges).
+            let _ = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.dest.bucket)
+                .key(key)
+                .upload_id(&upload_id)
+                .send()
+                .await;
+        }
+        result
+    }
+
+    /// Reads an object back (merge from a prefix, tests).
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>, S3Error> {
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.dest.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| self.error(e))?;
+        let body = out.body.collect().await.map_err(|e| S3Error::Other {
+            endpoint: self.endpoint.clone(),
+            bucket: self.dest.bucket.clone(),
+            detail: e.to_string(),
+        })?;
+        Ok(body.into_bytes().to_vec())
+    }
+
+    /// Keys under a prefix (all pages).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, S3Error> {
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let out = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.dest.bucket)
+                .prefix(prefix)
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| self.error(e))?;
+            keys.extend(
+                out.contents()
+                    .iter()
+                    .filter_map(|o| o.key().map(str::to_string)),
+            );
+            match out.next_continuation_token() {
+                Some(t) if out.is_truncated() == Some(true) => token = Some(t.to_string()),
+                _ => break,
+            }
+        }
+        Ok(keys)
+    }
+}
+
+/// `memtrack upload FILE`: uploads a document to the key its own run would
+/// have used (run name and labels read from the file; a seed-shaped file
+/// without a run name is named after its directory).
+pub fn upload_file(config: &S3Config, file: &Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    anyhow::ensure!(
+        !config.url.is_empty(),
+        "no destination: pass --s3-url s3://bucket/prefix (or set s3.url)"
+    );
+    let doc = crate::export::json::read_document(file)?;
+    let run = if doc.run.name.is_empty() {
+        file.canonicalize()
+            .ok()
+            .and_then(|p| {
+                p.parent()?
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "run".into())
+    } else {
+        doc.run.name.clone()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the I/O runtime")?;
+    runtime.block_on(async {
+        let uploader = Uploader::new(config).await?;
+        let key = object_key(&uploader.dest, &run, None, &file_name(&doc.run.labels));
+        let uploaded = uploader.upload(file, &key).await?;
+        tracing::info!(
+            "uploaded {} ({} bytes, {} part{})",
+            uploaded.uri,
+            uploaded.size,
+            uploaded.parts,
+            if uploaded.parts == 1 { "" } else { "s" }
+        );
+        Ok(uploaded.uri)
+    })
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        source = inner.source();
+    }
+    s
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_url("s3://clearml-artifacts/runs/").unwrap(),
+            Destination {
+                bucket: "clearml-artifacts".into(),
+                prefix: "runs".into()
+            }
+        );
+        assert_eq!(parse_url("s3://bucket").unwrap().prefix, "");
+        for bad in [
+            "http://x/y",
+            "s3://",
+            "s3://Upper/x",
+            "s3://ab",
+            "s3://-bucket/x",
+            "s3://bu_cket",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn keys_follow_the_seed_layout() {
+        let d = parse_url("s3://clearml-artifacts/team").unwrap();
+        assert_eq!(
+            object_key(&d, "train-1", None, "memory_usage.json"),
+            "team/train-1/artifacts/memory_usage/memory_usage.json"
+        );
+        let t = TaskKey {
+            project: "rag".into(),
+            name: "smollm".into(),
+            id: "abc123".into(),
+        };
+        assert_eq!(
+            object_key(
+                &parse_url("s3://b-1").unwrap(),
+                "x",
+                Some(&t),
+                "memory_usage.json"
+            ),
+            "rag/smollm.abc123/artifacts/memory_usage/memory_usage.json"
+        );
+    }
+
+    #[test]
+    fn ranks_never_share_a_file_name() {
+        let mut labels = std::collections::BTreeMap::new();
+        labels.insert("host".to_string(), "node7".to_string());
+        assert_eq!(file_name(&labels), "memory_usage.json");
+        labels.insert("rank".to_string(), "3".to_string());
+        assert_eq!(file_name(&labels), "memory_usage.node7.rank3.json");
+        labels.insert("host".to_string(), "a/b".to_string());
+        assert_eq!(file_name(&labels), "memory_usage.a_b.rank3.json");
+    }
+}
