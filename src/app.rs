@@ -5,14 +5,16 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
 use crate::config::Config;
 use crate::engine::{EndWhen, Engine, EngineOptions, EventLink, Input};
-use crate::export::http;
+use crate::export::{clearml, http};
 use crate::model::{Exit, RunInfo};
 use crate::sample::procfs::{ProcOptions, ProcTree, SmapsOptions};
 use crate::sample::{gpu, Sampler};
@@ -81,6 +83,21 @@ fn random_id() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+fn base_name(arg: &str) -> String {
+    Path::new(arg)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The interpreter of `python3 … -c CODE` (not a shell: a shell's `-c`
+/// command line names the real job).
+fn inline_code(argv: &[String]) -> Option<String> {
+    let launcher = base_name(argv.first()?);
+    let shell = matches!(launcher.as_str(), "sh" | "bash" | "dash" | "zsh");
+    (!shell && is_launcher(&launcher) && argv.iter().any(|a| a == "-c")).then_some(launcher)
+}
+
 /// Programs that start the real job, skipped when naming a run.
 fn is_launcher(name: &str) -> bool {
     let bare = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
@@ -114,6 +131,8 @@ pub fn default_run_name(mode: &Mode) -> String {
         // Named after the script, not the launcher: `python3 train.py`,
         // `torchrun --nproc-per-node 8 train.py` and
         // `sh -c 'python train.py'` are all `train`.
+        // `python3 -c CODE` is named after the interpreter: CODE is no file.
+        Mode::Run { argv } if inline_code(argv).is_some() => inline_code(argv).unwrap_or_default(),
         Mode::Run { argv } => argv
             .iter()
             .flat_map(|a| a.split_whitespace())
@@ -240,6 +259,9 @@ struct Io {
     link: Option<EventLink>,
     snapshots: tokio::sync::watch::Sender<Arc<Snapshot>>,
     s3: Option<crate::export::s3::Uploader>,
+    /// Failed S3 uploads (checkpoints and the final one).
+    s3_errors: Arc<AtomicU64>,
+    clearml: Option<clearml::Reporter>,
 }
 
 impl Io {
@@ -266,6 +288,8 @@ impl Io {
             link: None,
             snapshots,
             s3: None,
+            s3_errors: Arc::new(AtomicU64::new(0)),
+            clearml: None,
         };
 
         if !config.s3.url.is_empty() {
@@ -359,15 +383,14 @@ impl Io {
         &self,
         document: &Path,
         run: &RunInfo,
+        task: Option<clearml::TaskRef>,
     ) -> Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>> {
         let s3 = self.s3.as_ref()?;
-        let key = crate::export::s3::object_key(
-            &s3.dest,
-            &run.name,
-            None,
-            &crate::export::s3::file_name(&run.labels),
-        );
+        let key = object_key(s3, run, task);
         let result = self.runtime.block_on(s3.upload(document, &key));
+        if result.is_err() {
+            self.s3_errors.fetch_add(1, Ordering::Relaxed);
+        }
         match &result {
             Ok(u) => tracing::info!(
                 "uploaded {} ({} bytes, {} part{})",
@@ -393,20 +416,19 @@ impl Io {
     ) -> Option<tokio::sync::watch::Sender<u64>> {
         let s3 = self.s3.clone()?;
         let (tx, mut rx) = tokio::sync::watch::channel(0u64);
-        let key = crate::export::s3::object_key(
-            &s3.dest,
-            &run.name,
-            None,
-            &crate::export::s3::file_name(&run.labels),
-        );
+        let run = run.clone();
+        let task = self.clearml.as_ref().map(|r| r.task_updates());
         let mut shutdown = self.shutdown.subscribe();
+        let errors = Arc::clone(&self.s3_errors);
         self.runtime.spawn(async move {
             loop {
                 tokio::select! {
                     _ = shutdown.changed() => return,
                     changed = rx.changed() => if changed.is_err() { return },
                 }
+                let key = object_key(&s3, &run, task.as_ref().and_then(|t| t.borrow().clone()));
                 if let Err(e) = s3.upload(&document, &key).await {
+                    errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         "checkpoint upload failed (the final upload will try again): {e}"
                     );
@@ -426,6 +448,67 @@ impl Io {
             .shutdown_timeout(std::time::Duration::from_secs(1));
         // Dropping `socket` removes the socket file.
     }
+}
+
+/// The document's S3 key: ClearML's artifact layout
+/// (`<project>/<task name>.<task id>/…`) once a ClearML task is known,
+/// else `<run>/…`.
+fn object_key(
+    s3: &crate::export::s3::Uploader,
+    run: &RunInfo,
+    task: Option<clearml::TaskRef>,
+) -> String {
+    let task = task.map(|t| crate::export::s3::TaskKey {
+        project: t.project,
+        name: t.name,
+        id: t.id,
+    });
+    crate::export::s3::object_key(
+        &s3.dest,
+        &run.name,
+        task.as_ref(),
+        &crate::export::s3::file_name(&run.labels),
+    )
+}
+
+/// Logs what the ClearML reporter achieved; true when something was lost
+/// or left unsent.
+fn log_clearml(report: &clearml::FinishReport) -> bool {
+    let task = report
+        .task
+        .as_ref()
+        .map_or_else(|| "no task".to_string(), |t| format!("task {}", t.id));
+    let failed = report.unsent > 0 || report.refused > 0 || report.task.is_none();
+    if failed {
+        tracing::error!(
+            "ClearML ({task}): {} points sent, {} unsent{}, {} refused; {}",
+            report.sent,
+            report.unsent,
+            report
+                .spool
+                .as_ref()
+                .map(|p| format!(" (kept in {})", p.display()))
+                .unwrap_or_default(),
+            report.refused,
+            report.errors.join("; ")
+        );
+    } else {
+        tracing::info!(
+            "ClearML ({task}): {} points sent{}{}",
+            report.sent,
+            if report.artifact_registered {
+                ", artifact registered"
+            } else {
+                ""
+            },
+            report
+                .final_status
+                .as_ref()
+                .map(|s| format!(", task {s}"))
+                .unwrap_or_default()
+        );
+    }
+    failed
 }
 
 /// HTTP connections served at once; more are closed on accept.
@@ -454,6 +537,13 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             }
         }
     }
+
+    // A half configuration is refused before anything starts.
+    let clearml_settings = clearml::resolve(
+        &config.clearml,
+        &|v| std::env::var(v).ok(),
+        std::env::var_os("HOME").map(PathBuf::from).as_deref(),
+    )?;
 
     let is_run = matches!(mode, Mode::Run { .. });
     if is_run {
@@ -531,7 +621,23 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     sys::raise_nofile_limit();
     let (tx, rx) = sync_channel::<Input>(65_536);
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
-    let io = Io::start(&config, tx.clone(), self_register, store.snapshot())?;
+    let mut io = Io::start(&config, tx.clone(), self_register, store.snapshot())?;
+    let mut entries = None;
+    if let Some(settings) = clearml_settings {
+        let (entries_tx, entries_rx) = tokio::sync::mpsc::unbounded_channel();
+        let _guard = io.runtime.enter();
+        io.clearml = Some(clearml::Reporter::start(
+            settings,
+            clearml::RunInfoLite {
+                name: store.run.name.clone(),
+                id: store.run.id.clone(),
+                host: store.run.host.clone(),
+            },
+            run_dir.clone(),
+            entries_rx,
+        ));
+        entries = Some(entries_tx);
+    }
     let mut job_env = Vec::new();
     if let Some(path) = io.socket_path() {
         job_env.push(("MEMTRACK_SOCKET".to_string(), path.display().to_string()));
@@ -611,6 +717,10 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             checkpoint_interval: config.checkpoint_interval,
             journal_flush: std::time::Duration::from_secs(1),
             end_when,
+            flight: config
+                .flight
+                .enabled
+                .then_some((config.flight.interval, config.flight.window)),
         },
         io.link.clone(),
         Some(io.snapshots.clone()),
@@ -620,6 +730,15 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             engine.notify_checkpoints(tx);
         }
     }
+    if io.s3.is_some() {
+        engine.count_export_errors("s3", Arc::clone(&io.s3_errors));
+    }
+    if let Some(reporter) = &io.clearml {
+        engine.count_export_errors("clearml", reporter.errors());
+    }
+    if let Some(tx) = entries {
+        engine.forward_entries(tx);
+    }
     drop(tx);
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);
@@ -628,6 +747,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     // The local file is written; now what goes over the network, unless a
     // second signal asked to stop at once.
     let mut export_failed = false;
+    let clearml = io.clearml.take();
     if ended.urgent {
         if io.s3.is_some() {
             tracing::warn!(
@@ -635,8 +755,58 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                 document.display()
             );
         }
-    } else if ended.write_error.is_none() {
-        export_failed |= matches!(io.upload(&document, &store.run), Some(Err(_)));
+        if let Some(reporter) = clearml {
+            // No network wait: what is not sent yet goes to the spool file.
+            let end = clearml::RunEnd {
+                exit: ended.job_exit,
+                artifact: None,
+            };
+            let report = io.runtime.block_on(reporter.finish(end, Duration::ZERO));
+            if report.unsent > 0 {
+                tracing::warn!(
+                    "stopping at once: {} points not yet sent to ClearML stay in {}",
+                    report.unsent,
+                    run_dir.join(clearml::SPOOL_FILE).display()
+                );
+            }
+        }
+    } else {
+        // The key follows ClearML's layout when the task is known: give a
+        // task still being created a moment.
+        let task = match (&clearml, &io.s3) {
+            (Some(reporter), Some(_)) => {
+                let wait = config
+                    .clearml
+                    .final_flush_timeout
+                    .min(Duration::from_secs(10));
+                io.runtime.block_on(reporter.settle(wait))
+            }
+            _ => None,
+        };
+        let uploaded = if ended.write_error.is_none() {
+            io.upload(&document, &store.run, task)
+        } else {
+            None
+        };
+        export_failed |= matches!(uploaded, Some(Err(_)));
+        if let Some(reporter) = clearml {
+            let artifact = match uploaded {
+                Some(Ok(u)) => Some(clearml::Artifact {
+                    uri: u.uri,
+                    size: u.size,
+                    sha256: u.sha256,
+                }),
+                _ => None,
+            };
+            let end = clearml::RunEnd {
+                exit: ended.job_exit,
+                artifact,
+            };
+            let report = io
+                .runtime
+                .block_on(reporter.finish(end, config.clearml.final_flush_timeout));
+            export_failed |= log_clearml(&report);
+        }
     }
     io.stop();
 
@@ -708,6 +878,8 @@ mod tests {
         assert!(name(&["sh", "-c", "exec python finetune.py --lr 3e-4"]).starts_with("finetune-2"));
         assert!(name(&["./bin/serve"]).starts_with("serve-2"));
         assert!(name(&["sh", "-c", "exit 7"]).starts_with("exit-"));
+        assert!(name(&["python3", "-c", "import time"]).starts_with("python3-"));
+        assert!(name(&["/usr/bin/python3.11", "-u", "-c", "x"]).starts_with("python3.11-"));
         let dir = tempfile::tempdir().unwrap();
         let a = prepare_run_dir(dir.path(), "x", false).unwrap();
         let b = prepare_run_dir(dir.path(), "x", false).unwrap();

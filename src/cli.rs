@@ -39,6 +39,16 @@ pub enum Command {
     Recover(RecoverArgs),
     /// Upload a memory_usage.json to S3 / MinIO (or retry a failed upload)
     Upload(UploadArgs),
+    /// Peaks, stages, processes, alerts, leaks and what a re-run needs, from a memory_usage.json
+    Report(ReportArgs),
+    /// Compare runs: seed 002's model / precision / CPU RAM / GPU RAM / GPU peak table
+    Compare(CompareArgs),
+    /// Combine the per-rank files of a multi-node job (or an S3 prefix) into one
+    Merge(MergeArgs),
+    /// Draw a run's memory timeline as SVG or PNG
+    Plot(PlotArgs),
+    /// A live view of a running memtrack, refreshed in place
+    Watch(WatchArgs),
     /// Print the default or the effective configuration
     Config(ConfigArgs),
 }
@@ -214,7 +224,7 @@ pub struct StatusArgs {
 pub struct UploadArgs {
     /// The memory_usage.json to upload
     pub file: PathBuf,
-    /// TOML configuration file (its [s3] section)
+    /// TOML configuration file (its s3 section)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Destination s3://bucket/prefix
@@ -237,6 +247,68 @@ impl UploadArgs {
         }
         layer
     }
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A memory_usage.json (any schema version, or the seed's bare shape)
+    pub file: PathBuf,
+    /// Print JSON instead of the terminal report
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// memory_usage.json files, one row each
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: crate::report::compare::Format,
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// Per-rank memory_usage*.json files, or one s3://bucket/prefix/ holding them
+    #[arg(required = true, value_name = "FILE|S3_PREFIX")]
+    pub inputs: Vec<String>,
+    /// Where to write the merged file (default: print it)
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// TOML configuration file (its s3 section, for an S3 prefix)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// S3 endpoint (MinIO), e.g. http://127.0.0.1:9000
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// A memory_usage.json
+    pub file: PathBuf,
+    /// Output image: .svg or .png
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    #[arg(long, default_value_t = 1400)]
+    pub width: u32,
+    #[arg(long, default_value_t = 900)]
+    pub height: u32,
+    /// Title (default: the run name)
+    #[arg(long)]
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Refresh period
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    pub interval: String,
+    /// Print one frame and exit (no screen control)
+    #[arg(long)]
+    pub once: bool,
 }
 
 #[derive(Debug, Args)]

@@ -59,6 +59,32 @@ pub struct Config {
     pub socket: SocketConfig,
     pub clearml: ClearmlConfig,
     pub s3: S3Config,
+    pub flight: FlightConfig,
+}
+
+/// The OOM flight recorder: the last seconds before a target dies, sampled
+/// faster than the timer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlightConfig {
+    pub enabled: bool,
+    /// Between timer ticks, the tree's RSS (a `statm` read per process) and
+    /// NVML's per-process figures are read this often into a ring.
+    #[serde(with = "serde_duration")]
+    pub interval: Duration,
+    /// How far back the ring reaches.
+    #[serde(with = "serde_duration")]
+    pub window: Duration,
+}
+
+impl Default for FlightConfig {
+    fn default() -> Self {
+        FlightConfig {
+            enabled: true,
+            interval: Duration::from_millis(100),
+            window: Duration::from_secs(10),
+        }
+    }
 }
 
 /// ClearML scalars (clearml-contract.md). Credentials are never set here:
@@ -258,6 +284,7 @@ impl Default for Config {
             socket: SocketConfig::default(),
             clearml: ClearmlConfig::default(),
             s3: S3Config::default(),
+            flight: FlightConfig::default(),
         }
     }
 }
@@ -641,6 +668,17 @@ impl Config {
         }
         if self.s3.part_size_mb < 5 || self.s3.part_size_mb > 5120 {
             return bad("s3.part_size_mb", "S3 parts are 5 MiB to 5 GiB".into());
+        }
+        if self.flight.interval < Duration::from_millis(10) {
+            return bad("flight.interval", "must be at least 10ms".into());
+        }
+        if self.flight.window < self.flight.interval
+            || self.flight.window.as_secs_f64() / self.flight.interval.as_secs_f64() > 10_000.0
+        {
+            return bad(
+                "flight.window",
+                "must hold between 1 and 10000 intervals".into(),
+            );
         }
         if let Err(e) = self.pressure.validate() {
             return bad("pressure", e);

@@ -20,7 +20,7 @@ use tokio::sync::{broadcast, oneshot, watch};
 
 use crate::event::protocol::{self, Message, Notice, Request};
 use crate::event::server::Stats;
-use crate::model::{EntryKind, Exit};
+use crate::model::{EntryKind, Exit, FlightPoint, FlightWindow};
 use crate::sample::{gpu, Sample, Sampler};
 use crate::store::journal::Journal;
 use crate::store::snapshot::{Histogram, Snapshot};
@@ -80,6 +80,8 @@ pub struct EngineOptions {
     /// often (events are flushed at once).
     pub journal_flush: Duration,
     pub end_when: EndWhen,
+    /// The OOM flight recorder: `(interval, window)`, or off.
+    pub flight: Option<(Duration, Duration)>,
 }
 
 /// How the run ended, for the caller's exit code and report.
@@ -97,6 +99,64 @@ pub struct Ended {
 const DRAIN_MAX: Duration = Duration::from_secs(2);
 /// How often the drain checks whether the clients have gone.
 const DRAIN_POLL: Duration = Duration::from_millis(5);
+
+/// The flight recorder's ring of recent points. Between timer ticks that
+/// are slower than its interval it reads on its own, through the cheap
+/// paths only: a `statm` read per followed process and NVML's stateless
+/// sample, no discovery (the next timer sample handles joins and exits).
+struct Flight {
+    interval: Duration,
+    capacity: usize,
+    ring: std::collections::VecDeque<FlightPoint>,
+    fast: bool,
+    next: Instant,
+    /// `/proc/vmstat`, for the kernel's `oom_kill` counter.
+    vmstat: Option<std::fs::File>,
+    oom_kills: Option<u64>,
+    /// PIDs a window was already kept for (a death is seen twice: by the
+    /// waiter and by the sampler).
+    recorded: std::collections::BTreeSet<u32>,
+    rss: Vec<(u32, u64)>,
+    gpu: gpu::GpuSample,
+}
+
+impl Flight {
+    fn push(&mut self, point: FlightPoint) {
+        if self.ring.len() == self.capacity {
+            self.ring.pop_front();
+        }
+        self.ring.push_back(point);
+    }
+
+    /// Whether the kernel's OOM killer acted since the last look.
+    fn oom_killed(&mut self) -> bool {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = &self.vmstat else {
+            return false;
+        };
+        let mut buf = vec![0u8; 16 * 1024];
+        let Ok(n) = f.read_at(&mut buf, 0) else {
+            return false;
+        };
+        let now = std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("oom_kill ")))
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let before = std::mem::replace(&mut self.oom_kills, now);
+        matches!((before, now), (Some(b), Some(n)) if n > b)
+    }
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Keeps one empty point after the last one with processes: it marks the
+/// death; more only repeat it while the kernel tears the process down.
+fn trim_after_death(mut points: Vec<FlightPoint>) -> Vec<FlightPoint> {
+    if let Some(last) = points.iter().rposition(|p| !p.processes.is_empty()) {
+        points.truncate((last + 2).min(points.len()));
+    }
+    points
+}
 
 /// Snapshots for exporters are published at most this often.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
@@ -127,6 +187,9 @@ pub struct Engine {
     tick_seconds: Histogram,
     entries: Option<tokio::sync::mpsc::UnboundedSender<crate::model::Entry>>,
     checkpoints: Option<watch::Sender<u64>>,
+    /// Failure counters of exporters running beside the engine, by name.
+    export_errors: Vec<(String, Arc<std::sync::atomic::AtomicU64>)>,
+    flight: Option<Flight>,
     gpu_errors: RateLimited,
     journal_errors: RateLimited,
     last_checkpoint: Instant,
@@ -167,6 +230,8 @@ impl Engine {
             tick_seconds: Histogram::default(),
             entries: None,
             checkpoints: None,
+            export_errors: Vec::new(),
+            flight: None,
             gpu_errors: RateLimited::default(),
             journal_errors: RateLimited::default(),
             last_checkpoint: now,
@@ -181,10 +246,147 @@ impl Engine {
         &self.store
     }
 
+    fn start_flight(&mut self, proc_root: &std::path::Path) {
+        let Some((interval, window)) = self.opts.flight else {
+            return;
+        };
+        let mut f = Flight {
+            interval,
+            capacity: ((window.as_secs_f64() / interval.as_secs_f64()).ceil() as usize).max(1),
+            ring: std::collections::VecDeque::new(),
+            fast: interval < self.opts.interval,
+            next: Instant::now() + interval,
+            vmstat: std::fs::File::open(proc_root.join("vmstat")).ok(),
+            oom_kills: None,
+            recorded: Default::default(),
+            rss: Vec::new(),
+            gpu: Default::default(),
+        };
+        f.oom_killed();
+        self.flight = Some(f);
+    }
+
+    /// One fast read into the ring.
+    fn flight_tick(&mut self, now: Instant) {
+        let Some(f) = &mut self.flight else {
+            return;
+        };
+        self.sampler.tree.peek(&mut f.rss);
+        f.gpu.clear();
+        let gpu_ok = self.sampler.gpu.sample(&mut f.gpu) == gpu::Status::Sampled;
+        let mut point = FlightPoint {
+            t: unix_now(),
+            ..FlightPoint::default()
+        };
+        for &(pid, rss) in &f.rss {
+            let gpu: u64 = if gpu_ok {
+                f.gpu
+                    .processes
+                    .iter()
+                    .filter(|p| p.pid == pid)
+                    .filter_map(|p| p.used)
+                    .sum()
+            } else {
+                0
+            };
+            point.cpu_mb += rss as f64 / MIB;
+            point.gpu_mb += gpu as f64 / MIB;
+            point
+                .processes
+                .push([f64::from(pid), rss as f64 / MIB, gpu as f64 / MIB]);
+        }
+        f.push(point);
+        f.next = f.next.max(now) + f.interval;
+    }
+
+    /// What a record says about a death worth a flight window:
+    /// `(reason, pid, exit)`.
+    fn death(&mut self, record: &Record) -> Option<(&'static str, Option<u32>, Option<Exit>)> {
+        let f = self.flight.as_mut()?;
+        match record {
+            Record::Exit { pid, exit, .. } if exit.signal.is_some() => {
+                Some(("signal", Some(*pid), Some(*exit)))
+            }
+            Record::Sample { sample, .. } if !sample.host.left.is_empty() => {
+                let left = &sample.host.left;
+                let by_signal = left.iter().find_map(|l| {
+                    l.exit
+                        .filter(|e| e.signal.is_some())
+                        .map(|e| ("signal", Some(l.id.pid), Some(e)))
+                });
+                // The kernel's OOM killer leaves no exit status we can read
+                // for a grandchild, but it counts its kills.
+                by_signal.or_else(|| {
+                    f.oom_killed()
+                        .then(|| ("oom_kill", Some(left[0].id.pid), left[0].exit))
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Keeps the ring as a flight window (once per PID).
+    fn record_flight(
+        &mut self,
+        reason: &str,
+        pid: Option<u32>,
+        exit: Option<Exit>,
+        cuda_summary: Option<String>,
+    ) {
+        let Some(f) = &mut self.flight else {
+            return;
+        };
+        if let Some(p) = pid {
+            if !f.recorded.insert(p) {
+                return;
+            }
+        }
+        let window = FlightWindow {
+            reason: reason.into(),
+            timestamp: unix_now(),
+            pid,
+            name: pid
+                .and_then(|p| self.store.target_name(p))
+                .unwrap_or_default(),
+            exit,
+            interval_s: f.interval.as_secs_f64(),
+            points: trim_after_death(f.ring.iter().cloned().collect()),
+            cuda_summary,
+        };
+        let what = match reason {
+            "signal" => format!(
+                "PID {} died by {}",
+                pid.unwrap_or(0),
+                exit.and_then(|e| e.signal)
+                    .map(sys::signal_name)
+                    .unwrap_or_default()
+            ),
+            "oom_kill" => format!(
+                "the kernel's OOM killer acted as PID {} left",
+                pid.unwrap_or(0)
+            ),
+            _ => format!(
+                "PID {} reported a CUDA out-of-memory error",
+                pid.unwrap_or(0)
+            ),
+        };
+        tracing::warn!(
+            "{what}: kept the last {:.1} s of memory ({} points) in the flight recorder",
+            window.points.len() as f64 * window.interval_s,
+            window.points.len()
+        );
+        self.commit(Record::Flight(Box::new(window)));
+    }
+
     /// Applies a record and journals it.
     /// Bumped after every successful checkpoint (uploads at checkpoints).
     pub fn notify_checkpoints(&mut self, tx: watch::Sender<u64>) {
         self.checkpoints = Some(tx);
+    }
+
+    /// Publishes `counter` as `memtrack_export_errors_total{exporter=name}`.
+    pub fn count_export_errors(&mut self, name: &str, counter: Arc<std::sync::atomic::AtomicU64>) {
+        self.export_errors.push((name.to_string(), counter));
     }
 
     /// Every log entry recorded from now on is also sent here (the ClearML
@@ -195,6 +397,7 @@ impl Engine {
     }
 
     fn commit(&mut self, record: Record) -> Outcome {
+        let death = self.death(&record);
         let outcome = self.store.apply(&record);
         if let (Some(tx), Some(entry)) = (&self.entries, &outcome.entry) {
             let _ = tx.send(entry.clone());
@@ -221,6 +424,9 @@ impl Engine {
                 });
             }
         }
+        if let Some((reason, pid, exit)) = death {
+            self.record_flight(reason, pid, exit, None);
+        }
         outcome
     }
 
@@ -229,6 +435,27 @@ impl Engine {
         let mut sample = Sample::default();
         self.sampler.sample(&mut sample);
         self.tick_seconds.observe(sample.took.as_secs_f64());
+        if let Some(f) = &mut self.flight {
+            let mut point = FlightPoint {
+                t: sample.timestamp,
+                ..FlightPoint::default()
+            };
+            for r in &sample.host.processes {
+                let gpu: u64 = sample
+                    .gpu
+                    .processes
+                    .iter()
+                    .filter(|p| p.pid == r.pid)
+                    .filter_map(|p| p.used)
+                    .sum();
+                point.cpu_mb += r.rss as f64 / MIB;
+                point.gpu_mb += gpu as f64 / MIB;
+                point
+                    .processes
+                    .push([f64::from(r.pid), r.rss as f64 / MIB, gpu as f64 / MIB]);
+            }
+            f.push(point);
+        }
         if let gpu::Status::Error(e) = &sample.gpu_status {
             if let Some(n) = self.gpu_errors.hit(100) {
                 tracing::warn!("GPU figures unavailable for this sample ({n} times so far): {e}");
@@ -272,12 +499,21 @@ impl Engine {
         let Some(tx) = &self.snapshots else {
             return;
         };
-        if !force && now.duration_since(self.last_publish) < PUBLISH_EVERY {
+        // Nobody reads snapshots (HTTP off): do not build them.
+        if tx.receiver_count() == 0
+            || !force && now.duration_since(self.last_publish) < PUBLISH_EVERY
+        {
             return;
         }
         self.last_publish = now;
         let mut snap = self.store.snapshot();
         snap.tick_seconds = self.tick_seconds.clone();
+        for (name, counter) in &self.export_errors {
+            snap.export_errors.insert(
+                name.clone(),
+                counter.load(std::sync::atomic::Ordering::Relaxed),
+            );
+        }
         tx.send_replace(Arc::new(snap));
     }
 
@@ -448,6 +684,30 @@ impl Engine {
                 }
                 return;
             }
+            Message::Oom { summary, message } => {
+                let mut labels = std::collections::BTreeMap::new();
+                if let Some(m) = message {
+                    let mut m: String = m.chars().filter(|c| !c.is_control()).collect();
+                    while m.len() > 256 {
+                        m.pop();
+                    }
+                    labels.insert("error".to_string(), m);
+                }
+                let outcome = self.commit(Record::Mark(mark(
+                    "cuda".into(),
+                    "out_of_memory".into(),
+                    None,
+                    labels,
+                    None,
+                )));
+                self.unflushed_event = true;
+                self.record_flight("cuda_oom", c.pid, None, summary);
+                if let (Some(reply), Some(entry)) = (c.reply, outcome.entry) {
+                    self.replies
+                        .push((reply, protocol::recorded_line(&c.request.id, &entry)));
+                }
+                return;
+            }
             // Answered by the socket server itself.
             Message::Subscribe | Message::Cleanup => return,
         };
@@ -466,6 +726,8 @@ impl Engine {
     /// from the start.
     pub fn run(mut self, rx: &Receiver<Input>) -> (Ended, Store) {
         let start = Instant::now();
+        let proc_root = self.sampler.tree.root().to_path_buf();
+        self.start_flight(&proc_root);
         self.sample(SampleKind::Event);
         self.system_mark("experiment_start");
         self.publish(Instant::now(), true);
@@ -497,6 +759,11 @@ impl Engine {
                 }
             }
             let next = start + self.opts.interval * slot;
+            let fast = self.flight.as_ref().filter(|f| f.fast).map(|f| f.next);
+            if fast.is_some_and(|at| now >= at && at < next) {
+                self.flight_tick(now);
+                continue;
+            }
             if now >= next {
                 self.sample(SampleKind::Timer);
                 // Skip the slots this tick overran instead of catching up.
@@ -509,10 +776,12 @@ impl Engine {
                 self.maintain(after);
                 continue;
             }
+            let until = fast.map_or(next, |at| at.min(next));
+            let wait = until.saturating_duration_since(now);
             let wait = if draining.is_some() {
-                (next - now).min(DRAIN_POLL)
+                wait.min(DRAIN_POLL)
             } else {
-                next - now
+                wait
             };
             match rx.recv_timeout(wait) {
                 Ok(input) => {
@@ -557,6 +826,21 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flight_window_ends_one_point_after_the_death() {
+        let point = |n: usize| FlightPoint {
+            processes: vec![[1.0, 1.0, 0.0]; n],
+            ..FlightPoint::default()
+        };
+        let kept = trim_after_death(vec![point(1), point(1), point(0), point(0), point(0)]);
+        assert_eq!(kept.len(), 3);
+        assert_eq!(
+            trim_after_death(vec![point(0), point(0)]).len(),
+            2,
+            "nothing to anchor on"
+        );
+    }
 
     #[test]
     fn rate_limited_logs_first_and_every_nth() {

@@ -25,6 +25,7 @@ pub mod event;
 pub mod export;
 pub mod logging;
 pub mod model;
+pub mod report;
 pub mod sample;
 pub mod shutdown;
 pub mod store;

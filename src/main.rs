@@ -37,6 +37,13 @@ fn usage(error: impl Into<anyhow::Error>) -> Failure {
 }
 
 fn runtime(error: anyhow::Error) -> Failure {
+    // A ClearML configuration found wanting at start is a usage error.
+    if error
+        .downcast_ref::<memtrack::export::clearml::ClearmlError>()
+        .is_some()
+    {
+        return usage(error);
+    }
     // A job that cannot start exits as a shell would (127 not found, 126
     // not executable).
     let code = error
@@ -117,6 +124,101 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             logging::init(&config.log_level);
             let uri = memtrack::export::s3::upload_file(&config.s3, &args.file).map_err(runtime)?;
             stdout(&format!("{uri}\n")).map_err(|e| runtime(e.into()))?;
+            Ok(0)
+        }
+        Command::Report(args) => {
+            let doc = memtrack::export::json::read_document(&args.file).map_err(runtime)?;
+            let text = if args.json {
+                let report = memtrack::report::text::build(&doc);
+                format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&report).map_err(|e| runtime(e.into()))?
+                )
+            } else {
+                memtrack::report::text::render(&doc)
+            };
+            stdout(&text).map_err(|e| runtime(e.into()))?;
+            Ok(0)
+        }
+        Command::Compare(args) => {
+            let mut runs = Vec::new();
+            for f in &args.files {
+                let doc = memtrack::export::json::read_document(f).map_err(runtime)?;
+                let name = f
+                    .parent()
+                    .and_then(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned());
+                runs.push((name.unwrap_or_else(|| f.display().to_string()), doc));
+            }
+            stdout(&memtrack::report::compare::render(&runs, args.format))
+                .map_err(|e| runtime(e.into()))?;
+            Ok(0)
+        }
+        Command::Merge(args) => {
+            let mut layers = Vec::new();
+            if let Some(path) = &args.config {
+                layers.push(Layer::from_file(path).map_err(usage)?);
+            }
+            layers.push(Layer::from_env(std::env::vars()).map_err(usage)?);
+            let mut flags = Layer::new("command line");
+            if let Some(e) = &args.s3_endpoint {
+                flags.set("s3.endpoint", toml::Value::String(e.clone()));
+            }
+            layers.push(flags);
+            let config = config::resolve(&layers).map_err(usage)?;
+            logging::init(&config.log_level);
+            let mut inputs = Vec::new();
+            for input in &args.inputs {
+                if input.starts_with("s3://") {
+                    inputs.extend(
+                        memtrack::export::s3::download_documents(&config.s3, input)
+                            .map_err(runtime)?,
+                    );
+                } else {
+                    let path = std::path::Path::new(input);
+                    inputs.push((
+                        input.clone(),
+                        memtrack::export::json::read_document(path).map_err(runtime)?,
+                    ));
+                }
+            }
+            let merged = memtrack::report::merge::merge(inputs).map_err(runtime)?;
+            match &args.output {
+                Some(path) => {
+                    memtrack::export::json::write_document(path, &merged)
+                        .map_err(|e| runtime(e.into()))?;
+                    eprintln!(
+                        "memtrack: merged {} ranks into {}",
+                        merged.ranks.len(),
+                        path.display()
+                    );
+                }
+                None => {
+                    let text =
+                        serde_json::to_string_pretty(&merged).map_err(|e| runtime(e.into()))?;
+                    stdout(&format!("{text}\n")).map_err(|e| runtime(e.into()))?;
+                }
+            }
+            Ok(0)
+        }
+        Command::Plot(args) => {
+            let doc = memtrack::export::json::read_document(&args.file).map_err(runtime)?;
+            let opts = memtrack::report::plot::PlotOptions {
+                width: args.width,
+                height: args.height,
+                title: args.title.clone(),
+            };
+            memtrack::report::plot::plot(&doc, &args.output, &opts)
+                .map_err(|e| runtime(e.into()))?;
+            eprintln!("memtrack: wrote {}", args.output.display());
+            Ok(0)
+        }
+        Command::Watch(args) => {
+            let path = client::socket_path(args.socket.socket.as_deref()).map_err(runtime)?;
+            let interval = memtrack::units::parse_duration(&args.interval)
+                .map_err(|e| usage(anyhow::anyhow!("--interval: {e}")))?;
+            let mut out = std::io::stdout().lock();
+            client::watch(&path, interval, args.once, &mut out).map_err(runtime)?;
             Ok(0)
         }
         Command::Recover(args) => {

@@ -41,13 +41,70 @@ pub struct Document {
     pub alerts: Vec<Alert>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leak: Option<serde_json::Value>,
-    /// High-rate samples around a target's death (OOM flight recorder).
+    /// High-rate samples before a target died (OOM flight recorder).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub flight_recorder: Vec<serde_json::Value>,
+    pub flight_recorder: Vec<FlightWindow>,
     #[serde(default)]
     pub summary: Summary,
     #[serde(default)]
     pub counters: Counters,
+    /// A merged job (`memtrack merge`): one line per rank, and which rank
+    /// reached each figure's peak.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankSummary>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub worst_rank: BTreeMap<String, String>,
+}
+
+/// The last seconds before a target died, sampled faster than the timer:
+/// what memory looked like on the way to an OOM.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct FlightWindow {
+    /// `signal` (killed by a signal), `oom_kill` (the kernel's OOM killer
+    /// acted as a target left), or `cuda_oom` (the job reported
+    /// `torch.OutOfMemoryError`).
+    pub reason: String,
+    /// When it happened (Unix seconds).
+    pub timestamp: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<Exit>,
+    /// Seconds between points.
+    #[serde(default)]
+    pub interval_s: f64,
+    #[serde(default)]
+    pub points: Vec<FlightPoint>,
+    /// `torch.cuda.memory_summary()` sent with a CUDA OOM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_summary: Option<String>,
+}
+
+/// One high-rate sample of the flight recorder (MiB).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct FlightPoint {
+    pub t: f64,
+    pub cpu_mb: f64,
+    pub gpu_mb: f64,
+    /// `[pid, rss MiB, gpu MiB]` per process.
+    #[serde(default)]
+    pub processes: Vec<[f64; 3]>,
+}
+
+/// One rank of a merged job.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RankSummary {
+    /// The `rank` label, else the host.
+    pub rank: String,
+    pub host: String,
+    /// Where the rank's file was read from.
+    pub source: String,
+    #[serde(default)]
+    pub exit: Option<Exit>,
+    pub peak_usage: Peaks,
+    pub summary: Summary,
 }
 
 /// Who ran what, where, and how it ended.
@@ -340,6 +397,9 @@ pub struct Target {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Gpu {
     pub index: u32,
+    /// The host, in a merged job (indices repeat across hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     #[serde(default)]
     pub uuid: String,
     #[serde(default)]
@@ -444,6 +504,9 @@ pub struct Counters {
     /// Timer log entries merged away (their maxima live on in the merge).
     #[serde(default)]
     pub timer_samples_merged: u64,
+    /// Flight-recorder windows beyond the ones kept.
+    #[serde(default)]
+    pub flights_dropped: u64,
 }
 
 #[cfg(test)]

@@ -152,3 +152,97 @@ pub fn format_status(v: &serde_json::Value) -> String {
     }
     out
 }
+
+/// A usage bar: `[#####.....]`.
+fn bar(ratio: f64, width: usize) -> String {
+    let filled = ((ratio.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
+    format!("[{}{}]", "#".repeat(filled), ".".repeat(width - filled))
+}
+
+/// One frame of `memtrack watch`: bars for host RAM and each GPU, then the
+/// status report (processes, peaks, spans, stages).
+pub fn format_watch(v: &serde_json::Value, clock: &str) -> String {
+    use std::fmt::Write;
+    let num = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0);
+    let level = |resource: &str| {
+        v["levels"][resource]
+            .as_str()
+            .unwrap_or("normal")
+            .to_string()
+    };
+    let mut out = String::new();
+    let _ = writeln!(out, "memtrack watch — {clock} (Ctrl-C to quit)");
+    for g in v["gpus"].as_array().into_iter().flatten() {
+        let total = num(&g["total_mb"]);
+        let used = num(&g["used_mb"]);
+        let ratio = if total > 0.0 { used / total } else { 0.0 };
+        let idx = g["index"].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "GPU {idx} {:<22} {} {:5.1}% {:.1}/{:.1} GiB  ours {:.1} GiB  util {:.0}%  {:.0}°C  {}",
+            g["name"].as_str().unwrap_or("?"),
+            bar(ratio, 24),
+            ratio * 100.0,
+            used / 1024.0,
+            total / 1024.0,
+            num(&g["tree_used_mb"]) / 1024.0,
+            num(&g["utilization_pct"]),
+            num(&g["temperature_c"]),
+            level(&format!("gpu{idx}")),
+        );
+    }
+    let per: Vec<String> = v["peaks_by_component"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(c, p)| {
+                    format!(
+                        "{c} {:.0}/{:.0}",
+                        num(&p["cpu_ram_used_mb"]),
+                        num(&p["gpu_process_used_mb"]).max(num(&p["gpu_ram_peak_mb"]))
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push_str(&format_status(v));
+    if !per.is_empty() {
+        let _ = writeln!(out, "component peaks (host/GPU MiB): {}", per.join(", "));
+    }
+    out
+}
+
+/// `memtrack watch`: redraws a frame every `interval` until interrupted or
+/// the daemon goes away (then the last frame stays on screen).
+pub fn watch(
+    path: &Path,
+    interval: Duration,
+    once: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let mut conn = Connection::open(path, Duration::from_secs(5))?;
+    loop {
+        let reply = match conn.call(&serde_json::json!({"type": "status"})) {
+            Ok(r) => r,
+            Err(e) if !once => {
+                writeln!(
+                    out,
+                    "\nmemtrack at {} is gone ({e:#}); last view above",
+                    path.display()
+                )?;
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let clock = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let frame = format_watch(&reply, &clock);
+        if once {
+            out.write_all(frame.as_bytes())?;
+            return Ok(());
+        }
+        // Home, draw, clear what the last frame left below.
+        write!(out, "\x1b[H{}\x1b[J", frame.replace('\n', "\x1b[K\n"))?;
+        out.flush()?;
+        std::thread::sleep(interval);
+    }
+}

@@ -62,6 +62,12 @@ pub enum Message {
     Status,
     Cleanup,
     Register,
+    /// The job hit a CUDA out-of-memory error (the Python client's
+    /// `install_oom_hook`), with `torch.cuda.memory_summary()`.
+    Oom {
+        summary: Option<String>,
+        message: Option<String>,
+    },
 }
 
 impl Message {
@@ -134,6 +140,7 @@ struct Raw {
     name: Option<String>,
     status: Option<String>,
     message: Option<String>,
+    summary: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -335,11 +342,20 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
         "status" => Message::Status,
         "cleanup" => Message::Cleanup,
         "register" => Message::Register,
+        "oom" => Message::Oom {
+            summary: raw.summary.filter(|s| !s.is_empty()),
+            message: match raw.message {
+                Some(m) if m.len() > MAX_MESSAGE => {
+                    return Err(invalid("message", &format!("must be at most {MAX_MESSAGE} bytes")))
+                }
+                m => m,
+            },
+        },
         other => {
             return Err(ProtocolError::new(
                 ErrorCode::UnknownType,
                 format!(
-                    "unknown type {:?}; known: mark, span_begin, span_end, stage_begin, stage_end, subscribe, status, cleanup, register",
+                    "unknown type {:?}; known: mark, span_begin, span_end, stage_begin, stage_end, subscribe, status, cleanup, register, oom",
                     truncated(other)
                 ),
             ))

@@ -1,6 +1,7 @@
 //! What leaves memtrack. Exporters read the store's output; none of them
 //! ever calls a sampler.
 
+pub mod clearml;
 pub mod http;
 pub mod json;
 pub mod prometheus;

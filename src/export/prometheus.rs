@@ -64,6 +64,12 @@ const DEV: &[&str] = &["gpu", "gpu_uuid", "gpu_name"];
 /// Everything `/metrics` serves.
 pub const METRICS: &[Def] = &[
     def("memtrack_build_info", G, &["version", "gpu_backend"], "Always 1; the labels describe this memtrack."),
+    def(
+        "memtrack_run_info",
+        G,
+        &["every run label"],
+        "Always 1; carries all of run.labels (slurm_job_id, slurm_procid, local_rank, world_size, …).",
+    ),
     def("memtrack_process_resident_memory_bytes", G, PROC, "RSS of a followed process."),
     def("memtrack_process_resident_memory_high_water_bytes", G, PROC, "Kernel high-water mark (VmHWM) of a followed process."),
     def("memtrack_process_gpu_memory_bytes", G, &["pid", "name", "gpu", "gpu_uuid"], "NVML used GPU memory of a followed process on one device."),
@@ -224,6 +230,18 @@ pub fn families(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<MetricFamily> {
         &[("version", version), ("gpu_backend", backend)],
         1.0,
     );
+    // All run labels on one info series, not on every series: SLURM and
+    // torchrun variables stay queryable (join on run) at no cardinality cost.
+    let info: Vec<(&str, String)> = snap
+        .run
+        .labels
+        .iter()
+        .filter(|(k, _)| {
+            !matches!(k.as_str(), "run" | "host" | "rank") && crate::config::valid_label_name(k)
+        })
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    f.gauge("memtrack_run_info", &info, 1.0);
 
     let proc_labels = |p: &crate::store::snapshot::ProcessNow| {
         [("pid", p.pid.to_string()), ("name", p.name.clone())]

@@ -124,6 +124,7 @@ fn safe(part: &str) -> String {
 /// `<prefix>/<project>/<task name>.<task id>/artifacts/memory_usage/<file>`.
 pub fn object_key(dest: &Destination, run: &str, task: Option<&TaskKey>, file: &str) -> String {
     let folder = match task {
+        Some(t) if t.project.is_empty() => format!("{}.{}", t.name, t.id),
         Some(t) => format!("{}/{}.{}", t.project, t.name, t.id),
         None => run.to_string(),
     };
@@ -512,6 +513,48 @@ pub fn upload_file(config: &S3Config, file: &Path) -> anyhow::Result<String> {
             if uploaded.parts == 1 { "" } else { "s" }
         );
         Ok(uploaded.uri)
+    })
+}
+
+/// Every `memory_usage*.json` under an `s3://bucket/prefix/` (for
+/// `memtrack merge`), as `(uri, document)`.
+pub fn download_documents(
+    config: &S3Config,
+    url: &str,
+) -> anyhow::Result<Vec<(String, crate::model::Document)>> {
+    use anyhow::Context;
+    let mut config = config.clone();
+    config.url = url.to_string();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the I/O runtime")?;
+    runtime.block_on(async {
+        let uploader = Uploader::new(&config).await?;
+        let prefix = if uploader.dest.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", uploader.dest.prefix)
+        };
+        let mut docs = Vec::new();
+        for key in uploader.list(&prefix).await? {
+            let name = key.rsplit('/').next().unwrap_or("");
+            if !(name.starts_with("memory_usage") && name.ends_with(".json")) {
+                continue;
+            }
+            let bytes = uploader.get(&key).await?;
+            anyhow::ensure!(
+                bytes.len() as u64 <= crate::export::json::MAX_DOCUMENT_BYTES,
+                "s3://{}/{key} is too large to merge",
+                uploader.dest.bucket
+            );
+            let uri = format!("s3://{}/{key}", uploader.dest.bucket);
+            let doc = serde_json::from_slice(&bytes)
+                .with_context(|| format!("{uri} is not a memory_usage.json document"))?;
+            docs.push((uri, doc));
+        }
+        anyhow::ensure!(!docs.is_empty(), "no memory_usage*.json under {url}");
+        Ok(docs)
     })
 }
 

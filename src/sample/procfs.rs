@@ -398,6 +398,11 @@ impl ProcTree {
         })
     }
 
+    /// The procfs root this tree reads.
+    pub fn root(&self) -> &Path {
+        &self.opts.root
+    }
+
     /// The PIDs followed now.
     pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.members.keys().copied()
@@ -468,6 +473,24 @@ impl ProcTree {
         }
         departed.clear();
         self.departed = departed;
+    }
+
+    /// The RSS of every followed process now: one `statm` read each, no
+    /// discovery and no exit handling (the next sample deals with those).
+    /// The flight recorder's fast path.
+    pub fn peek(&self, out: &mut Vec<(u32, u64)>) {
+        out.clear();
+        let mut buf = [0u8; 128];
+        for (&pid, m) in &self.members {
+            if let Ok(n) = m.statm.read_at(&mut buf, 0) {
+                if let Some(rss) = std::str::from_utf8(&buf[..n])
+                    .ok()
+                    .and_then(|t| parse_statm(t, self.page_size).ok())
+                {
+                    out.push((pid, rss));
+                }
+            }
+        }
     }
 
     /// Reads `VmHWM` of every member now, whatever its age (final sample).

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    Alert, Counters, Document, Entry, EntryKind, Exit, Gpu, GpuSource, Peaks, RunInfo, Stage,
-    Summary, Target, SCHEMA_VERSION,
+    Alert, Counters, Document, Entry, EntryKind, Exit, FlightWindow, Gpu, GpuSource, Peaks,
+    RunInfo, Stage, Summary, Target, SCHEMA_VERSION,
 };
 use crate::sample::gpu::Status as GpuStatus;
 use crate::sample::Sample;
@@ -108,6 +108,8 @@ pub enum Record {
         timestamp: f64,
         exit: Option<Exit>,
     },
+    /// A flight-recorder window kept because a target died.
+    Flight(Box<FlightWindow>),
 }
 
 /// What applying a record produced, for those who react to it.
@@ -172,6 +174,9 @@ struct LiveTarget {
     uss: Option<u64>,
 }
 
+/// Flight-recorder windows kept in a run; later ones are counted only.
+pub const MAX_FLIGHTS: usize = 8;
+
 /// Distinct (component, operation) pairs counted separately; beyond it
 /// events count under `_other`, keeping metric cardinality bounded.
 pub const MAX_EVENT_KINDS: usize = 1000;
@@ -221,6 +226,8 @@ pub struct Store {
     host_memory: crate::sample::HostMemory,
     #[serde(default)]
     nvml_up: bool,
+    #[serde(default)]
+    flights: Vec<FlightWindow>,
 }
 
 impl Store {
@@ -249,6 +256,7 @@ impl Store {
             allocator_now: BTreeMap::new(),
             host_memory: Default::default(),
             nvml_up: false,
+            flights: Vec::new(),
         }
     }
 
@@ -263,6 +271,20 @@ impl Store {
             g.uuid.clone_from(&d.uuid);
             g.name.clone_from(&d.name);
         }
+    }
+
+    /// The name of a process of the tree, live or gone.
+    pub fn target_name(&self, pid: u32) -> Option<String> {
+        self.live
+            .get(&pid)
+            .map(|l| l.target.name.clone())
+            .or_else(|| {
+                self.gone
+                    .iter()
+                    .rev()
+                    .find(|t| t.pid == pid)
+                    .map(|t| t.name.clone())
+            })
     }
 
     /// The tree's figures after the latest sample.
@@ -409,6 +431,14 @@ impl Store {
                     if let Some(b) = max_rss {
                         t.hwm_mb = t.hwm_mb.max(mib(*b));
                     }
+                }
+                Outcome::default()
+            }
+            Record::Flight(w) => {
+                if self.flights.len() < MAX_FLIGHTS {
+                    self.flights.push((**w).clone());
+                } else {
+                    self.counters.flights_dropped += 1;
                 }
                 Outcome::default()
             }
@@ -917,7 +947,7 @@ impl Store {
         if run.status.is_empty() {
             run.status = "running".into();
         }
-        Document {
+        let mut doc = Document {
             schema: SCHEMA_VERSION,
             run,
             detailed_log: log,
@@ -928,10 +958,16 @@ impl Store {
             gpus: self.gpus.values().cloned().collect(),
             alerts: self.alerts.clone(),
             leak: None,
-            flight_recorder: Vec::new(),
+            flight_recorder: self.flights.clone(),
             summary: self.summary(),
             counters,
-        }
+            ..Document::default()
+        };
+        doc.leak = Some(crate::report::leak::analyze(
+            &doc,
+            &crate::report::leak::LeakConfig::default(),
+        ));
+        doc
     }
 
     fn summary(&self) -> Summary {

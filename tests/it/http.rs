@@ -144,6 +144,18 @@ fn every_declared_metric_is_served_and_the_readme_lists_them() {
     wait_for("every metric family", Duration::from_secs(15), || {
         names() == declared
     });
+    // Both of the job's model marks, not only the first.
+    wait_for("the model marks", Duration::from_secs(15), || {
+        let (_, body) = d.http("GET", "/metrics");
+        samples(&body)
+            .iter()
+            .filter(|(n, l, _)| {
+                n == "memtrack_events_total" && label(l, "component") == Some("model")
+            })
+            .map(|(_, _, v)| v)
+            .sum::<f64>()
+            >= 2.0
+    });
     let (_, body) = d.http("GET", "/metrics");
     let s = samples(&body);
     let get = |name: &str| s.iter().filter(|(n, _, _)| n == name).collect::<Vec<_>>();

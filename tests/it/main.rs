@@ -4,10 +4,14 @@
 // A test crate: its helpers fail loudly like its tests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+mod clearml;
 mod cli;
 mod common;
 mod core;
+mod deploy;
 mod events;
 mod http;
+mod plot;
 mod prometheus;
+mod report;
 mod s3;

@@ -327,3 +327,39 @@ def test_cleanup_notice_runs_handlers_and_clear_memory_is_marked(tmp_path):
     assert len(events(doc, component="data", operation="clear_memory")) == 1
     assert len(events(doc, component="system", operation="clear_memory")) == 1
     assert rep["dropped"] == 0
+
+
+def test_cuda_oom_is_reported_with_the_memory_summary(tmp_path):
+    # A worker (a child of the job) dies of an uncaught CUDA OOM. torch is
+    # faked (no GPU here): the hook only looks at an already-imported torch.
+    doc, rep, _ = run_job(
+        tmp_path,
+        '''
+        import subprocess
+        child = """
+        import sys, types, memtrack
+        torch = types.ModuleType("torch")
+        class OutOfMemoryError(RuntimeError):
+            pass
+        torch.OutOfMemoryError = OutOfMemoryError
+        torch.cuda = types.SimpleNamespace(
+            is_initialized=lambda: True, current_device=lambda: 0, OutOfMemoryError=OutOfMemoryError,
+            memory_allocated=lambda: 5 << 30, memory_reserved=lambda: 6 << 30, max_memory_allocated=lambda: 6 << 30,
+            memory_summary=lambda: "|  PyTorch CUDA memory summary, device ID 0  |\\\\n| Allocated memory | 5.00 GiB |")
+        sys.modules["torch"] = torch
+        memtrack.install_oom_hook()
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
+        """
+        proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+        report(child_status=proc.returncode, child_stderr=proc.stderr[-500:])
+        ''',
+    )
+    assert rep["child_status"] == 1, rep
+    assert "OutOfMemoryError" in rep["child_stderr"], "Python's own handling still ran"
+    oom = events(doc, component="cuda", operation="out_of_memory")
+    assert len(oom) == 1
+    assert "Tried to allocate 6.00 GiB" in oom[0]["labels"]["error"]
+    windows = [w for w in doc.get("flight_recorder", []) if w["reason"] == "cuda_oom"]
+    assert len(windows) == 1, doc.get("flight_recorder")
+    assert "PyTorch CUDA memory summary" in windows[0]["cuda_summary"]
+    assert windows[0]["points"], "the seconds before the OOM"

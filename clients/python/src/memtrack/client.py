@@ -731,6 +731,29 @@ class Client:
                 pass
         self.mark(component, "clear_memory")
 
+    def report_oom(self, exc=None):
+        """Tell memtrack the job hit CUDA out of memory: it records a
+        ``cuda/out_of_memory`` entry and keeps its flight recorder's last
+        seconds of memory. Sends ``torch.cuda.memory_summary()`` when torch
+        already uses CUDA. Waits for the daemon (up to ``timeout``) so the
+        report lands before the process dies; returns the entry or None."""
+        if self._off:
+            return None
+        msg = {"type": "oom"}
+        if exc is not None:
+            msg["message"] = _truncate_utf8(repr(exc), 1024)
+        torch = _modules.get("torch")
+        if torch is not None:
+            try:
+                if torch.cuda.is_initialized():
+                    msg["summary"] = _truncate_utf8(torch.cuda.memory_summary(), 48 * 1024)
+            except Exception:
+                pass
+        try:
+            return self._recorded(msg)
+        except MemtrackError:
+            return None
+
     def status(self, timeout=None):
         """The daemon's ``status`` reply (a dict), or None without a daemon."""
         reply = self._request({"type": "status"}, timeout)
@@ -1129,3 +1152,75 @@ def cleanup(timeout=None):
 
 def dropped():
     return get_client().dropped()
+
+
+def report_oom(exc=None):
+    """Report a CUDA out-of-memory error with the default client; see
+    Client.report_oom."""
+    return get_client().report_oom(exc)
+
+
+def _is_cuda_oom(exc):
+    """Whether ``exc`` is torch's CUDA out-of-memory error (torch is never
+    imported here: only an already-imported torch is consulted)."""
+    torch = _modules.get("torch")
+    if torch is None:
+        return False
+    kinds = []
+    for owner, name in ((torch, "OutOfMemoryError"), (getattr(torch, "cuda", None), "OutOfMemoryError")):
+        kind = getattr(owner, name, None)
+        if isinstance(kind, type):
+            kinds.append(kind)
+    return bool(kinds) and isinstance(exc, tuple(kinds))
+
+
+class _OomGuard(object):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and _is_cuda_oom(exc):
+            report_oom(exc)
+        return False  # re-raise
+
+
+def oom_guard():
+    """Context manager: a CUDA OOM raised inside is reported to memtrack
+    (with torch.cuda.memory_summary()) and then re-raised."""
+    return _OomGuard()
+
+
+_oom_hook_installed = False
+
+
+def install_oom_hook():
+    """Report an uncaught CUDA out-of-memory error (main thread or any
+    thread) to memtrack before Python's usual handling; memtrack keeps its
+    flight recorder's last seconds of memory. Safe to call more than once."""
+    global _oom_hook_installed
+    if _oom_hook_installed:
+        return
+    _oom_hook_installed = True
+    previous = sys.excepthook
+
+    def hook(kind, exc, tb):
+        if _is_cuda_oom(exc):
+            try:
+                report_oom(exc)
+            except Exception:
+                pass
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
+    if hasattr(threading, "excepthook"):
+        previous_thread = threading.excepthook
+
+        def thread_hook(args):
+            if _is_cuda_oom(args.exc_value):
+                try:
+                    report_oom(args.exc_value)
+                except Exception:
+                    pass
+            previous_thread(args)
+
+        threading.excepthook = thread_hook

@@ -1,0 +1,42 @@
+#!/bin/bash
+# Seed 004's GPU pipeline under SLURM, with memtrack on every node.
+#
+#   sbatch examples/slurm/run_gpu_memtrack.sh
+#
+# One memtrack per node (one task per node) follows every process the
+# pipeline starts there. SLURM_JOB_ID, SLURM_PROCID and SLURM_NODEID, the host
+# name and a `rank` label (= SLURM_PROCID) go into run.labels and onto every
+# metric; each node writes outputs/<job>.rank<N>/memory_usage.json, so nodes
+# sharing a file system never collide. At the end the per-node files are
+# merged into one job-level report that names the node with the worst peak.
+#
+#SBATCH --job-name=pabbo-gpu
+#SBATCH --partition=gpu
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=1
+#SBATCH --cpus-per-task=32
+#SBATCH --mem=64G
+#SBATCH --time=12:00:00
+#SBATCH --output=logs/%x-%j.out
+
+set -euo pipefail
+module load cuda/12.2 2>/dev/null || true
+
+JOB="pabbo-${SLURM_JOB_ID}"
+OUT="${SLURM_SUBMIT_DIR}/outputs"
+# Optional: upload each node's file to S3/MinIO; ranks get their own names
+# under s3://…/runs/$JOB/artifacts/memory_usage/.
+# export MEMTRACK_S3_URL=s3://clearml-artifacts/runs
+# export AWS_ENDPOINT_URL=http://minio.internal:9000
+
+# The pipeline marks its stages (seed 004's SUCCESS/FAILED per stage):
+#   with memtrack.stage("train_small"): ...
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 \
+    memtrack run --name "${JOB}" --output "${OUT}" --interval 1s \
+                 --listen 0.0.0.0:9464 --label partition="${SLURM_JOB_PARTITION:-gpu}" \
+    -- python3 for_klaster_gpu.py
+
+# One job-level file: peaks per node and for the job, the worst node named.
+memtrack merge "${OUT}/${JOB}".rank*/memory_usage.json -o "${OUT}/${JOB}/memory_usage.json"
+memtrack report "${OUT}/${JOB}/memory_usage.json"

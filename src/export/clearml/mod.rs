@@ -1,0 +1,689 @@
+//! ClearML scalars: memtrack's memory figures as charts of a ClearML task.
+//!
+//! ClearML is where many ML teams already look at their runs, so memtrack
+//! reports each `detailed_log` entry there too, following the wire contract
+//! in `clearml-contract.md`. The exporter must never cost the job anything:
+//! the engine hands entries over an unbounded channel that is drained at
+//! once into a bounded queue (spilling to `clearml-spool.jsonl` in the run
+//! directory), and all network work — login, task lookup or creation,
+//! batched `events.add_batch` with retries — happens on tokio tasks that
+//! sampling never waits for.
+//!
+//! - [`hocon`]: the pure `clearml.conf` reader;
+//! - [`points`]: entries → scalar points (timer windows, iteration keys,
+//!   collisions), pure;
+//! - [`queue`]: the bounded in-memory queue and its spool file;
+//! - [`api`]: the HTTP client (auth, envelopes, retry classification);
+//! - [`reporter`]: the task that owns the queue and drives the server.
+//!
+//! Settings come from memtrack's config, then the `CLEARML_*` environment,
+//! then `clearml.conf` ([`resolve`]); credentials never appear in logs or
+//! errors.
+
+pub mod api;
+pub mod hocon;
+pub mod points;
+pub mod queue;
+pub mod reporter;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::{ClearmlConfig, MAX_CONFIG_BYTES};
+
+pub use reporter::Reporter;
+
+/// File name of the spool in the run directory.
+pub const SPOOL_FILE: &str = "clearml-spool.jsonl";
+
+/// The API version memtrack pins for every call but `auth.login`.
+pub const API_VERSION: &str = "2.23";
+
+/// Longest wait between two attempts of a failing request.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// First wait after a failed attempt (doubled each time up to the cap).
+pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
+
+/// How the reporter authenticates.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// `access_key:secret_key`, exchanged for a token with `auth.login`.
+    Keys {
+        access_key: String,
+        secret_key: String,
+    },
+    /// `CLEARML_AUTH_TOKEN` (agent container mode): used as the bearer and
+    /// refreshed through `auth.login` with itself.
+    Token(String),
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credentials::Keys { access_key, .. } => write!(
+                f,
+                "Keys {{ access_key: {}, secret_key: *** }}",
+                mask(access_key)
+            ),
+            Credentials::Token(_) => write!(f, "Token(***)"),
+        }
+    }
+}
+
+/// Shows at most the first 4 characters of a key.
+pub fn mask(secret: &str) -> String {
+    let head: String = secret.chars().take(4).collect();
+    if secret.chars().count() > 8 {
+        format!("{head}***")
+    } else {
+        "***".into()
+    }
+}
+
+/// Everything the reporter needs, resolved from every source.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// API server without a trailing `/` (`https://api.clear.ml`).
+    pub api_host: String,
+    /// Web UI, for the task link in the log (may be empty).
+    pub web_host: String,
+    pub credentials: Credentials,
+    /// Report into this existing task; `None`: create one.
+    pub task: Option<String>,
+    pub project: String,
+    /// Name of a created task; empty: the run name.
+    pub task_name: String,
+    pub task_type: String,
+    /// `X-ClearML-Worker`.
+    pub worker: String,
+    pub verify_certificate: bool,
+    pub timer_every: Duration,
+    pub batch_max: usize,
+    pub flush_interval: Duration,
+    pub queue_max: usize,
+    pub request_timeout: Duration,
+    /// First and longest wait between attempts of a failing request.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Where each setting came from, for messages (`CLEARML_API_HOST`, …).
+    pub host_source: String,
+    pub credentials_source: String,
+}
+
+/// A configuration problem, naming its source. Never contains a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ClearmlError {
+    #[error("clearml.enabled: expected auto, true or false, got `{0}`")]
+    Enabled(String),
+    #[error("cannot read the ClearML config file {path}: {source}")]
+    ConfRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the ClearML config file {path} is {size} bytes; files over 1 MiB are refused")]
+    ConfTooLarge { path: PathBuf, size: u64 },
+    #[error("malformed ClearML config file {path}, {source}")]
+    Conf {
+        path: PathBuf,
+        source: hocon::ParseError,
+    },
+    #[error("ClearML is enabled ({why}) but no API server is configured: set CLEARML_API_HOST, clearml.api_host, or api.api_server in {conf}")]
+    NoHost { why: String, conf: String },
+    #[error("ClearML API server {host} (from {source_name}) is configured, but no credentials: set CLEARML_API_ACCESS_KEY and CLEARML_API_SECRET_KEY (or CLEARML_AUTH_TOKEN), or api.credentials in {conf}")]
+    NoCredentials {
+        host: String,
+        source_name: String,
+        conf: String,
+    },
+    #[error("{0}")]
+    HalfCredentials(String),
+    #[error("ClearML API server `{host}` (from {source_name}) is not an http:// or https:// URL")]
+    BadHost { host: String, source_name: String },
+}
+
+/// The run as a created task needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunInfoLite {
+    pub name: String,
+    pub id: String,
+    pub host: String,
+}
+
+impl From<&crate::store::snapshot::RunMeta> for RunInfoLite {
+    fn from(m: &crate::store::snapshot::RunMeta) -> Self {
+        RunInfoLite {
+            name: m.name.clone(),
+            id: m.id.clone(),
+            host: m.host.clone(),
+        }
+    }
+}
+
+/// The task memtrack reports into.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskRef {
+    pub id: String,
+    pub name: String,
+    /// The project's name (empty when the task has none).
+    pub project: String,
+}
+
+/// How the run ended, for the task's final status and its artifact.
+#[derive(Debug, Clone, Default)]
+pub struct RunEnd {
+    pub exit: Option<crate::model::Exit>,
+    pub artifact: Option<Artifact>,
+}
+
+/// `memory_usage.json` where it was uploaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifact {
+    pub uri: String,
+    pub size: u64,
+    /// Lowercase hex.
+    pub sha256: String,
+}
+
+/// What the end of the run achieved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FinishReport {
+    /// Points the server stored.
+    pub sent: u64,
+    /// Points left in the spool file ([`FinishReport::spool`]).
+    pub unsent: u64,
+    /// Points dropped because their (title, series, iteration) was taken.
+    pub duplicates_skipped: u64,
+    /// Points dropped because a value was NaN or infinite.
+    pub non_finite_skipped: u64,
+    /// Points refused by the server (partial errors, rejected batches).
+    pub refused: u64,
+    /// Points thrown away because reporting was disabled.
+    pub discarded: u64,
+    /// Every problem, in words (no secrets).
+    pub errors: Vec<String>,
+    pub task: Option<TaskRef>,
+    /// The spool file, when points stayed unsent.
+    pub spool: Option<PathBuf>,
+    /// Whether the artifact was registered on the task.
+    pub artifact_registered: bool,
+    /// The final status memtrack gave the task it created
+    /// (`completed`/`failed`), if any.
+    pub final_status: Option<String>,
+}
+
+/// Variable names, newest first (`TRAINS_*` are the older aliases).
+fn env_first(
+    env: &dyn Fn(&str) -> Option<String>,
+    names: &[&'static str],
+) -> Option<(&'static str, String)> {
+    names.iter().find_map(|n| {
+        env(n)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .map(|v| (*n, v))
+    })
+}
+
+const ENV_HOST: &[&str] = &["CLEARML_API_HOST", "TRAINS_API_HOST"];
+const ENV_WEB: &[&str] = &["CLEARML_WEB_HOST", "TRAINS_WEB_HOST"];
+const ENV_KEY: &[&str] = &["CLEARML_API_ACCESS_KEY", "TRAINS_API_ACCESS_KEY"];
+const ENV_SECRET: &[&str] = &["CLEARML_API_SECRET_KEY", "TRAINS_API_SECRET_KEY"];
+const ENV_TOKEN: &[&str] = &["CLEARML_AUTH_TOKEN", "TRAINS_AUTH_TOKEN"];
+const ENV_TASK: &[&str] = &["CLEARML_TASK_ID", "TRAINS_TASK_ID"];
+const ENV_CONF: &[&str] = &["CLEARML_CONFIG_FILE", "TRAINS_CONFIG_FILE"];
+const ENV_WORKER: &[&str] = &["CLEARML_WORKER_NAME", "TRAINS_WORKER_NAME"];
+const ENV_VERIFY: &[&str] = &[
+    "CLEARML_API_HOST_VERIFY_CERT",
+    "TRAINS_API_HOST_VERIFY_CERT",
+];
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" | "1" => Some(true),
+        "false" | "no" | "off" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// Reads and parses a `clearml.conf` (at most 1 MiB).
+pub fn read_conf(path: &Path) -> Result<hocon::Document, ClearmlError> {
+    use std::io::Read;
+    let read_err = |source| ClearmlError::ConfRead {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let size = file.metadata().map_err(read_err)?.len();
+    if size > MAX_CONFIG_BYTES {
+        return Err(ClearmlError::ConfTooLarge {
+            path: path.to_path_buf(),
+            size,
+        });
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(read_err)?;
+    hocon::parse(&text).map_err(|source| ClearmlError::Conf {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Resolves ClearML settings from memtrack's config, the environment
+/// (`CLEARML_*`, and the older `TRAINS_*` aliases) and `clearml.conf`
+/// (`config.config_file`, else `CLEARML_CONFIG_FILE`, else
+/// `home/clearml.conf`).
+///
+/// `Ok(None)`: off. Precedence: memtrack config (`api_host`, `task`) >
+/// environment > `clearml.conf`. `enabled = "auto"` is on when
+/// `CLEARML_TASK_ID` or `CLEARML_API_HOST` is set, or `clearml.task` or
+/// `clearml.api_host` is given. The file is read only when it is named
+/// (`config_file`, `CLEARML_CONFIG_FILE`) or something is missing from the
+/// config and the environment; a missing default `~/clearml.conf` is no
+/// error.
+///
+/// Errors name the source: a host without credentials (or the reverse), a
+/// key without its secret, a malformed file (file, line, problem), on
+/// without a host.
+pub fn resolve(
+    config: &ClearmlConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    home: Option<&Path>,
+) -> Result<Option<Settings>, ClearmlError> {
+    let enabled = config.enabled.trim().to_ascii_lowercase();
+    let env_task = env_first(env, ENV_TASK);
+    let env_host = env_first(env, ENV_HOST);
+    let why = match enabled.as_str() {
+        "false" | "off" | "no" | "0" => return Ok(None),
+        "true" | "on" | "yes" | "1" => "clearml.enabled = true".to_string(),
+        "auto" | "" => {
+            if !config.task.trim().is_empty() {
+                "clearml.task is set".into()
+            } else if !config.api_host.trim().is_empty() {
+                "clearml.api_host is set".into()
+            } else if let Some((name, _)) = &env_task {
+                format!("{name} is set")
+            } else if let Some((name, _)) = &env_host {
+                format!("{name} is set")
+            } else {
+                return Ok(None);
+            }
+        }
+        other => return Err(ClearmlError::Enabled(other.to_string())),
+    };
+
+    // Config and environment first.
+    let mut host = if !config.api_host.trim().is_empty() {
+        Some((
+            config.api_host.trim().to_string(),
+            "clearml.api_host".to_string(),
+        ))
+    } else {
+        env_host.map(|(n, v)| (v, n.to_string()))
+    };
+    let env_key = env_first(env, ENV_KEY);
+    let env_secret = env_first(env, ENV_SECRET);
+    let mut credentials = match (env_key, env_secret) {
+        (Some((_, k)), Some((_, s))) => Some((
+            Credentials::Keys {
+                access_key: k,
+                secret_key: s,
+            },
+            "CLEARML_API_ACCESS_KEY/CLEARML_API_SECRET_KEY".to_string(),
+        )),
+        (Some((n, _)), None) => {
+            return Err(ClearmlError::HalfCredentials(format!(
+                "{n} is set but CLEARML_API_SECRET_KEY is not: ClearML needs both the access key and the secret key"
+            )))
+        }
+        (None, Some((n, _))) => {
+            return Err(ClearmlError::HalfCredentials(format!(
+                "{n} is set but CLEARML_API_ACCESS_KEY is not: ClearML needs both the access key and the secret key"
+            )))
+        }
+        (None, None) => None,
+    };
+    let mut web = env_first(env, ENV_WEB).map(|(_, v)| v);
+    let mut verify = env_first(env, ENV_VERIFY).and_then(|(_, v)| parse_bool(&v));
+
+    // Then clearml.conf.
+    let (conf_path, named) = if !config.config_file.as_os_str().is_empty() {
+        (Some(config.config_file.clone()), true)
+    } else if let Some((_, p)) = env_first(env, ENV_CONF) {
+        (Some(PathBuf::from(p)), true)
+    } else {
+        (home.map(|h| h.join("clearml.conf")), false)
+    };
+    let conf_name = conf_path
+        .as_ref()
+        .map_or_else(|| "~/clearml.conf".to_string(), |p| p.display().to_string());
+    let missing = host.is_none() || (credentials.is_none() && env_first(env, ENV_TOKEN).is_none());
+    if let Some(path) = conf_path.filter(|p| named || (missing && p.exists())) {
+        let doc = read_conf(&path)?;
+        let get = |key: &str| {
+            doc.get_str(key, env)
+                .map(|v| v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty()))
+                .map_err(|source| ClearmlError::Conf {
+                    path: path.clone(),
+                    source,
+                })
+        };
+        if host.is_none() {
+            let from_conf = match get("api.api_server")? {
+                Some(h) => Some(h),
+                None => get("api.host")?,
+            };
+            host = from_conf.map(|h| (h, format!("api.api_server in {}", path.display())));
+        }
+        if web.is_none() {
+            web = get("api.web_server")?;
+        }
+        if verify.is_none() {
+            verify = get("api.verify_certificate")?.and_then(|v| parse_bool(&v));
+        }
+        if credentials.is_none() {
+            let key = get("api.credentials.access_key")?;
+            let secret = get("api.credentials.secret_key")?;
+            credentials = match (key, secret) {
+                (Some(k), Some(s)) => Some((
+                    Credentials::Keys {
+                        access_key: k,
+                        secret_key: s,
+                    },
+                    format!("api.credentials in {}", path.display()),
+                )),
+                (Some(_), None) | (None, Some(_)) => {
+                    return Err(ClearmlError::HalfCredentials(format!(
+                        "{}: api.credentials needs both access_key and secret_key",
+                        path.display()
+                    )))
+                }
+                (None, None) => None,
+            };
+        }
+    }
+    if credentials.is_none() {
+        if let Some((n, token)) = env_first(env, ENV_TOKEN) {
+            credentials = Some((Credentials::Token(token), n.to_string()));
+        }
+    }
+
+    let Some((host, host_source)) = host else {
+        if let Some((_, source)) = credentials {
+            return Err(ClearmlError::HalfCredentials(format!(
+                "ClearML credentials are given ({source}) but no API server: set CLEARML_API_HOST, clearml.api_host, or api.api_server in {conf_name}"
+            )));
+        }
+        return Err(ClearmlError::NoHost {
+            why,
+            conf: conf_name,
+        });
+    };
+    if !(host.starts_with("http://") || host.starts_with("https://")) {
+        return Err(ClearmlError::BadHost {
+            host,
+            source_name: host_source,
+        });
+    }
+    let Some((credentials, credentials_source)) = credentials else {
+        return Err(ClearmlError::NoCredentials {
+            host,
+            source_name: host_source,
+            conf: conf_name,
+        });
+    };
+
+    let task = if !config.task.trim().is_empty() {
+        Some(config.task.trim().to_string())
+    } else {
+        env_task.map(|(_, v)| v)
+    };
+    let worker = env_first(env, ENV_WORKER)
+        .map(|(_, v)| v)
+        .or_else(|| sysinfo::System::host_name().ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| "memtrack".into());
+    Ok(Some(Settings {
+        api_host: host.trim_end_matches('/').to_string(),
+        web_host: web.unwrap_or_default().trim_end_matches('/').to_string(),
+        credentials,
+        task,
+        project: if config.project.trim().is_empty() {
+            "memtrack".into()
+        } else {
+            config.project.trim().to_string()
+        },
+        task_name: config.task_name.clone(),
+        task_type: config.task_type.clone(),
+        worker,
+        verify_certificate: verify.unwrap_or(true),
+        timer_every: config.timer_every,
+        batch_max: config.batch_max.max(1),
+        flush_interval: config.flush_interval.max(Duration::from_millis(10)),
+        queue_max: config.queue_max.max(1),
+        request_timeout: config.request_timeout.max(Duration::from_millis(100)),
+        backoff_min: BACKOFF_MIN,
+        backoff_max: BACKOFF_MAX,
+        host_source,
+        credentials_source,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    fn conf_dir(text: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("clearml.conf"), text).unwrap();
+        dir
+    }
+
+    const CONF: &str = "api {\n  api_server: http://conf:8008\n  web_server: http://conf:8080\n  credentials {\"access_key\": \"CONFKEY\", \"secret_key\": \"CONFSECRET\"}\n}\n";
+
+    #[test]
+    fn auto_is_off_without_a_trigger() {
+        let dir = conf_dir(CONF);
+        let got = resolve(&ClearmlConfig::default(), &env_of(&[]), Some(dir.path())).unwrap();
+        assert!(got.is_none());
+        let off = ClearmlConfig {
+            enabled: "false".into(),
+            task: "t".into(),
+            ..ClearmlConfig::default()
+        };
+        assert!(resolve(&off, &env_of(&[("CLEARML_TASK_ID", "x")]), None)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn task_id_turns_it_on_and_the_file_fills_the_rest() {
+        let dir = conf_dir(CONF);
+        let s = resolve(
+            &ClearmlConfig::default(),
+            &env_of(&[("CLEARML_TASK_ID", "abc")]),
+            Some(dir.path()),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.api_host, "http://conf:8008");
+        assert_eq!(s.web_host, "http://conf:8080");
+        assert_eq!(s.task.as_deref(), Some("abc"));
+        assert_eq!(
+            s.credentials,
+            Credentials::Keys {
+                access_key: "CONFKEY".into(),
+                secret_key: "CONFSECRET".into()
+            }
+        );
+        assert!(!format!("{s:?}").contains("CONFSECRET"));
+    }
+
+    #[test]
+    fn config_beats_environment_beats_file() {
+        let dir = conf_dir(CONF);
+        let config = ClearmlConfig {
+            api_host: "https://cfg.example/".into(),
+            task: "cfgtask".into(),
+            ..ClearmlConfig::default()
+        };
+        let env = env_of(&[
+            ("CLEARML_API_HOST", "http://env:8008"),
+            ("CLEARML_TASK_ID", "envtask"),
+            ("CLEARML_API_ACCESS_KEY", "ENVKEY"),
+            ("CLEARML_API_SECRET_KEY", "ENVSECRET"),
+            ("CLEARML_WORKER_NAME", "w1"),
+        ]);
+        let s = resolve(&config, &env, Some(dir.path())).unwrap().unwrap();
+        assert_eq!(s.api_host, "https://cfg.example");
+        assert_eq!(s.task.as_deref(), Some("cfgtask"));
+        assert_eq!(s.worker, "w1");
+        assert!(
+            matches!(&s.credentials, Credentials::Keys { access_key, .. } if access_key == "ENVKEY")
+        );
+        // Without the config's host, the environment's wins over the file.
+        let s = resolve(&ClearmlConfig::default(), &env, Some(dir.path()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.api_host, "http://env:8008");
+        assert_eq!(s.host_source, "CLEARML_API_HOST");
+    }
+
+    #[test]
+    fn trains_aliases_and_token_only() {
+        let env = env_of(&[
+            ("TRAINS_API_HOST", "http://old:8008"),
+            ("CLEARML_AUTH_TOKEN", "tok.en.x"),
+        ]);
+        let s = resolve(&ClearmlConfig::default(), &env, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.api_host, "http://old:8008");
+        assert_eq!(s.credentials, Credentials::Token("tok.en.x".into()));
+        assert_eq!(format!("{:?}", s.credentials), "Token(***)");
+    }
+
+    #[test]
+    fn half_configurations_are_errors_without_secrets() {
+        let host_only = resolve(
+            &ClearmlConfig::default(),
+            &env_of(&[("CLEARML_API_HOST", "http://h:8008")]),
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(host_only, ClearmlError::NoCredentials { .. }));
+        assert!(host_only.to_string().contains("CLEARML_API_ACCESS_KEY"));
+
+        let key_only = resolve(
+            &ClearmlConfig::default(),
+            &env_of(&[
+                ("CLEARML_API_HOST", "http://h:8008"),
+                ("CLEARML_API_ACCESS_KEY", "SEKRITKEY"),
+            ]),
+            None,
+        )
+        .unwrap_err();
+        assert!(key_only.to_string().contains("CLEARML_API_SECRET_KEY"));
+        assert!(!key_only.to_string().contains("SEKRITKEY"));
+
+        let on = ClearmlConfig {
+            enabled: "true".into(),
+            ..ClearmlConfig::default()
+        };
+        let creds_only = resolve(
+            &on,
+            &env_of(&[
+                ("CLEARML_API_ACCESS_KEY", "K"),
+                ("CLEARML_API_SECRET_KEY", "S"),
+            ]),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            creds_only.to_string().contains("no API server"),
+            "{creds_only}"
+        );
+
+        let nothing = resolve(&on, &env_of(&[]), None).unwrap_err();
+        assert!(matches!(nothing, ClearmlError::NoHost { .. }), "{nothing}");
+
+        let bad = ClearmlConfig {
+            enabled: "maybe".into(),
+            ..ClearmlConfig::default()
+        };
+        assert!(matches!(
+            resolve(&bad, &env_of(&[]), None),
+            Err(ClearmlError::Enabled(_))
+        ));
+        let not_url = resolve(
+            &ClearmlConfig::default(),
+            &env_of(&[("CLEARML_API_HOST", "localhost:8008")]),
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(not_url, ClearmlError::BadHost { .. }));
+    }
+
+    #[test]
+    fn malformed_file_names_file_and_line() {
+        let dir =
+            conf_dir("api {\n  api_server: http://x:8008\n  credentials {\"access_key\": \"K\"\n");
+        let err = resolve(
+            &ClearmlConfig::default(),
+            &env_of(&[("CLEARML_TASK_ID", "t")]),
+            Some(dir.path()),
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("clearml.conf"), "{msg}");
+        assert!(msg.contains("line 4"), "{msg}");
+        // A named file that does not exist is an error; a missing default is not.
+        let named = ClearmlConfig {
+            config_file: dir.path().join("nope.conf"),
+            api_host: "http://h".into(),
+            ..ClearmlConfig::default()
+        };
+        assert!(matches!(
+            resolve(&named, &env_of(&[]), None),
+            Err(ClearmlError::ConfRead { .. })
+        ));
+        let empty = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            resolve(
+                &ClearmlConfig::default(),
+                &env_of(&[("CLEARML_API_HOST", "http://h")]),
+                Some(empty.path())
+            ),
+            Err(ClearmlError::NoCredentials { .. })
+        ));
+    }
+
+    #[test]
+    fn large_files_are_refused() {
+        let dir = conf_dir(&"# padding\n".repeat(120_000));
+        let err = resolve(
+            &ClearmlConfig::default(),
+            &env_of(&[("CLEARML_TASK_ID", "t")]),
+            Some(dir.path()),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ClearmlError::ConfTooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn masks_keep_little() {
+        assert_eq!(mask("short"), "***");
+        assert_eq!(mask("ABCDEFGHIJKL"), "ABCD***");
+    }
+}

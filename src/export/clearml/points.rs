@@ -1,0 +1,449 @@
+//! Log entries → ClearML scalar points, as a pure fold (no I/O, no clock
+//! except the one passed in).
+//!
+//! Each forwarded entry becomes up to six points under the title
+//! `memory/<component>`, one per figure of `detailed_log`
+//! ([`FIELDS`]). Timer samples are first folded into windows of
+//! `timer_every` per component (the maximum of each figure is kept, so no
+//! peak is lost); marks and system entries are all forwarded.
+//!
+//! **Iterations and collisions.** A point's `iter` is the entry's own
+//! `iteration` when the job sent one (so memtrack's charts line up with the
+//! job's), else a per-run measurement counter that grows by one for every
+//! forwarded entry. ClearML stores one point per (title, series, iter) and
+//! silently overwrites a repeat, so memtrack sends each at most once: when
+//! a later entry lands on a (title, iter) already taken — e.g.
+//! `before_generate` and `after_generate` both at iteration 17 of `model` —
+//! its figures go to the series `<field>:<operation>`
+//! (`gpu_ram_used_mb:after_generate`) at the same iter; if that is taken
+//! too, the entry's points are dropped and counted as duplicates.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Entry, EntryKind};
+
+/// The series reported for every entry: seed 002's four figures, then
+/// memtrack's NVML and high-water-mark figures.
+pub const FIELDS: [&str; 6] = [
+    "cpu_ram_used_mb",
+    "gpu_ram_used_mb",
+    "gpu_ram_peak_mb",
+    "reserved_gpu_ram_mb",
+    "gpu_process_used_mb",
+    "cpu_ram_hwm_mb",
+];
+
+/// Title prefix: `memory/<component>`.
+pub const TITLE_PREFIX: &str = "memory/";
+
+/// One scalar, without its task (added when sent). This is also the line
+/// format of the spool file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    pub metric: String,
+    pub variant: String,
+    pub value: f64,
+    pub iter: u64,
+    /// Unix milliseconds.
+    pub timestamp: i64,
+}
+
+fn figures(e: &Entry) -> [f64; 6] {
+    [
+        e.cpu_ram_used_mb,
+        e.gpu_ram_used_mb,
+        e.gpu_ram_peak_mb,
+        e.reserved_gpu_ram_mb,
+        e.gpu_process_used_mb,
+        e.cpu_ram_hwm_mb,
+    ]
+}
+
+/// Folds `e` into `acc`, keeping the maximum of each figure (NaN-safe:
+/// `f64::max` ignores a NaN operand).
+fn fold_max(acc: &mut Entry, e: &Entry) {
+    acc.cpu_ram_used_mb = acc.cpu_ram_used_mb.max(e.cpu_ram_used_mb);
+    acc.gpu_ram_used_mb = acc.gpu_ram_used_mb.max(e.gpu_ram_used_mb);
+    acc.gpu_ram_peak_mb = acc.gpu_ram_peak_mb.max(e.gpu_ram_peak_mb);
+    acc.reserved_gpu_ram_mb = acc.reserved_gpu_ram_mb.max(e.reserved_gpu_ram_mb);
+    acc.gpu_process_used_mb = acc.gpu_process_used_mb.max(e.gpu_process_used_mb);
+    acc.cpu_ram_hwm_mb = acc.cpu_ram_hwm_mb.max(e.cpu_ram_hwm_mb);
+    acc.timestamp_end = Some(e.timestamp);
+    acc.samples = Some(acc.samples.unwrap_or(1) + e.samples.unwrap_or(1));
+}
+
+/// Timer samples of one component waiting for their window to end.
+#[derive(Debug)]
+struct Window {
+    /// Entry time of the first sample (Unix seconds).
+    start: f64,
+    /// When it was opened, on this machine's clock.
+    opened: Instant,
+    acc: Entry,
+}
+
+/// What the converter dropped, for the final report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    pub duplicates: u64,
+    pub non_finite: u64,
+}
+
+/// The fold: feed entries in, get points out.
+#[derive(Debug)]
+pub struct Converter {
+    timer_every: Duration,
+    windows: BTreeMap<String, Window>,
+    counter: u64,
+    /// Interned titles and operations, so the taken-key set stays small.
+    titles: HashMap<String, u32>,
+    operations: HashMap<String, u32>,
+    /// (title, alternative: 0 = the plain series, else operation + 1, iter).
+    taken: HashSet<(u32, u32, u64)>,
+    pub dropped: Dropped,
+    duplicate_logged: bool,
+}
+
+impl Converter {
+    pub fn new(timer_every: Duration) -> Self {
+        Converter {
+            timer_every,
+            windows: BTreeMap::new(),
+            counter: 0,
+            titles: HashMap::new(),
+            operations: HashMap::new(),
+            taken: HashSet::new(),
+            dropped: Dropped::default(),
+            duplicate_logged: false,
+        }
+    }
+
+    /// Entries forwarded so far (the next counter value).
+    pub fn forwarded(&self) -> u64 {
+        self.counter
+    }
+
+    /// Takes one entry; appends the points it releases to `out`. `now` is
+    /// the machine's monotonic clock (windows also close after
+    /// `timer_every` of wall time, so a quiet component is not held back).
+    pub fn push(&mut self, e: Entry, now: Instant, out: &mut Vec<Point>) {
+        // Any entry's time closes the windows it has passed.
+        self.close_passed(e.timestamp, now, out);
+        if e.kind != EntryKind::Timer || self.timer_every.is_zero() {
+            self.forward(&e, out);
+            return;
+        }
+        match self.windows.get_mut(&e.component) {
+            Some(w) => fold_max(&mut w.acc, &e),
+            None => {
+                self.windows.insert(
+                    e.component.clone(),
+                    Window {
+                        start: e.timestamp,
+                        opened: now,
+                        acc: e,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Closes windows whose span has passed in entry time (`ts`) or in
+    /// machine time (`now`).
+    pub fn close_passed(&mut self, ts: f64, now: Instant, out: &mut Vec<Point>) {
+        if self.windows.is_empty() {
+            return;
+        }
+        let every = self.timer_every.as_secs_f64();
+        let due: Vec<String> = self
+            .windows
+            .iter()
+            .filter(|(_, w)| {
+                ts >= w.start + every || now.duration_since(w.opened) >= self.timer_every
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        self.close(due, out);
+    }
+
+    /// Closes every window (end of the run).
+    pub fn close_all(&mut self, out: &mut Vec<Point>) {
+        let all: Vec<String> = self.windows.keys().cloned().collect();
+        self.close(all, out);
+    }
+
+    fn close(&mut self, mut keys: Vec<String>, out: &mut Vec<Point>) {
+        // Oldest window first, so counters follow time.
+        keys.sort_by(|a, b| {
+            let ta = self.windows.get(a).map_or(0.0, |w| w.start);
+            let tb = self.windows.get(b).map_or(0.0, |w| w.start);
+            ta.total_cmp(&tb).then_with(|| a.cmp(b))
+        });
+        for k in keys {
+            if let Some(w) = self.windows.remove(&k) {
+                self.forward(&w.acc, out);
+            }
+        }
+    }
+
+    fn intern(map: &mut HashMap<String, u32>, s: &str) -> u32 {
+        if let Some(id) = map.get(s) {
+            return *id;
+        }
+        let id = u32::try_from(map.len()).unwrap_or(u32::MAX);
+        map.insert(s.to_string(), id);
+        id
+    }
+
+    /// One forwarded entry → its points.
+    fn forward(&mut self, e: &Entry, out: &mut Vec<Point>) {
+        let iter = e.iteration.unwrap_or(self.counter);
+        self.counter += 1;
+        let title = Self::intern(&mut self.titles, &e.component);
+        let suffix = if self.taken.insert((title, 0, iter)) {
+            None
+        } else {
+            let op = Self::intern(&mut self.operations, &e.operation);
+            if self.taken.insert((title, op.saturating_add(1), iter)) {
+                Some(e.operation.as_str())
+            } else {
+                let n = figures(e).iter().filter(|v| v.is_finite()).count() as u64;
+                self.dropped.duplicates += n;
+                if !self.duplicate_logged {
+                    self.duplicate_logged = true;
+                    tracing::warn!(
+                        "ClearML: {}/{} at iteration {iter} repeats a point already sent for \
+                         this title and iteration (also as `<field>:{}`); it is not sent \
+                         (further repeats are counted, not logged)",
+                        e.component,
+                        e.operation,
+                        e.operation
+                    );
+                }
+                return;
+            }
+        };
+        let metric = format!("{TITLE_PREFIX}{}", e.component);
+        let timestamp = if e.timestamp.is_finite() && e.timestamp > 0.0 {
+            (e.timestamp * 1000.0).round() as i64
+        } else {
+            now_ms()
+        };
+        for (field, value) in FIELDS.iter().zip(figures(e)) {
+            if !value.is_finite() {
+                self.dropped.non_finite += 1;
+                continue;
+            }
+            let variant = match suffix {
+                None => (*field).to_string(),
+                Some(op) => format!("{field}:{op}"),
+            };
+            out.push(Point {
+                metric: metric.clone(),
+                variant,
+                value,
+                iter,
+                timestamp,
+            });
+        }
+    }
+}
+
+/// The system clock as Unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(component: &str, op: &str, ts: f64, iteration: Option<u64>, v: f64) -> Entry {
+        Entry {
+            component: component.into(),
+            operation: op.into(),
+            timestamp: ts,
+            cpu_ram_used_mb: v,
+            gpu_ram_used_mb: v + 1.0,
+            iteration,
+            kind: EntryKind::Event,
+            ..Entry::default()
+        }
+    }
+
+    fn timer(component: &str, ts: f64, v: f64) -> Entry {
+        Entry {
+            kind: EntryKind::Timer,
+            operation: "timer".into(),
+            ..mark(component, "timer", ts, None, v)
+        }
+    }
+
+    fn run(c: &mut Converter, entries: Vec<Entry>) -> Vec<Point> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for e in entries {
+            c.push(e, now, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn a_mark_becomes_six_points_in_milliseconds() {
+        let mut c = Converter::new(Duration::ZERO);
+        let pts = run(
+            &mut c,
+            vec![mark("model", "load", 1_733_000_000.123_4, Some(7), 10.0)],
+        );
+        assert_eq!(pts.len(), 6);
+        assert!(pts
+            .iter()
+            .all(|p| p.metric == "memory/model" && p.iter == 7));
+        assert_eq!(pts[0].timestamp, 1_733_000_000_123);
+        assert_eq!(pts[0].variant, "cpu_ram_used_mb");
+        assert_eq!(pts[1].value, 11.0);
+        assert_eq!(pts[5].variant, "cpu_ram_hwm_mb");
+    }
+
+    #[test]
+    fn without_an_iteration_the_run_counter_is_used() {
+        let mut c = Converter::new(Duration::ZERO);
+        let pts = run(
+            &mut c,
+            vec![
+                mark("a", "x", 1.0, None, 1.0),
+                mark("b", "x", 2.0, Some(100), 1.0),
+                mark("a", "y", 3.0, None, 1.0),
+            ],
+        );
+        let iters: Vec<u64> = pts.iter().step_by(6).map(|p| p.iter).collect();
+        assert_eq!(iters, vec![0, 100, 2]);
+        assert_eq!(c.forwarded(), 3);
+    }
+
+    #[test]
+    fn collisions_move_to_the_operation_series_then_drop() {
+        let mut c = Converter::new(Duration::ZERO);
+        let pts = run(
+            &mut c,
+            vec![
+                mark("model", "before_generate", 1.0, Some(17), 1.0),
+                mark("model", "after_generate", 2.0, Some(17), 2.0),
+                mark("model", "after_generate", 3.0, Some(17), 3.0),
+                mark("data", "after_generate", 3.0, Some(17), 3.0),
+            ],
+        );
+        let names: Vec<&str> = pts.iter().step_by(6).map(|p| p.variant.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "cpu_ram_used_mb",
+                "cpu_ram_used_mb:after_generate",
+                "cpu_ram_used_mb"
+            ]
+        );
+        assert_eq!(c.dropped.duplicates, 6);
+        let mut keys: Vec<_> = pts
+            .iter()
+            .map(|p| (&p.metric, &p.variant, p.iter))
+            .collect();
+        keys.sort();
+        let n = keys.len();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "every (metric, variant, iter) once");
+    }
+
+    #[test]
+    fn non_finite_values_are_skipped_and_counted() {
+        let mut c = Converter::new(Duration::ZERO);
+        let mut e = mark("m", "x", 1.0, Some(1), f64::NAN);
+        e.reserved_gpu_ram_mb = f64::INFINITY;
+        let pts = run(&mut c, vec![e]);
+        assert_eq!(pts.len(), 3);
+        assert_eq!(c.dropped.non_finite, 3);
+    }
+
+    #[test]
+    fn timer_windows_keep_the_maxima() {
+        let mut c = Converter::new(Duration::from_secs(1));
+        let mut pts = run(
+            &mut c,
+            vec![
+                timer("system", 10.0, 5.0),
+                timer("system", 10.3, 9.0),
+                timer("model", 10.4, 1.0),
+                timer("system", 10.6, 7.0),
+                // Passes the first window of both components.
+                timer("system", 11.0, 2.0),
+            ],
+        );
+        // system [10, 11) and model [10.4, …) — model's is not yet over.
+        assert_eq!(pts.len(), 6);
+        assert_eq!(pts[0].value, 9.0);
+        assert_eq!(pts[0].timestamp, 10_000);
+        assert_eq!(pts[0].iter, 0);
+        c.close_all(&mut pts);
+        let firsts: Vec<(String, f64, u64)> = pts
+            .iter()
+            .step_by(6)
+            .map(|p| (p.metric.clone(), p.value, p.iter))
+            .collect();
+        assert_eq!(
+            firsts,
+            vec![
+                ("memory/system".to_string(), 9.0, 0),
+                ("memory/model".to_string(), 1.0, 1),
+                ("memory/system".to_string(), 2.0, 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_mark_closes_passed_windows_and_wall_time_does_too() {
+        let mut c = Converter::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        c.push(timer("system", 10.0, 1.0), t0, &mut out);
+        c.push(mark("model", "x", 10.5, None, 1.0), t0, &mut out);
+        assert_eq!(out.len(), 6, "the mark only");
+        c.push(mark("model", "y", 11.5, None, 1.0), t0, &mut out);
+        assert_eq!(out.len(), 18, "window closed before the second mark");
+        c.push(timer("system", 20.0, 1.0), t0, &mut out);
+        c.close_passed(0.0, t0 + Duration::from_millis(999), &mut out);
+        assert_eq!(out.len(), 18);
+        c.close_passed(0.0, t0 + Duration::from_secs(1), &mut out);
+        assert_eq!(out.len(), 24);
+    }
+
+    #[test]
+    fn zero_every_forwards_every_timer_sample() {
+        let mut c = Converter::new(Duration::ZERO);
+        let pts = run(
+            &mut c,
+            (0..5).map(|i| timer("s", f64::from(i), 1.0)).collect(),
+        );
+        assert_eq!(pts.len(), 30);
+    }
+
+    #[test]
+    fn points_serialize_compactly() {
+        let p = Point {
+            metric: "memory/model".into(),
+            variant: "gpu_ram_used_mb".into(),
+            value: 10240.0,
+            iter: 17,
+            timestamp: 1_733_000_000_000,
+        };
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(
+            text,
+            r#"{"metric":"memory/model","variant":"gpu_ram_used_mb","value":10240.0,"iter":17,"timestamp":1733000000000}"#
+        );
+        assert_eq!(serde_json::from_str::<Point>(&text).unwrap(), p);
+    }
+}

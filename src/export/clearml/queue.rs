@@ -1,0 +1,390 @@
+//! The points waiting for the server: at most `queue_max` in memory, the
+//! rest in a spool file, in one overall order.
+//!
+//! While the server is away a long run can produce more points than
+//! memtrack should hold, so the newest go to `clearml-spool.jsonl` (one
+//! [`Point`] as JSON per line). The order is memory first, then the spool
+//! from its read position, so once anything is spooled every newer point
+//! is spooled too, and memory is refilled from the head of the spool as
+//! batches leave. A fully read spool is truncated. At the end of the run
+//! [`Queue::persist`] rewrites the spool to hold every unsent point, memory
+//! first, so nothing is lost when the server never came back.
+//!
+//! The file is local and written in small buffered appends; no network
+//! call ever waits on it, and it never waits on the network.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use super::points::Point;
+
+/// The bounded queue.
+#[derive(Debug)]
+pub struct Queue {
+    mem: VecDeque<Point>,
+    /// Points taken out for sending and not yet settled: they count
+    /// against the memory bound.
+    held: usize,
+    max: usize,
+    path: PathBuf,
+    spool: Option<Spool>,
+    /// Points in the spool not yet read back.
+    spooled: u64,
+    /// Points lost because the spool could not be written.
+    pub lost: u64,
+    spool_error_logged: bool,
+}
+
+#[derive(Debug)]
+struct Spool {
+    writer: BufWriter<File>,
+    reader: BufReader<File>,
+    /// Byte offset of the next unread line.
+    read_at: u64,
+}
+
+impl Queue {
+    pub fn new(max: usize, path: PathBuf) -> Self {
+        Queue {
+            mem: VecDeque::new(),
+            held: 0,
+            max: max.max(1),
+            path,
+            spool: None,
+            spooled: 0,
+            lost: 0,
+            spool_error_logged: false,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Points waiting (memory and spool, not counting held ones).
+    pub fn len(&self) -> u64 {
+        self.mem.len() as u64 + self.spooled
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Points waiting in the spool file.
+    pub fn spooled(&self) -> u64 {
+        self.spooled
+    }
+
+    /// Points in memory, including those out for sending.
+    pub fn in_memory(&self) -> usize {
+        self.mem.len() + self.held
+    }
+
+    /// Appends points, spilling to the spool once memory is full (or
+    /// anything is already spooled, to keep the order).
+    pub fn extend(&mut self, points: impl IntoIterator<Item = Point>) {
+        let mut spill = Vec::new();
+        for p in points {
+            if self.spooled == 0 && spill.is_empty() && self.in_memory() < self.max {
+                self.mem.push_back(p);
+            } else {
+                spill.push(p);
+            }
+        }
+        if !spill.is_empty() {
+            let n = spill.len() as u64;
+            match self.append(&spill) {
+                Ok(()) => self.spooled += n,
+                Err(e) => {
+                    self.lost += n;
+                    if !self.spool_error_logged {
+                        self.spool_error_logged = true;
+                        tracing::error!(
+                            "ClearML: cannot write the spool file {}: {e}; points beyond \
+                             the in-memory queue are dropped",
+                            self.path.display()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn open(&mut self) -> io::Result<&mut Spool> {
+        if self.spool.is_none() {
+            if let Some(dir) = self.path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let file = OpenOptions::new()
+                .create(true)
+                .read(true)
+                .write(true)
+                .truncate(true)
+                .open(&self.path)?;
+            let reader = BufReader::new(file.try_clone()?);
+            self.spool = Some(Spool {
+                writer: BufWriter::new(file),
+                reader,
+                read_at: 0,
+            });
+        }
+        self.spool
+            .as_mut()
+            .ok_or_else(|| io::Error::other("spool not open"))
+    }
+
+    fn append(&mut self, points: &[Point]) -> io::Result<()> {
+        let spool = self.open()?;
+        spool.writer.seek(SeekFrom::End(0))?;
+        for p in points {
+            serde_json::to_writer(&mut spool.writer, p)?;
+            spool.writer.write_all(b"\n")?;
+        }
+        spool.writer.flush()
+    }
+
+    /// Takes up to `n` points from the front for sending (refilling memory
+    /// from the spool first). They are held until [`Queue::settle`] or
+    /// [`Queue::put_back`].
+    pub fn take(&mut self, n: usize) -> Vec<Point> {
+        self.refill();
+        let k = n.min(self.mem.len());
+        let batch: Vec<Point> = self.mem.drain(..k).collect();
+        self.held += batch.len();
+        batch
+    }
+
+    /// The held batch left for good (delivered or dropped).
+    pub fn settle(&mut self, n: usize) {
+        self.held = self.held.saturating_sub(n);
+        self.refill();
+    }
+
+    /// The held batch goes back to the front, in its order.
+    pub fn put_back(&mut self, batch: Vec<Point>) {
+        self.held = self.held.saturating_sub(batch.len());
+        for p in batch.into_iter().rev() {
+            self.mem.push_front(p);
+        }
+    }
+
+    /// Moves points from the head of the spool into free memory.
+    fn refill(&mut self) {
+        if self.spooled == 0 {
+            return;
+        }
+        let room = self.max.saturating_sub(self.in_memory());
+        if room == 0 {
+            return;
+        }
+        match self.read_front(room) {
+            Ok(points) => {
+                self.spooled = self.spooled.saturating_sub(points.len() as u64);
+                self.mem.extend(points);
+            }
+            Err(e) => {
+                // An unreadable spool cannot be replayed: count it as lost.
+                tracing::error!(
+                    "ClearML: cannot read back the spool file {}: {e}; {} spooled points are lost",
+                    self.path.display(),
+                    self.spooled
+                );
+                self.lost += self.spooled;
+                self.spooled = 0;
+            }
+        }
+        if self.spooled == 0 {
+            self.reset_spool();
+        }
+    }
+
+    fn read_front(&mut self, max: usize) -> io::Result<Vec<Point>> {
+        let spool = self.open()?;
+        spool.writer.flush()?;
+        spool.reader.seek(SeekFrom::Start(spool.read_at))?;
+        let mut out = Vec::with_capacity(max.min(4096));
+        let mut line = String::new();
+        while out.len() < max {
+            line.clear();
+            let n = spool.reader.read_line(&mut line)?;
+            if n == 0 {
+                break;
+            }
+            spool.read_at += n as u64;
+            match serde_json::from_str::<Point>(line.trim_end()) {
+                Ok(p) => out.push(p),
+                Err(e) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("bad line at byte {}: {e}", spool.read_at - n as u64),
+                    ))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Everything was read back: empty the file.
+    fn reset_spool(&mut self) {
+        if let Some(spool) = self.spool.as_mut() {
+            let reset = spool
+                .writer
+                .flush()
+                .and_then(|()| spool.writer.get_ref().set_len(0))
+                .and_then(|()| spool.writer.seek(SeekFrom::Start(0)).map(|_| ()));
+            spool.read_at = 0;
+            if reset.is_err() {
+                self.spool = None;
+            }
+        }
+    }
+
+    /// Writes every unsent point (memory, then the unread spool) to the
+    /// spool file, replacing it atomically, and returns how many. Removes
+    /// the file when there is nothing left. Held points must have been put
+    /// back first.
+    pub fn persist(&mut self) -> io::Result<u64> {
+        let unread: Option<u64> = match self.spool.as_mut() {
+            Some(s) => {
+                s.writer.flush()?;
+                Some(s.read_at)
+            }
+            None => None,
+        };
+        let total = self.mem.len() as u64 + self.spooled;
+        if total == 0 {
+            self.spool = None;
+            match std::fs::remove_file(&self.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            return Ok(0);
+        }
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = self.path.with_extension("jsonl.tmp");
+        {
+            let mut out = BufWriter::new(File::create(&tmp)?);
+            for p in &self.mem {
+                serde_json::to_writer(&mut out, p)?;
+                out.write_all(b"\n")?;
+            }
+            if let (Some(offset), true) = (unread, self.spooled > 0) {
+                let mut src = File::open(&self.path)?;
+                src.seek(SeekFrom::Start(offset))?;
+                io::copy(&mut src, &mut out)?;
+            }
+            out.flush()?;
+            out.get_ref().sync_all()?;
+        }
+        self.spool = None;
+        std::fs::rename(&tmp, &self.path)?;
+        self.spooled = total;
+        self.mem.clear();
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pt(i: u64) -> Point {
+        Point {
+            metric: "memory/m".into(),
+            variant: "cpu_ram_used_mb".into(),
+            value: i as f64,
+            iter: i,
+            timestamp: 1_700_000_000_000 + i as i64,
+        }
+    }
+
+    fn lines(path: &Path) -> Vec<u64> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Point>(l).unwrap().iter)
+            .collect()
+    }
+
+    #[test]
+    fn spills_beyond_the_bound_and_keeps_the_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/clearml-spool.jsonl");
+        let mut q = Queue::new(4, path.clone());
+        q.extend((0..10).map(pt));
+        assert_eq!((q.in_memory(), q.spooled()), (4, 6));
+        assert_eq!(lines(&path), vec![4, 5, 6, 7, 8, 9]);
+        let mut seen = Vec::new();
+        // A failed send goes back to the front.
+        let b = q.take(3);
+        q.put_back(b);
+        loop {
+            let b = q.take(3);
+            if b.is_empty() {
+                break;
+            }
+            assert!(q.in_memory() <= 4);
+            seen.extend(b.iter().map(|p| p.iter));
+            let n = b.len();
+            q.settle(n);
+            // New points arriving meanwhile go behind the spool.
+            if seen.len() == 3 {
+                q.extend((10..12).map(pt));
+            }
+        }
+        assert_eq!(seen, (0..12).collect::<Vec<_>>());
+        assert!(q.is_empty());
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            0,
+            "drained spool is emptied"
+        );
+        // And it is reused afterwards.
+        q.extend((20..27).map(pt));
+        assert_eq!(q.spooled(), 3);
+        assert_eq!(lines(&path), vec![24, 25, 26]);
+    }
+
+    #[test]
+    fn persist_writes_memory_then_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("clearml-spool.jsonl");
+        let mut q = Queue::new(3, path.clone());
+        q.extend((0..8).map(pt));
+        let b = q.take(2);
+        q.settle(b.len());
+        let held = q.take(1);
+        q.put_back(held);
+        assert_eq!(q.persist().unwrap(), 6);
+        assert_eq!(lines(&path), vec![2, 3, 4, 5, 6, 7]);
+        assert_eq!(q.len(), 6);
+    }
+
+    #[test]
+    fn persist_removes_an_empty_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("clearml-spool.jsonl");
+        let mut q = Queue::new(1, path.clone());
+        q.extend((0..3).map(pt));
+        assert!(path.exists());
+        while !q.take(1).is_empty() {
+            q.settle(1);
+        }
+        assert_eq!(q.persist().unwrap(), 0);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn an_unwritable_spool_counts_losses() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("file"), "x").unwrap();
+        let mut q = Queue::new(2, dir.path().join("file/spool.jsonl"));
+        q.extend((0..5).map(pt));
+        assert_eq!((q.in_memory(), q.lost), (2, 3));
+    }
+}

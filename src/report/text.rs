@@ -1,0 +1,560 @@
+//! `memtrack report FILE`: what a run needed, as a readable terminal report
+//! or as JSON.
+//!
+//! Seed 002 answers "what GPU do I need?", "is there a leak?" by reading the
+//! JSON by hand; this does it. It reads any schema version and the seed's
+//! bare shape (only `detailed_log` and `peak_usage`), recomputing what an
+//! older file lacks (the leak verdict, the re-run summary).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::model::{Document, Peaks};
+use crate::report::leak;
+
+/// GPU memory sizes sold, GiB: the smallest one a run fits in is the
+/// answer to "what GPU do I need".
+pub const GPU_CLASSES_GIB: &[f64] = &[
+    4.0, 6.0, 8.0, 10.0, 11.0, 12.0, 16.0, 20.0, 24.0, 32.0, 40.0, 48.0, 80.0, 94.0, 141.0, 192.0,
+];
+
+/// What a re-run needs.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Needs {
+    /// Peak host RAM (RSS, or the summed high-water mark when higher), MiB.
+    pub host_peak_mb: f64,
+    /// With 10 % headroom, MiB.
+    pub host_needed_mb: f64,
+    /// Per GPU: the tree's peak, MiB.
+    pub gpu_peak_mb: BTreeMap<String, f64>,
+    /// The largest per-GPU need with 10 % headroom, MiB.
+    pub gpu_needed_mb: f64,
+    /// The smallest GPU memory class that fits, GiB (none when no GPU was used).
+    pub gpu_class_gib: Option<f64>,
+}
+
+/// Everything the report says, for `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub run: serde_json::Value,
+    pub peak_usage: Peaks,
+    pub peaks_by_component: BTreeMap<String, Peaks>,
+    pub stages: serde_json::Value,
+    pub targets: serde_json::Value,
+    pub gpus: serde_json::Value,
+    pub alerts: serde_json::Value,
+    pub leak: serde_json::Value,
+    pub flight_recorder: serde_json::Value,
+    pub ranks: serde_json::Value,
+    pub needs: Needs,
+}
+
+const HEADROOM: f64 = 0.10;
+
+/// The smallest class in [`GPU_CLASSES_GIB`] holding `mb` MiB.
+pub fn gpu_class(mb: f64) -> Option<f64> {
+    if mb <= 0.0 {
+        return None;
+    }
+    let gib = mb / 1024.0;
+    GPU_CLASSES_GIB
+        .iter()
+        .copied()
+        .find(|c| *c >= gib)
+        .or(Some(gib.ceil()))
+}
+
+/// What a re-run needs, from whatever the file holds.
+pub fn needs(doc: &Document) -> Needs {
+    let p = &doc.peak_usage;
+    let host_peak = p
+        .cpu_ram_used_mb
+        .max(p.cpu_ram_hwm_mb)
+        .max(doc.summary.peak_host_ram_mb);
+    let mut gpu_peak: BTreeMap<String, f64> = BTreeMap::new();
+    for g in &doc.gpus {
+        if g.peak_tree_used_mb > 0.0 {
+            let key = match &g.host {
+                Some(h) => format!("{h}:{}", g.index),
+                None => g.index.to_string(),
+            };
+            gpu_peak.insert(key, g.peak_tree_used_mb);
+        }
+    }
+    if gpu_peak.is_empty() {
+        // Seed-shaped or allocator-only files: PyTorch's reserved pool is
+        // the closest figure (it leaves out the CUDA context).
+        let alloc = p
+            .reserved_gpu_ram_mb
+            .max(p.gpu_ram_peak_mb)
+            .max(p.gpu_process_used_mb);
+        if alloc > 0.0 {
+            gpu_peak.insert("0".into(), alloc);
+        }
+    }
+    let gpu_max = gpu_peak.values().copied().fold(0.0, f64::max);
+    let round_up = |mb: f64| (mb * (1.0 + HEADROOM)).ceil();
+    Needs {
+        host_peak_mb: host_peak,
+        host_needed_mb: round_up(host_peak),
+        gpu_needed_mb: round_up(gpu_max),
+        gpu_class_gib: gpu_class(round_up(gpu_max)),
+        gpu_peak_mb: gpu_peak,
+    }
+}
+
+fn value<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
+}
+
+/// Builds the report (the leak verdict is computed when the file has none).
+pub fn build(doc: &Document) -> Report {
+    let leak = doc
+        .leak
+        .clone()
+        .unwrap_or_else(|| leak::analyze(doc, &leak::LeakConfig::default()));
+    Report {
+        run: value(&doc.run),
+        peak_usage: doc.peak_usage,
+        peaks_by_component: doc.peaks_by_component.clone(),
+        stages: value(&doc.stages),
+        targets: value(
+            &doc.targets
+                .iter()
+                .map(|t| {
+                    serde_json::json!({
+                        "pid": t.pid, "name": t.name, "root": t.root, "peak_rss_mb": t.peak_rss_mb,
+                        "hwm_mb": t.hwm_mb, "peak_gpu_mb": t.peak_gpu_mb, "exit": t.exit,
+                        "first_seen": t.first_seen, "exited_at": t.exited_at,
+                    })
+                })
+                .collect::<Vec<_>>(),
+        ),
+        gpus: value(&doc.gpus),
+        alerts: value(&doc.alerts),
+        leak,
+        flight_recorder: value(&doc.flight_recorder),
+        ranks: serde_json::json!({ "ranks": doc.ranks, "worst": doc.worst_rank }),
+        needs: needs(doc),
+    }
+}
+
+fn mb(x: f64) -> String {
+    if x >= 10_240.0 {
+        format!("{:.1} GiB", x / 1024.0)
+    } else {
+        format!("{x:.1} MiB")
+    }
+}
+
+fn clock(ts: f64) -> String {
+    if ts <= 0.0 {
+        return "?".into();
+    }
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(ts);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// A fixed-width table.
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| -> String {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let pad = widths[i] - c.chars().count();
+                if i == 0 {
+                    format!("{c}{}", " ".repeat(pad))
+                } else {
+                    format!("{}{c}", " ".repeat(pad))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let _ = writeln!(
+        out,
+        "  {}",
+        line(header.iter().map(|h| h.to_string()).collect())
+    );
+    for r in rows {
+        let _ = writeln!(out, "  {}", line(r.clone()));
+    }
+}
+
+fn peaks_row(name: &str, p: &Peaks) -> Vec<String> {
+    vec![
+        name.to_string(),
+        mb(p.cpu_ram_used_mb),
+        mb(p.cpu_ram_hwm_mb),
+        mb(p.gpu_ram_used_mb),
+        mb(p.gpu_ram_peak_mb),
+        mb(p.reserved_gpu_ram_mb),
+        mb(p.gpu_process_used_mb),
+        p.samples.to_string(),
+    ]
+}
+
+fn verdict_line(v: &serde_json::Value) -> String {
+    if v.is_null() {
+        return "not judged".into();
+    }
+    let rate = v["rate_mib_per_hour"].as_f64().unwrap_or(0.0);
+    if v["suspected"] == true {
+        format!(
+            "LEAK SUSPECTED: +{rate:.0} MiB/hour over the last {:.0} s",
+            v["window_s"].as_f64().unwrap_or(0.0)
+        )
+    } else if v["judged"] == false {
+        format!(
+            "not judged ({})",
+            v["reason"].as_str().unwrap_or("too short")
+        )
+    } else {
+        format!(
+            "no leak ({rate:+.0} MiB/hour: {})",
+            v["reason"].as_str().unwrap_or("")
+        )
+    }
+}
+
+/// The terminal report.
+pub fn render(doc: &Document) -> String {
+    let r = build(doc);
+    let mut out = String::new();
+    let run = &doc.run;
+    let name = if run.name.is_empty() {
+        "(unnamed run)"
+    } else {
+        &run.name
+    };
+    let _ = writeln!(out, "memtrack report: {name}");
+    if doc.schema == 0 {
+        let _ = writeln!(
+            out,
+            "  (seed-shaped file: only detailed_log and peak_usage)"
+        );
+    } else {
+        let duration = run.end.unwrap_or(run.start) - run.start;
+        let exit = match run.exit {
+            Some(e) if e.signal.is_some() => format!(
+                "killed by {} ({})",
+                crate::sys::signal_name(e.signal.unwrap_or(0)),
+                e.code
+            ),
+            Some(e) => format!("exit {}", e.code),
+            None => "exit unknown".into(),
+        };
+        let _ = writeln!(
+            out,
+            "  {} on {}, {} — {:.1} s, {exit}, {}",
+            run.mode,
+            run.host,
+            clock(run.start),
+            duration,
+            run.status
+        );
+        if !run.command.is_empty() {
+            let _ = writeln!(out, "  command: {}", run.command.join(" "));
+        }
+        let _ = writeln!(out, "  GPU figures: {}", run.gpu_backend);
+        if !run.labels.is_empty() {
+            let l: Vec<String> = run.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(out, "  labels: {}", l.join(" "));
+        }
+    }
+
+    let _ = writeln!(out, "\nPeaks");
+    let mut rows = vec![peaks_row("run", &doc.peak_usage)];
+    for (c, p) in &doc.peaks_by_component {
+        rows.push(peaks_row(c, p));
+    }
+    table(
+        &mut out,
+        &[
+            "component",
+            "host RSS",
+            "host HWM",
+            "GPU used",
+            "GPU peak",
+            "GPU reserved",
+            "GPU (NVML)",
+            "samples",
+        ],
+        &rows,
+    );
+
+    if !doc.stages.is_empty() {
+        let _ = writeln!(out, "\nStages");
+        let rows: Vec<Vec<String>> = doc
+            .stages
+            .iter()
+            .map(|s| {
+                vec![
+                    s.name.clone(),
+                    s.status.clone(),
+                    s.duration_s
+                        .map(|d| format!("{d:.1} s"))
+                        .unwrap_or_else(|| "-".into()),
+                    mb(s.peak.cpu_ram_used_mb),
+                    mb(s.peak.gpu_ram_peak_mb.max(s.peak.gpu_process_used_mb)),
+                ]
+            })
+            .collect();
+        table(
+            &mut out,
+            &["stage", "status", "duration", "peak host", "peak GPU"],
+            &rows,
+        );
+    }
+
+    if !doc.ranks.is_empty() {
+        let _ = writeln!(out, "\nRanks");
+        let rows: Vec<Vec<String>> = doc
+            .ranks
+            .iter()
+            .map(|k| {
+                vec![
+                    k.rank.clone(),
+                    k.host.clone(),
+                    mb(k.peak_usage
+                        .cpu_ram_used_mb
+                        .max(k.peak_usage.cpu_ram_hwm_mb)),
+                    mb(k.peak_usage
+                        .gpu_process_used_mb
+                        .max(k.peak_usage.gpu_ram_peak_mb)),
+                    k.exit
+                        .map(|e| e.code.to_string())
+                        .unwrap_or_else(|| "?".into()),
+                ]
+            })
+            .collect();
+        table(
+            &mut out,
+            &["rank", "host", "peak host", "peak GPU", "exit"],
+            &rows,
+        );
+        for (figure, rank) in &doc.worst_rank {
+            let _ = writeln!(out, "  worst {figure}: rank {rank}");
+        }
+    }
+
+    if !doc.targets.is_empty() {
+        let _ = writeln!(out, "\nProcesses ({})", doc.targets.len());
+        let mut targets: Vec<&crate::model::Target> = doc.targets.iter().collect();
+        targets.sort_by(|a, b| b.peak_rss_mb.total_cmp(&a.peak_rss_mb));
+        let shown = 20;
+        let rows: Vec<Vec<String>> = targets
+            .iter()
+            .take(shown)
+            .map(|t| {
+                let exit = match t.exit {
+                    Some(e) if e.signal.is_some() => crate::sys::signal_name(e.signal.unwrap_or(0)),
+                    Some(e) if e.known => format!("exit {}", e.code),
+                    Some(_) => "exited".into(),
+                    None => "running".into(),
+                };
+                vec![
+                    t.pid.to_string(),
+                    format!("{}{}", t.name, if t.root { " (root)" } else { "" }),
+                    mb(t.peak_rss_mb),
+                    mb(t.hwm_mb),
+                    mb(t.peak_gpu_mb),
+                    exit,
+                ]
+            })
+            .collect();
+        table(
+            &mut out,
+            &["pid", "name", "peak RSS", "HWM", "peak GPU", "end"],
+            &rows,
+        );
+        if targets.len() > shown {
+            let _ = writeln!(
+                out,
+                "  … and {} more (memtrack report --json lists all)",
+                targets.len() - shown
+            );
+        }
+    }
+
+    if !doc.gpus.is_empty() {
+        let _ = writeln!(out, "\nGPUs");
+        let rows: Vec<Vec<String>> = doc
+            .gpus
+            .iter()
+            .map(|g| {
+                vec![
+                    g.host
+                        .as_ref()
+                        .map_or_else(|| g.index.to_string(), |h| format!("{h}:{}", g.index)),
+                    g.name.clone(),
+                    mb(g.total_mb),
+                    mb(g.peak_tree_used_mb),
+                    mb(g.peak_used_mb),
+                    format!("{:.0} %", g.peak_utilization_pct),
+                    format!("{:.0} °C", g.peak_temperature_c),
+                ]
+            })
+            .collect();
+        table(
+            &mut out,
+            &[
+                "gpu",
+                "name",
+                "total",
+                "peak (this run)",
+                "peak (device)",
+                "peak util",
+                "peak temp",
+            ],
+            &rows,
+        );
+    }
+
+    if !doc.alerts.is_empty() {
+        let _ = writeln!(out, "\nAlerts");
+        for a in &doc.alerts {
+            let _ = writeln!(out, "  +{:.1} s  {}", a.timestamp - run.start, a.message);
+        }
+    }
+
+    let _ = writeln!(out, "\nLeak check");
+    let _ = writeln!(out, "  host: {}", verdict_line(&r.leak["host"]));
+    if !r.leak["gpu"].is_null() {
+        let _ = writeln!(out, "  GPU:  {}", verdict_line(&r.leak["gpu"]));
+    }
+    for t in r.leak["targets"].as_array().into_iter().flatten() {
+        if t["host"]["suspected"] == true {
+            let _ = writeln!(
+                out,
+                "  PID {} {}: {}",
+                t["pid"],
+                t["name"].as_str().unwrap_or(""),
+                verdict_line(&t["host"])
+            );
+        }
+    }
+    if let Some(components) = r.leak["components"].as_object() {
+        for (c, v) in components {
+            if v["suspected"] == true {
+                let _ = writeln!(out, "  component {c}: {}", verdict_line(v));
+            }
+        }
+    }
+
+    for w in &doc.flight_recorder {
+        let what = match w.reason.as_str() {
+            "signal" => format!(
+                "died by {}",
+                w.exit
+                    .and_then(|e| e.signal)
+                    .map(crate::sys::signal_name)
+                    .unwrap_or_default()
+            ),
+            "oom_kill" => "killed by the kernel's OOM killer".into(),
+            "cuda_oom" => "hit CUDA out of memory".into(),
+            other => other.to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "\nFlight recorder: PID {} {} {what} at +{:.1} s ({} points, every {:.0} ms)",
+            w.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
+            w.name,
+            w.timestamp - run.start,
+            w.points.len(),
+            w.interval_s * 1000.0
+        );
+        let n = w.points.len();
+        let step = (n / 12).max(1);
+        let rows: Vec<Vec<String>> = w
+            .points
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % step == 0 || *i + 1 == n)
+            .map(|(_, p)| {
+                vec![
+                    format!("{:+.2} s", p.t - w.timestamp),
+                    mb(p.cpu_mb),
+                    mb(p.gpu_mb),
+                    p.processes.len().to_string(),
+                ]
+            })
+            .collect();
+        table(
+            &mut out,
+            &["before death", "host", "GPU", "processes"],
+            &rows,
+        );
+        if let Some(s) = &w.cuda_summary {
+            let _ = writeln!(out, "  torch.cuda.memory_summary():");
+            for line in s.lines().take(40) {
+                let _ = writeln!(out, "    {line}");
+            }
+        }
+    }
+
+    let n = &r.needs;
+    let _ = writeln!(out, "\nWhat a re-run needs (peak + 10 %)");
+    let _ = writeln!(
+        out,
+        "  host RAM: {} (peak {})",
+        mb(n.host_needed_mb),
+        mb(n.host_peak_mb)
+    );
+    match n.gpu_class_gib {
+        Some(class) => {
+            let per: Vec<String> = n
+                .gpu_peak_mb
+                .iter()
+                .map(|(g, v)| format!("GPU {g}: {}", mb(*v)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  GPU memory: {} per GPU — a {class:.0} GB card fits ({})",
+                mb(n.gpu_needed_mb),
+                per.join(", ")
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  GPU memory: none used");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_classes() {
+        assert_eq!(gpu_class(0.0), None);
+        assert_eq!(gpu_class(11_000.0), Some(11.0));
+        assert_eq!(gpu_class(12_288.0 * 1.1), Some(16.0));
+        assert_eq!(gpu_class(300_000.0), Some(293.0));
+    }
+
+    #[test]
+    fn a_seed_file_reports_what_it_can() {
+        let doc: Document = serde_json::from_str(
+            r#"{"detailed_log":[{"component":"model","operation":"before_generate","timestamp":1.0,
+               "cpu_ram_used_mb":2048,"gpu_ram_used_mb":8192,"gpu_ram_peak_mb":10240,"reserved_gpu_ram_mb":12288}],
+               "peak_usage":{"cpu_ram_used_mb":2048,"gpu_ram_used_mb":8192,"gpu_ram_peak_mb":10240,"reserved_gpu_ram_mb":12288}}"#,
+        )
+        .unwrap();
+        let text = render(&doc);
+        assert!(text.contains("seed-shaped"), "{text}");
+        // Seed 002: "нужна GPU с минимум 12 GB памяти" — with headroom, 16 GB.
+        assert!(text.contains("a 16 GB card fits"), "{text}");
+        assert_eq!(needs(&doc).host_needed_mb, 2253.0);
+    }
+}

@@ -1,0 +1,1099 @@
+//! The ClearML exporter against the strict contract server
+//! (tests/servers/clearml_server.py): the reporter is driven through the
+//! library with a real tokio runtime and real HTTP on loopback, and every
+//! test ends by checking the server recorded no contract violation.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use memtrack::config::ClearmlConfig;
+use memtrack::export::clearml::{
+    resolve, Artifact, Credentials, FinishReport, Reporter, RunEnd, RunInfoLite, Settings,
+    SPOOL_FILE,
+};
+use memtrack::model::{Entry, EntryKind, Exit};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::common::*;
+
+const KEY: &str = "memtrack-test-key";
+const SECRET: &str = "memtrack-test-secret";
+
+/// The contract server as a child process, killed on drop.
+struct Server {
+    child: Child,
+    api: u16,
+    admin: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let dir = scratch();
+        let ports = dir.path().join("ports.json");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/clearml_server.py");
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .arg("--port-file")
+            .arg(&ports)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the ClearML contract server");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let v: Value = loop {
+            if let Ok(text) = std::fs::read_to_string(&ports) {
+                if let Ok(v) = serde_json::from_str(&text) {
+                    break v;
+                }
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the ClearML contract server exited: {status}");
+            }
+            assert!(Instant::now() < deadline, "no port file from the server");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Server {
+            child,
+            api: v["api"].as_u64().unwrap() as u16,
+            admin: v["admin"].as_u64().unwrap() as u16,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.api)
+    }
+
+    fn admin(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.admin)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        write!(
+            s,
+            "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let raw = String::from_utf8(raw).unwrap();
+        let (_, body) = raw.split_once("\r\n\r\n").unwrap();
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("admin {path}: {e}: {body}"))
+    }
+
+    fn fault(&self, body: Value) {
+        let r = self.admin("POST", "/fault", Some(body));
+        assert_eq!(r["ok"], true, "{r}");
+    }
+
+    fn state(&self) -> Value {
+        self.admin("GET", "/state", None)
+    }
+
+    /// Creates a task behind memtrack's back (as an agent would).
+    fn task(&self, name: &str, project: &str, status: &str) -> String {
+        let r = self.admin(
+            "POST",
+            "/task",
+            Some(json!({"name": name, "project": project, "type": "training", "status": status})),
+        );
+        r["id"].as_str().unwrap().to_string()
+    }
+
+    fn points(&self, task: &str) -> Vec<Value> {
+        self.admin("GET", &format!("/points?task={task}"), None)["points"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    fn assert_no_violations(&self) {
+        let v = self.admin("GET", "/violations", None);
+        assert_eq!(v["violations"], json!([]), "contract violations");
+    }
+
+    fn calls_to(&self, endpoint: &str) -> usize {
+        self.admin("GET", "/calls", None)["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["endpoint"] == endpoint)
+            .count()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Settings as `resolve` makes them from the environment, with the short
+/// timings the tests need.
+fn settings(host: &str, secret: &str) -> Settings {
+    let env = |k: &str| match k {
+        "CLEARML_API_HOST" => Some(host.to_string()),
+        "CLEARML_API_ACCESS_KEY" => Some(KEY.to_string()),
+        "CLEARML_API_SECRET_KEY" => Some(secret.to_string()),
+        "CLEARML_WORKER_NAME" => Some("it-worker".to_string()),
+        _ => None,
+    };
+    let config = ClearmlConfig {
+        project: "memtrack-it".into(),
+        timer_every: Duration::from_secs(2),
+        batch_max: 50,
+        flush_interval: Duration::from_millis(100),
+        request_timeout: Duration::from_secs(3),
+        ..ClearmlConfig::default()
+    };
+    let mut s = resolve(&config, &env, None).unwrap().unwrap();
+    s.backoff_min = Duration::from_millis(50);
+    s.backoff_max = Duration::from_millis(500);
+    s
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn run_info(name: &str) -> RunInfoLite {
+    RunInfoLite {
+        name: name.into(),
+        id: "run-1".into(),
+        host: "it-host".into(),
+    }
+}
+
+/// A started reporter and the sending end of its channel.
+struct Live {
+    rt: tokio::runtime::Runtime,
+    reporter: Reporter,
+    tx: UnboundedSender<Entry>,
+    dir: tempfile::TempDir,
+}
+
+impl Live {
+    fn start(settings: Settings, name: &str) -> Live {
+        // The reporter's log, shown when a test fails.
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter("memtrack=debug")
+            .try_init();
+        let rt = runtime();
+        let dir = scratch();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let run_dir = dir.path().join("run");
+        let reporter =
+            rt.block_on(async { Reporter::start(settings, run_info(name), run_dir, rx) });
+        Live {
+            rt,
+            reporter,
+            tx,
+            dir,
+        }
+    }
+
+    fn spool(&self) -> PathBuf {
+        self.dir.path().join("run").join(SPOOL_FILE)
+    }
+
+    fn push(&self, e: Entry) {
+        self.tx.send(e).unwrap();
+    }
+
+    fn wait_task(&self) -> String {
+        wait_for("the task", Duration::from_secs(10), || {
+            self.reporter.task().is_some()
+        });
+        self.reporter.task().unwrap().id
+    }
+
+    fn finish(self, outcome: RunEnd, timeout: Duration) -> (FinishReport, u64, tempfile::TempDir) {
+        let Live {
+            rt,
+            reporter,
+            tx,
+            dir,
+        } = self;
+        drop(tx);
+        let errors = reporter.errors();
+        let report = rt.block_on(reporter.finish(outcome, timeout));
+        (report, errors.load(Ordering::Relaxed), dir)
+    }
+}
+
+fn exit(code: i32) -> RunEnd {
+    RunEnd {
+        exit: Some(Exit::code(code)),
+        artifact: None,
+    }
+}
+
+fn entry(component: &str, op: &str, ts: f64, iteration: Option<u64>, v: f64) -> Entry {
+    Entry {
+        component: component.into(),
+        operation: op.into(),
+        timestamp: ts,
+        cpu_ram_used_mb: v,
+        gpu_ram_used_mb: v + 0.5,
+        gpu_ram_peak_mb: v + 1.0,
+        reserved_gpu_ram_mb: v + 2.0,
+        gpu_process_used_mb: v + 3.0,
+        cpu_ram_hwm_mb: v + 4.0,
+        kind: EntryKind::Event,
+        iteration,
+        ..Entry::default()
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+const FIELDS: [&str; 6] = [
+    "cpu_ram_used_mb",
+    "gpu_ram_used_mb",
+    "gpu_ram_peak_mb",
+    "reserved_gpu_ram_mb",
+    "gpu_process_used_mb",
+    "cpu_ram_hwm_mb",
+];
+
+/// (metric, variant, iter) → (value, timestamp ms).
+type Expected = BTreeMap<(String, String, u64), (f64, i64)>;
+
+/// The six points of an entry, as the README documents them.
+fn expect(exp: &mut Expected, e: &Entry, iter: u64, suffix: Option<&str>) {
+    let values = [
+        e.cpu_ram_used_mb,
+        e.gpu_ram_used_mb,
+        e.gpu_ram_peak_mb,
+        e.reserved_gpu_ram_mb,
+        e.gpu_process_used_mb,
+        e.cpu_ram_hwm_mb,
+    ];
+    for (f, v) in FIELDS.iter().zip(values) {
+        if !v.is_finite() {
+            continue;
+        }
+        let variant = suffix.map_or_else(|| f.to_string(), |s| format!("{f}:{s}"));
+        let key = (format!("memory/{}", e.component), variant, iter);
+        let ts = (e.timestamp * 1000.0).round() as i64;
+        assert!(
+            exp.insert(key, (v, ts)).is_none(),
+            "the test expects a point twice"
+        );
+    }
+}
+
+fn stored(points: &[Value]) -> Expected {
+    let mut out = Expected::new();
+    for p in points {
+        let key = (
+            p["metric"].as_str().unwrap().to_string(),
+            p["variant"].as_str().unwrap().to_string(),
+            p["iter"].as_u64().unwrap(),
+        );
+        let v = (
+            p["value"].as_f64().unwrap(),
+            p["timestamp"].as_i64().unwrap(),
+        );
+        assert!(out.insert(key, v).is_none(), "the server holds a key twice");
+    }
+    out
+}
+
+/// Where two sets differ, shortly.
+fn diff(want: &Expected, got: &Expected) -> String {
+    let missing: Vec<_> = want
+        .keys()
+        .filter(|k| !got.contains_key(*k))
+        .take(5)
+        .collect();
+    let extra: Vec<_> = got
+        .keys()
+        .filter(|k| !want.contains_key(*k))
+        .take(5)
+        .collect();
+    let wrong: Vec<_> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k).is_some_and(|g| g != *v))
+        .take(5)
+        .collect();
+    format!(
+        "want {} got {}; missing {missing:?}; extra {extra:?}; different {wrong:?}",
+        want.len(),
+        got.len()
+    )
+}
+
+/// Marks with iterations: `n` per component, keyed by iteration.
+fn steady_marks(live: &Live, exp: &mut Expected, component: &str, range: std::ops::Range<u64>) {
+    for i in range {
+        let e = entry(component, "step", unix_now(), Some(i), 100.0 + i as f64);
+        expect(exp, &e, i, None);
+        live.push(e);
+    }
+}
+
+// ---------------------------------------------------------------- 1 and 4
+
+#[test]
+fn marks_and_timer_windows_arrive_exactly_once_into_a_created_task() {
+    let server = Server::start(&[]);
+    let live = Live::start(settings(&server.url(), SECRET), "it-run");
+    let mut exp = Expected::new();
+    let t0 = unix_now() - 100.0;
+    let mut entries = Vec::new();
+    // 3 components × 100 marks; `model` has before/after pairs at the same
+    // iteration, so the second of each pair goes to `<field>:after_generate`.
+    for i in 0..50u64 {
+        let before = entry(
+            "model",
+            "before_generate",
+            t0 + i as f64 * 0.1,
+            Some(i),
+            1000.0 + i as f64,
+        );
+        let after = entry(
+            "model",
+            "after_generate",
+            t0 + i as f64 * 0.1 + 0.05,
+            Some(i),
+            2000.0 + i as f64,
+        );
+        expect(&mut exp, &before, i, None);
+        expect(&mut exp, &after, i, Some("after_generate"));
+        entries.push(before);
+        entries.push(after);
+    }
+    for (c, base) in [("data", 3000.0), ("optimizer", 4000.0)] {
+        for i in 0..100u64 {
+            let e = entry(
+                c,
+                "step",
+                t0 + 5.0 + i as f64 * 0.01,
+                Some(i),
+                base + i as f64,
+            );
+            expect(&mut exp, &e, i, None);
+            entries.push(e);
+        }
+    }
+    // A third `model` point at iteration 3 whose `:after_generate` series
+    // is taken too is dropped (counted, not sent).
+    entries.push(entry("model", "after_generate", t0 + 7.0, Some(3), 9999.0));
+    // A mark without an iteration takes the run counter (301 entries so
+    // far: 0…300), and its NaN figure is skipped.
+    let mut odd = entry("system", "checkpoint", t0 + 8.0, None, 5.0);
+    odd.gpu_ram_used_mb = f64::NAN;
+    expect(&mut exp, &odd, 301, None);
+    entries.push(odd);
+    // Timer samples every 0.25 s for 5 s, windows of 2 s: three windows,
+    // each sent once as its maxima, at the counter values 302, 303, 304.
+    let mut windows: Vec<Vec<Entry>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    for k in 0..20u64 {
+        let ts = t0 + 10.0 + k as f64 * 0.25;
+        let v = 500.0 + ((k * 7) % 11) as f64;
+        let mut e = entry("system", "timer", ts, None, v);
+        e.kind = EntryKind::Timer;
+        e.cpu_ram_hwm_mb = 900.0 - k as f64;
+        windows[(k / 8) as usize].push(e.clone());
+        entries.push(e);
+    }
+    for (w, iter) in windows.iter().zip(302u64..) {
+        let mut max = w[0].clone();
+        for e in &w[1..] {
+            max.cpu_ram_used_mb = max.cpu_ram_used_mb.max(e.cpu_ram_used_mb);
+            max.gpu_ram_used_mb = max.gpu_ram_used_mb.max(e.gpu_ram_used_mb);
+            max.gpu_ram_peak_mb = max.gpu_ram_peak_mb.max(e.gpu_ram_peak_mb);
+            max.reserved_gpu_ram_mb = max.reserved_gpu_ram_mb.max(e.reserved_gpu_ram_mb);
+            max.gpu_process_used_mb = max.gpu_process_used_mb.max(e.gpu_process_used_mb);
+            max.cpu_ram_hwm_mb = max.cpu_ram_hwm_mb.max(e.cpu_ram_hwm_mb);
+        }
+        expect(&mut exp, &max, iter, None);
+    }
+    for e in entries {
+        live.push(e);
+    }
+    let artifact = Artifact {
+        uri: "s3://bucket/runs/it-run/memory_usage.json".into(),
+        size: 12345,
+        sha256: "ab".repeat(32),
+    };
+    let (report, errors, _dir) = live.finish(
+        RunEnd {
+            exit: Some(Exit::code(0)),
+            artifact: Some(artifact),
+        },
+        Duration::from_secs(20),
+    );
+    let task = report.task.clone().expect("a task");
+    let got = stored(&server.points(&task.id));
+    assert!(got == exp, "{}", diff(&exp, &got));
+    assert_eq!(report.sent, exp.len() as u64, "{report:?}");
+    assert_eq!(
+        (
+            report.unsent,
+            report.duplicates_skipped,
+            report.non_finite_skipped,
+            report.refused
+        ),
+        (0, 6, 1, 0),
+        "{report:?}"
+    );
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(errors, 0);
+    assert!(report.spool.is_none());
+
+    // The task: created in the named project, started, completed, with the artifact.
+    let state = server.state();
+    let t = &state["tasks"][&task.id];
+    assert_eq!(t["name"], "it-run");
+    assert_eq!(t["type"], "training");
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(t["status_reason"], "completed");
+    assert!(t["started"].is_string());
+    assert_eq!(task.project, "memtrack-it");
+    assert_eq!(
+        state["projects"][t["project"].as_str().unwrap()]["name"],
+        "memtrack-it"
+    );
+    assert_eq!(t["last_iteration"], 304);
+    let a = &t["artifacts"][0];
+    assert_eq!(
+        (a["key"].as_str(), a["type"].as_str(), a["mode"].as_str()),
+        (Some("memory_usage"), Some("custom"), Some("output"))
+    );
+    assert_eq!(a["uri"], "s3://bucket/runs/it-run/memory_usage.json");
+    assert_eq!(a["content_size"], 12345);
+    assert_eq!(a["hash"], "ab".repeat(32));
+    assert_eq!(a["type_data"]["content_type"], "application/json");
+    assert!(report.artifact_registered);
+    assert_eq!(report.final_status.as_deref(), Some("completed"));
+    assert_eq!(state["logins"], 1);
+    server.assert_no_violations();
+
+    // A second run finds the project instead of creating it again.
+    let live = Live::start(settings(&server.url(), SECRET), "it-run-2");
+    live.push(entry("model", "x", unix_now(), Some(1), 1.0));
+    let (report, _, _dir) = live.finish(exit(3), Duration::from_secs(10));
+    let t = &server.state()["tasks"][&report.task.unwrap().id];
+    assert_eq!(
+        (t["status"].as_str(), t["status_reason"].as_str()),
+        (Some("failed"), Some("exit code 3"))
+    );
+    assert_eq!(server.state()["projects"].as_object().unwrap().len(), 1);
+    server.assert_no_violations();
+}
+
+#[test]
+fn a_signal_or_unknown_exit_fails_the_created_task() {
+    let server = Server::start(&[]);
+    for (outcome, reason) in [
+        (Some(Exit::signal(9)), "killed by signal 9"),
+        (None, "exit status unknown"),
+    ] {
+        let live = Live::start(settings(&server.url(), SECRET), "sig");
+        live.push(entry("model", "x", unix_now(), Some(1), 1.0));
+        let (report, _, _dir) = live.finish(
+            RunEnd {
+                exit: outcome,
+                artifact: None,
+            },
+            Duration::from_secs(10),
+        );
+        let t = &server.state()["tasks"][&report.task.unwrap().id];
+        assert_eq!(
+            (t["status"].as_str(), t["status_reason"].as_str()),
+            (Some("failed"), Some(reason))
+        );
+    }
+    server.assert_no_violations();
+}
+
+#[test]
+fn an_existing_task_gets_points_and_keeps_its_status() {
+    let server = Server::start(&[]);
+    let id = server.task("agent task", "agent-project", "in_progress");
+    let mut s = settings(&server.url(), SECRET);
+    s.task = Some(id.clone());
+    let live = Live::start(s, "ignored-name");
+    assert_eq!(live.wait_task(), id);
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..40);
+    let (report, _, _dir) = live.finish(
+        RunEnd {
+            exit: Some(Exit::code(1)),
+            artifact: Some(Artifact {
+                uri: "s3://b/k/memory_usage.json".into(),
+                size: 7,
+                sha256: "cd".repeat(32),
+            }),
+        },
+        Duration::from_secs(10),
+    );
+    let task = report.task.clone().unwrap();
+    assert_eq!(
+        (task.name.as_str(), task.project.as_str()),
+        ("agent task", "agent-project")
+    );
+    let got = stored(&server.points(&id));
+    assert!(got == exp, "{}", diff(&exp, &got));
+    let state = server.state();
+    assert_eq!(
+        state["tasks"].as_object().unwrap().len(),
+        1,
+        "no task created"
+    );
+    let t = &state["tasks"][&id];
+    assert_eq!(t["status"], "in_progress", "the agent owns the status");
+    assert_eq!(t["artifacts"][0]["key"], "memory_usage");
+    assert_eq!(report.final_status, None);
+    assert_eq!(
+        server.calls_to("tasks.started") + server.calls_to("tasks.failed"),
+        0
+    );
+    assert!(report.errors.is_empty(), "{report:?}");
+    server.assert_no_violations();
+}
+
+#[test]
+fn a_published_task_is_a_clear_error_not_a_silent_loss() {
+    let server = Server::start(&[]);
+    let id = server.task("done", "p", "published");
+    let mut s = settings(&server.url(), SECRET);
+    s.task = Some(id.clone());
+    let live = Live::start(s, "x");
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..10);
+    let (report, errors, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    assert!(
+        report.errors[0].contains(&format!(
+            "task {id} is published and locked; memtrack cannot report into it"
+        )),
+        "{report:?}"
+    );
+    assert_eq!(
+        (report.sent, report.unsent, report.discarded),
+        (0, 0, 60),
+        "{report:?}"
+    );
+    assert!(errors >= 1);
+    assert!(server.points(&id).is_empty());
+    assert_eq!(server.state()["tasks"][&id]["status"], "published");
+    assert_eq!(server.calls_to("events.add_batch"), 0);
+    server.assert_no_violations();
+}
+
+// ---------------------------------------------------------------- 2, 3, 6, 7
+
+#[test]
+fn a_twenty_second_outage_loses_and_repeats_nothing() {
+    let server = Server::start(&[]);
+    let live = Live::start(settings(&server.url(), SECRET), "outage");
+    let task = live.wait_task();
+    let mut exp = Expected::new();
+    let start = Instant::now();
+    let mut i = 0u64;
+    let mut worst_push = Duration::ZERO;
+    let mut outage = false;
+    // 25 marks a second for 24 s; the server refuses connections for 10 s
+    // from t = 2 s, then answers 503 for 10 more.
+    while start.elapsed() < Duration::from_secs(24) {
+        if !outage && start.elapsed() >= Duration::from_secs(2) {
+            outage = true;
+            server.fault(json!({"status": 503, "for_s": 20}));
+            server.fault(json!({"refuse_for_s": 10}));
+        }
+        let e = entry("train", "step", unix_now(), Some(i), i as f64);
+        expect(&mut exp, &e, i, None);
+        let t = Instant::now();
+        live.push(e);
+        worst_push = worst_push.max(t.elapsed());
+        i += 1;
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    let (report, errors, _dir) = live.finish(exit(0), Duration::from_secs(30));
+    let got = stored(&server.points(&task));
+    assert!(got == exp, "{}", diff(&exp, &got));
+    assert_eq!(
+        (report.sent, report.unsent),
+        (exp.len() as u64, 0),
+        "{report:?}"
+    );
+    assert!(errors > 0, "failed attempts are counted");
+    assert!(
+        worst_push < Duration::from_millis(250),
+        "sending an entry never waits: {worst_push:?}"
+    );
+    let calls = server.admin("GET", "/calls", None);
+    let faults = calls["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == 503)
+        .count();
+    assert!(faults > 0, "the 503 phase was seen");
+    assert_eq!(server.state()["tasks"][&task]["status"], "completed");
+    server.assert_no_violations();
+}
+
+#[test]
+fn an_expired_token_costs_one_login_and_no_point() {
+    let server = Server::start(&[]);
+    let live = Live::start(settings(&server.url(), SECRET), "token");
+    let task = live.wait_task();
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..50);
+    wait_for("the first points", Duration::from_secs(10), || {
+        server.points(&task).len() == 300
+    });
+    server.fault(json!({"expire_tokens": true}));
+    steady_marks(&live, &mut exp, "model", 50..100);
+    let (report, errors, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    let got = stored(&server.points(&task));
+    assert!(got == exp, "{}", diff(&exp, &got));
+    let state = server.state();
+    assert_eq!(state["logins"], 2, "one login, one re-login");
+    assert_eq!(state["login_kinds"]["basic"], 2);
+    assert!(state["auth_failures"].as_u64().unwrap() >= 1);
+    assert_eq!((report.sent, errors), (600, 0), "{report:?}");
+    server.assert_no_violations();
+}
+
+#[test]
+fn a_bearer_token_alone_is_used_and_refreshed_with_itself() {
+    let server = Server::start(&[]);
+    let token = server.admin("POST", "/token", Some(json!({"expiration_sec": 3})))["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut s = settings(&server.url(), SECRET);
+    s.credentials = Credentials::Token(token);
+    let live = Live::start(s, "token-only");
+    let task = live.wait_task();
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..10);
+    // Past the token's refresh point (a tenth of its life before expiry).
+    std::thread::sleep(Duration::from_millis(3200));
+    steady_marks(&live, &mut exp, "model", 10..20);
+    let (report, _, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    let got = stored(&server.points(&task));
+    assert!(got == exp, "{}", diff(&exp, &got));
+    let state = server.state();
+    assert_eq!(state["login_kinds"]["basic"], 0);
+    assert!(state["login_kinds"]["bearer"].as_u64().unwrap() >= 1);
+    assert!(report.errors.is_empty(), "{report:?}");
+    server.assert_no_violations();
+}
+
+#[test]
+fn a_small_queue_spills_to_the_spool_and_drains_in_order() {
+    let server = Server::start(&[]);
+    let mut s = settings(&server.url(), SECRET);
+    s.queue_max = 30;
+    s.batch_max = 10;
+    let live = Live::start(s, "spill");
+    let task = live.wait_task();
+    server.fault(json!({"refuse_for_s": 3}));
+    let mut exp = Expected::new();
+    let mut order = Vec::new();
+    for i in 0..100u64 {
+        let e = entry("model", "step", unix_now(), Some(i), i as f64);
+        expect(&mut exp, &e, i, None);
+        order.push(i);
+        live.push(e);
+    }
+    let spool = live.spool();
+    wait_for("the spool file", Duration::from_secs(3), || {
+        std::fs::read_to_string(&spool).is_ok_and(|t| t.lines().count() >= 500)
+    });
+    let (report, _, _dir) = live.finish(exit(0), Duration::from_secs(20));
+    let points = server.points(&task);
+    let got = stored(&points);
+    assert!(got == exp, "{}", diff(&exp, &got));
+    assert_eq!((report.sent, report.unsent), (600, 0), "{report:?}");
+    assert!(!spool.exists(), "an emptied spool is removed");
+    // In order: the request that stored a point never precedes the one
+    // that stored an earlier point.
+    let mut request_of: BTreeMap<(u64, String), u64> = BTreeMap::new();
+    for p in &points {
+        request_of.insert(
+            (
+                p["iter"].as_u64().unwrap(),
+                p["variant"].as_str().unwrap().to_string(),
+            ),
+            p["request"].as_u64().unwrap(),
+        );
+    }
+    let mut last = 0;
+    for i in order {
+        for f in FIELDS {
+            let r = request_of[&(i, f.to_string())];
+            assert!(
+                r >= last,
+                "point {i}/{f} stored by request {r} after request {last}"
+            );
+            last = r;
+        }
+    }
+    server.assert_no_violations();
+}
+
+#[test]
+fn partial_errors_are_counted_and_the_rest_delivered() {
+    let server = Server::start(&[]);
+    let mut s = settings(&server.url(), SECRET);
+    s.batch_max = 500;
+    s.flush_interval = Duration::from_millis(300);
+    let live = Live::start(s, "partial");
+    let task = live.wait_task();
+    server.fault(json!({"partial_errors": 3}));
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..20);
+    let (report, errors, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    let got = stored(&server.points(&task));
+    assert_eq!(got.len(), 117);
+    assert!(got.iter().all(|(k, v)| exp.get(k) == Some(v)));
+    assert_eq!(
+        (report.sent, report.refused, report.unsent),
+        (117, 3, 0),
+        "{report:?}"
+    );
+    assert_eq!(errors, 3);
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.contains("Error when indexing events batch")),
+        "{report:?}"
+    );
+    server.assert_no_violations();
+}
+
+#[test]
+fn a_batch_refused_as_a_whole_is_dropped_and_later_ones_go_on() {
+    let server = Server::start(&[]);
+    let mut s = settings(&server.url(), SECRET);
+    s.batch_max = 6;
+    let live = Live::start(s, "refused");
+    let task = live.wait_task();
+    server.fault(json!({"status": 400, "count": 1, "endpoint": "events.add_batch"}));
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..5);
+    let (report, errors, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    assert_eq!((report.sent, report.refused), (24, 6), "{report:?}");
+    assert_eq!(server.points(&task).len(), 24);
+    assert!(errors >= 6);
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    server.assert_no_violations();
+}
+
+// ---------------------------------------------------------------- 5
+
+#[test]
+fn wrong_credentials_are_one_clear_error_without_the_secret() {
+    let server = Server::start(&[]);
+    let live = Live::start(settings(&server.url(), "not-the-secret"), "badcreds");
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..10);
+    let (report, errors, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    let msg = &report.errors[0];
+    assert!(msg.contains("refused the credentials"), "{msg}");
+    assert!(
+        msg.contains("CLEARML_API_ACCESS_KEY"),
+        "names the source: {msg}"
+    );
+    assert!(msg.contains(&server.url()), "{msg}");
+    assert!(!format!("{report:?}").contains("not-the-secret"));
+    assert_eq!((report.sent, report.unsent, report.discarded), (0, 0, 60));
+    assert!(errors >= 1);
+    assert_eq!(server.calls_to("auth.login"), 1, "not retried");
+    assert_eq!(server.state()["tasks"], json!({}));
+    server.assert_no_violations();
+}
+
+#[test]
+fn an_unreachable_host_keeps_the_points_in_the_spool() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let live = Live::start(
+        settings(&format!("http://127.0.0.1:{port}"), SECRET),
+        "down",
+    );
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..10);
+    let spool = live.spool();
+    let started = Instant::now();
+    let (report, errors, _dir) = live.finish(exit(0), Duration::from_millis(1500));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "bounded by the timeout"
+    );
+    assert_eq!((report.sent, report.unsent), (0, 60), "{report:?}");
+    assert_eq!(report.spool.as_deref(), Some(spool.as_path()));
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    assert!(
+        report.errors[0].contains("could not be reached")
+            && report.errors[0].contains(&port.to_string()),
+        "{report:?}"
+    );
+    assert!(errors > 0);
+    let lines: Vec<Value> = std::fs::read_to_string(&spool)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 60);
+    assert_eq!(lines[0]["metric"], "memory/model");
+    assert_eq!(lines[6]["iter"], 1);
+}
+
+#[test]
+fn a_malformed_clearml_conf_is_named_with_its_line() {
+    let dir = scratch();
+    let conf = dir.path().join("clearml.conf");
+    std::fs::write(
+        &conf,
+        "api {\n    api_server: http://localhost:8008\n    credentials {\"access_key\": \"K\", \"secret_key\": \"S3CR3T}\n}\n",
+    )
+    .unwrap();
+    let config = ClearmlConfig {
+        enabled: "true".into(),
+        config_file: conf.clone(),
+        ..ClearmlConfig::default()
+    };
+    let err = resolve(&config, &|_| None, None).unwrap_err().to_string();
+    assert!(err.contains(&conf.display().to_string()), "{err}");
+    assert!(
+        err.contains("line 3") && err.contains("unterminated quoted string"),
+        "{err}"
+    );
+    assert!(!err.contains("S3CR3T"), "{err}");
+}
+
+/// `memtrack run` with ClearML configured the way clearml-agent leaves it
+/// (environment only) and S3 on: the binary end to end.
+fn run_with_clearml(
+    server: &Server,
+    out: &Path,
+    extra_env: &[(&str, String)],
+    args: &[&str],
+    job: &[&str],
+) -> std::process::Output {
+    let mut cmd = memtrack();
+    cmd.args([
+        "run",
+        "--listen",
+        "off",
+        "--name",
+        "job",
+        "--interval",
+        "50ms",
+        "--output",
+    ])
+    .arg(out)
+    .args(args)
+    .arg("--")
+    .args(job)
+    .env("HOME", out)
+    .env("CLEARML_API_HOST", server.url())
+    .env("CLEARML_API_ACCESS_KEY", KEY)
+    .env("CLEARML_API_SECRET_KEY", SECRET);
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    run_to_end(&mut cmd, Duration::from_secs(120))
+}
+
+#[test]
+fn memtrack_run_creates_completes_and_fills_a_task_with_the_s3_artifact() {
+    let server = Server::start(&[]);
+    let s3 = S3Server::start();
+    let out = scratch();
+    let env: Vec<(&str, String)> = s3.env(S3_SECRET);
+    let res = run_with_clearml(
+        &server,
+        out.path(),
+        &env,
+        &[
+            "--clearml-project",
+            "team/memory",
+            "--s3-url",
+            &format!("s3://{}/runs", s3.bucket),
+            "--s3-endpoint",
+            &s3.endpoint(),
+        ],
+        &python(
+            "import os, socket, json\n\
+             s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET'])\n\
+             f = s.makefile('rw')\n\
+             for i in range(3):\n\
+             \x20   f.write(json.dumps({'type': 'mark', 'component': 'model', 'operation': 'step', 'iteration': i, 'ack': True}) + '\\n'); f.flush(); f.readline()\n",
+        )
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>(),
+    );
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    let state = server.state();
+    let tasks: Vec<&Value> = state["tasks"].as_object().unwrap().values().collect();
+    assert_eq!(tasks.len(), 1, "one task: {state:#}");
+    let task = tasks[0];
+    assert_eq!(task["name"], "job");
+    assert_eq!(task["status"], "completed", "{task:#}");
+    let project = &state["projects"][task["project"].as_str().unwrap()];
+    assert_eq!(project["name"], "team/memory");
+
+    // Each mark's figures arrived once, at the job's own iteration.
+    let points = server.points(task["id"].as_str().unwrap());
+    let rss: Vec<u64> = points
+        .iter()
+        .filter(|p| p["metric"] == "memory/model" && p["variant"] == "cpu_ram_used_mb")
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(rss, vec![0, 1, 2], "{points:#?}");
+
+    // The artifact: the object at ClearML's key layout, byte for byte.
+    let key = format!(
+        "runs/team/memory/job.{}/artifacts/memory_usage/memory_usage.json",
+        task["id"].as_str().unwrap()
+    );
+    let local = std::fs::read(out.path().join("job/memory_usage.json")).unwrap();
+    assert_eq!(s3.object(&key).as_deref(), Some(local.as_slice()), "{log}");
+    let artifacts = task["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 1, "{task:#}");
+    assert_eq!(
+        artifacts[0]["uri"],
+        format!("s3://{}/{key}", s3.bucket),
+        "{task:#}"
+    );
+    assert!(!out.path().join("job").join(SPOOL_FILE).exists());
+    server.assert_no_violations();
+}
+
+#[test]
+fn memtrack_run_fails_the_task_of_a_failed_job_and_keeps_its_status() {
+    let server = Server::start(&[]);
+    let out = scratch();
+    let res = run_with_clearml(
+        &server,
+        out.path(),
+        &[],
+        &[],
+        &["sh", "-c", "sleep 0.2; exit 3"],
+    );
+    assert_eq!(res.status.code(), Some(3), "{}", stderr(&res));
+    let state = server.state();
+    let task = state["tasks"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap()
+        .clone();
+    assert_eq!(task["status"], "failed", "{task:#}");
+    server.assert_no_violations();
+}
+
+#[test]
+fn memtrack_run_reports_into_the_agents_task_without_touching_its_status() {
+    let server = Server::start(&[]);
+    let id = server.task("agent task", "agents", "in_progress");
+    let out = scratch();
+    let res = run_with_clearml(
+        &server,
+        out.path(),
+        &[("CLEARML_TASK_ID", id.clone())],
+        &[],
+        &["sh", "-c", "sleep 0.3"],
+    );
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let state = server.state();
+    assert_eq!(
+        state["tasks"].as_object().unwrap().len(),
+        1,
+        "no task created"
+    );
+    assert_eq!(state["tasks"][&id]["status"], "in_progress");
+    assert!(
+        server
+            .points(&id)
+            .iter()
+            .any(|p| p["metric"] == "memory/system"),
+        "timer samples reach the agent's task"
+    );
+    server.assert_no_violations();
+}
+
+#[test]
+fn a_clearml_host_without_credentials_stops_memtrack_before_the_job() {
+    let out = scratch();
+    let marker = out.path().join("job-ran");
+    let res = run_to_end(
+        memtrack()
+            .args(["run", "--listen", "off", "--output"])
+            .arg(out.path())
+            .args(["--", "touch"])
+            .arg(&marker)
+            .env("HOME", out.path())
+            .env("CLEARML_API_HOST", "http://127.0.0.1:9")
+            .env_remove("CLEARML_API_ACCESS_KEY")
+            .env_remove("CLEARML_API_SECRET_KEY")
+            .env_remove("CLEARML_AUTH_TOKEN"),
+        Duration::from_secs(30),
+    );
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("CLEARML_API_HOST") && log.contains("credentials"),
+        "{log}"
+    );
+    assert!(!marker.exists(), "the job must not start");
+}
+
+#[test]
+fn the_server_down_for_the_whole_run_leaves_every_point_in_the_spool() {
+    let server = Server::start(&[]);
+    server.fault(json!({"refuse_for_s": 600}));
+    let out = scratch();
+    let res = run_with_clearml(
+        &server,
+        out.path(),
+        &[],
+        &["--config", &{
+            let p = out.path().join("m.toml");
+            std::fs::write(&p, "[clearml]\nfinal_flush_timeout = \"2s\"\n").unwrap();
+            p.display().to_string()
+        }],
+        &["sh", "-c", "sleep 0.3"],
+    );
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "the job's status wins: {log}");
+    let spool = std::fs::read_to_string(out.path().join("job").join(SPOOL_FILE)).unwrap();
+    assert!(spool.lines().count() > 0, "{log}");
+    assert!(log.contains("unsent"), "{log}");
+}

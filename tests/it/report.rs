@@ -1,0 +1,307 @@
+//! After the run (issue 8): report, compare, the OOM flight recorder, leak
+//! detection on a real job, and the live view under a terminal.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::*;
+
+#[test]
+fn a_job_killed_while_allocating_leaves_its_last_seconds() {
+    let out = scratch();
+    let pid_file = out.path().join("job.pid");
+    let script = format!(
+        r#"
+import os, time
+open({pid:?}, 'w').write(str(os.getpid()))
+bufs = []
+for step in range(60):
+    b = bytearray(20 << 20)
+    for i in range(0, len(b), 4096): b[i] = 1
+    bufs.append(b)
+    time.sleep(0.05)
+time.sleep(30)
+"#,
+        pid = pid_file.display().to_string()
+    );
+    // A slow timer: the window comes from the flight recorder's own reads.
+    let mut child = memtrack()
+        .args([
+            "run",
+            "--listen",
+            "off",
+            "--interval",
+            "1s",
+            "--name",
+            "oom",
+            "--output",
+        ])
+        .arg(out.path())
+        .arg("--")
+        .args(python(&script))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the job", Duration::from_secs(10), || pid_file.exists());
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    signal(pid, "KILL");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(137));
+
+    let file = out.path().join("oom/memory_usage.json");
+    let doc = read_document(&file);
+    assert_eq!(doc.flight_recorder.len(), 1, "{:?}", doc.flight_recorder);
+    let w = &doc.flight_recorder[0];
+    assert_eq!(
+        (w.reason.as_str(), w.pid, w.exit.and_then(|e| e.signal)),
+        ("signal", Some(pid), Some(9))
+    );
+    assert!((w.interval_s - 0.1).abs() < 1e-9);
+    let live: Vec<f64> = w
+        .points
+        .iter()
+        .filter(|p| !p.processes.is_empty())
+        .map(|p| p.cpu_mb)
+        .collect();
+    assert!(
+        live.len() >= 10,
+        "high-rate points before the death: {}",
+        live.len()
+    );
+    assert!(
+        live.last().unwrap() > live.first().unwrap(),
+        "memory was climbing: {live:?}"
+    );
+    assert!(w.points.iter().all(|p| p.t <= w.timestamp + 0.5));
+
+    let res = run_to_end(memtrack().arg("report").arg(&file), Duration::from_secs(20));
+    let text = String::from_utf8_lossy(&res.stdout);
+    assert!(
+        text.contains("Flight recorder") && text.contains("died by SIGKILL"),
+        "{text}"
+    );
+    assert!(text.contains("killed by SIGKILL (137)"), "{text}");
+}
+
+#[test]
+fn report_and_compare_read_real_runs_and_the_seed_shape() {
+    let out = scratch();
+    let mut files = Vec::new();
+    for (model, precision, mib) in [
+        ("SmolLM-135M", "FP32", 60),
+        ("SmolLM-1.7B", "FP32", 160),
+        ("SmolLM-1.7B", "INT8", 110),
+    ] {
+        let name = format!("{model}-{precision}");
+        let script = format!("import time\nb = bytearray({mib} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(0.4)\n");
+        let res = run_to_end(
+            memtrack()
+                .args([
+                    "run",
+                    "--listen",
+                    "off",
+                    "--interval",
+                    "100ms",
+                    "--name",
+                    &name,
+                    "--label",
+                    &format!("model={model}"),
+                ])
+                .args(["--label", &format!("precision={precision}"), "--output"])
+                .arg(out.path())
+                .arg("--")
+                .args(python(&script)),
+            Duration::from_secs(30),
+        );
+        assert_eq!(res.status.code(), Some(0));
+        files.push(out.path().join(&name).join("memory_usage.json"));
+    }
+    let res = run_to_end(
+        memtrack()
+            .args(["compare", "--format", "markdown"])
+            .args(&files),
+        Duration::from_secs(20),
+    );
+    let md = String::from_utf8_lossy(&res.stdout);
+    let lines: Vec<&str> = md.lines().collect();
+    assert_eq!(
+        lines[0],
+        "| Model | Precision | CPU RAM | GPU RAM | GPU Peak | Comment |"
+    );
+    assert!(
+        lines[2].starts_with("| SmolLM-135M | FP32 | 0.")
+            && lines[3].starts_with("| SmolLM-1.7B | FP32 |"),
+        "{md}"
+    );
+    assert!(lines[4].starts_with("| SmolLM-1.7B | INT8 |"), "{md}");
+    let res = run_to_end(
+        memtrack().args(["compare", "--format", "csv"]).args(&files),
+        Duration::from_secs(20),
+    );
+    assert_eq!(String::from_utf8_lossy(&res.stdout).lines().count(), 4);
+
+    let res = run_to_end(
+        memtrack().arg("report").arg(&files[1]),
+        Duration::from_secs(20),
+    );
+    let text = String::from_utf8_lossy(&res.stdout);
+    for needle in [
+        "Peaks",
+        "Processes",
+        "Leak check",
+        "What a re-run needs",
+        "host RAM",
+    ] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    let res = run_to_end(
+        memtrack().args(["report", "--json"]).arg(&files[1]),
+        Duration::from_secs(20),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    assert!(v["needs"]["host_needed_mb"].as_f64().unwrap() > 160.0);
+
+    // Seed 002's bare shape: only detailed_log and peak_usage.
+    let seed = out.path().join("seed.json");
+    std::fs::write(
+        &seed,
+        r#"{"detailed_log": [{"component": "model", "operation": "before_generate", "timestamp": 1234567890.123,
+             "cpu_ram_used_mb": 2048, "gpu_ram_used_mb": 8192, "gpu_ram_peak_mb": 10240, "reserved_gpu_ram_mb": 12288}],
+           "peak_usage": {"cpu_ram_used_mb": 2048, "gpu_ram_used_mb": 8192, "gpu_ram_peak_mb": 10240, "reserved_gpu_ram_mb": 12288}}"#,
+    )
+    .unwrap();
+    let res = run_to_end(memtrack().arg("report").arg(&seed), Duration::from_secs(20));
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let text = String::from_utf8_lossy(&res.stdout);
+    assert!(
+        text.contains("seed-shaped") && text.contains("a 16 GB card fits"),
+        "{text}"
+    );
+    // Not a document at all: one clear error.
+    let res = run_to_end(
+        memtrack().arg("report").arg("/etc/hostname"),
+        Duration::from_secs(20),
+    );
+    assert_eq!(res.status.code(), Some(1));
+    assert!(
+        stderr(&res).contains("is not a memory_usage.json document"),
+        "{}",
+        stderr(&res)
+    );
+}
+
+#[test]
+fn a_real_leaking_job_is_flagged_and_a_steady_one_is_not() {
+    let out = scratch();
+    // 30 s of steady growth, ~600 MiB in all; and a sawtooth of the same size.
+    let leak = "import time\nkeep = []\nfor s in range(60):\n    b = bytearray(10 << 20)\n    for i in range(0, len(b), 4096): b[i] = 1\n    keep.append(b)\n    time.sleep(0.5)\n";
+    let saw = "import time\nfor s in range(60):\n    b = bytearray(300 << 20)\n    for i in range(0, len(b), 4096): b[i] = 1\n    time.sleep(0.25)\n    del b\n    time.sleep(0.25)\n";
+    let mut verdicts = Vec::new();
+    for (name, script) in [("leak", leak), ("saw", saw)] {
+        let res = run_to_end(
+            memtrack()
+                .args([
+                    "run",
+                    "--listen",
+                    "off",
+                    "--interval",
+                    "200ms",
+                    "--name",
+                    name,
+                    "--output",
+                ])
+                .arg(out.path())
+                .arg("--")
+                .args(python(script)),
+            Duration::from_secs(90),
+        );
+        assert_eq!(res.status.code(), Some(0));
+        let doc = read_document(&out.path().join(name).join("memory_usage.json"));
+        verdicts.push(doc.leak.expect("the daemon writes its leak verdict"));
+    }
+    assert_eq!(verdicts[0]["suspected"], true, "{}", verdicts[0]);
+    let rate = verdicts[0]["host"]["rate_mib_per_hour"].as_f64().unwrap();
+    // 10 MiB every 0.5 s = 72 000 MiB/h.
+    assert!((rate - 72_000.0).abs() / 72_000.0 < 0.15, "rate {rate}");
+    assert_eq!(verdicts[1]["suspected"], false, "{}", verdicts[1]);
+}
+
+#[test]
+fn watch_shows_live_values_in_a_terminal() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        panic!("tmux is needed for the terminal test (Debian package tmux)");
+    }
+    let dir = scratch();
+    let d = Daemon::start(
+        dir.path(),
+        &["--interval", "100ms"],
+        &python("import time\nb = bytearray(120 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(6)\n"),
+        &[],
+    );
+    let session = format!("memtrack-watch-{}", std::process::id());
+    let bin = env!("CARGO_BIN_EXE_memtrack");
+    let cmd = format!(
+        "{bin} watch --socket {} --interval 200ms",
+        d.socket.display()
+    );
+    let ok = Command::new("tmux")
+        .args([
+            "new-session",
+            "-d",
+            "-s",
+            &session,
+            "-x",
+            "160",
+            "-y",
+            "40",
+            &cmd,
+        ])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let capture = || -> String {
+        let out = Command::new("tmux")
+            .args(["capture-pane", "-p", "-t", &session])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut screen = String::new();
+    wait_for(
+        "a frame with the job's memory",
+        Duration::from_secs(10),
+        || {
+            screen = capture();
+            screen.contains("memtrack watch")
+                && screen.lines().any(|l| {
+                    // The root's RSS column: the job holds 120 MiB.
+                    l.contains("python3 (root)")
+                        && l.split_whitespace()
+                            .nth(1)
+                            .and_then(|v| v.parse::<f64>().ok())
+                            .is_some_and(|v| v >= 120.0)
+                })
+        },
+    );
+    // Refreshing in place: the clock moves, the screen does not scroll.
+    let first = capture();
+    std::thread::sleep(Duration::from_millis(1200));
+    let second = capture();
+    assert_ne!(first, second, "the view refreshes");
+    assert_eq!(
+        second.matches("memtrack watch").count(),
+        1,
+        "one frame on screen:\n{second}"
+    );
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", &session])
+        .status();
+    let (code, _) = d.finish();
+    assert_eq!(code, Some(0));
+}
