@@ -13,6 +13,10 @@ import time
 import psutil
 
 try:
+    import os
+
+    if os.environ.get("BENCH_NO_GPU") == "1":
+        raise ImportError("host-only comparison")
     import pynvml
 
     pynvml.nvmlInit()

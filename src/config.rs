@@ -399,7 +399,13 @@ impl Layer {
             });
         }
         let text = std::fs::read_to_string(path).map_err(read_err)?;
-        let table: Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        Layer::from_toml(name, &text)
+    }
+
+    /// Parses TOML text as a layer named `name` (for messages).
+    pub fn from_toml(name: impl Into<String>, text: &str) -> Result<Layer, ConfigError> {
+        let name = name.into();
+        let table: Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
             layer: name.clone(),
             message: e.to_string().trim_end().to_string(),
         })?;

@@ -36,8 +36,10 @@ pub enum Input {
     /// Finish the run: a final sample and every flush. `urgent` (a second
     /// signal) skips the final sample.
     Stop { urgent: bool },
-    /// A request from the event socket.
-    Client(ClientRequest),
+    /// A request from the event socket. Boxed: the engine's queue holds
+    /// up to 65,536 inputs and preallocates its slots, so an `Input` must
+    /// stay a few words wide.
+    Client(Box<ClientRequest>),
 }
 
 /// A request read from a client, with where to send the reply line.
@@ -118,7 +120,22 @@ struct Flight {
     recorded: std::collections::BTreeSet<u32>,
     rss: Vec<(u32, u64)>,
     gpu: gpu::GpuSample,
+    /// A CUDA OOM window waiting for its tail.
+    pending: Option<PendingWindow>,
 }
+
+/// A reported CUDA OOM whose window is kept once its tail is recorded.
+struct PendingWindow {
+    /// When the report arrived (Unix seconds): the window's moment.
+    at: f64,
+    pid: Option<u32>,
+    summary: Option<String>,
+    until: Instant,
+}
+
+/// How long a CUDA OOM window keeps recording after the report (or until
+/// the process leaves, if sooner).
+const OOM_TAIL: Duration = Duration::from_secs(1);
 
 impl Flight {
     fn push(&mut self, point: FlightPoint) {
@@ -261,6 +278,7 @@ impl Engine {
             recorded: Default::default(),
             rss: Vec::new(),
             gpu: Default::default(),
+            pending: None,
         };
         f.oom_killed();
         self.flight = Some(f);
@@ -297,6 +315,7 @@ impl Engine {
         }
         f.push(point);
         f.next = f.next.max(now) + f.interval;
+        self.settle_flight(false);
     }
 
     /// What a record says about a death worth a flight window:
@@ -332,6 +351,7 @@ impl Engine {
         pid: Option<u32>,
         exit: Option<Exit>,
         cuda_summary: Option<String>,
+        at: Option<f64>,
     ) {
         let Some(f) = &mut self.flight else {
             return;
@@ -343,7 +363,7 @@ impl Engine {
         }
         let window = FlightWindow {
             reason: reason.into(),
-            timestamp: unix_now(),
+            timestamp: at.unwrap_or_else(unix_now),
             pid,
             name: pid
                 .and_then(|p| self.store.target_name(p))
@@ -425,7 +445,7 @@ impl Engine {
             }
         }
         if let Some((reason, pid, exit)) = death {
-            self.record_flight(reason, pid, exit, None);
+            self.record_flight(reason, pid, exit, None, None);
         }
         outcome
     }
@@ -461,10 +481,29 @@ impl Engine {
                 tracing::warn!("GPU figures unavailable for this sample ({n} times so far): {e}");
             }
         }
-        self.commit(Record::Sample {
+        let outcome = self.commit(Record::Sample {
             kind,
             sample: Box::new(sample),
-        })
+        });
+        self.settle_flight(false);
+        outcome
+    }
+
+    /// Keeps a pending CUDA OOM window once its tail is recorded, its
+    /// process has left, or the run ends (`now`).
+    fn settle_flight(&mut self, now: bool) {
+        let Some(f) = &mut self.flight else {
+            return;
+        };
+        let Some(p) = &f.pending else {
+            return;
+        };
+        let gone = p.pid.is_some_and(|pid| !self.sampler.tree.contains(pid));
+        if now || gone || Instant::now() >= p.until {
+            if let Some(p) = f.pending.take() {
+                self.record_flight("cuda_oom", p.pid, None, p.summary, Some(p.at));
+            }
+        }
     }
 
     /// Records memtrack's own `system` entry (seed 002's experiment_start).
@@ -612,7 +651,7 @@ impl Engine {
                     ended.stopped_by_request = true;
                     stop = Some(stop.unwrap_or(false) || urgent);
                 }
-                Input::Client(c) => self.client(c),
+                Input::Client(c) => self.client(*c),
             }
         }
         if !self.replies.is_empty() {
@@ -684,7 +723,11 @@ impl Engine {
                 }
                 return;
             }
-            Message::Oom { summary, message } => {
+            Message::Oom {
+                summary,
+                message,
+                allocator,
+            } => {
                 let mut labels = std::collections::BTreeMap::new();
                 if let Some(m) = message {
                     let mut m: String = m.chars().filter(|c| !c.is_control()).collect();
@@ -698,10 +741,20 @@ impl Engine {
                     "out_of_memory".into(),
                     None,
                     labels,
-                    None,
+                    allocator,
                 )));
                 self.unflushed_event = true;
-                self.record_flight("cuda_oom", c.pid, None, summary);
+                // The process still holds its memory while the error
+                // unwinds, and NVML's per-process figures lag allocations by
+                // a tick or two: the window stays open a moment longer.
+                if let Some(f) = &mut self.flight {
+                    f.pending = Some(PendingWindow {
+                        at: unix_now(),
+                        pid: c.pid,
+                        summary,
+                        until: Instant::now() + OOM_TAIL,
+                    });
+                }
                 if let (Some(reply), Some(entry)) = (c.reply, outcome.entry) {
                     self.replies
                         .push((reply, protocol::recorded_line(&c.request.id, &entry)));
@@ -807,6 +860,7 @@ impl Engine {
             self.sampler.tree.refresh_hwm_all();
             self.sample(SampleKind::Timer);
         }
+        self.settle_flight(true);
         self.sync_counters();
         self.commit(Record::Finish {
             timestamp: unix_now(),
@@ -826,6 +880,15 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_input_stays_small_because_the_queue_preallocates_its_slots() {
+        assert!(
+            std::mem::size_of::<Input>() <= 48,
+            "{}",
+            std::mem::size_of::<Input>()
+        );
+    }
 
     #[test]
     fn a_flight_window_ends_one_point_after_the_death() {

@@ -67,6 +67,8 @@ pub enum Message {
     Oom {
         summary: Option<String>,
         message: Option<String>,
+        /// The allocator's figures at the error.
+        allocator: Option<Allocator>,
     },
 }
 
@@ -343,6 +345,7 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
         "cleanup" => Message::Cleanup,
         "register" => Message::Register,
         "oom" => Message::Oom {
+            allocator,
             summary: raw.summary.filter(|s| !s.is_empty()),
             message: match raw.message {
                 Some(m) if m.len() > MAX_MESSAGE => {

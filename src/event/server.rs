@@ -367,12 +367,12 @@ async fn connection(stream: UnixStream, shared: &Shared) {
                 } else {
                     (None, None)
                 };
-                let input = Input::Client(ClientRequest {
+                let input = Input::Client(Box::new(ClientRequest {
                     pid,
                     received: unix_now(),
                     request,
                     reply: tx,
-                });
+                }));
                 if !to_engine(&shared.engine, input).await {
                     shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
                     let mut e = ProtocolError::new(

@@ -214,9 +214,10 @@ fn verdict_line(v: &serde_json::Value) -> String {
             v["window_s"].as_f64().unwrap_or(0.0)
         )
     } else if v["judged"] == false {
+        let reason = v["reason"].as_str().unwrap_or("too short");
         format!(
             "not judged ({})",
-            v["reason"].as_str().unwrap_or("too short")
+            reason.strip_prefix("not judged: ").unwrap_or(reason)
         )
     } else {
         format!(
@@ -479,7 +480,8 @@ pub fn render(doc: &Document) -> String {
             .points
             .iter()
             .enumerate()
-            .filter(|(i, _)| i % step == 0 || *i + 1 == n)
+            // Sparse far from the event, every point in the second around it.
+            .filter(|(i, p)| i % step == 0 || *i + 1 == n || (p.t - w.timestamp).abs() <= 1.0)
             .map(|(_, p)| {
                 vec![
                     format!("{:+.2} s", p.t - w.timestamp),
@@ -491,7 +493,7 @@ pub fn render(doc: &Document) -> String {
             .collect();
         table(
             &mut out,
-            &["before death", "host", "GPU", "processes"],
+            &["vs the event", "host", "GPU", "processes"],
             &rows,
         );
         if let Some(s) = &w.cuda_summary {

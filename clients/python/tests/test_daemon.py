@@ -359,6 +359,10 @@ def test_cuda_oom_is_reported_with_the_memory_summary(tmp_path):
     oom = events(doc, component="cuda", operation="out_of_memory")
     assert len(oom) == 1
     assert "Tried to allocate 6.00 GiB" in oom[0]["labels"]["error"]
+    # The allocator's figures at the error are the entry's seed fields.
+    assert oom[0]["gpu_source"] == "allocator", oom[0]
+    assert oom[0]["gpu_ram_used_mb"] == 5 * 1024
+    assert oom[0]["reserved_gpu_ram_mb"] == 6 * 1024
     windows = [w for w in doc.get("flight_recorder", []) if w["reason"] == "cuda_oom"]
     assert len(windows) == 1, doc.get("flight_recorder")
     assert "PyTorch CUDA memory summary" in windows[0]["cuda_summary"]

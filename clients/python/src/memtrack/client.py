@@ -749,6 +749,9 @@ class Client:
                     msg["summary"] = _truncate_utf8(torch.cuda.memory_summary(), 48 * 1024)
             except Exception:
                 pass
+        figures = _allocator_figures()
+        if figures is not None:
+            msg["allocator"] = figures
         try:
             return self._recorded(msg)
         except MemtrackError:
