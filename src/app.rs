@@ -538,12 +538,24 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         }
     }
 
-    // A half configuration is refused before anything starts.
-    let clearml_settings = clearml::resolve(
+    // A half configuration is refused before anything starts; an unreadable
+    // clearml.conf costs only the ClearML reporting, not the run.
+    let clearml_settings = match clearml::resolve(
         &config.clearml,
         &|v| std::env::var(v).ok(),
         std::env::var_os("HOME").map(PathBuf::from).as_deref(),
-    )?;
+    ) {
+        Ok(settings) => settings,
+        Err(
+            e @ (clearml::ClearmlError::Conf { .. }
+            | clearml::ClearmlError::ConfRead { .. }
+            | clearml::ClearmlError::ConfTooLarge { .. }),
+        ) => {
+            tracing::error!("ClearML reporting is off for this run: {e}");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
 
     let is_run = matches!(mode, Mode::Run { .. });
     if is_run {
@@ -742,6 +754,34 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     drop(tx);
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);
+    // A run directory that cannot take the final JSON (a full disk) must
+    // not lose the run: the document goes to the temporary directory.
+    let mut document = document;
+    let written = match &ended.write_error {
+        None => true,
+        Some(e) => {
+            let fallback = std::env::temp_dir().join(format!(
+                "memtrack-{}-{}",
+                store.run.id,
+                crate::export::json::FILE_NAME
+            ));
+            match crate::export::json::write_document(&fallback, &store.document()) {
+                Ok(()) => {
+                    tracing::error!(
+                        "{} could not be written ({e}); the run's JSON is in {} instead",
+                        document.display(),
+                        fallback.display()
+                    );
+                    document = fallback;
+                    true
+                }
+                Err(e2) => {
+                    tracing::error!("the run's JSON could not be written anywhere: {e}; {e2}");
+                    false
+                }
+            }
+        }
+    };
     let first_signal = signals.stop();
 
     // The local file is written; now what goes over the network, unless a
@@ -783,7 +823,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             }
             _ => None,
         };
-        let uploaded = if ended.write_error.is_none() {
+        let uploaded = if written {
             io.upload(&document, &store.run, task)
         } else {
             None
@@ -820,10 +860,10 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         doc.peak_usage
             .gpu_process_used_mb
             .max(doc.peak_usage.reserved_gpu_ram_mb),
-        if ended.write_error.is_some() {
-            "the JSON could not be written (see above)".to_string()
-        } else {
+        if written {
             format!("wrote {}", document.display())
+        } else {
+            "the JSON could not be written (see above)".to_string()
         }
     );
     // `run` exits as its job did. `attach` ends normally on a signal; a

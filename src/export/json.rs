@@ -42,6 +42,16 @@ impl WriteError {
 
 /// Replaces `path` with `bytes` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    write_atomic_with(path, |w| w.write_all(bytes))
+}
+
+/// [`write_atomic`] for content written by `fill` through a buffered
+/// writer, so a large document never sits whole in memory: a multi-MiB
+/// buffer per checkpoint made the allocator's heap creep up.
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<(), WriteError> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -57,7 +67,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
             .create(true)
             .truncate(true)
             .open(&tmp)?;
-        f.write_all(bytes)?;
+        let mut w = io::BufWriter::with_capacity(64 * 1024, &mut f);
+        fill(&mut w)?;
+        w.flush()?;
+        drop(w);
         f.sync_data()?;
         fs::rename(&tmp, path)?;
         // Make the rename itself durable.
@@ -74,9 +87,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
 
 /// Serializes and writes a document atomically.
 pub fn write_document(path: &Path, doc: &Document) -> Result<(), WriteError> {
-    let bytes =
-        serde_json::to_vec_pretty(doc).map_err(|e| WriteError::new(path, io::Error::other(e)))?;
-    write_atomic(path, &bytes)
+    write_atomic_with(path, |w| {
+        serde_json::to_writer_pretty(&mut *w, doc).map_err(io::Error::other)
+    })
 }
 
 /// Reads a document (any schema version, or the seed's bare shape).

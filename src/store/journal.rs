@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{Record, Store};
-use crate::export::json::{write_atomic, write_document, WriteError, FILE_NAME};
+use crate::export::json::{write_atomic_with, write_document, WriteError, FILE_NAME};
 
 /// Folder of the crash-safety files inside a run directory.
 pub const DIR: &str = ".memtrack";
@@ -116,11 +116,9 @@ impl Journal {
 
     fn write_state(&mut self, store: &Store) -> Result<(), JournalError> {
         let path = self.run_dir.join(DIR).join("state.json");
-        let bytes = serde_json::to_vec(store).map_err(|e| JournalError::Corrupt {
-            path: path.clone(),
-            message: e.to_string(),
+        write_atomic_with(&path, |w| {
+            serde_json::to_writer(&mut *w, store).map_err(io::Error::other)
         })?;
-        write_atomic(&path, &bytes)?;
         Ok(())
     }
 

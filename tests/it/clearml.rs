@@ -1097,3 +1097,35 @@ fn the_server_down_for_the_whole_run_leaves_every_point_in_the_spool() {
     assert!(spool.lines().count() > 0, "{log}");
     assert!(log.contains("unsent"), "{log}");
 }
+
+#[test]
+fn a_malformed_clearml_conf_costs_only_the_reporting_not_the_run() {
+    let out = scratch();
+    let conf = out.path().join("clearml.conf");
+    std::fs::write(
+        &conf,
+        "api {\n  api_server: http://127.0.0.1:9\n  credentials {\"access_key\": \n",
+    )
+    .unwrap();
+    let res = run_to_end(
+        memtrack()
+            .args(["run", "--listen", "off", "--name", "job", "--output"])
+            .arg(out.path())
+            .args(["--", "sh", "-c", "sleep 0.2; exit 4"])
+            .env("HOME", out.path())
+            .env("CLEARML_API_HOST", "http://127.0.0.1:9")
+            .env("CLEARML_CONFIG_FILE", &conf)
+            .env_remove("CLEARML_API_ACCESS_KEY")
+            .env_remove("CLEARML_API_SECRET_KEY")
+            .env_remove("CLEARML_AUTH_TOKEN"),
+        Duration::from_secs(60),
+    );
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(4), "the job ran: {log}");
+    assert!(log.contains("ClearML reporting is off"), "{log}");
+    assert!(
+        log.contains(&conf.display().to_string()),
+        "names the file: {log}"
+    );
+    assert!(out.path().join("job/memory_usage.json").exists());
+}
