@@ -477,7 +477,9 @@ impl ProcTree {
 
     /// The RSS of every followed process now: one `statm` read each, no
     /// discovery and no exit handling (the next sample deals with those).
-    /// The flight recorder's fast path.
+    /// The flight recorder's fast path. A process whose `statm` reads zero
+    /// is dying (a zombie, or its memory already torn down) and is left
+    /// out, so a death never shows as a fall to 0 MiB of a live process.
     pub fn peek(&self, out: &mut Vec<(u32, u64)>) {
         out.clear();
         let mut buf = [0u8; 128];
@@ -486,6 +488,7 @@ impl ProcTree {
                 if let Some(rss) = std::str::from_utf8(&buf[..n])
                     .ok()
                     .and_then(|t| parse_statm(t, self.page_size).ok())
+                    .filter(|&rss| rss > 0)
                 {
                     out.push((pid, rss));
                 }
@@ -964,6 +967,34 @@ mod tests {
         assert!(out.processes.is_empty());
         assert_eq!(out.left.len(), 1);
         assert_eq!(out.left[0].id.pid, child.id());
+    }
+
+    #[test]
+    fn peek_leaves_out_a_dying_process() {
+        // Regression: the flight recorder showed a killed job as a live
+        // process holding 0 MiB.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut tree = live_tree(None);
+        let mut out = HostSample::default();
+        tree.add_root(child.id()).unwrap();
+        tree.sample(Instant::now(), &mut out);
+        let mut rss = Vec::new();
+        tree.peek(&mut rss);
+        assert!(matches!(rss.as_slice(), [(pid, r)] if *pid == child.id() && *r > 0));
+        child.kill().unwrap();
+        // Not reaped yet: a zombie, whose statm reads zeros.
+        let stat = format!("/proc/{}/stat", child.id());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !std::fs::read_to_string(&stat).unwrap().contains(") Z ") {
+            assert!(Instant::now() < deadline, "the child never became a zombie");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tree.peek(&mut rss);
+        assert!(rss.is_empty(), "{rss:?}");
+        child.wait().unwrap();
     }
 
     #[test]
