@@ -217,6 +217,10 @@ pub fn recover_leftovers(output: &Path) {
 struct Cleanup {
     dir: PathBuf,
     existed: bool,
+    /// Whether `.memtrack/` was already there: then it belongs to another
+    /// memtrack (a live run holding the lock, or a dead one's journal
+    /// waiting for recovery) and is never removed.
+    journal_existed: bool,
     armed: bool,
 }
 
@@ -229,6 +233,7 @@ impl Cleanup {
         Cleanup {
             dir: dir.to_path_buf(),
             existed,
+            journal_existed: dir.join(journal::DIR).exists(),
             armed: true,
         }
     }
@@ -243,7 +248,9 @@ impl Drop for Cleanup {
         if !self.armed {
             return;
         }
-        let _ = std::fs::remove_dir_all(self.dir.join(journal::DIR));
+        if !self.journal_existed {
+            let _ = std::fs::remove_dir_all(self.dir.join(journal::DIR));
+        }
         if !self.existed {
             let _ = std::fs::remove_dir(&self.dir);
         }

@@ -280,3 +280,55 @@ fn example_config_equals_the_defaults_and_names_every_key() {
         toml::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
     assert_eq!(printed, parsed);
 }
+
+#[test]
+fn a_second_run_in_a_live_run_directory_is_refused_and_harms_nothing() {
+    // Regression: the refused run's cleanup removed the live run's
+    // `.memtrack/`, so the live run lost its journal and checkpoints.
+    let out = scratch();
+    let mut first = memtrack()
+        .args([
+            "run",
+            "--listen",
+            "off",
+            "--interval",
+            "100ms",
+            "--name",
+            "x",
+            "--output",
+        ])
+        .arg(out.path())
+        .args(["--", "sleep", "2"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let journal = out.path().join("x/.memtrack/state.json");
+    wait_for("the first run's journal", Duration::from_secs(10), || {
+        journal.exists()
+    });
+    let err = fails(
+        &[
+            "run",
+            "--listen",
+            "off",
+            "--name",
+            "x",
+            "--output",
+            &out.path().display().to_string(),
+            "--",
+            "true",
+        ],
+        &[],
+        1,
+    );
+    assert!(err.contains("in use by a live memtrack"), "{err}");
+    assert!(journal.exists(), "the live run's journal was removed");
+    let status = first.wait().unwrap();
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut first.stderr.take().unwrap(), &mut log).unwrap();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!log.contains("instead"), "the JSON went elsewhere: {log}");
+    let doc = read_document(&out.path().join("x/memory_usage.json"));
+    assert_eq!(doc.run.status, "finished");
+    assert_eq!(doc.run.exit.map(|e| e.code), Some(0));
+}
