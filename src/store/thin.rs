@@ -6,6 +6,13 @@
 //! pairwise and `width` doubles. A merged bucket carries the maximum of
 //! every figure, so the maximum of the thinned series always equals the
 //! maximum of the full one, and resolution stays uniform over the run.
+//!
+//! Points carry a phase (a log entry's component, span and stage). A
+//! bucket never straddles a phase change, and thinning merges neighbours of
+//! the same phase first, so a merged entry does not credit one phase with
+//! another's peak. Only when phases alternate faster than the log's
+//! resolution are neighbours of different phases merged, to keep the
+//! bound; the merged point then takes the phase of its heavier side.
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +21,24 @@ use crate::model::Entry;
 /// A point that can absorb a later neighbour, keeping maxima.
 pub trait Mergeable: Clone {
     fn absorb(&mut self, later: &Self);
+
+    /// Whether `later` belongs to the same phase and may be merged freely.
+    fn same_phase(&self, _later: &Self) -> bool {
+        true
+    }
+
+    /// Merges `later` of another phase: the merged point is labelled with
+    /// the phase of the heavier of the two.
+    fn absorb_across(&mut self, later: &Self) {
+        self.absorb(later);
+    }
+}
+
+impl Entry {
+    /// How much memory the entry shows, to pick a merged entry's phase.
+    fn weight(&self) -> f64 {
+        self.cpu_ram_used_mb + self.gpu_process_used_mb.max(self.gpu_ram_used_mb)
+    }
 }
 
 impl Mergeable for Entry {
@@ -29,6 +54,20 @@ impl Mergeable for Entry {
         }
         self.samples = Some(self.samples.unwrap_or(1) + later.samples.unwrap_or(1));
         self.timestamp_end = Some(later.timestamp_end.unwrap_or(later.timestamp));
+    }
+
+    fn same_phase(&self, later: &Entry) -> bool {
+        self.component == later.component && self.span == later.span && self.stage == later.stage
+    }
+
+    fn absorb_across(&mut self, later: &Entry) {
+        if later.weight() > self.weight() {
+            self.component.clone_from(&later.component);
+            self.operation.clone_from(&later.operation);
+            self.span.clone_from(&later.span);
+            self.stage.clone_from(&later.stage);
+        }
+        self.absorb(later);
     }
 }
 
@@ -66,6 +105,14 @@ impl<T: Mergeable> Thinned<T> {
     }
 
     pub fn push(&mut self, point: T) {
+        // A phase change closes the open bucket early.
+        if let Some((bucket, _)) = &self.open {
+            if !bucket.same_phase(&point) {
+                if let Some((bucket, _)) = self.open.take() {
+                    self.done.push(bucket);
+                }
+            }
+        }
         match &mut self.open {
             Some((bucket, n)) => {
                 bucket.absorb(&point);
@@ -86,17 +133,35 @@ impl<T: Mergeable> Thinned<T> {
         }
     }
 
+    /// Merges neighbours of the same phase; if that frees too little room
+    /// (phases alternate faster than the log's resolution), merges the rest
+    /// pairwise across phases.
     fn halve(&mut self) {
         let old = std::mem::take(&mut self.done);
-        let mut it = old.into_iter();
+        let mut it = old.into_iter().peekable();
         while let Some(mut a) = it.next() {
-            if let Some(b) = it.next() {
+            if let Some(b) = it.next_if(|b| a.same_phase(b)) {
                 a.absorb(&b);
                 self.merged += 1;
             }
             self.done.push(a);
         }
-        self.width *= 2;
+        if self.done.len() > self.cap * 3 / 4 {
+            let old = std::mem::take(&mut self.done);
+            let mut it = old.into_iter();
+            while let Some(mut a) = it.next() {
+                if let Some(b) = it.next() {
+                    a.absorb_across(&b);
+                    self.merged += 1;
+                }
+                self.done.push(a);
+            }
+        }
+        // Buckets wide enough for the whole run so far to fill half the
+        // log: twice the old width when phases are long, and never an
+        // overflow when they alternate and buckets close early.
+        let samples = self.merged + self.len() as u64;
+        self.width = samples.div_ceil((self.cap / 2).max(1) as u64).max(1);
     }
 
     /// Every point, the open bucket last.
@@ -173,5 +238,65 @@ mod tests {
         }
         assert_eq!(log.len(), 10);
         assert!(log.iter().all(|e| e.samples.is_none()));
+    }
+
+    fn phased(t: f64, component: &str, cpu: f64) -> Entry {
+        Entry {
+            component: component.into(),
+            ..entry(t, cpu, 0.0)
+        }
+    }
+
+    #[test]
+    fn a_merged_entry_never_takes_another_phase_peak() {
+        // Regression: a bucket straddling the end of a span gave the
+        // model's 900 MiB peak to `system`.
+        let mut log = Thinned::new(16);
+        let mut t = 0.0;
+        for (component, cpu, n) in [
+            ("system", 100.0, 500),
+            ("model", 900.0, 300),
+            ("system", 150.0, 500),
+        ] {
+            for _ in 0..n {
+                log.push(phased(t, component, cpu));
+                t += 1.0;
+            }
+        }
+        assert!(log.len() <= 17);
+        for e in log.iter() {
+            let expected = if e.component == "model" {
+                900.0
+            } else {
+                e.cpu_ram_used_mb
+            };
+            assert_eq!(e.cpu_ram_used_mb, expected, "{e:?}");
+            assert!(e.component == "model" || e.cpu_ram_used_mb < 900.0, "{e:?}");
+        }
+        let samples: u64 = log.iter().map(|e| u64::from(e.samples.unwrap_or(1))).sum();
+        assert_eq!(samples, 1300);
+        let per = |c: &str| -> u64 {
+            log.iter()
+                .filter(|e| e.component == c)
+                .map(|e| u64::from(e.samples.unwrap_or(1)))
+                .sum()
+        };
+        assert_eq!((per("model"), per("system")), (300, 1000));
+    }
+
+    #[test]
+    fn phases_that_alternate_every_sample_still_stay_bounded() {
+        let mut log = Thinned::new(32);
+        for i in 0..100_000u32 {
+            let (c, cpu) = if i % 2 == 0 { ("a", 10.0) } else { ("b", 20.0) };
+            log.push(phased(f64::from(i), c, cpu + f64::from(i % 7)));
+            assert!(log.len() <= 33);
+        }
+        let max = log.iter().map(|e| e.cpu_ram_used_mb).fold(0.0, f64::max);
+        assert_eq!(max, 26.0);
+        // Forced merges take the heavier phase's label.
+        assert!(log
+            .iter()
+            .all(|e| e.samples.unwrap_or(1) == 1 || e.component == "b"));
     }
 }
