@@ -681,11 +681,16 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         }),
     };
 
+    // Signals are handled before the job exists, so none can kill
+    // memtrack between the spawn and the handlers.
+    let signals =
+        SignalThread::start(is_run, tx.clone()).context("cannot install signal handlers")?;
     // Start the job last, once everything that can fail has succeeded.
-    let (tree, job_pid, end_when) = match &mode {
+    let (tree, end_when) = match &mode {
         Mode::Run { argv } => {
             let child = target::spawn(argv, &job_env)?;
             let pid = child.id();
+            signals.set_job(pid);
             opts.job = Some(pid);
             let mut tree = ProcTree::new(opts).context("cannot read procfs")?;
             if let Err(e) = tree.add_root(pid) {
@@ -707,7 +712,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                     }
                 })
                 .context("cannot start the waiter thread")?;
-            (tree, Some(pid), EndWhen::JobExits)
+            (tree, EndWhen::JobExits)
         }
         Mode::Attach { pids } => {
             let mut tree = ProcTree::new(opts).context("cannot read procfs")?;
@@ -720,11 +725,9 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             } else {
                 EndWhen::TreeEmpty
             };
-            (tree, None, end)
+            (tree, end)
         }
     };
-    let signals =
-        SignalThread::start(job_pid, tx.clone()).context("cannot install signal handlers")?;
     let meminfo = File::open(config.host.proc_root.join("meminfo")).ok();
     let sampler = Sampler::new(tree, gpu, meminfo);
     let mut engine = Engine::new(

@@ -9,8 +9,11 @@
 //! second signal stops at once: no final sample, the local file written,
 //! network flushes skipped.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::exfiltrator::WithOrigin;
@@ -25,14 +28,24 @@ use crate::sys;
 pub struct SignalThread {
     handle: Handle,
     thread: Option<JoinHandle<Option<i32>>>,
+    /// The job's PID once spawned (0 before).
+    job: Arc<AtomicU32>,
 }
 
+/// How long a signal that arrives while the job is being spawned waits for
+/// its PID before it is treated as having no job to forward to.
+const JOB_WAIT: Duration = Duration::from_secs(2);
+
 impl SignalThread {
-    /// Handles SIGINT/SIGTERM/SIGHUP from now on. `job` is the PID to
-    /// forward to (`run` mode).
-    pub fn start(job: Option<u32>, engine: SyncSender<Input>) -> std::io::Result<SignalThread> {
+    /// Handles SIGINT/SIGTERM/SIGHUP from now on. With `run_mode`, signals
+    /// are forwarded to the job whose PID [`SignalThread::set_job`] gives;
+    /// installing the handlers before the job is spawned leaves no moment
+    /// in which a signal kills memtrack and orphans the job.
+    pub fn start(run_mode: bool, engine: SyncSender<Input>) -> std::io::Result<SignalThread> {
         let mut signals = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM, SIGHUP])?;
         let handle = signals.handle();
+        let job = Arc::new(AtomicU32::new(0));
+        let job_pid = Arc::clone(&job);
         let thread = std::thread::Builder::new()
             .name("memtrack-signals".into())
             .spawn(move || {
@@ -40,6 +53,11 @@ impl SignalThread {
                 for origin in signals.forever() {
                     let sig = origin.signal;
                     let from_terminal = matches!(origin.cause, Cause::Kernel);
+                    let job = if run_mode {
+                        wait_for_job(&job_pid)
+                    } else {
+                        None
+                    };
                     if let Some(pid) = job {
                         if !from_terminal {
                             match sys::kill(pid, sig) {
@@ -53,15 +71,17 @@ impl SignalThread {
                             }
                         }
                     }
+                    // A blocking send: the engine drains its queue all the
+                    // time, and a stop must not be lost to a full queue.
                     if first.is_none() {
                         first = Some(sig);
                         if job.is_none() {
                             tracing::info!("{}: final sample and flush", sys::signal_name(sig));
-                            let _ = engine.try_send(Input::Stop { urgent: false });
+                            let _ = engine.send(Input::Stop { urgent: false });
                         }
                     } else {
                         tracing::warn!("second signal ({}): stopping now", sys::signal_name(sig));
-                        let _ = engine.try_send(Input::Stop { urgent: true });
+                        let _ = engine.send(Input::Stop { urgent: true });
                     }
                 }
                 first
@@ -69,7 +89,13 @@ impl SignalThread {
         Ok(SignalThread {
             handle,
             thread: Some(thread),
+            job,
         })
+    }
+
+    /// The job to forward signals to, once spawned.
+    pub fn set_job(&self, pid: u32) {
+        self.job.store(pid, Ordering::Release);
     }
 
     /// Stops handling and returns the first signal received, if any.
@@ -82,5 +108,18 @@ impl SignalThread {
 impl Drop for SignalThread {
     fn drop(&mut self) {
         self.handle.close();
+    }
+}
+
+/// The job's PID, waiting briefly if the signal came while it was being
+/// spawned.
+fn wait_for_job(job: &AtomicU32) -> Option<u32> {
+    let deadline = Instant::now() + JOB_WAIT;
+    loop {
+        match job.load(Ordering::Acquire) {
+            0 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            0 => return None,
+            pid => return Some(pid),
+        }
     }
 }

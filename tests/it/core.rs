@@ -212,6 +212,83 @@ fn sigterm_to_memtrack_reaches_the_job_and_the_json_is_complete() {
 }
 
 #[test]
+fn sigint_and_sighup_sent_to_memtrack_reach_the_job_too() {
+    for (sig, code) in [("INT", 4), ("HUP", 5)] {
+        let out_dir = scratch();
+        let started = out_dir.path().join("started");
+        let script = format!(
+            "trap 'exit {code}' {sig}; touch {s}; while :; do sleep 0.05; done",
+            s = started.display()
+        );
+        let mut child = memtrack()
+            .args(["run", "--listen", "off", "--interval", "100ms", "--output"])
+            .arg(out_dir.path())
+            .args(["--", "sh", "-c", &script])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for("the job to start", Duration::from_secs(10), || {
+            started.exists()
+        });
+        signal(child.id(), sig);
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "SIG{sig}");
+        let (_, doc) = only_document(out_dir.path());
+        assert_eq!(doc.run.status, "finished", "SIG{sig}");
+        assert_eq!(doc.run.exit.unwrap().code, code, "SIG{sig}");
+    }
+}
+
+#[test]
+fn a_second_signal_stops_memtrack_at_once_with_the_json_written() {
+    let out_dir = scratch();
+    let started = out_dir.path().join("started");
+    let pid_file = out_dir.path().join("job.pid");
+    // A job that ignores the forwarded signals.
+    let script = format!(
+        "trap '' TERM INT; echo $$ > {p}; touch {s}; while :; do sleep 0.05; done",
+        p = pid_file.display(),
+        s = started.display()
+    );
+    let mut child = memtrack()
+        .args(["run", "--listen", "off", "--interval", "100ms", "--output"])
+        .arg(out_dir.path())
+        .args(["--", "sh", "-c", &script])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the job to start", Duration::from_secs(10), || {
+        started.exists()
+    });
+    let job: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    signal(child.id(), "TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "one signal only asks the job"
+    );
+    signal(child.id(), "INT");
+    let status = child.wait().unwrap();
+    let job_alive = vm_rss(job).is_some();
+    // The job holds memtrack's stderr open: end it before reading the log.
+    signal(job, "KILL");
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    // The job is still running: memtrack reports the first signal, as a
+    // shell would for a job stopped by it.
+    assert_eq!(status.code(), Some(128 + 15), "{log}");
+    assert!(log.contains("second signal"), "{log}");
+    assert!(job_alive, "the job was left alone");
+    let (_, doc) = only_document(out_dir.path());
+    assert_eq!(doc.run.exit, None, "the job had not ended");
+    assert!(!doc.detailed_log.is_empty());
+}
+
+#[test]
 fn kill_9_of_memtrack_then_recover_keeps_every_journalled_sample() {
     let out_dir = scratch();
     let pid_file = out_dir.path().join("job.pid");
