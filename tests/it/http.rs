@@ -211,7 +211,7 @@ fn endpoints_answer_and_refuse_the_right_things() {
         &["sleep".into(), "3".into()],
         &[],
     );
-    // Before the first sample it says "starting" (503); then "ok".
+    // Before the first sample it says "stale" (503); then "ok".
     wait_for("healthz ok", Duration::from_secs(10), || {
         d.http("GET", "/healthz").0 == 200
     });
