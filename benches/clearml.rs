@@ -17,9 +17,6 @@
 
 // A benchmark program: it prints its table and fails loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::print_stdout)]
-// Until Cargo.toml declares it with `harness = false`, cargo builds it as a
-// libtest bench, where this `main` is unused.
-#![cfg_attr(test, allow(dead_code))]
 
 use std::io::Write;
 use std::path::Path;

@@ -92,6 +92,7 @@ fn start_daemon(dir: &Path) -> (Child, PathBuf) {
         .arg("--socket")
         .arg(&sock)
         .args(["--", "sleep", "3600"])
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();

@@ -65,8 +65,12 @@ fn spawn_tree(n: usize) -> (Child, Vec<u32>) {
     } else {
         format!("for i in $(seq {}); do sleep 600 & done; wait", n - 1)
     };
+    // Never the bench's stdout: a reader of it (bench/run) would wait for
+    // every sleeper.
     let child = Command::new("sh")
         .args(["-c", &script])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawn");
     let root = child.id();
@@ -238,10 +242,11 @@ fn main() {
             us(sysinfo_all),
             r(sysinfo_all),
         );
-        let _ = child.kill();
+        // The children first: once the shell is gone they belong to init.
         let _ = Command::new("pkill")
             .args(["-P", &child.id().to_string()])
             .status();
+        let _ = child.kill();
         let _ = child.wait();
     }
     gpu_rows();
