@@ -478,6 +478,124 @@ fn object_key(
     )
 }
 
+/// What `memtrack clearml-resend` achieved.
+#[derive(Debug)]
+pub struct Resent {
+    /// One line for the user.
+    pub summary: String,
+    /// Nothing is left to send and nothing was refused.
+    pub complete: bool,
+    pub report: clearml::FinishReport,
+}
+
+/// Sends what an ended run left for ClearML in `run_dir`: the points of its
+/// spool file, into the task it reported into (`clearml-task.json`) unless
+/// the configuration names one, or into a task created now when the run
+/// never got one. A task that run created and could not end is ended as the
+/// job did. What still cannot be sent stays in the spool.
+pub fn clearml_resend(
+    run_dir: &Path,
+    config: &Config,
+    timeout: Duration,
+) -> anyhow::Result<Resent> {
+    if journal::is_live(run_dir) {
+        anyhow::bail!(
+            "{} belongs to a live memtrack, which is still sending its points",
+            run_dir.display()
+        );
+    }
+    let spool = run_dir.join(clearml::SPOOL_FILE);
+    let task_file = run_dir.join(clearml::TASK_FILE);
+    if !spool.exists() && !task_file.exists() {
+        return Ok(Resent {
+            summary: format!(
+                "nothing to send: {} holds no {}",
+                run_dir.display(),
+                clearml::SPOOL_FILE
+            ),
+            complete: true,
+            report: clearml::FinishReport::default(),
+        });
+    }
+    let document = run_dir.join(crate::export::json::FILE_NAME);
+    let doc = crate::export::json::read_document(&document).with_context(|| {
+        format!(
+            "the run's JSON is needed for its name and exit (after a killed memtrack, run              `memtrack recover {}` first)",
+            run_dir.display()
+        )
+    })?;
+    // Asking for a resend turns ClearML on unless it is turned off.
+    let mut cc = config.clearml.clone();
+    if cc.enabled.trim().eq_ignore_ascii_case("auto") || cc.enabled.trim().is_empty() {
+        cc.enabled = "true".into();
+    }
+    let mut settings = clearml::resolve(
+        &cc,
+        &|v| std::env::var(v).ok(),
+        std::env::var_os("HOME").map(PathBuf::from).as_deref(),
+    )?
+    .ok_or_else(|| anyhow::anyhow!("ClearML is turned off (clearml.enabled = false)"))?;
+    if settings.task.is_none() && task_file.exists() {
+        let text = std::fs::read(&task_file)
+            .with_context(|| format!("cannot read {}", task_file.display()))?;
+        let note: clearml::TaskFile = serde_json::from_slice(&text)
+            .with_context(|| format!("{} is not a task note", task_file.display()))?;
+        settings.task = Some(note.id);
+        settings.owns_task = note.created;
+    }
+    let run = clearml::RunInfoLite {
+        name: doc.run.name.clone(),
+        id: doc.run.id.clone(),
+        host: doc.run.host.clone(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let (report, bad) = runtime.block_on(async {
+        let (reporter, bad) = clearml::Reporter::resend(settings, run, run_dir.to_path_buf())
+            .with_context(|| format!("cannot read {}", spool.display()))?;
+        let end = clearml::RunEnd {
+            exit: doc.run.exit,
+            artifact: None,
+        };
+        anyhow::Ok((reporter.finish(end, timeout).await, bad))
+    })?;
+    if bad > 0 {
+        tracing::warn!(
+            "{bad} lines of {} were not points (torn by a kill?) and were skipped",
+            spool.display()
+        );
+    }
+    let task = report
+        .task
+        .as_ref()
+        .map_or_else(|| "no task".to_string(), |t| format!("task {}", t.id));
+    let complete = report.unsent == 0 && report.refused == 0 && report.discarded == 0 && bad == 0;
+    let mut summary = format!("ClearML ({task}): {} points sent", report.sent);
+    if report.unsent > 0 {
+        summary.push_str(&format!(
+            ", {} still unsent in {}",
+            report.unsent,
+            spool.display()
+        ));
+    }
+    if report.refused > 0 {
+        summary.push_str(&format!(", {} refused by the server", report.refused));
+    }
+    if let Some(status) = &report.final_status {
+        summary.push_str(&format!("; task marked {status}"));
+    }
+    if !report.errors.is_empty() {
+        summary.push_str(&format!("; {}", report.errors.join("; ")));
+    }
+    Ok(Resent {
+        summary,
+        complete,
+        report,
+    })
+}
+
 /// Logs what the ClearML reporter achieved; true when something was lost
 /// or left unsent.
 fn log_clearml(report: &clearml::FinishReport) -> bool {
@@ -494,7 +612,11 @@ fn log_clearml(report: &clearml::FinishReport) -> bool {
             report
                 .spool
                 .as_ref()
-                .map(|p| format!(" (kept in {})", p.display()))
+                .map(|p| format!(
+                    " (kept in {}; `memtrack clearml-resend {}` sends them)",
+                    p.display(),
+                    p.parent().unwrap_or(Path::new(".")).display()
+                ))
                 .unwrap_or_default(),
             report.refused,
             report.errors.join("; ")

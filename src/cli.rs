@@ -39,6 +39,8 @@ pub enum Command {
     Recover(RecoverArgs),
     /// Upload a memory_usage.json to S3 / MinIO (or retry a failed upload)
     Upload(UploadArgs),
+    /// Send the ClearML points a run left unsent (its clearml-spool.jsonl), and end a task it created
+    ClearmlResend(ClearmlResendArgs),
     /// Peaks, stages, processes, alerts, leaks and what a re-run needs, from a memory_usage.json
     Report(ReportArgs),
     /// Compare runs: seed 002's model / precision / CPU RAM / GPU RAM / GPU peak table
@@ -244,6 +246,38 @@ impl UploadArgs {
         }
         if let Some(v) = &self.s3_endpoint {
             layer.set("s3.endpoint", Value::String(v.clone()));
+        }
+        layer
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ClearmlResendArgs {
+    /// The run directory (outputs/RUN) holding clearml-spool.jsonl
+    pub dir: PathBuf,
+    /// TOML configuration file (its clearml section)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Send into this task (default: the one the run reported into)
+    #[arg(long, value_name = "ID")]
+    pub clearml_task: Option<String>,
+    /// Project of the task to create when the run never got one
+    #[arg(long, value_name = "NAME")]
+    pub clearml_project: Option<String>,
+    /// Give up after this long; what is left stays in the spool
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub timeout: std::time::Duration,
+}
+
+impl ClearmlResendArgs {
+    /// The flags as the top configuration layer.
+    pub fn layer(&self) -> Layer {
+        let mut layer = Layer::new("command line");
+        if let Some(v) = &self.clearml_task {
+            layer.set("clearml.task", Value::String(v.clone()));
+        }
+        if let Some(v) = &self.clearml_project {
+            layer.set("clearml.project", Value::String(v.clone()));
         }
         layer
     }

@@ -126,6 +126,19 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             stdout(&format!("{uri}\n")).map_err(|e| runtime(e.into()))?;
             Ok(0)
         }
+        Command::ClearmlResend(args) => {
+            let mut layers = Vec::new();
+            if let Some(path) = &args.config {
+                layers.push(Layer::from_file(path).map_err(usage)?);
+            }
+            layers.push(Layer::from_env(std::env::vars()).map_err(usage)?);
+            layers.push(args.layer());
+            let config = config::resolve(&layers).map_err(usage)?;
+            logging::init(&config.log_level);
+            let done = app::clearml_resend(&args.dir, &config, args.timeout).map_err(runtime)?;
+            stdout(&format!("{}\n", done.summary)).map_err(|e| runtime(e.into()))?;
+            Ok(if done.complete { 0 } else { 1 })
+        }
         Command::Report(args) => {
             let doc = memtrack::export::json::read_document(&args.file).map_err(runtime)?;
             let text = if args.json {

@@ -84,6 +84,15 @@ fn lock(dir: &Path) -> Result<File, JournalError> {
     }
 }
 
+/// Whether a live memtrack owns `run_dir` (holds its journal lock).
+pub fn is_live(run_dir: &Path) -> bool {
+    let path = run_dir.join(DIR).join("lock");
+    match OpenOptions::new().write(true).open(&path) {
+        Ok(f) => matches!(f.try_lock(), Err(fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
+}
+
 impl Journal {
     /// Starts the journal of a new run: takes the lock and writes the
     /// initial state checkpoint.

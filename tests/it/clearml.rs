@@ -120,6 +120,14 @@ impl Server {
         assert_eq!(v["violations"], json!([]), "contract violations");
     }
 
+    /// No violation, and no point sent twice on the wire either (an
+    /// identical resend is legal, and harmless in ClearML, but means a
+    /// batch went out again).
+    fn assert_exactly_once(&self) {
+        self.assert_no_violations();
+        assert_eq!(self.state()["resends"], 0, "points sent twice");
+    }
+
     fn calls_to(&self, endpoint: &str) -> usize {
         self.admin("GET", "/calls", None)["calls"]
             .as_array()
@@ -488,7 +496,7 @@ fn marks_and_timer_windows_arrive_exactly_once_into_a_created_task() {
     assert!(report.artifact_registered);
     assert_eq!(report.final_status.as_deref(), Some("completed"));
     assert_eq!(state["logins"], 1);
-    server.assert_no_violations();
+    server.assert_exactly_once();
 
     // A second run finds the project instead of creating it again.
     let live = Live::start(settings(&server.url(), SECRET), "it-run-2");
@@ -500,7 +508,7 @@ fn marks_and_timer_windows_arrive_exactly_once_into_a_created_task() {
         (Some("failed"), Some("exit code 3"))
     );
     assert_eq!(server.state()["projects"].as_object().unwrap().len(), 1);
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -525,7 +533,7 @@ fn a_signal_or_unknown_exit_fails_the_created_task() {
             (Some("failed"), Some(reason))
         );
     }
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -571,7 +579,7 @@ fn an_existing_task_gets_points_and_keeps_its_status() {
         0
     );
     assert!(report.errors.is_empty(), "{report:?}");
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -591,16 +599,18 @@ fn a_published_task_is_a_clear_error_not_a_silent_loss() {
         )),
         "{report:?}"
     );
+    // Kept for a resend into another task, not thrown away.
     assert_eq!(
         (report.sent, report.unsent, report.discarded),
-        (0, 0, 60),
+        (0, 60, 0),
         "{report:?}"
     );
+    assert!(report.spool.is_some(), "{report:?}");
     assert!(errors >= 1);
     assert!(server.points(&id).is_empty());
     assert_eq!(server.state()["tasks"][&id]["status"], "published");
     assert_eq!(server.calls_to("events.add_batch"), 0);
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 // ---------------------------------------------------------------- 2, 3, 6, 7
@@ -653,7 +663,7 @@ fn a_twenty_second_outage_loses_and_repeats_nothing() {
         .count();
     assert!(faults > 0, "the 503 phase was seen");
     assert_eq!(server.state()["tasks"][&task]["status"], "completed");
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -676,7 +686,7 @@ fn an_expired_token_costs_one_login_and_no_point() {
     assert_eq!(state["login_kinds"]["basic"], 2);
     assert!(state["auth_failures"].as_u64().unwrap() >= 1);
     assert_eq!((report.sent, errors), (600, 0), "{report:?}");
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -702,7 +712,7 @@ fn a_bearer_token_alone_is_used_and_refreshed_with_itself() {
     assert_eq!(state["login_kinds"]["basic"], 0);
     assert!(state["login_kinds"]["bearer"].as_u64().unwrap() >= 1);
     assert!(report.errors.is_empty(), "{report:?}");
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -755,7 +765,45 @@ fn a_small_queue_spills_to_the_spool_and_drains_in_order() {
             last = r;
         }
     }
-    server.assert_no_violations();
+    server.assert_exactly_once();
+}
+
+#[test]
+fn a_flapping_server_is_retried_and_every_point_arrives_once() {
+    // 429 with Retry-After, then 502, 503 and 504 (one raw gateway page),
+    // one after another on the batch endpoint: every one is retried.
+    let server = Server::start(&[]);
+    let live = Live::start(settings(&server.url(), SECRET), "flap");
+    let task = live.wait_task();
+    for (status, extra) in [
+        (429, json!({"retry_after": 1})),
+        (502, json!({"raw": true})),
+        (503, json!({})),
+        (504, json!({})),
+    ] {
+        let mut f = json!({"status": status, "count": 1, "endpoint": "events.add_batch"});
+        f.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        server.fault(f);
+    }
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..30);
+    let (report, errors, _dir) = live.finish(exit(0), Duration::from_secs(20));
+    let got = stored(&server.points(&task));
+    assert!(got == exp, "{}", diff(&exp, &got));
+    assert_eq!(
+        (report.sent, report.refused, report.unsent),
+        (180, 0, 0),
+        "{report:?}"
+    );
+    // Each failed attempt counts as an export error; none is a problem
+    // for the report.
+    assert_eq!(errors, 4, "{report:?}");
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert!(server.calls_to("events.add_batch") >= 5);
+    assert_eq!(server.state()["faults"]["status"], json!([]), "all used");
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -786,7 +834,7 @@ fn partial_errors_are_counted_and_the_rest_delivered() {
             .any(|e| e.contains("Error when indexing events batch")),
         "{report:?}"
     );
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -804,7 +852,7 @@ fn a_batch_refused_as_a_whole_is_dropped_and_later_ones_go_on() {
     assert_eq!(server.points(&task).len(), 24);
     assert!(errors >= 6);
     assert_eq!(report.errors.len(), 1, "{report:?}");
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 // ---------------------------------------------------------------- 5
@@ -825,11 +873,13 @@ fn wrong_credentials_are_one_clear_error_without_the_secret() {
     );
     assert!(msg.contains(&server.url()), "{msg}");
     assert!(!format!("{report:?}").contains("not-the-secret"));
-    assert_eq!((report.sent, report.unsent, report.discarded), (0, 0, 60));
+    // Kept in the spool for `memtrack clearml-resend` with the right ones.
+    assert_eq!((report.sent, report.unsent, report.discarded), (0, 60, 0));
+    assert!(report.spool.as_deref().is_some_and(Path::exists));
     assert!(errors >= 1);
     assert_eq!(server.calls_to("auth.login"), 1, "not retried");
     assert_eq!(server.state()["tasks"], json!({}));
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -992,7 +1042,7 @@ fn memtrack_run_creates_completes_and_fills_a_task_with_the_s3_artifact() {
         "{task:#}"
     );
     assert!(!out.path().join("job").join(SPOOL_FILE).exists());
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -1016,7 +1066,7 @@ fn memtrack_run_fails_the_task_of_a_failed_job_and_keeps_its_status() {
         .unwrap()
         .clone();
     assert_eq!(task["status"], "failed", "{task:#}");
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -1046,7 +1096,7 @@ fn memtrack_run_reports_into_the_agents_task_without_touching_its_status() {
             .any(|p| p["metric"] == "memory/system"),
         "timer samples reach the agent's task"
     );
-    server.assert_no_violations();
+    server.assert_exactly_once();
 }
 
 #[test]
@@ -1128,4 +1178,248 @@ fn a_malformed_clearml_conf_costs_only_the_reporting_not_the_run() {
         "names the file: {log}"
     );
     assert!(out.path().join("job/memory_usage.json").exists());
+}
+
+// ---------------------------------------------------------------- resend
+
+/// `memtrack clearml-resend DIR` with the credentials ClearML users have.
+fn resend(server: &Server, dir: &Path, secret: &str) -> std::process::Output {
+    run_to_end(
+        memtrack()
+            .args(["clearml-resend", "--timeout", "30s"])
+            .arg(dir)
+            .env("HOME", dir)
+            .env("CLEARML_API_HOST", server.url())
+            .env("CLEARML_API_ACCESS_KEY", KEY)
+            .env("CLEARML_API_SECRET_KEY", secret)
+            .env_remove("CLEARML_TASK_ID"),
+        Duration::from_secs(60),
+    )
+}
+
+/// A job that waits for `go`, then records `n` marks of `model` at
+/// iterations 0..n (acknowledged, so each is in the log).
+fn marking_job(go: &Path, n: u64) -> Vec<String> {
+    python(&format!(
+        "import os, socket, json, time\n\
+         while not os.path.exists({go:?}): time.sleep(0.02)\n\
+         s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET'])\n\
+         f = s.makefile('rw')\n\
+         for i in range({n}):\n\
+         \x20   f.write(json.dumps({{'type': 'mark', 'component': 'model', 'operation': 'step', 'iteration': i, 'ack': True}}) + '\\n'); f.flush(); f.readline()\n",
+        go = go.display().to_string()
+    ))
+}
+
+fn model_iters(points: &[Value]) -> Vec<u64> {
+    let mut iters: Vec<u64> = points
+        .iter()
+        .filter(|p| p["metric"] == "memory/model" && p["variant"] == "cpu_ram_used_mb")
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    iters.sort_unstable();
+    iters
+}
+
+#[test]
+fn clearml_resend_delivers_what_an_outage_left_and_ends_the_task() {
+    // The task is created, then the server goes away for the rest of the
+    // run: the points and the task's final status wait for a resend.
+    let server = Server::start(&[]);
+    let out = scratch();
+    let go = out.path().join("go");
+    let conf = out.path().join("m.toml");
+    std::fs::write(&conf, "[clearml]\nfinal_flush_timeout = \"2s\"\n").unwrap();
+    let mut child = memtrack()
+        .args([
+            "run",
+            "--listen",
+            "off",
+            "--name",
+            "job",
+            "--interval",
+            "50ms",
+        ])
+        .arg("--output")
+        .arg(out.path())
+        .arg("--config")
+        .arg(&conf)
+        .arg("--")
+        .args(marking_job(&go, 20))
+        .env("HOME", out.path())
+        .env("CLEARML_API_HOST", server.url())
+        .env("CLEARML_API_ACCESS_KEY", KEY)
+        .env("CLEARML_API_SECRET_KEY", SECRET)
+        .env_remove("CLEARML_TASK_ID")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the task to start", Duration::from_secs(20), || {
+        server.state()["tasks"]
+            .as_object()
+            .is_some_and(|t| t.values().any(|t| t["status"] == "in_progress"))
+    });
+    server.fault(json!({"refuse_for_s": 600}));
+    std::fs::write(&go, "").unwrap();
+    let status = child.wait().unwrap();
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert_eq!(status.code(), Some(0), "the job's status: {log}");
+    let run_dir = out.path().join("job");
+    assert!(run_dir.join(SPOOL_FILE).exists(), "{log}");
+    assert!(log.contains("memtrack clearml-resend"), "says how: {log}");
+    let note: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("clearml-task.json")).unwrap()).unwrap();
+    assert_eq!(note["created"], true, "{note}");
+
+    server.fault(json!({"clear": true}));
+    let id = note["id"].as_str().unwrap();
+    assert_eq!(server.state()["tasks"][id]["status"], "in_progress");
+    let res = resend(&server, &run_dir, SECRET);
+    let text = String::from_utf8_lossy(&res.stdout);
+    assert_eq!(res.status.code(), Some(0), "{text} {}", stderr(&res));
+    assert!(text.contains("task marked completed"), "{text}");
+    assert_eq!(model_iters(&server.points(id)), (0..20).collect::<Vec<_>>());
+    let state = server.state();
+    assert_eq!(state["tasks"].as_object().unwrap().len(), 1, "no new task");
+    assert_eq!(state["tasks"][id]["status"], "completed");
+    assert!(!run_dir.join(SPOOL_FILE).exists());
+    assert!(!run_dir.join("clearml-task.json").exists());
+    server.assert_exactly_once();
+
+    // Nothing left: a second resend is a no-op.
+    let again = resend(&server, &run_dir, SECRET);
+    assert_eq!(again.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to send"));
+}
+
+#[test]
+fn wrong_credentials_keep_the_points_for_a_resend_with_the_right_ones() {
+    let server = Server::start(&[]);
+    let out = scratch();
+    let go = out.path().join("go");
+    std::fs::write(&go, "").unwrap();
+    let res = run_with_clearml(
+        &server,
+        out.path(),
+        &[("CLEARML_API_SECRET_KEY", "not-the-secret".to_string())],
+        &[],
+        &marking_job(&go, 5)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "the job ran: {log}");
+    assert!(log.contains("refused the credentials"), "{log}");
+    assert!(!log.contains("not-the-secret"), "{log}");
+    let run_dir = out.path().join("job");
+    assert!(run_dir.join("memory_usage.json").exists());
+    assert!(run_dir.join(SPOOL_FILE).exists(), "{log}");
+    assert_eq!(server.state()["tasks"], json!({}));
+
+    // Still wrong: nothing sent, the spool kept, a clear error.
+    let res = resend(&server, &run_dir, "not-the-secret");
+    assert_eq!(res.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&res.stdout).contains("still unsent"));
+    assert!(run_dir.join(SPOOL_FILE).exists());
+
+    let res = resend(&server, &run_dir, SECRET);
+    let text = String::from_utf8_lossy(&res.stdout);
+    assert_eq!(res.status.code(), Some(0), "{text} {}", stderr(&res));
+    let state = server.state();
+    let tasks: Vec<&Value> = state["tasks"].as_object().unwrap().values().collect();
+    assert_eq!(tasks.len(), 1, "{state:#}");
+    assert_eq!(tasks[0]["name"], "job");
+    assert_eq!(tasks[0]["status"], "completed", "ended as the job did");
+    let id = tasks[0]["id"].as_str().unwrap();
+    assert_eq!(model_iters(&server.points(id)), (0..5).collect::<Vec<_>>());
+    assert!(!run_dir.join(SPOOL_FILE).exists());
+    server.assert_exactly_once();
+}
+
+#[test]
+fn clearml_resend_refuses_a_live_run_and_a_missing_configuration() {
+    let out = scratch();
+    let run_dir = out.path().join("r");
+    std::fs::create_dir_all(run_dir.join(".memtrack")).unwrap();
+    std::fs::write(run_dir.join(SPOOL_FILE), "").unwrap();
+    // Hold the run's lock as a live memtrack does.
+    let lock = std::fs::File::create(run_dir.join(".memtrack/lock")).unwrap();
+    lock.try_lock().unwrap();
+    let res = run_to_end(
+        memtrack()
+            .arg("clearml-resend")
+            .arg(&run_dir)
+            .env("CLEARML_API_HOST", "http://127.0.0.1:9")
+            .env("CLEARML_API_ACCESS_KEY", KEY)
+            .env("CLEARML_API_SECRET_KEY", SECRET),
+        Duration::from_secs(20),
+    );
+    assert_eq!(res.status.code(), Some(1));
+    assert!(stderr(&res).contains("live memtrack"), "{}", stderr(&res));
+    drop(lock);
+
+    // No server configured anywhere: a usage error naming what to set.
+    let res = run_to_end(
+        memtrack()
+            .arg("clearml-resend")
+            .arg(&run_dir)
+            .env("HOME", out.path())
+            .env_remove("CLEARML_API_HOST")
+            .env_remove("CLEARML_CONFIG_FILE")
+            .env_remove("CLEARML_API_ACCESS_KEY")
+            .env_remove("CLEARML_API_SECRET_KEY"),
+        Duration::from_secs(20),
+    );
+    // The JSON is read first: without it, the message says what to run.
+    assert_eq!(res.status.code(), Some(1), "{}", stderr(&res));
+    assert!(
+        stderr(&res).contains("memtrack recover"),
+        "{}",
+        stderr(&res)
+    );
+    let doc = memtrack::model::Document::default();
+    std::fs::write(
+        run_dir.join("memory_usage.json"),
+        serde_json::to_vec(&doc).unwrap(),
+    )
+    .unwrap();
+    let res = run_to_end(
+        memtrack()
+            .arg("clearml-resend")
+            .arg(&run_dir)
+            .env("HOME", out.path())
+            .env_remove("CLEARML_API_HOST")
+            .env_remove("CLEARML_CONFIG_FILE")
+            .env_remove("CLEARML_API_ACCESS_KEY")
+            .env_remove("CLEARML_API_SECRET_KEY"),
+        Duration::from_secs(20),
+    );
+    assert_eq!(res.status.code(), Some(2), "{}", stderr(&res));
+    assert!(
+        stderr(&res).contains("CLEARML_API_HOST"),
+        "{}",
+        stderr(&res)
+    );
+
+    // A damaged task note is named, and nothing is sent anywhere.
+    let note = run_dir.join("clearml-task.json");
+    std::fs::write(&note, "{\"id\": 7").unwrap();
+    let res = run_to_end(
+        memtrack()
+            .arg("clearml-resend")
+            .arg(&run_dir)
+            .env("CLEARML_API_HOST", "http://127.0.0.1:9")
+            .env("CLEARML_API_ACCESS_KEY", KEY)
+            .env("CLEARML_API_SECRET_KEY", SECRET)
+            .env_remove("CLEARML_TASK_ID"),
+        Duration::from_secs(20),
+    );
+    assert_eq!(res.status.code(), Some(1), "{}", stderr(&res));
+    assert!(
+        stderr(&res).contains(&note.display().to_string()),
+        "{}",
+        stderr(&res)
+    );
 }

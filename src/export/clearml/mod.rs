@@ -37,6 +37,23 @@ pub use reporter::Reporter;
 /// File name of the spool in the run directory.
 pub const SPOOL_FILE: &str = "clearml-spool.jsonl";
 
+/// The task a run reported into, kept beside the spool so that `memtrack
+/// clearml-resend` sends the points to the same task.
+pub const TASK_FILE: &str = "clearml-task.json";
+
+/// What [`TASK_FILE`] holds.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TaskFile {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub project: String,
+    /// memtrack created the task, so memtrack ends it.
+    #[serde(default)]
+    pub created: bool,
+}
+
 /// The API version memtrack pins for every call but `auth.login`.
 pub const API_VERSION: &str = "2.23";
 
@@ -92,6 +109,9 @@ pub struct Settings {
     pub credentials: Credentials,
     /// Report into this existing task; `None`: create one.
     pub task: Option<String>,
+    /// memtrack created `task` in an earlier run (`clearml-resend`): end it
+    /// as that run ended if it is still in progress.
+    pub owns_task: bool,
     pub project: String,
     /// Name of a created task; empty: the run name.
     pub task_name: String,
@@ -199,7 +219,7 @@ pub struct FinishReport {
     pub non_finite_skipped: u64,
     /// Points refused by the server (partial errors, rejected batches).
     pub refused: u64,
-    /// Points thrown away because reporting was disabled.
+    /// Points lost because the spool file could not be written.
     pub discarded: u64,
     /// Every problem, in words (no secrets).
     pub errors: Vec<String>,
@@ -450,6 +470,7 @@ pub fn resolve(
         web_host: web.unwrap_or_default().trim_end_matches('/').to_string(),
         credentials,
         task,
+        owns_task: false,
         project: if config.project.trim().is_empty() {
             "memtrack".into()
         } else {

@@ -20,6 +20,43 @@ use std::path::{Path, PathBuf};
 
 use super::points::Point;
 
+/// Longest spool line read back; a point is a few hundred bytes.
+const MAX_SPOOL_LINE: usize = 64 * 1024;
+
+/// Reads one line into `buf` (without its newline), keeping at most `max`
+/// bytes of it. `None` at the end of the file; `Some(false)` for a line cut
+/// short by the end of the file or over `max` bytes.
+fn read_line_bounded(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<Option<bool>> {
+    buf.clear();
+    let mut whole = true;
+    let mut any = false;
+    loop {
+        let chunk = reader.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(any.then_some(false));
+        }
+        any = true;
+        let (part, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (&chunk[..i], Some(i + 1)),
+            None => (chunk, None),
+        };
+        if buf.len() + part.len() > max {
+            whole = false;
+        } else {
+            buf.extend_from_slice(part);
+        }
+        let used = done.unwrap_or(chunk.len());
+        reader.consume(used);
+        if done.is_some() {
+            return Ok(Some(whole));
+        }
+    }
+}
+
 /// The bounded queue.
 #[derive(Debug)]
 pub struct Queue {
@@ -57,6 +94,55 @@ impl Queue {
             lost: 0,
             spool_error_logged: false,
         }
+    }
+
+    /// Adopts the spool an earlier run left behind (`memtrack
+    /// clearml-resend`): its points come first, in their order. Lines that
+    /// are not points (one torn by a `kill -9`, an over-long one) are
+    /// dropped; the second number says how many.
+    pub fn resume(max: usize, path: PathBuf) -> io::Result<(Queue, u64)> {
+        let mut q = Queue::new(max, path);
+        let src = match File::open(&q.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((q, 0)),
+            Err(e) => return Err(e),
+        };
+        let tmp = q.path.with_extension("jsonl.tmp");
+        let (mut good, mut bad) = (0u64, 0u64);
+        {
+            let mut reader = BufReader::new(src);
+            let mut out = BufWriter::new(File::create(&tmp)?);
+            let mut line = Vec::new();
+            while let Some(complete) = read_line_bounded(&mut reader, &mut line, MAX_SPOOL_LINE)? {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                match serde_json::from_slice::<Point>(&line) {
+                    Ok(p) if complete => {
+                        serde_json::to_writer(&mut out, &p)?;
+                        out.write_all(b"\n")?;
+                        good += 1;
+                    }
+                    _ => bad += 1,
+                }
+            }
+            out.flush()?;
+            out.get_ref().sync_all()?;
+        }
+        std::fs::rename(&tmp, &q.path)?;
+        if good == 0 {
+            std::fs::remove_file(&q.path)?;
+            return Ok((q, bad));
+        }
+        let file = OpenOptions::new().read(true).write(true).open(&q.path)?;
+        let reader = BufReader::new(file.try_clone()?);
+        q.spool = Some(Spool {
+            writer: BufWriter::new(file),
+            reader,
+            read_at: 0,
+        });
+        q.spooled = good;
+        Ok((q, bad))
     }
 
     pub fn path(&self) -> &Path {
@@ -386,5 +472,47 @@ mod tests {
         let mut q = Queue::new(2, dir.path().join("file/spool.jsonl"));
         q.extend((0..5).map(pt));
         assert_eq!((q.in_memory(), q.lost), (2, 3));
+    }
+
+    #[test]
+    fn resume_adopts_a_spool_and_drops_torn_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spool.jsonl");
+        let mut text = String::new();
+        for i in 0..5 {
+            text.push_str(&serde_json::to_string(&pt(i)).unwrap());
+            text.push('\n');
+        }
+        text.push_str("not a point\n");
+        text.push_str(&format!("{}\n", "x".repeat(MAX_SPOOL_LINE + 10)));
+        text.push_str(&serde_json::to_string(&pt(5)).unwrap());
+        text.push('\n');
+        // A kill mid-write leaves half a line.
+        text.push_str(&serde_json::to_string(&pt(6)).unwrap()[..20]);
+        std::fs::write(&path, text).unwrap();
+
+        let (mut q, bad) = Queue::resume(2, path.clone()).unwrap();
+        assert_eq!((q.len(), bad), (6, 3));
+        // New points go after the adopted ones, in one order.
+        q.extend([pt(7)]);
+        let mut got = Vec::new();
+        loop {
+            let batch = q.take(2);
+            if batch.is_empty() {
+                break;
+            }
+            got.extend(batch.iter().map(|p| p.value as u64));
+            q.settle(batch.len());
+        }
+        assert_eq!(got, vec![0, 1, 2, 3, 4, 5, 7]);
+        assert_eq!(q.persist().unwrap(), 0);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn resume_without_a_spool_is_an_empty_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let (q, bad) = Queue::resume(4, dir.path().join("none.jsonl")).unwrap();
+        assert_eq!((q.len(), bad), (0, 0));
     }
 }

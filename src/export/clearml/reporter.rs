@@ -23,7 +23,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::api::{Api, Body, CallError};
 use super::points::{Converter, Point};
 use super::queue::Queue;
-use super::{Artifact, FinishReport, RunEnd, RunInfoLite, Settings, TaskRef, SPOOL_FILE};
+use super::{
+    Artifact, FinishReport, RunEnd, RunInfoLite, Settings, TaskFile, TaskRef, SPOOL_FILE, TASK_FILE,
+};
 use crate::model::Entry;
 
 /// Largest `events.add_batch` body (the SDK caps at 15 MiB).
@@ -68,6 +70,40 @@ impl Reporter {
         run_dir: PathBuf,
         entries: mpsc::UnboundedReceiver<Entry>,
     ) -> Reporter {
+        let spool = run_dir.join(SPOOL_FILE);
+        if spool.exists() {
+            tracing::warn!(
+                "ClearML: {} holds points an earlier run in this directory left unsent; this \
+                 run replaces them (`memtrack clearml-resend` would have sent them)",
+                spool.display()
+            );
+        }
+        let queue = Queue::new(settings.queue_max, spool);
+        Self::launch(settings, run, &run_dir, queue, entries)
+    }
+
+    /// Starts a reporter for what an ended run left in `run_dir`: the
+    /// points of its spool file (see [`Queue::resume`]; the number is the
+    /// lines that were not points), sent once the task is known.
+    /// [`Reporter::finish`] then delivers them.
+    pub fn resend(
+        settings: Settings,
+        run: RunInfoLite,
+        run_dir: PathBuf,
+    ) -> std::io::Result<(Reporter, u64)> {
+        let (queue, bad) = Queue::resume(settings.queue_max, run_dir.join(SPOOL_FILE))?;
+        // No new entries: the channel is closed from the start.
+        let (_, entries) = mpsc::unbounded_channel();
+        Ok((Self::launch(settings, run, &run_dir, queue, entries), bad))
+    }
+
+    fn launch(
+        settings: Settings,
+        run: RunInfoLite,
+        run_dir: &std::path::Path,
+        queue: Queue,
+        entries: mpsc::UnboundedReceiver<Entry>,
+    ) -> Reporter {
         let errors = Arc::new(AtomicU64::new(0));
         let (task_tx, task_rx) = watch::channel(None);
         let (settled_tx, settled_rx) = watch::channel(false);
@@ -92,7 +128,8 @@ impl Reporter {
         let (finish_tx, finish_rx) = oneshot::channel();
         let state = State {
             conv: Converter::new(settings.timer_every),
-            queue: Queue::new(settings.queue_max, run_dir.join(SPOOL_FILE)),
+            queue,
+            task_file: run_dir.join(TASK_FILE),
             api,
             settings,
             run,
@@ -103,7 +140,6 @@ impl Reporter {
             settled_tx,
             sent: 0,
             refused: 0,
-            discarded: 0,
             last_send: Instant::now(),
             last_ok: Instant::now(),
             partial_logged: 0,
@@ -265,6 +301,8 @@ struct State {
     api: Api,
     conv: Converter,
     queue: Queue,
+    /// Where the task is noted for a later `clearml-resend`.
+    task_file: PathBuf,
     phase: Phase,
     errors: Arc<AtomicU64>,
     problems: Vec<String>,
@@ -272,7 +310,6 @@ struct State {
     settled_tx: watch::Sender<bool>,
     sent: u64,
     refused: u64,
-    discarded: u64,
     last_send: Instant,
     last_ok: Instant,
     partial_logged: u64,
@@ -462,17 +499,13 @@ impl State {
         }
     }
 
-    /// New points into the queue (or away, when reporting is off).
+    /// New points into the queue. With reporting off they are kept too
+    /// (spilling to the spool file), for a later `clearml-resend`.
     fn accept(&mut self, pending: &mut Vec<Point>) {
         if pending.is_empty() {
             return;
         }
-        if matches!(self.phase, Phase::Disabled) {
-            self.discarded += pending.len() as u64;
-            pending.clear();
-        } else {
-            self.queue.extend(pending.drain(..));
-        }
+        self.queue.extend(pending.drain(..));
     }
 
     fn problem(&mut self, p: String) {
@@ -489,16 +522,41 @@ impl State {
         }
     }
 
+    /// Stops reporting for this run (wrong credentials, a locked task, …).
+    /// The points are kept: they stay in the spool file at the end, and
+    /// `memtrack clearml-resend` sends them once the cause is fixed.
     fn disable(&mut self, why: String) {
-        tracing::error!("ClearML reporting is off for this run: {why}");
+        tracing::error!(
+            "ClearML reporting is off for this run: {why}; its points are kept for \
+             `memtrack clearml-resend`"
+        );
         self.errors.fetch_add(1, Ordering::Relaxed);
-        self.problem(why.clone());
-        self.discarded += self.queue.len();
-        // Nothing to replay into: drop the queue and its spool.
-        self.queue = Queue::new(self.settings.queue_max, self.queue.path().to_path_buf());
-        let _ = self.queue.persist();
+        self.problem(why);
         self.phase = Phase::Disabled;
         let _ = self.settled_tx.send(true);
+    }
+
+    /// Notes the task beside the spool (best effort: without it a resend
+    /// needs `--clearml-task`).
+    fn write_task_file(&self, ctx: &TaskCtx) {
+        let note = TaskFile {
+            id: ctx.task.id.clone(),
+            name: ctx.task.name.clone(),
+            project: ctx.task.project.clone(),
+            created: ctx.created,
+        };
+        let written = serde_json::to_vec_pretty(&note)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| {
+                crate::export::json::write_atomic(&self.task_file, &bytes)
+                    .map_err(std::io::Error::other)
+            });
+        if let Err(e) = written {
+            tracing::warn!(
+                "ClearML: cannot note the task in {}: {e}",
+                self.task_file.display()
+            );
+        }
     }
 
     /// Starts the next job and moves the end of the run along.
@@ -749,6 +807,7 @@ impl State {
                         ""
                     },
                 );
+                self.write_task_file(&ctx);
                 let _ = self.task_tx.send(Some(ctx.task.clone()));
                 let _ = self.settled_tx.send(true);
                 self.phase = Phase::Ready(ctx);
@@ -849,12 +908,17 @@ impl State {
     }
 
     fn report(&mut self) -> FinishReport {
-        let unsent = if matches!(self.phase, Phase::Disabled) {
-            self.discarded += self.queue.len();
-            0
-        } else {
-            self.persist()
-        };
+        let unsent = self.persist();
+        if unsent == 0 {
+            // Nothing left for a resend: the note has served.
+            match std::fs::remove_file(&self.task_file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!("ClearML: cannot remove {}: {e}", self.task_file.display())
+                }
+            }
+        }
         if self.queue.lost > 0 {
             let m = format!(
                 "{} points were lost because the spool file could not be written",
@@ -879,7 +943,7 @@ impl State {
             duplicates_skipped: self.conv.dropped.duplicates,
             non_finite_skipped: self.conv.dropped.non_finite,
             refused: self.refused,
-            discarded: self.discarded + self.queue.lost,
+            discarded: self.queue.lost,
             errors: self.problems.clone(),
             task,
             spool: (unsent > 0).then(|| self.queue.path().to_path_buf()),
@@ -954,7 +1018,8 @@ async fn setup(api: &Api, s: &Settings, run: &RunInfoLite) -> Result<TaskCtx, St
                     project,
                 },
                 project_id,
-                created: false,
+                // A task an earlier run created and could not end.
+                created: s.owns_task && status == "in_progress",
             })
         }
         None => {
