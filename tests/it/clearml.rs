@@ -623,7 +623,6 @@ fn a_twenty_second_outage_loses_and_repeats_nothing() {
     let mut exp = Expected::new();
     let start = Instant::now();
     let mut i = 0u64;
-    let mut worst_push = Duration::ZERO;
     let mut outage = false;
     // 25 marks a second for 24 s; the server refuses connections for 10 s
     // from t = 2 s, then answers 503 for 10 more.
@@ -635,9 +634,7 @@ fn a_twenty_second_outage_loses_and_repeats_nothing() {
         }
         let e = entry("train", "step", unix_now(), Some(i), i as f64);
         expect(&mut exp, &e, i, None);
-        let t = Instant::now();
         live.push(e);
-        worst_push = worst_push.max(t.elapsed());
         i += 1;
         std::thread::sleep(Duration::from_millis(40));
     }
@@ -650,10 +647,8 @@ fn a_twenty_second_outage_loses_and_repeats_nothing() {
         "{report:?}"
     );
     assert!(errors > 0, "failed attempts are counted");
-    assert!(
-        worst_push < Duration::from_millis(250),
-        "sending an entry never waits: {worst_push:?}"
-    );
+    // That the daemon's sampling never waits on this is shown with the
+    // binary: sampling_stays_on_schedule_while_clearml_stalls_then_refuses.
     let calls = server.admin("GET", "/calls", None);
     let faults = calls["calls"]
         .as_array()
@@ -954,24 +949,18 @@ fn run_with_clearml(
     job: &[&str],
 ) -> std::process::Output {
     let mut cmd = memtrack();
-    cmd.args([
-        "run",
-        "--listen",
-        "off",
-        "--name",
-        "job",
-        "--interval",
-        "50ms",
-        "--output",
-    ])
-    .arg(out)
-    .args(args)
-    .arg("--")
-    .args(job)
-    .env("HOME", out)
-    .env("CLEARML_API_HOST", server.url())
-    .env("CLEARML_API_ACCESS_KEY", KEY)
-    .env("CLEARML_API_SECRET_KEY", SECRET);
+    cmd.args(["run", "--listen", "off", "--name", "job", "--output"])
+        .arg(out);
+    if !args.contains(&"--interval") {
+        cmd.args(["--interval", "50ms"]);
+    }
+    cmd.args(args)
+        .arg("--")
+        .args(job)
+        .env("HOME", out)
+        .env("CLEARML_API_HOST", server.url())
+        .env("CLEARML_API_ACCESS_KEY", KEY)
+        .env("CLEARML_API_SECRET_KEY", SECRET);
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
@@ -1146,6 +1135,51 @@ fn the_server_down_for_the_whole_run_leaves_every_point_in_the_spool() {
     let spool = std::fs::read_to_string(out.path().join("job").join(SPOOL_FILE)).unwrap();
     assert!(spool.lines().count() > 0, "{log}");
     assert!(log.contains("unsent"), "{log}");
+    assert!(out.path().join("job/memory_usage.json").exists());
+}
+
+#[test]
+fn sampling_stays_on_schedule_while_clearml_stalls_then_refuses() {
+    // Every call answers 1.5 s late for 2 s, then connections are refused:
+    // the daemon's timer must not notice.
+    let server = Server::start(&[]);
+    server.fault(json!({"delay_ms": 1500, "for_s": 2}));
+    let out = scratch();
+    let conf = out.path().join("m.toml");
+    std::fs::write(
+        &conf,
+        "[clearml]\nfinal_flush_timeout = \"2s\"\ntimer_every = \"0s\"\n",
+    )
+    .unwrap();
+    let res = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_secs(2));
+            server.fault(json!({"refuse_for_s": 600}));
+        });
+        run_with_clearml(
+            &server,
+            out.path(),
+            &[],
+            &[
+                "--interval",
+                "100ms",
+                "--config",
+                &conf.display().to_string(),
+            ],
+            &["sh", "-c", "sleep 4"],
+        )
+    });
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    let doc = read_document(&out.path().join("job/memory_usage.json"));
+    let gap = largest_timer_gap(&doc);
+    assert!(
+        gap <= 0.5,
+        "largest gap between timer samples {gap:.3}s > 2 intervals"
+    );
+    assert_eq!(doc.counters.missed_ticks, 0);
+    // Every timer sample became points, and those not sent are kept.
+    assert!(out.path().join("job").join(SPOOL_FILE).exists(), "{log}");
 }
 
 #[test]

@@ -324,3 +324,14 @@ impl Drop for S3Server {
         self.down();
     }
 }
+
+/// Largest gap between consecutive timer samples, seconds.
+pub fn largest_timer_gap(doc: &Document) -> f64 {
+    let t: Vec<f64> = doc
+        .detailed_log
+        .iter()
+        .filter(|e| e.kind == memtrack::model::EntryKind::Timer)
+        .map(|e| e.timestamp)
+        .collect();
+    t.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max)
+}

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use memtrack::model::{Document, EntryKind};
+use memtrack::model::Document;
 
 use crate::common::*;
 
@@ -43,17 +43,6 @@ fn call(stream: &mut UnixStream, line: &str) -> serde_json::Value {
         .read_line(&mut reply)
         .unwrap();
     serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{reply:?}: {e}"))
-}
-
-/// Largest gap between consecutive timer samples, seconds.
-fn largest_timer_gap(doc: &Document) -> f64 {
-    let t: Vec<f64> = doc
-        .detailed_log
-        .iter()
-        .filter(|e| e.kind == EntryKind::Timer)
-        .map(|e| e.timestamp)
-        .collect();
-    t.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max)
 }
 
 #[test]
