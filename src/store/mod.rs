@@ -1193,6 +1193,50 @@ mod tests {
     }
 
     #[test]
+    fn nested_spans_give_timer_samples_to_the_innermost_then_the_outer() {
+        let mut st = store();
+        let span = |st: &mut Store, begin: bool, t: f64, c: &str, op: &str| {
+            let b = Boundary {
+                mark: mark(t, c, op),
+                status: None,
+                message: None,
+            };
+            st.apply(&if begin {
+                Record::SpanBegin(b)
+            } else {
+                Record::SpanEnd(b)
+            });
+        };
+        span(&mut st, true, 100.0, "train", "epoch");
+        timer(&mut st, sample(101.0, &[(10, 200)], &[]));
+        span(&mut st, true, 101.5, "eval", "validate");
+        timer(&mut st, sample(102.0, &[(10, 900)], &[]));
+        span(&mut st, false, 102.5, "eval", "validate");
+        timer(&mut st, sample(103.0, &[(10, 300)], &[]));
+        span(&mut st, false, 103.5, "train", "epoch");
+        timer(&mut st, sample(104.0, &[(10, 50)], &[]));
+        let doc = st.document();
+        assert_eq!(doc.peaks_by_component["eval"].cpu_ram_used_mb, 900.0);
+        assert_eq!(doc.peaks_by_component["train"].cpu_ram_used_mb, 300.0);
+        assert_eq!(doc.peaks_by_component["system"].cpu_ram_used_mb, 50.0);
+        let timers: Vec<Option<&str>> = doc
+            .detailed_log
+            .iter()
+            .filter(|e| e.kind == EntryKind::Timer)
+            .map(|e| e.span.as_deref())
+            .collect();
+        assert_eq!(
+            timers,
+            [
+                Some("train/epoch"),
+                Some("eval/validate"),
+                Some("train/epoch"),
+                None
+            ]
+        );
+    }
+
+    #[test]
     fn stages_record_status_duration_and_peak() {
         let mut st = store();
         timer(&mut st, sample(101.0, &[(10, 100)], &[]));
