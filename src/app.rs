@@ -269,6 +269,11 @@ struct Io {
     /// Failed S3 uploads (checkpoints and the final one).
     s3_errors: Arc<AtomicU64>,
     clearml: Option<clearml::Reporter>,
+    /// The checkpoint uploader: its stop switch and its task.
+    checkpoint_uploads: Option<(
+        tokio::sync::watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    )>,
 }
 
 impl Io {
@@ -297,6 +302,7 @@ impl Io {
             s3: None,
             s3_errors: Arc::new(AtomicU64::new(0)),
             clearml: None,
+            checkpoint_uploads: None,
         };
 
         if !config.s3.url.is_empty() {
@@ -417,7 +423,7 @@ impl Io {
 
     /// Uploads the document after every checkpoint (`s3.upload_checkpoints`).
     fn upload_checkpoints(
-        &self,
+        &mut self,
         document: PathBuf,
         run: &RunInfo,
     ) -> Option<tokio::sync::watch::Sender<u64>> {
@@ -426,11 +432,14 @@ impl Io {
         let run = run.clone();
         let task = self.clearml.as_ref().map(|r| r.task_updates());
         let mut shutdown = self.shutdown.subscribe();
+        let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
         let errors = Arc::clone(&self.s3_errors);
-        self.runtime.spawn(async move {
+        let handle = self.runtime.spawn(async move {
             loop {
+                // An upload under way is never cut: stopping waits for it.
                 tokio::select! {
                     _ = shutdown.changed() => return,
+                    _ = stop.changed() => return,
                     changed = rx.changed() => if changed.is_err() { return },
                 }
                 let key = object_key(&s3, &run, task.as_ref().and_then(|t| t.borrow().clone()));
@@ -442,7 +451,17 @@ impl Io {
                 }
             }
         });
+        self.checkpoint_uploads = Some((stop_tx, handle));
         Some(tx)
+    }
+
+    /// Stops the checkpoint uploader, waiting for an upload under way, so
+    /// that no checkpoint lands on the object after the final document.
+    fn stop_checkpoint_uploads(&mut self) {
+        if let Some((stop, handle)) = self.checkpoint_uploads.take() {
+            let _ = stop.send(true);
+            let _ = self.runtime.block_on(handle);
+        }
     }
 
     fn socket_path(&self) -> Option<&Path> {
@@ -535,13 +554,11 @@ pub fn clearml_resend(
         std::env::var_os("HOME").map(PathBuf::from).as_deref(),
     )?
     .ok_or_else(|| anyhow::anyhow!("ClearML is turned off (clearml.enabled = false)"))?;
-    if settings.task.is_none() && task_file.exists() {
-        let text = std::fs::read(&task_file)
-            .with_context(|| format!("cannot read {}", task_file.display()))?;
-        let note: clearml::TaskFile = serde_json::from_slice(&text)
-            .with_context(|| format!("{} is not a task note", task_file.display()))?;
-        settings.task = Some(note.id);
-        settings.owns_task = note.created;
+    if settings.task.is_none() {
+        if let Some(note) = clearml::read_task_note(&task_file)? {
+            settings.task = Some(note.id);
+            settings.owns_task = note.created;
+        }
     }
     let run = clearml::RunInfoLite {
         name: doc.run.name.clone(),
@@ -955,12 +972,14 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             }
             _ => None,
         };
+        io.stop_checkpoint_uploads();
         let uploaded = if written {
-            io.upload(&document, &store.run, task)
+            io.upload(&document, &store.run, task.clone())
         } else {
             None
         };
-        export_failed |= matches!(uploaded, Some(Err(_)));
+        let upload_failed = matches!(uploaded, Some(Err(_)));
+        export_failed |= upload_failed;
         if let Some(reporter) = clearml {
             let artifact = match uploaded {
                 Some(Ok(u)) => Some(clearml::Artifact {
@@ -978,6 +997,11 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                 .runtime
                 .block_on(reporter.finish(end, config.clearml.final_flush_timeout));
             export_failed |= log_clearml(&report);
+        }
+        // A failed upload keeps the task noted, so that `memtrack upload`
+        // later puts the file under the task's key too.
+        if let (true, Some(task)) = (upload_failed, &task) {
+            clearml::note_task(&run_dir, task, false);
         }
     }
     io.stop();

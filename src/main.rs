@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::Parser;
 use memtrack::app::{self, Mode};
 use memtrack::cli::{Cli, Command, DaemonArgs};
@@ -198,6 +199,13 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             let merged = memtrack::report::merge::merge(inputs).map_err(runtime)?;
             match &args.output {
                 Some(path) => {
+                    // The job's folder (outputs/JOB/) may not exist yet:
+                    // each rank wrote into its own JOB.rankN/.
+                    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                        std::fs::create_dir_all(dir)
+                            .with_context(|| format!("cannot create {}", dir.display()))
+                            .map_err(runtime)?;
+                    }
                     memtrack::export::json::write_document(path, &merged)
                         .map_err(|e| runtime(e.into()))?;
                     eprintln!(

@@ -501,9 +501,32 @@ pub fn upload_file(config: &S3Config, file: &Path) -> anyhow::Result<String> {
         .enable_all()
         .build()
         .context("cannot start the I/O runtime")?;
+    // A run that reported to ClearML and could not upload left its task
+    // noted beside the file: the key follows the task's layout.
+    let note_path = file
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(crate::export::clearml::TASK_FILE);
+    let task = crate::export::clearml::read_task_note(&note_path)?.map(|t| {
+        tracing::info!(
+            "the key follows ClearML task {} ({})",
+            t.id,
+            note_path.display()
+        );
+        TaskKey {
+            project: t.project,
+            name: t.name,
+            id: t.id,
+        }
+    });
     runtime.block_on(async {
         let uploader = Uploader::new(config).await?;
-        let key = object_key(&uploader.dest, &run, None, &file_name(&doc.run.labels));
+        let key = object_key(
+            &uploader.dest,
+            &run,
+            task.as_ref(),
+            &file_name(&doc.run.labels),
+        );
         let uploaded = uploader.upload(file, &key).await?;
         tracing::info!(
             "uploaded {} ({} bytes, {} part{})",
@@ -512,6 +535,11 @@ pub fn upload_file(config: &S3Config, file: &Path) -> anyhow::Result<String> {
             uploaded.parts,
             if uploaded.parts == 1 { "" } else { "s" }
         );
+        // The note has served unless ClearML points still wait for it.
+        let spool = note_path.with_file_name(crate::export::clearml::SPOOL_FILE);
+        if task.is_some() && !spool.exists() {
+            let _ = std::fs::remove_file(&note_path);
+        }
         Ok(uploaded.uri)
     })
 }

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::{Document, Peaks, RankSummary, SCHEMA_VERSION};
+use crate::report::leak;
 
 /// The rank name of a file: its `rank` label, else its host, else its
 /// position.
@@ -52,6 +53,7 @@ pub fn merge(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
     out.run.start = f64::INFINITY;
     let mut hosts: Vec<String> = Vec::new();
     let mut best: BTreeMap<&'static str, (f64, String)> = BTreeMap::new();
+    let mut leaks: Vec<(String, serde_json::Value)> = Vec::new();
 
     for (i, (source, doc)) in inputs.into_iter().enumerate() {
         let rank = rank_of(&doc, i);
@@ -87,6 +89,13 @@ pub fn merge(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
                 .or_default()
                 .merge(p);
         }
+        // Each rank's own verdict: the merged log mixes the ranks' samples,
+        // so a trend over it would mean nothing.
+        let verdict = doc
+            .leak
+            .clone()
+            .unwrap_or_else(|| leak::analyze(&doc, &leak::LeakConfig::default()));
+        leaks.push((rank.clone(), verdict));
         let tag = |labels: &mut BTreeMap<String, String>| {
             labels.insert("rank".into(), rank.clone());
             labels.insert("host".into(), host.clone());
@@ -137,7 +146,55 @@ pub fn merge(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
         .into_iter()
         .map(|(k, (_, rank))| (k.to_string(), rank))
         .collect();
+    out.leak = Some(merge_leaks(leaks));
     Ok(out)
+}
+
+/// The job's leak verdict from its ranks': suspected when any rank is, the
+/// suspects named with their rank, `host` and `gpu` the verdicts of the
+/// rank that looks worst (suspected first, then the fastest growth), and
+/// every rank's whole verdict under `ranks`.
+fn merge_leaks(leaks: Vec<(String, serde_json::Value)>) -> serde_json::Value {
+    use serde_json::{json, Value};
+    let worst = |part: &str| -> Value {
+        leaks
+            .iter()
+            .map(|(_, l)| &l[part])
+            .filter(|v| !v.is_null())
+            .max_by(|a, b| {
+                let key = |v: &Value| {
+                    (
+                        v["suspected"].as_bool().unwrap_or(false),
+                        v["rate_mib_per_hour"].as_f64().unwrap_or(f64::NEG_INFINITY),
+                    )
+                };
+                let (sa, ra) = key(a);
+                let (sb, rb) = key(b);
+                sa.cmp(&sb).then(ra.total_cmp(&rb))
+            })
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let mut suspects = Vec::new();
+    for (rank, l) in &leaks {
+        for s in l["suspects"].as_array().into_iter().flatten() {
+            if let Some(s) = s.as_str() {
+                suspects.push(Value::String(format!("rank {rank}: {s}")));
+            }
+        }
+    }
+    let host = worst("host");
+    let gpu = worst("gpu");
+    let mut out = json!({
+        "suspected": !suspects.is_empty(),
+        "suspects": suspects,
+        "host": host,
+        "ranks": leaks.into_iter().collect::<serde_json::Map<String, Value>>(),
+    });
+    if !gpu.is_null() {
+        out["gpu"] = gpu;
+    }
+    out
 }
 
 /// Orders `rank2` before `rank10`.
@@ -202,5 +259,45 @@ mod tests {
         good.1.run.exit = Some(crate::model::Exit::code(0));
         let m = merge(vec![good, bad]).unwrap();
         assert_eq!(m.run.exit.unwrap().code, 137);
+    }
+
+    #[test]
+    fn the_leak_verdict_is_each_ranks_own_not_a_trend_over_the_mix() {
+        // Rank 1 grows steadily for a minute; rank 0 is flat at a higher
+        // level. Interleaved, the mixed log would look like noise.
+        let series = |r: &str, f: &dyn Fn(f64) -> f64| {
+            let (src, mut d) = rank(r, 0.0, 0.0);
+            d.detailed_log.clear();
+            for i in 0..120 {
+                let t = 100.0 + f64::from(i) * 0.5;
+                d.detailed_log.push(crate::model::Entry {
+                    component: "system".into(),
+                    operation: "timer".into(),
+                    kind: crate::model::EntryKind::Timer,
+                    timestamp: t,
+                    cpu_ram_used_mb: f(t - 100.0),
+                    ..Default::default()
+                });
+            }
+            (src, d)
+        };
+        let m = merge(vec![
+            series("0", &|_| 5000.0),
+            series("1", &|t| 1000.0 + 10.0 * t),
+        ])
+        .unwrap();
+        let leak = m.leak.unwrap();
+        assert_eq!(leak["suspected"], true, "{leak:#}");
+        assert!(
+            leak["suspects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s.as_str().unwrap().starts_with("rank 1: host")),
+            "{leak:#}"
+        );
+        let rate = leak["host"]["rate_mib_per_hour"].as_f64().unwrap();
+        assert!((rate - 36_000.0).abs() < 3_600.0, "{rate}");
+        assert_eq!(leak["ranks"]["0"]["suspected"], false);
     }
 }

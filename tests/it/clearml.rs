@@ -1457,3 +1457,59 @@ fn clearml_resend_refuses_a_live_run_and_a_missing_configuration() {
         stderr(&res)
     );
 }
+
+#[test]
+fn a_failed_upload_keeps_the_task_so_memtrack_upload_uses_its_key() {
+    let server = Server::start(&[]);
+    let mut s3 = S3Server::start();
+    s3.down();
+    let out = scratch();
+    let env: Vec<(&str, String)> = s3.env(S3_SECRET);
+    let res = run_with_clearml(
+        &server,
+        out.path(),
+        &env,
+        &[
+            "--clearml-project",
+            "team/memory",
+            "--s3-url",
+            &format!("s3://{}/runs", s3.bucket),
+            "--s3-endpoint",
+            &s3.endpoint(),
+        ],
+        &["true"],
+    );
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    let run_dir = out.path().join("job");
+    let note: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("clearml-task.json")).unwrap()).unwrap();
+    let id = note["id"].as_str().unwrap().to_string();
+    assert_eq!(server.state()["tasks"][&id]["status"], "completed");
+
+    s3.up();
+    let file = run_dir.join("memory_usage.json");
+    let mut cmd = memtrack();
+    cmd.arg("upload").arg(&file).args([
+        "--s3-url",
+        &format!("s3://{}/runs", s3.bucket),
+        "--s3-endpoint",
+        &s3.endpoint(),
+    ]);
+    for (k, v) in s3.env(S3_SECRET) {
+        cmd.env(k, v);
+    }
+    let res = run_to_end(&mut cmd, Duration::from_secs(60));
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let key = format!("runs/team/memory/job.{id}/artifacts/memory_usage/memory_usage.json");
+    assert_eq!(
+        String::from_utf8_lossy(&res.stdout).trim(),
+        format!("s3://{}/{key}", s3.bucket)
+    );
+    assert_eq!(s3.object(&key), Some(std::fs::read(&file).unwrap()));
+    assert!(
+        !run_dir.join("clearml-task.json").exists(),
+        "the note has served"
+    );
+    server.assert_exactly_once();
+}

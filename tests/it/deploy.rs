@@ -244,7 +244,8 @@ fn a_four_rank_job_merges_locally_and_from_s3() {
     let rank2 = read_document(Path::new(&files[2]));
     assert_eq!(rank2.run.name, "job4", "ranks share the job's run name");
 
-    let merged_path = out.path().join("merged.json");
+    // As examples/slurm does: into the job's folder, which no rank made.
+    let merged_path = out.path().join("job4/memory_usage.json");
     let res = run_to_end(
         memtrack()
             .arg("merge")

@@ -296,3 +296,52 @@ fn attach_reports_a_failed_upload_in_its_status() {
     assert_eq!(res.status.code(), Some(1), "{}", stderr(&res));
     assert!(out.path().join("a/memory_usage.json").is_file());
 }
+
+#[test]
+fn checkpoints_are_uploaded_during_the_run_and_the_final_file_wins() {
+    let server = S3Server::start();
+    let out = scratch();
+    let conf = out.path().join("m.toml");
+    std::fs::write(&conf, "[s3]\nupload_checkpoints = true\n").unwrap();
+    let mut cmd = memtrack();
+    cmd.args(["run", "--listen", "off", "--name", "job", "--output"])
+        .arg(out.path())
+        .args([
+            "--s3-url",
+            &format!("s3://{}/runs", server.bucket),
+            "--s3-endpoint",
+            &server.endpoint(),
+            "--checkpoint-interval",
+            "1s",
+            "--interval",
+            "100ms",
+            "--config",
+        ])
+        .arg(&conf)
+        .args(["--", "sh", "-c", "sleep 4"])
+        .stderr(std::process::Stdio::null());
+    for (k, v) in server.env(S3_SECRET) {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    // A checkpoint arrives while the job still runs.
+    let mut mid = None;
+    wait_for("a checkpoint upload", Duration::from_secs(15), || {
+        mid = server
+            .object(KEY)
+            .and_then(|b| serde_json::from_slice::<memtrack::model::Document>(&b).ok());
+        mid.is_some()
+    });
+    assert_eq!(mid.unwrap().run.status, "running");
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    // The last word is the final document, not a late checkpoint.
+    let local = std::fs::read(out.path().join("job/memory_usage.json")).unwrap();
+    assert_eq!(server.object(KEY).as_deref(), Some(local.as_slice()));
+    assert_eq!(
+        read_document(&out.path().join("job/memory_usage.json"))
+            .run
+            .status,
+        "finished"
+    );
+}

@@ -54,6 +54,48 @@ pub struct TaskFile {
     pub created: bool,
 }
 
+/// Notes `task` in `run_dir`'s [`TASK_FILE`], unless a note is already
+/// there (the reporter's, which knows whether memtrack created the task).
+/// Best effort: without it a resend or a later upload needs to be told the
+/// task.
+pub fn note_task(run_dir: &Path, task: &TaskRef, created: bool) {
+    let path = run_dir.join(TASK_FILE);
+    if path.exists() {
+        return;
+    }
+    write_task_note(&path, task, created);
+}
+
+fn write_task_note(path: &Path, task: &TaskRef, created: bool) {
+    let note = TaskFile {
+        id: task.id.clone(),
+        name: task.name.clone(),
+        project: task.project.clone(),
+        created,
+    };
+    let written = serde_json::to_vec_pretty(&note)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| {
+            crate::export::json::write_atomic(path, &bytes).map_err(std::io::Error::other)
+        });
+    if let Err(e) = written {
+        tracing::warn!("ClearML: cannot note the task in {}: {e}", path.display());
+    }
+}
+
+/// Reads a [`TASK_FILE`]; `Ok(None)` when there is none.
+pub fn read_task_note(path: &Path) -> anyhow::Result<Option<TaskFile>> {
+    use anyhow::Context;
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let note = serde_json::from_slice(&text)
+        .with_context(|| format!("{} is not a task note", path.display()))?;
+    Ok(Some(note))
+}
+
 /// The API version memtrack pins for every call but `auth.login`.
 pub const API_VERSION: &str = "2.23";
 

@@ -24,7 +24,7 @@ use super::api::{Api, Body, CallError};
 use super::points::{Converter, Point};
 use super::queue::Queue;
 use super::{
-    Artifact, FinishReport, RunEnd, RunInfoLite, Settings, TaskFile, TaskRef, SPOOL_FILE, TASK_FILE,
+    Artifact, FinishReport, RunEnd, RunInfoLite, Settings, TaskRef, SPOOL_FILE, TASK_FILE,
 };
 use crate::model::Entry;
 
@@ -536,27 +536,9 @@ impl State {
         let _ = self.settled_tx.send(true);
     }
 
-    /// Notes the task beside the spool (best effort: without it a resend
-    /// needs `--clearml-task`).
+    /// Notes the task beside the spool, for a later resend.
     fn write_task_file(&self, ctx: &TaskCtx) {
-        let note = TaskFile {
-            id: ctx.task.id.clone(),
-            name: ctx.task.name.clone(),
-            project: ctx.task.project.clone(),
-            created: ctx.created,
-        };
-        let written = serde_json::to_vec_pretty(&note)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| {
-                crate::export::json::write_atomic(&self.task_file, &bytes)
-                    .map_err(std::io::Error::other)
-            });
-        if let Err(e) = written {
-            tracing::warn!(
-                "ClearML: cannot note the task in {}: {e}",
-                self.task_file.display()
-            );
-        }
+        super::write_task_note(&self.task_file, &ctx.task, ctx.created);
     }
 
     /// Starts the next job and moves the end of the run along.
