@@ -1016,10 +1016,10 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         doc.peak_usage
             .gpu_process_used_mb
             .max(doc.peak_usage.reserved_gpu_ram_mb),
-        if written {
-            format!("wrote {}", document.display())
-        } else {
-            "the JSON could not be written (see above)".to_string()
+        match (written, export_failed) {
+            (true, false) => format!("wrote {}", document.display()),
+            (true, true) => format!("wrote {}; an export failed (see above)", document.display()),
+            (false, _) => "the JSON could not be written (see above)".to_string(),
         }
     );
     // `run` exits as its job did. `attach` ends normally on a signal; a
@@ -1058,6 +1058,18 @@ mod tests {
         assert_eq!(l["rank"], "3", "SLURM_PROCID stands in for RANK");
         assert_eq!(l["local_rank"], "1");
         assert_eq!(l["team"], "nlp");
+
+        // torchrun under SLURM: torchrun's RANK is the global rank.
+        let env = |v: &str| match v {
+            "SLURM_PROCID" => Some("1".to_string()),
+            "RANK" => Some("9".to_string()),
+            "WORLD_SIZE" => Some("16".to_string()),
+            _ => None,
+        };
+        let l = run_labels("node7", env, &BTreeMap::new());
+        assert_eq!(l["rank"], "9", "RANK wins over SLURM_PROCID");
+        assert_eq!(l["world_size"], "16");
+        assert_eq!(l["slurm_procid"], "1");
     }
 
     #[test]

@@ -114,7 +114,10 @@ struct Flight {
     next: Instant,
     /// `/proc/vmstat`, for the kernel's `oom_kill` counter.
     vmstat: Option<std::fs::File>,
-    oom_kills: Option<u64>,
+    /// Recent readings of that counter, oldest first, about a second
+    /// apart and at most [`OOM_LOOKBACK`] old (the counter is host-wide:
+    /// only a kill close to a target's death is blamed for it).
+    oom_seen: std::collections::VecDeque<(Instant, u64)>,
     /// PIDs a window was already kept for (a death is seen twice: by the
     /// waiter and by the sampler).
     recorded: std::collections::BTreeSet<u32>,
@@ -145,24 +148,62 @@ impl Flight {
         self.ring.push_back(point);
     }
 
-    /// Whether the kernel's OOM killer acted since the last look.
-    fn oom_killed(&mut self) -> bool {
+    /// The kernel's `oom_kill` counter now.
+    fn read_oom_kills(&self) -> Option<u64> {
         use std::os::unix::fs::FileExt;
-        let Some(f) = &self.vmstat else {
-            return false;
-        };
+        let f = self.vmstat.as_ref()?;
         let mut buf = vec![0u8; 16 * 1024];
-        let Ok(n) = f.read_at(&mut buf, 0) else {
+        let n = f.read_at(&mut buf, 0).ok()?;
+        std::str::from_utf8(&buf[..n])
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Keeps the counter's history fresh: a reading a second, the oldest
+    /// dropped once a newer one is itself [`OOM_LOOKBACK`] old.
+    fn note_oom_kills(&mut self, now: Instant) {
+        if self
+            .oom_seen
+            .back()
+            .is_some_and(|(at, _)| now.duration_since(*at) < Duration::from_secs(1))
+        {
+            return;
+        }
+        let Some(v) = self.read_oom_kills() else {
+            return;
+        };
+        self.oom_seen.push_back((now, v));
+        while self.oom_seen.len() > 2
+            && self
+                .oom_seen
+                .get(1)
+                .is_some_and(|(at, _)| now.duration_since(*at) >= OOM_LOOKBACK)
+        {
+            self.oom_seen.pop_front();
+        }
+    }
+
+    /// Whether the kernel's OOM killer acted in the last few seconds. A
+    /// kill is blamed once: the history restarts from now.
+    fn oom_killed(&mut self, now: Instant) -> bool {
+        let Some(current) = self.read_oom_kills() else {
             return false;
         };
-        let now = std::str::from_utf8(&buf[..n])
-            .ok()
-            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("oom_kill ")))
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let before = std::mem::replace(&mut self.oom_kills, now);
-        matches!((before, now), (Some(b), Some(n)) if n > b)
+        let killed = self.oom_seen.front().is_some_and(|&(_, v)| current > v);
+        if killed {
+            self.oom_seen.clear();
+            self.oom_seen.push_back((now, current));
+        }
+        killed
     }
 }
+
+/// How far back an OOM kill counts as the cause of a target's death.
+const OOM_LOOKBACK: Duration = Duration::from_secs(3);
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -274,13 +315,13 @@ impl Engine {
             fast: interval < self.opts.interval,
             next: Instant::now() + interval,
             vmstat: std::fs::File::open(proc_root.join("vmstat")).ok(),
-            oom_kills: None,
+            oom_seen: Default::default(),
             recorded: Default::default(),
             rss: Vec::new(),
             gpu: Default::default(),
             pending: None,
         };
-        f.oom_killed();
+        f.note_oom_kills(Instant::now());
         self.flight = Some(f);
     }
 
@@ -334,10 +375,15 @@ impl Engine {
                         .map(|e| ("signal", Some(l.id.pid), Some(e)))
                 });
                 // The kernel's OOM killer leaves no exit status we can read
-                // for a grandchild, but it counts its kills.
+                // for a grandchild, but it counts its kills (host-wide: only
+                // a recent kill, and only a target whose end is unknown).
                 by_signal.or_else(|| {
-                    f.oom_killed()
-                        .then(|| ("oom_kill", Some(left[0].id.pid), left[0].exit))
+                    let victim = left.iter().find(|l| l.exit.is_none())?;
+                    f.oom_killed(Instant::now()).then_some((
+                        "oom_kill",
+                        Some(victim.id.pid),
+                        victim.exit,
+                    ))
                 })
             }
             _ => None,
@@ -456,6 +502,7 @@ impl Engine {
         self.sampler.sample(&mut sample);
         self.tick_seconds.observe(sample.took.as_secs_f64());
         if let Some(f) = &mut self.flight {
+            f.note_oom_kills(Instant::now());
             let mut point = FlightPoint {
                 t: sample.timestamp,
                 ..FlightPoint::default()
@@ -903,6 +950,44 @@ mod tests {
             2,
             "nothing to anchor on"
         );
+    }
+
+    #[test]
+    fn only_a_recent_oom_kill_is_blamed_and_only_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let vmstat = dir.path().join("vmstat");
+        let set = |n: u64| std::fs::write(&vmstat, format!("pgfault 1\noom_kill {n}\n")).unwrap();
+        set(5);
+        let mut f = Flight {
+            interval: Duration::from_millis(100),
+            capacity: 10,
+            ring: Default::default(),
+            fast: true,
+            next: Instant::now(),
+            vmstat: std::fs::File::open(&vmstat).ok(),
+            oom_seen: Default::default(),
+            recorded: Default::default(),
+            rss: Vec::new(),
+            gpu: Default::default(),
+            pending: None,
+        };
+        let t0 = Instant::now();
+        f.note_oom_kills(t0);
+        assert!(!f.oom_killed(t0), "nothing happened");
+        // A kill elsewhere on the host, long before a target ends.
+        set(6);
+        for s in 1..=10 {
+            f.note_oom_kills(t0 + Duration::from_secs(s));
+        }
+        assert!(
+            !f.oom_killed(t0 + Duration::from_secs(10)),
+            "a kill 10 s before is not this death's cause"
+        );
+        // A kill just before a target vanishes: blamed, once.
+        set(7);
+        f.note_oom_kills(t0 + Duration::from_secs(11));
+        assert!(f.oom_killed(t0 + Duration::from_millis(11_200)));
+        assert!(!f.oom_killed(t0 + Duration::from_millis(11_300)));
     }
 
     #[test]

@@ -226,7 +226,12 @@ fn credentials_never_reach_logs_json_or_memory_info() {
         for (k, v) in &s3_env {
             env.push((k, v.as_str()));
         }
+        // ClearML on, at a host that refuses: its errors are logged too.
+        env.push(("CLEARML_API_HOST", "http://127.0.0.1:9"));
+        env.push(("CLEARML_API_ACCESS_KEY", "clearml-key-0123456789"));
         env.push(("CLEARML_API_SECRET_KEY", "clearml-secret-do-not-log"));
+        env.push(("MEMTRACK_CLEARML_FINAL_FLUSH_TIMEOUT", "1s"));
+        env.push(("MEMTRACK_LOG_LEVEL", "debug"));
         let url = format!("s3://{}/runs", server.bucket);
         let endpoint = server.endpoint();
         Daemon::start(
@@ -238,7 +243,6 @@ fn credentials_never_reach_logs_json_or_memory_info() {
                 &url,
                 "--s3-endpoint",
                 &endpoint,
-                "--no-clearml",
             ],
             &python(&script),
             &env,
@@ -259,6 +263,8 @@ fn credentials_never_reach_logs_json_or_memory_info() {
         assert!(!everything.contains(secret), "{secret} leaked");
     }
     assert!(log.contains("uploaded s3://"), "the upload happened: {log}");
+    assert!(log.contains("ClearML"), "ClearML was on: {log}");
+    assert!(log.contains("DEBUG"), "at the most verbose level: {log}");
 }
 
 #[test]
