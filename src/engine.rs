@@ -611,22 +611,35 @@ impl Engine {
         {
             self.flush_journal(now);
         }
+        // Checkpoints are written on their own thread; here they are only
+        // started (a clone of the store) and their outcome collected.
+        if let Some(done) = self.journal.as_mut().and_then(|j| j.poll_checkpoint()) {
+            self.checkpoint_done(done);
+        }
         if now.duration_since(self.last_checkpoint) >= self.opts.checkpoint_interval {
             self.last_checkpoint = now;
             if let Some(j) = &mut self.journal {
-                match j.checkpoint(&self.store) {
-                    Ok(()) => {
-                        if let Some(tx) = &self.checkpoints {
-                            tx.send_modify(|n| *n += 1);
-                        }
-                    }
-                    Err(e) => {
-                        self.store.counters_mut().checkpoint_errors += 1;
-                        tracing::warn!(
-                            "checkpoint failed (the journal still holds every record): {e}"
-                        );
-                    }
+                match j.start_checkpoint(self.store.clone()) {
+                    Ok(true) => {}
+                    Ok(false) => tracing::debug!(
+                        "the previous checkpoint is still being written; skipping this one"
+                    ),
+                    Err(e) => self.checkpoint_done(Err(e)),
                 }
+            }
+        }
+    }
+
+    fn checkpoint_done(&mut self, result: Result<(), crate::store::journal::JournalError>) {
+        match result {
+            Ok(()) => {
+                if let Some(tx) = &self.checkpoints {
+                    tx.send_modify(|n| *n += 1);
+                }
+            }
+            Err(e) => {
+                self.store.counters_mut().checkpoint_errors += 1;
+                tracing::warn!("checkpoint failed (the journal still holds every record): {e}");
             }
         }
     }

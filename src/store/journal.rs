@@ -6,18 +6,27 @@
 //! - `.memtrack/state.json`: the whole [`Store`] at the last checkpoint
 //!   (written atomically, first at start);
 //! - `.memtrack/journal.jsonl`: one `{"seq":N,"record":{…}}` line per
-//!   record applied since; truncated after each checkpoint;
+//!   record applied;
+//! - `.memtrack/journal.old.jsonl`: the journal before the checkpoint being
+//!   written, removed once that checkpoint is on disk;
 //! - `.memtrack/lock`: held (`flock`) while a daemon owns the run.
 //!
-//! Recovery loads the state and re-applies every journalled record with a
-//! sequence number above the state's, through the same `Store::apply` that
-//! built the run live. A torn last line (the kill landed mid-write) is
-//! skipped and counted. The `.memtrack` folder is removed once the final
-//! `memory_usage.json` is written.
+//! Checkpoints are written on a thread of their own from a clone of the
+//! store (cheap: see [`super::chunked`]), because serializing a long run's
+//! log takes long enough to delay ticks. The engine only flushes the
+//! journal and rotates it: everything in `journal.old.jsonl` is in the
+//! clone, so the file can go once the checkpoint is written.
+//!
+//! Recovery loads the state and re-applies every journalled record (old
+//! journal first) with a sequence number above the state's, through the
+//! same `Store::apply` that built the run live. A torn last line (the kill
+//! landed mid-write) is skipped and counted. The `.memtrack` folder is
+//! removed once the final `memory_usage.json` is written.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +35,9 @@ use crate::export::json::{write_atomic_with, write_document, WriteError, FILE_NA
 
 /// Folder of the crash-safety files inside a run directory.
 pub const DIR: &str = ".memtrack";
+
+const JOURNAL: &str = "journal.jsonl";
+const OLD_JOURNAL: &str = "journal.old.jsonl";
 
 #[derive(Serialize)]
 struct LineOut<'a> {
@@ -45,6 +57,41 @@ pub struct Journal {
     run_dir: PathBuf,
     writer: BufWriter<File>,
     _lock: File,
+    /// The thread that writes checkpoints, started with the first one.
+    writer_thread: Option<Checkpointer>,
+    /// A checkpoint was handed to that thread and its outcome not yet read.
+    pending: bool,
+}
+
+/// One long-lived thread for every checkpoint: a thread per checkpoint
+/// would get a fresh malloc arena each time and let the daemon's RSS creep.
+#[derive(Debug)]
+struct Checkpointer {
+    stores: mpsc::Sender<Store>,
+    done: mpsc::Receiver<Result<(), JournalError>>,
+}
+
+impl Checkpointer {
+    fn start(run_dir: PathBuf) -> io::Result<Checkpointer> {
+        let (stores, todo) = mpsc::channel::<Store>();
+        let (report, done) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("memtrack-checkpoint".into())
+            .spawn(move || {
+                for store in todo {
+                    let result = write_checkpoint(&run_dir, &store);
+                    drop(store);
+                    // A checkpoint allocates and frees the whole document;
+                    // without this the daemon's RSS creeps from one to
+                    // the next (bench/soak, phase 1).
+                    crate::sys::release_free_memory();
+                    if report.send(result).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Checkpointer { stores, done })
+    }
 }
 
 /// Problems opening or recovering a run directory.
@@ -100,14 +147,22 @@ impl Journal {
         let dir = run_dir.join(DIR);
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let lock = lock(&dir)?;
-        let path = dir.join("journal.jsonl");
+        let path = dir.join(JOURNAL);
         let file = File::create(&path).map_err(io_err(&path))?;
-        let mut journal = Journal {
+        let old = dir.join(OLD_JOURNAL);
+        match fs::remove_file(&old) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&old)(e)),
+        }
+        let journal = Journal {
             run_dir: run_dir.to_path_buf(),
             writer: BufWriter::with_capacity(64 * 1024, file),
             _lock: lock,
+            writer_thread: None,
+            pending: false,
         };
-        journal.write_state(store)?;
+        write_state(run_dir, store)?;
         Ok(journal)
     }
 
@@ -123,34 +178,132 @@ impl Journal {
         self.writer.flush()
     }
 
-    fn write_state(&mut self, store: &Store) -> Result<(), JournalError> {
-        let path = self.run_dir.join(DIR).join("state.json");
-        write_atomic_with(&path, |w| {
-            serde_json::to_writer(&mut *w, store).map_err(io::Error::other)
-        })?;
-        Ok(())
+    /// Starts a checkpoint of `store` (a clone taken now) on a thread of
+    /// its own: `memory_usage.json` and the state are written there. Here
+    /// the journal is flushed and, unless an earlier rotated journal is
+    /// still waiting for its checkpoint, rotated. `Ok(false)`: the previous
+    /// checkpoint is still being written, and this one is skipped.
+    pub fn start_checkpoint(&mut self, store: Store) -> Result<bool, JournalError> {
+        if self.pending {
+            match self.poll_checkpoint() {
+                None => return Ok(false),
+                Some(Err(e)) => tracing::debug!("an earlier checkpoint failed: {e}"),
+                Some(Ok(())) => {}
+            }
+        }
+        self.flush().map_err(io_err(&self.run_dir))?;
+        let dir = self.run_dir.join(DIR);
+        let old = dir.join(OLD_JOURNAL);
+        if !old.exists() {
+            let current = dir.join(JOURNAL);
+            fs::rename(&current, &old).map_err(io_err(&current))?;
+            let file = File::create(&current).map_err(io_err(&current))?;
+            self.writer = BufWriter::with_capacity(64 * 1024, file);
+        }
+        if self.writer_thread.is_none() {
+            let thread =
+                Checkpointer::start(self.run_dir.clone()).map_err(io_err(&self.run_dir))?;
+            self.writer_thread = Some(thread);
+        }
+        let sent = self
+            .writer_thread
+            .as_ref()
+            .is_some_and(|t| t.stores.send(store).is_ok());
+        if !sent {
+            self.writer_thread = None;
+            return Err(self.thread_died());
+        }
+        self.pending = true;
+        Ok(true)
     }
 
-    /// Writes `memory_usage.json` and a state checkpoint, then starts the
-    /// journal afresh. Records up to `store.seq` are in the checkpoint.
+    /// The outcome of the checkpoint being written, once it is done.
+    pub fn poll_checkpoint(&mut self) -> Option<Result<(), JournalError>> {
+        if !self.pending {
+            return None;
+        }
+        let polled = self.writer_thread.as_ref()?.done.try_recv();
+        match polled {
+            Ok(result) => {
+                self.pending = false;
+                Some(result)
+            }
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(self.lost_thread()),
+        }
+    }
+
+    /// Waits for the checkpoint being written, if any.
+    pub fn wait_checkpoint(&mut self) -> Option<Result<(), JournalError>> {
+        if !self.pending {
+            return None;
+        }
+        let received = self.writer_thread.as_ref()?.done.recv();
+        match received {
+            Ok(result) => {
+                self.pending = false;
+                Some(result)
+            }
+            Err(mpsc::RecvError) => Some(self.lost_thread()),
+        }
+    }
+
+    /// The checkpoint thread is gone (it panicked): the next checkpoint
+    /// starts another.
+    fn lost_thread(&mut self) -> Result<(), JournalError> {
+        self.pending = false;
+        self.writer_thread = None;
+        Err(self.thread_died())
+    }
+
+    fn thread_died(&self) -> JournalError {
+        JournalError::Corrupt {
+            path: self.run_dir.clone(),
+            message: "the checkpoint thread stopped".into(),
+        }
+    }
+
+    /// A checkpoint, written before returning.
     pub fn checkpoint(&mut self, store: &Store) -> Result<(), JournalError> {
-        self.flush().map_err(io_err(&self.run_dir))?;
-        write_document(&self.run_dir.join(FILE_NAME), &store.document())?;
-        self.write_state(store)?;
-        let path = self.run_dir.join(DIR).join("journal.jsonl");
-        let file = File::create(&path).map_err(io_err(&path))?;
-        self.writer = BufWriter::with_capacity(64 * 1024, file);
-        Ok(())
+        if let Some(Err(e)) = self.wait_checkpoint() {
+            tracing::debug!("an earlier checkpoint failed: {e}");
+        }
+        self.start_checkpoint(store.clone())?;
+        self.wait_checkpoint().unwrap_or(Ok(()))
     }
 
     /// Writes the final document and removes the crash-safety files.
     pub fn finish(mut self, store: &Store) -> Result<(), JournalError> {
+        // A checkpoint still being written must not land after the final
+        // document.
+        let _ = self.wait_checkpoint();
         self.flush().map_err(io_err(&self.run_dir))?;
         write_document(&self.run_dir.join(FILE_NAME), &store.document())?;
         let dir = self.run_dir.join(DIR);
         drop(self);
         fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
         Ok(())
+    }
+}
+
+fn write_state(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
+    let path = run_dir.join(DIR).join("state.json");
+    write_atomic_with(&path, |w| {
+        serde_json::to_writer(&mut *w, store).map_err(io::Error::other)
+    })?;
+    Ok(())
+}
+
+/// The checkpoint thread's work: the document, then the state; then the
+/// rotated journal, whose every record the state now holds, goes.
+fn write_checkpoint(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
+    write_document(&run_dir.join(FILE_NAME), &store.document())?;
+    write_state(run_dir, store)?;
+    let old = run_dir.join(DIR).join(OLD_JOURNAL);
+    match fs::remove_file(&old) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(&old)(e)),
     }
 }
 
@@ -182,8 +335,11 @@ pub fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
         replayed: 0,
         skipped_lines: 0,
     };
-    let journal_path = dir.join("journal.jsonl");
-    if let Ok(f) = File::open(&journal_path) {
+    // The rotated journal (a checkpoint was being written) comes first.
+    for journal_path in [dir.join(OLD_JOURNAL), dir.join(JOURNAL)] {
+        let Ok(f) = File::open(&journal_path) else {
+            continue;
+        };
         for line in BufReader::new(f).split(b'\n') {
             let line = line.map_err(io_err(&journal_path))?;
             if line.is_empty() {
@@ -285,6 +441,46 @@ mod tests {
         assert_eq!(doc.detailed_log.len(), 10, "every journalled sample");
         assert_eq!(doc.peak_usage.cpu_ram_used_mb, 109.0);
         assert!(!dir.path().join(DIR).exists());
+    }
+
+    #[test]
+    fn a_kill_while_a_checkpoint_is_written_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let mut journal = Journal::create(dir.path(), &store).unwrap();
+        let add = |store: &mut Store, journal: &mut Journal, i: u64| {
+            let r = sample(i as f64, 100 + i);
+            store.apply(&r);
+            journal.append(store.seq, &r).unwrap();
+        };
+        for i in 0..5 {
+            add(&mut store, &mut journal, i);
+        }
+        // A background checkpoint, and records arriving meanwhile.
+        assert!(journal.start_checkpoint(store.clone()).unwrap());
+        for i in 5..8 {
+            add(&mut store, &mut journal, i);
+        }
+        journal.wait_checkpoint().unwrap().unwrap();
+        assert!(!dir.path().join(DIR).join(OLD_JOURNAL).exists());
+        // The next checkpoint rotates the journal and is killed before it
+        // writes anything: the rotated journal still holds its records.
+        journal.flush().unwrap();
+        let d = dir.path().join(DIR);
+        fs::rename(d.join(JOURNAL), d.join(OLD_JOURNAL)).unwrap();
+        for i in 8..10 {
+            add(&mut store, &mut journal, i);
+        }
+        journal.flush().unwrap();
+        File::create(d.join(JOURNAL)).unwrap();
+        drop(journal);
+
+        let report = recover(dir.path()).unwrap();
+        assert_eq!(report.replayed, 5, "{report:?}");
+        let doc: Document =
+            serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
+        assert_eq!(doc.detailed_log.len(), 10, "every journalled sample");
+        assert_eq!(doc.peak_usage.cpu_ram_used_mb, 109.0);
     }
 
     #[test]

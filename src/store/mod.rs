@@ -8,6 +8,7 @@
 //! stage peaks, pressure levels and the summary are all a pure fold over
 //! the records, tested here without I/O.
 
+pub mod chunked;
 pub mod journal;
 pub mod pressure;
 pub mod snapshot;
@@ -195,7 +196,7 @@ pub struct Store {
     pub run: RunInfo,
     limits: Limits,
     thresholds: Thresholds,
-    events: Vec<Entry>,
+    events: chunked::ChunkLog<Entry>,
     timer: Thinned<Entry>,
     peaks: Peaks,
     by_component: BTreeMap<String, Peaks>,
@@ -236,7 +237,7 @@ impl Store {
             run,
             limits,
             thresholds,
-            events: Vec::new(),
+            events: chunked::ChunkLog::new(),
             timer: Thinned::new(limits.max_timer_entries),
             peaks: Peaks::default(),
             by_component: BTreeMap::new(),
@@ -920,7 +921,7 @@ impl Store {
     pub fn document(&self) -> Document {
         let mut log = Vec::with_capacity(self.events.len() + self.timer.len());
         let mut timer = self.timer.iter().peekable();
-        for e in &self.events {
+        for e in self.events.iter() {
             while let Some(t) = timer.next_if(|t| t.timestamp <= e.timestamp) {
                 log.push(t.clone());
             }
