@@ -15,6 +15,7 @@ use memtrack::{logging, store, target};
 const USAGE: u8 = 2;
 
 fn main() -> ExitCode {
+    memtrack::sys::take_socket_activation();
     let cli = Cli::parse();
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),

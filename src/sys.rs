@@ -143,20 +143,34 @@ pub fn raise_nofile_limit() {
     }
 }
 
+/// What systemd's socket activation said (`LISTEN_PID` was this process,
+/// `LISTEN_FDS` its count), taken by [`take_socket_activation`].
+static SOCKET_ACTIVATION: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+
+/// Reads and removes the `LISTEN_*` variables so the job and other children
+/// do not inherit them. Call it first thing in `main`, while the process has
+/// one thread: changing the environment races with any other thread reading
+/// it (glibc's `getenv` is not safe against `unsetenv`). Later calls are
+/// no-ops.
+pub fn take_socket_activation() {
+    SOCKET_ACTIVATION.get_or_init(|| {
+        let pid = std::env::var("LISTEN_PID").ok();
+        let count = std::env::var("LISTEN_FDS").ok();
+        for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
+            std::env::remove_var(var);
+        }
+        let ours = pid?.parse::<u32>().ok()? == std::process::id();
+        let count: i32 = count?.parse().ok()?;
+        (ours && count >= 1).then_some(count)
+    });
+}
+
 /// The listening Unix socket systemd passed (socket activation: fd 3 with
-/// `LISTEN_PID` = this process), if any and if it really is a listening
-/// stream socket. The `LISTEN_*` variables are removed so children do not
-/// inherit them.
+/// `LISTEN_PID` = this process, as [`take_socket_activation`] recorded), if
+/// any and if it really is a listening stream socket.
 pub fn systemd_listener() -> Option<std::os::unix::net::UnixListener> {
     use std::os::fd::FromRawFd;
-    let ours = std::env::var("LISTEN_PID").ok()?.parse::<u32>().ok()? == std::process::id();
-    let count: i32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
-    for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
-        std::env::remove_var(var);
-    }
-    if !ours || count < 1 {
-        return None;
-    }
+    SOCKET_ACTIVATION.get().copied().flatten()?;
     const FD: libc::c_int = 3;
     let int_opt = |level, name| -> Option<libc::c_int> {
         let mut value: libc::c_int = 0;

@@ -1,11 +1,11 @@
 //! The event socket (issue 3): real daemons, real Unix sockets, hostile
 //! clients.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use memtrack::model::Document;
@@ -447,4 +447,79 @@ for p in pids:
             .count();
         assert_eq!(steps, 20_000);
     }
+}
+
+#[test]
+fn socket_activation_uses_the_passed_socket_and_hides_it_from_the_job() {
+    // systemd-socket-activate (Debian package systemd) binds the socket,
+    // waits for the first connection, then starts memtrack with it as fd 3
+    // and LISTEN_PID/LISTEN_FDS set, as a memtrack-attach.socket unit would.
+    let dir = scratch();
+    let sock = dir.path().join("activated.sock");
+    let seen = dir.path().join("job-env.txt");
+    let job = format!(
+        "import os, time\n\
+         open({seen:?}, 'w').write(' '.join(sorted(k for k in os.environ if k.startswith('LISTEN_'))) + '|' + os.environ['MEMTRACK_SOCKET'])\n\
+         time.sleep(1.5)\n",
+        seen = seen.display().to_string()
+    );
+    let mut activator = Command::new("systemd-socket-activate")
+        .arg("-l")
+        .arg(&sock)
+        .arg(env!("CARGO_BIN_EXE_memtrack"))
+        .args(["run", "--interval", "100ms", "--name", "act", "--output"])
+        .arg(dir.path())
+        .args(["--", "python3", "-c", &job])
+        .env_remove("MEMTRACK_SOCKET")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("systemd-socket-activate (Debian package systemd)");
+    wait_for("the activation socket", Duration::from_secs(10), || {
+        sock.exists()
+    });
+    // This connection starts memtrack; it is answered once memtrack
+    // serves the socket it was handed.
+    let mut stream = UnixStream::connect(&sock).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream
+        .write_all(b"{\"component\":\"svc\",\"operation\":\"up\",\"ack\":true}\n")
+        .unwrap();
+    let mut reply = String::new();
+    BufReader::new(&stream).read_line(&mut reply).unwrap();
+    assert!(reply.contains("\"ok\":true"), "{reply}");
+    drop(stream);
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = activator.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "memtrack did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    activator
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{status:?}\n{err}");
+    let job_env = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(job_env, format!("|{}", sock.display()), "{err}");
+    // systemd made the socket and owns it: memtrack leaves it in place.
+    assert!(sock.exists());
+    let doc = read_document(&dir.path().join("act/memory_usage.json"));
+    assert!(
+        doc.detailed_log
+            .iter()
+            .any(|e| e.component == "svc" && e.operation == "up"),
+        "the mark sent through the activated socket is missing"
+    );
 }
