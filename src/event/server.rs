@@ -119,8 +119,11 @@ impl Drop for SocketFile {
 }
 
 /// Creates the socket at `path` with its final mode before anyone can
-/// reach it: bound inside a private directory, chmod'ed, then renamed into
-/// place. A stale socket (nobody answers) is replaced; a live one is not.
+/// reach it: bound inside a private directory, chmod'ed, then hard-linked
+/// into place. The link fails if the path exists, so of two memtracks
+/// started on one path at once exactly one gets it (a rename would let the
+/// second silently take it from the first). A stale socket (nobody answers)
+/// is replaced; a live one is not.
 pub fn bind(path: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
     let io_err = |source| BindError::Io {
         path: path.to_path_buf(),
@@ -129,50 +132,74 @@ pub fn bind(path: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
     if path.as_os_str().len() > 107 {
         return Err(BindError::TooLong(path.to_path_buf()));
     }
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if !meta.file_type().is_socket() => {
-            return Err(BindError::NotASocket(path.to_path_buf()))
-        }
-        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => return Err(BindError::InUse(path.to_path_buf())),
-            Err(e)
-                if e.kind() == io::ErrorKind::ConnectionRefused
-                    || e.kind() == io::ErrorKind::NotFound =>
-            {
-                std::fs::remove_file(path).map_err(io_err)?;
-            }
-            Err(e) => return Err(io_err(e)),
-        },
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(e)),
-    }
     let parent = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let private = parent.join(format!(".memtrack-bind-{}", std::process::id()));
+    static BINDS: AtomicU64 = AtomicU64::new(0);
+    let private = parent.join(format!(
+        ".memtrack-bind-{}-{}",
+        std::process::id(),
+        BINDS.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_dir_all(&private);
     std::fs::create_dir(&private).map_err(io_err)?;
     let result = (|| {
-        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err)?;
         let tmp = private.join("s");
-        let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
+        let listener = std::os::unix::net::UnixListener::bind(&tmp).map_err(io_err)?;
         let mode = if group.is_some() { 0o660 } else { 0o600 };
         if let Some(gid) = group {
-            std::os::unix::fs::chown(&tmp, None, Some(gid))?;
+            std::os::unix::fs::chown(&tmp, None, Some(gid)).map_err(io_err)?;
         }
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
-        std::fs::rename(&tmp, path)?;
-        Ok(listener)
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).map_err(io_err)?;
+        // Twice at most: once more after removing a stale socket.
+        for _ in 0..2 {
+            match std::fs::hard_link(&tmp, path) {
+                Ok(()) => return Ok(listener),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => remove_if_stale(path)?,
+                Err(e) => return Err(io_err(e)),
+            }
+        }
+        Err(BindError::InUse(path.to_path_buf()))
     })();
     let _ = std::fs::remove_dir_all(&private);
-    let listener = result.map_err(io_err)?;
+    let listener = result?;
     listener.set_nonblocking(true).map_err(io_err)?;
     Ok(SocketFile {
         path: path.to_path_buf(),
         listener: Some(listener),
         owned: true,
     })
+}
+
+/// Removes what is at `path` if it is a socket nobody answers on; refuses a
+/// live socket and anything that is not a socket.
+fn remove_if_stale(path: &Path) -> Result<(), BindError> {
+    let io_err = |source| BindError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => Err(BindError::NotASocket(path.to_path_buf())),
+        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => Err(BindError::InUse(path.to_path_buf())),
+            Err(e)
+                if e.kind() == io::ErrorKind::ConnectionRefused
+                    || e.kind() == io::ErrorKind::NotFound =>
+            {
+                match std::fs::remove_file(path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(e)),
+                    _ => Ok(()),
+                }
+            }
+            Err(e) => Err(io_err(e)),
+        },
+        // Gone between the link and the look: try the link again.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(e)),
+    }
 }
 
 /// Accepts connections until `shutdown` turns true.
@@ -474,4 +501,57 @@ pub fn default_path() -> io::Result<PathBuf> {
         Err(e) => return Err(e),
     }
     Ok(dir.join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn of_binds_racing_for_one_path_exactly_one_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.sock");
+        let start = std::sync::Barrier::new(8);
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        bind(&path, None)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let won: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(won.len(), 1, "{results:?}");
+        assert!(results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .all(|e| matches!(e, BindError::InUse(_))));
+        // The socket at the path is the winner's: it answers.
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // No private bind folders are left behind.
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("m.sock")]);
+    }
+
+    #[test]
+    fn a_stale_socket_is_replaced_and_a_file_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let socket = bind(&path, None).unwrap();
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
+        drop(socket);
+        assert!(!path.exists(), "an owned socket is removed when dropped");
+        std::fs::write(&path, "data").unwrap();
+        assert!(matches!(bind(&path, None), Err(BindError::NotASocket(_))));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "data");
+    }
 }
