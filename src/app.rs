@@ -914,7 +914,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                 store.run.id,
                 crate::export::json::FILE_NAME
             ));
-            match crate::export::json::write_document(&fallback, &store.document()) {
+            match crate::export::json::write_document(&fallback, &store.document_view()) {
                 Ok(()) => {
                     tracing::error!(
                         "{} could not be written ({e}); the run's JSON is in {} instead",
@@ -1006,16 +1006,18 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     }
     io.stop();
 
-    let doc = store.document();
+    let peaks = store.peaks();
+    // memtrack's own high-water mark, the final write included: what the
+    // monitor itself cost the machine (bench/soak reads this line).
+    let own_peak = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|text| crate::sample::procfs::parse_status(&text).ok())
+        .map_or(0.0, |s| crate::units::mib(s.vm_hwm));
     tracing::info!(
-        "run {} ended: peak host RAM {:.1} MiB, peak GPU {:.1} MiB; {}",
-        doc.run.name,
-        doc.peak_usage
-            .cpu_ram_used_mb
-            .max(doc.peak_usage.cpu_ram_hwm_mb),
-        doc.peak_usage
-            .gpu_process_used_mb
-            .max(doc.peak_usage.reserved_gpu_ram_mb),
+        "run {} ended: peak host RAM {:.1} MiB, peak GPU {:.1} MiB; {}; memtrack's own peak RSS {own_peak:.1} MiB",
+        store.run.name,
+        peaks.cpu_ram_used_mb.max(peaks.cpu_ram_hwm_mb),
+        peaks.gpu_process_used_mb.max(peaks.reserved_gpu_ram_mb),
         match (written, export_failed) {
             (true, false) => format!("wrote {}", document.display()),
             (true, true) => format!("wrote {}; an export failed (see above)", document.display()),

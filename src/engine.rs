@@ -205,7 +205,7 @@ impl Flight {
 /// How far back an OOM kill counts as the cause of a target's death.
 const OOM_LOOKBACK: Duration = Duration::from_secs(3);
 
-const MIB: f64 = 1024.0 * 1024.0;
+use crate::units::MIB;
 
 /// Keeps one empty point after the last one with processes: it marks the
 /// death; more only repeat it while the kernel tears the process down.

@@ -14,9 +14,14 @@ use serde::{Deserialize, Serialize};
 /// field changes meaning; adding a defaulted field does not need a bump.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// The whole `memory_usage.json`.
+/// The whole `memory_usage.json`, owning its entries.
+pub type Document = DocumentOf<Vec<Entry>>;
+
+/// [`Document`] with the log's type open: the entries themselves, or (when
+/// memtrack writes its own file) a borrowed view of them that serializes
+/// the same way without copying a long event log.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct Document {
+pub struct DocumentOf<L> {
     /// 0 for a seed-shaped file (no `schema` key), else [`SCHEMA_VERSION`].
     #[serde(default)]
     pub schema: u32,
@@ -24,7 +29,7 @@ pub struct Document {
     pub run: RunInfo,
     /// Seed 002: one entry per measurement, in time order.
     #[serde(default)]
-    pub detailed_log: Vec<Entry>,
+    pub detailed_log: L,
     /// Seed 002: the maximum of each figure over every sample of the run
     /// (full resolution, including timer samples merged in the log).
     #[serde(default)]

@@ -169,7 +169,7 @@ pub async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
 /// `/memory-info`: current and peak figures per process, component and
 /// GPU (seed 000's endpoint), in MiB and percent.
 pub fn memory_info(snap: &Snapshot) -> serde_json::Value {
-    const MIB: f64 = 1024.0 * 1024.0;
+    use crate::units::MIB;
     let level = |resource: &str| {
         snap.levels
             .get(resource)

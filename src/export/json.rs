@@ -9,7 +9,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::model::Document;
+use crate::model::{Document, DocumentOf};
 
 /// The file name seed 002 uses.
 pub const FILE_NAME: &str = "memory_usage.json";
@@ -86,7 +86,10 @@ pub fn write_atomic_with(
 }
 
 /// Serializes and writes a document atomically.
-pub fn write_document(path: &Path, doc: &Document) -> Result<(), WriteError> {
+pub fn write_document<L: serde::Serialize>(
+    path: &Path,
+    doc: &DocumentOf<L>,
+) -> Result<(), WriteError> {
     write_atomic_with(path, |w| {
         serde_json::to_writer_pretty(&mut *w, doc).map_err(io::Error::other)
     })

@@ -113,7 +113,7 @@ pub const METRICS: &[Def] = &[
     def("memtrack_export_errors_total", C, &["exporter"], "Failed exports (checkpoint, journal, clearml, s3)."),
 ];
 
-const MIB: f64 = 1024.0 * 1024.0;
+use crate::units::MIB;
 
 struct Families {
     run_labels: Vec<(String, String)>,

@@ -79,7 +79,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::model::{Document, Entry, EntryKind, GpuSource};
+use crate::model::{Document, Entry, EntryKind, GpuSource, Target};
 
 /// The shortest series, in seconds, that is judged at all (see the module
 /// documentation for the reasons).
@@ -347,6 +347,13 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
 /// listed, the rest counted), and per component (timer samples taken
 /// inside that component's spans).
 pub fn analyze(doc: &Document, cfg: &LeakConfig) -> Value {
+    let log: Vec<&Entry> = doc.detailed_log.iter().collect();
+    analyze_log(&log, &doc.targets, doc.schema, cfg)
+}
+
+/// [`analyze`] over a document's parts: its log in time order, its
+/// targets, and its schema version (0 for a seed-shaped file).
+pub fn analyze_log(log: &[&Entry], targets: &[Target], schema: u32, cfg: &LeakConfig) -> Value {
     let mut suspects: Vec<String> = Vec::new();
     let verdict = |name: String, t: &[f64], y: &[f64], suspects: &mut Vec<String>| {
         let v = detect(t, y, cfg);
@@ -356,21 +363,22 @@ pub fn analyze(doc: &Document, cfg: &LeakConfig) -> Value {
         v
     };
 
-    let log = tree_samples(doc, cfg);
+    let all = log;
+    let log = tree_samples(all, cfg);
     let t: Vec<f64> = log.iter().map(|e| mid_time(e)).collect();
     let host: Vec<f64> = log.iter().map(|e| e.cpu_ram_used_mb).collect();
     let host_v = verdict("host".into(), &t, &host, &mut suspects);
     let mut out = json!({ "host": to_value(&host_v) });
 
-    let (gt, gy) = gpu_series(doc, &log);
+    let (gt, gy) = gpu_series(all, schema, &log);
     if gy.iter().any(|&y| y > 0.0) {
         let gpu_v = verdict("gpu".into(), &gt, &gy, &mut suspects);
         out["gpu"] = to_value(&gpu_v);
     }
 
-    let mut targets = Vec::new();
+    let mut judged = Vec::new();
     let mut unjudged = 0usize;
-    for target in &doc.targets {
+    for target in targets {
         let t: Vec<f64> = target.series.iter().map(|p| p[0]).collect();
         let rss: Vec<f64> = target.series.iter().map(|p| p[1]).collect();
         let label = format!("target {} ({})", target.pid, target.name);
@@ -384,19 +392,15 @@ pub fn analyze(doc: &Document, cfg: &LeakConfig) -> Value {
             let gpu: Vec<f64> = target.series.iter().map(|p| p[2]).collect();
             item["gpu"] = to_value(&verdict(format!("{label} gpu"), &t, &gpu, &mut suspects));
         }
-        targets.push(item);
+        judged.push(item);
     }
-    out["targets"] = Value::Array(targets);
+    out["targets"] = Value::Array(judged);
     out["targets_not_judged"] = json!(unjudged);
 
     let mut components = serde_json::Map::new();
     let mut by_component: std::collections::BTreeMap<&str, (Vec<f64>, Vec<f64>)> =
         std::collections::BTreeMap::new();
-    for e in doc
-        .detailed_log
-        .iter()
-        .filter(|e| e.kind == EntryKind::Timer)
-    {
+    for e in all.iter().filter(|e| e.kind == EntryKind::Timer) {
         if let Some(span) = &e.span {
             let component = span.split('/').next().unwrap_or(span);
             let (t, y) = by_component.entry(component).or_default();
@@ -421,16 +425,16 @@ fn to_value(v: &Verdict) -> Value {
 
 /// The tree's samples: timer entries (uniformly thinned, maxima kept), or
 /// every entry of a log that has too few of them (a seed-shaped file).
-fn tree_samples<'a>(doc: &'a Document, cfg: &LeakConfig) -> Vec<&'a Entry> {
-    let timer: Vec<&Entry> = doc
-        .detailed_log
+fn tree_samples<'a>(log: &[&'a Entry], cfg: &LeakConfig) -> Vec<&'a Entry> {
+    let timer: Vec<&Entry> = log
         .iter()
+        .copied()
         .filter(|e| e.kind == EntryKind::Timer)
         .collect();
     if timer.len() >= cfg.min_points {
         timer
     } else {
-        doc.detailed_log.iter().collect()
+        log.to_vec()
     }
 }
 
@@ -447,17 +451,17 @@ fn mid_time(e: &Entry) -> f64 {
 /// otherwise PyTorch's `memory_allocated` sent with marks (a leak of
 /// tensors shows there, while `reserved` plateaus with the caching pool),
 /// or the seed's `gpu_ram_used_mb`.
-fn gpu_series(doc: &Document, log: &[&Entry]) -> (Vec<f64>, Vec<f64>) {
+fn gpu_series(all: &[&Entry], schema: u32, log: &[&Entry]) -> (Vec<f64>, Vec<f64>) {
     if log.iter().any(|e| e.gpu_process_used_mb > 0.0) {
         return (
             log.iter().map(|e| mid_time(e)).collect(),
             log.iter().map(|e| e.gpu_process_used_mb).collect(),
         );
     }
-    let alloc: Vec<&Entry> = doc
-        .detailed_log
+    let alloc: Vec<&Entry> = all
         .iter()
-        .filter(|e| e.gpu_source == GpuSource::Allocator || doc.schema == 0)
+        .copied()
+        .filter(|e| e.gpu_source == GpuSource::Allocator || schema == 0)
         .collect();
     (
         alloc.iter().map(|e| mid_time(e)).collect(),

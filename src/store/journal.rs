@@ -278,7 +278,7 @@ impl Journal {
         // document.
         let _ = self.wait_checkpoint();
         self.flush().map_err(io_err(&self.run_dir))?;
-        write_document(&self.run_dir.join(FILE_NAME), &store.document())?;
+        write_document(&self.run_dir.join(FILE_NAME), &store.document_view())?;
         let dir = self.run_dir.join(DIR);
         drop(self);
         fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
@@ -297,7 +297,7 @@ fn write_state(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
 /// The checkpoint thread's work: the document, then the state; then the
 /// rotated journal, whose every record the state now holds, goes.
 fn write_checkpoint(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
-    write_document(&run_dir.join(FILE_NAME), &store.document())?;
+    write_document(&run_dir.join(FILE_NAME), &store.document_view())?;
     write_state(run_dir, store)?;
     let old = run_dir.join(DIR).join(OLD_JOURNAL);
     match fs::remove_file(&old) {
@@ -373,7 +373,7 @@ pub fn recover(run_dir: &Path) -> Result<Recovered, JournalError> {
         store.run.end = Some(end);
         store.run.status = "recovered".into();
     }
-    write_document(&run_dir.join(FILE_NAME), &store.document())?;
+    write_document(&run_dir.join(FILE_NAME), &store.document_view())?;
     drop(lock);
     fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
     Ok(report)

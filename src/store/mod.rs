@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    Alert, Counters, Document, Entry, EntryKind, Exit, FlightWindow, Gpu, GpuSource, Peaks,
-    RunInfo, Stage, Summary, Target, SCHEMA_VERSION,
+    Alert, Counters, Document, DocumentOf, Entry, EntryKind, Exit, FlightWindow, Gpu, GpuSource,
+    Peaks, RunInfo, Stage, Summary, Target, SCHEMA_VERSION,
 };
 use crate::sample::gpu::Status as GpuStatus;
 use crate::sample::Sample;
@@ -917,18 +917,41 @@ impl Store {
         }
     }
 
-    /// The whole `memory_usage.json` as of now.
+    /// The whole `memory_usage.json` as of now, owning its entries.
     pub fn document(&self) -> Document {
+        let view = self.document_view();
+        Document {
+            detailed_log: view.detailed_log.0.into_iter().cloned().collect(),
+            schema: view.schema,
+            run: view.run,
+            peak_usage: view.peak_usage,
+            peaks_by_component: view.peaks_by_component,
+            stages: view.stages,
+            targets: view.targets,
+            gpus: view.gpus,
+            alerts: view.alerts,
+            leak: view.leak,
+            flight_recorder: view.flight_recorder,
+            summary: view.summary,
+            counters: view.counters,
+            ranks: view.ranks,
+            worst_rank: view.worst_rank,
+        }
+    }
+
+    /// The whole `memory_usage.json` as of now, its log borrowed from the
+    /// store: what checkpoints write, so a long event log is not copied
+    /// (it would double memtrack's memory for the length of a write).
+    pub fn document_view(&self) -> DocumentOf<LogView<'_>> {
         let mut log = Vec::with_capacity(self.events.len() + self.timer.len());
         let mut timer = self.timer.iter().peekable();
         for e in self.events.iter() {
             while let Some(t) = timer.next_if(|t| t.timestamp <= e.timestamp) {
-                log.push(t.clone());
+                log.push(t);
             }
-            log.push(e.clone());
+            log.push(e);
         }
-        log.extend(timer.cloned());
-
+        log.extend(timer);
         let mut targets: Vec<Target> = self.gone.clone();
         targets.extend(self.live.values().map(|l| {
             let mut t = l.target.clone();
@@ -948,27 +971,29 @@ impl Store {
         if run.status.is_empty() {
             run.status = "running".into();
         }
-        let mut doc = Document {
+        let leak = crate::report::leak::analyze_log(
+            &log,
+            &targets,
+            SCHEMA_VERSION,
+            &crate::report::leak::LeakConfig::default(),
+        );
+        DocumentOf {
             schema: SCHEMA_VERSION,
             run,
-            detailed_log: log,
+            detailed_log: LogView(log),
             peak_usage: self.peaks,
             peaks_by_component: self.by_component.clone(),
             stages: self.stages.clone(),
             targets,
             gpus: self.gpus.values().cloned().collect(),
             alerts: self.alerts.clone(),
-            leak: None,
+            leak: Some(leak),
             flight_recorder: self.flights.clone(),
             summary: self.summary(),
             counters,
-            ..Document::default()
-        };
-        doc.leak = Some(crate::report::leak::analyze(
-            &doc,
-            &crate::report::leak::LeakConfig::default(),
-        ));
-        doc
+            ranks: Vec::new(),
+            worst_rank: BTreeMap::new(),
+        }
     }
 
     fn summary(&self) -> Summary {
@@ -999,6 +1024,17 @@ impl Store {
                 .max(self.run.start)
                 - self.run.start,
         }
+    }
+}
+
+/// A document's log borrowed from the store, in time order; serializes as
+/// the entries themselves would.
+#[derive(Debug)]
+pub struct LogView<'a>(pub Vec<&'a Entry>);
+
+impl Serialize for LogView<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(&self.0)
     }
 }
 
@@ -1087,6 +1123,14 @@ mod tests {
         })
     }
 
+    fn stage(ts: f64, name: &str, status: Option<&str>) -> Boundary {
+        Boundary {
+            mark: mark(ts, "stage", name),
+            status: status.map(str::to_string),
+            message: None,
+        }
+    }
+
     fn mark(ts: f64, component: &str, operation: &str) -> Mark {
         Mark {
             timestamp: ts,
@@ -1128,6 +1172,59 @@ mod tests {
         assert_eq!(doc.targets[0].peak_rss_mb, 300.0);
         assert_eq!(doc.summary.min_gpu_mb, 2200.0);
         assert_eq!(doc.peaks_by_component["system"].samples, 3);
+    }
+
+    #[test]
+    fn the_borrowed_view_writes_the_same_document_as_the_owned_one() {
+        // Checkpoints write `document_view()`; readers and tests use
+        // `document()`. Every part a run can have is present here, so a
+        // field the view got wrong (or lost) shows as a difference.
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100), (11, 50)], &[(10, 2000)]);
+        join(&mut s, 10);
+        join(&mut s, 11);
+        timer(&mut st, s);
+        st.apply(&Record::StageBegin(stage(101.2, "train", None)));
+        let mut m = mark(101.5, "model", "before_generate");
+        m.iteration = Some(7);
+        m.labels.insert("split".into(), "train".into());
+        m.allocator = Some(Allocator {
+            allocated: 1024 * M,
+            reserved: 2048 * M,
+            max_allocated: 1536 * M,
+            device: Some(0),
+        });
+        st.apply(&Record::Mark(m));
+        st.apply(&Record::SpanBegin(Boundary {
+            mark: mark(101.6, "model", "generate"),
+            status: None,
+            message: None,
+        }));
+        for i in 0..40u32 {
+            let t = 102.0 + f64::from(i) * 0.5;
+            timer(
+                &mut st,
+                sample(t, &[(10, 100 + 10 * u64::from(i)), (11, 50)], &[(10, 2500)]),
+            );
+            st.apply(&Record::Mark(mark(t + 0.1, "data", "batch")));
+        }
+        st.apply(&Record::StageEnd(stage(123.0, "train", Some("SUCCESS"))));
+        st.apply(&Record::Exit {
+            pid: 11,
+            exit: Exit::signal(9),
+            max_rss: None,
+        });
+        st.apply(&Record::Finish {
+            timestamp: 124.0,
+            exit: Some(Exit::code(0)),
+        });
+        let owned = st.document();
+        assert!(owned.detailed_log.len() > 80 && !owned.stages.is_empty());
+        assert!(owned.targets.iter().any(|t| t.exit.is_some()));
+        assert_eq!(
+            serde_json::to_string_pretty(&st.document_view()).unwrap(),
+            serde_json::to_string_pretty(&owned).unwrap()
+        );
     }
 
     #[test]
@@ -1241,11 +1338,6 @@ mod tests {
     fn stages_record_status_duration_and_peak() {
         let mut st = store();
         timer(&mut st, sample(101.0, &[(10, 100)], &[]));
-        let stage = |ts, name: &str, status: Option<&str>| Boundary {
-            mark: mark(ts, "stage", name),
-            status: status.map(str::to_string),
-            message: None,
-        };
         st.apply(&Record::StageBegin(stage(101.0, "train", None)));
         timer(&mut st, sample(102.0, &[(10, 900)], &[]));
         st.apply(&Record::StageEnd(stage(105.0, "train", Some("SUCCESS"))));
