@@ -850,6 +850,74 @@ fn a_batch_refused_as_a_whole_is_dropped_and_later_ones_go_on() {
     server.assert_exactly_once();
 }
 
+#[test]
+fn a_batch_failed_with_server_errors_is_set_aside_then_delivered_at_the_end() {
+    // Six 500s in a row exhaust one batch's attempts: later batches go on,
+    // and the set-aside one is tried again at the end instead of dropped.
+    let server = Server::start(&[]);
+    let mut s = settings(&server.url(), SECRET);
+    s.batch_max = 6;
+    let live = Live::start(s, "aside");
+    let task = live.wait_task();
+    server.fault(json!({"status": 500, "count": 6, "endpoint": "events.add_batch"}));
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..5);
+    wait_for("the later batches", Duration::from_secs(20), || {
+        server.points(&task).len() >= 24
+    });
+    assert_eq!(server.points(&task).len(), 24, "one batch is held back");
+    let (report, errors, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    let got = stored(&server.points(&task));
+    assert!(got == exp, "{}", diff(&exp, &got));
+    assert_eq!(
+        (report.sent, report.refused, report.unsent),
+        (30, 0, 0),
+        "{report:?}"
+    );
+    assert!(errors >= 6);
+    assert!(report.errors.is_empty(), "{report:?}");
+    server.assert_exactly_once();
+}
+
+#[test]
+fn batches_a_server_keeps_failing_stay_in_the_spool_for_a_resend() {
+    // ClearML answers 500 while its storage is down: nothing can be
+    // delivered during the run, and nothing is thrown away.
+    let server = Server::start(&[]);
+    let mut s = settings(&server.url(), SECRET);
+    s.batch_max = 6;
+    let live = Live::start(s.clone(), "down");
+    let task = live.wait_task();
+    server.fault(json!({"status": 500, "for_s": 600, "endpoint": "events.add_batch"}));
+    let mut exp = Expected::new();
+    steady_marks(&live, &mut exp, "model", 0..5);
+    let (report, _errors, dir) = live.finish(exit(0), Duration::from_secs(4));
+    assert_eq!(
+        (report.sent, report.refused, report.discarded, report.unsent),
+        (0, 0, 0, 30),
+        "{report:?}"
+    );
+    assert!(
+        report.spool.as_deref().is_some_and(Path::exists),
+        "{report:?}"
+    );
+    assert!(server.points(&task).is_empty());
+
+    server.fault(json!({"clear": true}));
+    s.task = Some(task.clone());
+    let rt = runtime();
+    let report = rt.block_on(async {
+        let (reporter, bad) =
+            Reporter::resend(s, run_info("down"), dir.path().join("run")).unwrap();
+        assert_eq!(bad, 0);
+        reporter.finish(exit(0), Duration::from_secs(20)).await
+    });
+    assert_eq!((report.sent, report.unsent), (30, 0), "{report:?}");
+    let got = stored(&server.points(&task));
+    assert!(got == exp, "{}", diff(&exp, &got));
+    server.assert_exactly_once();
+}
+
 // ---------------------------------------------------------------- 5
 
 #[test]

@@ -6,9 +6,12 @@
 //! [`Point`] as JSON per line). The order is memory first, then the spool
 //! from its read position, so once anything is spooled every newer point
 //! is spooled too, and memory is refilled from the head of the spool as
-//! batches leave. A fully read spool is truncated. At the end of the run
-//! [`Queue::persist`] rewrites the spool to hold every unsent point, memory
-//! first, so nothing is lost when the server never came back.
+//! batches leave. A fully read spool is truncated. A batch the server
+//! keeps failing with internal errors is set aside ([`Queue::set_aside`])
+//! so later ones go on, and kept: it is tried again at the end of the run.
+//! At the end [`Queue::persist`] rewrites the spool to hold every unsent
+//! point, set-aside ones first, then memory, so nothing is lost when the
+//! server never came back.
 //!
 //! The file is local and written in small buffered appends; no network
 //! call ever waits on it, and it never waits on the network.
@@ -64,6 +67,10 @@ pub struct Queue {
     /// Points taken out for sending and not yet settled: they count
     /// against the memory bound.
     held: usize,
+    /// Batches the server failed with internal errors, oldest first: not
+    /// sent again until [`Queue::restore_aside`], counted against the
+    /// memory bound.
+    aside: Vec<Point>,
     max: usize,
     path: PathBuf,
     spool: Option<Spool>,
@@ -87,6 +94,7 @@ impl Queue {
         Queue {
             mem: VecDeque::new(),
             held: 0,
+            aside: Vec::new(),
             max: max.max(1),
             path,
             spool: None,
@@ -163,9 +171,14 @@ impl Queue {
         self.spooled
     }
 
-    /// Points in memory, including those out for sending.
+    /// Points in memory, including those out for sending and set aside.
     pub fn in_memory(&self) -> usize {
-        self.mem.len() + self.held
+        self.mem.len() + self.held + self.aside.len()
+    }
+
+    /// Points set aside ([`Queue::set_aside`]).
+    pub fn aside(&self) -> usize {
+        self.aside.len()
     }
 
     /// Appends points, spilling to the spool once memory is full (or
@@ -248,6 +261,20 @@ impl Queue {
         self.refill();
     }
 
+    /// The held batch leaves the line but is kept: after the points set
+    /// aside before it, ahead of everything waiting.
+    pub fn set_aside(&mut self, batch: Vec<Point>) {
+        self.held = self.held.saturating_sub(batch.len());
+        self.aside.extend(batch);
+    }
+
+    /// The points set aside go back to the front, in their order.
+    pub fn restore_aside(&mut self) {
+        for p in std::mem::take(&mut self.aside).into_iter().rev() {
+            self.mem.push_front(p);
+        }
+    }
+
     /// The held batch goes back to the front, in its order.
     pub fn put_back(&mut self, batch: Vec<Point>) {
         self.held = self.held.saturating_sub(batch.len());
@@ -327,11 +354,12 @@ impl Queue {
         }
     }
 
-    /// Writes every unsent point (memory, then the unread spool) to the
-    /// spool file, replacing it atomically, and returns how many. Removes
-    /// the file when there is nothing left. Held points must have been put
-    /// back first.
+    /// Writes every unsent point (set aside, memory, then the unread
+    /// spool) to the spool file, replacing it atomically, and returns how
+    /// many. Removes the file when there is nothing left. Held points must
+    /// have been put back first.
     pub fn persist(&mut self) -> io::Result<u64> {
+        self.restore_aside();
         let unread: Option<u64> = match self.spool.as_mut() {
             Some(s) => {
                 s.writer.flush()?;
@@ -395,6 +423,26 @@ mod tests {
             .lines()
             .map(|l| serde_json::from_str::<Point>(l).unwrap().iter)
             .collect()
+    }
+
+    #[test]
+    fn set_aside_points_count_against_the_bound_and_persist_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/clearml-spool.jsonl");
+        let mut q = Queue::new(4, path.clone());
+        q.extend((0..4).map(pt));
+        let b = q.take(2);
+        q.set_aside(b);
+        assert_eq!((q.len(), q.aside(), q.in_memory()), (2, 2, 4));
+        // Memory is full with the set-aside batch: newer points spill.
+        q.extend((4..6).map(pt));
+        assert_eq!(q.spooled(), 2);
+        let b = q.take(2);
+        assert_eq!(b.iter().map(|p| p.iter).collect::<Vec<_>>(), vec![2, 3]);
+        q.settle(2);
+        assert_eq!(q.persist().unwrap(), 4);
+        assert_eq!(lines(&path), vec![0, 1, 4, 5], "set aside first, in order");
+        assert_eq!(q.aside(), 0);
     }
 
     #[test]

@@ -143,6 +143,7 @@ impl Reporter {
             last_send: Instant::now(),
             last_ok: Instant::now(),
             partial_logged: 0,
+            set_aside_logged: 0,
             artifact_registered: false,
             final_status: None,
         };
@@ -285,6 +286,8 @@ struct Ending {
     reply: oneshot::Sender<FinishReport>,
     status_started: bool,
     artifact_started: bool,
+    /// The points set aside during the run went back into the line.
+    aside_restored: bool,
 }
 
 enum Event {
@@ -313,6 +316,8 @@ struct State {
     last_send: Instant,
     last_ok: Instant,
     partial_logged: u64,
+    /// Batches set aside after server errors, for rate-limited warnings.
+    set_aside_logged: u64,
     artifact_registered: bool,
     final_status: Option<String>,
 }
@@ -426,7 +431,7 @@ impl State {
                                 if let Some(r) = job.take() {
                                     self.cancel(r);
                                 }
-                                let left = self.queue.len();
+                                let left = self.queue.len() + self.queue.aside() as u64;
                                 let m = match (&self.phase, self.api.last_error()) {
                                     (Phase::Starting, Some(last)) => format!(
                                         "the ClearML server {} could not be reached before the \
@@ -488,6 +493,7 @@ impl State {
             reply: f.reply,
             status_started: false,
             artifact_started: false,
+            aside_restored: false,
         }
     }
 
@@ -589,6 +595,12 @@ impl State {
                         }
                     }
                     Stage::Flush => {
+                        if !e.aside_restored {
+                            // One more try for batches the server failed
+                            // with internal errors: it may be back.
+                            self.queue.restore_aside();
+                            e.aside_restored = true;
+                        }
                         if matches!(self.phase, Phase::Disabled) {
                             e.stage = Stage::Done;
                         } else if job.is_none() {
@@ -823,6 +835,20 @@ impl State {
                     Err(CallError::Auth(m)) => {
                         self.queue.put_back(points);
                         self.disable(m);
+                    }
+                    Err(e @ CallError::Transient { .. }) => {
+                        // Internal errors, attempt after attempt: the server
+                        // may choke on this batch, or its storage may be
+                        // down. Later batches go on; this one is kept and
+                        // tried again at the end, then left for a resend.
+                        self.queue.set_aside(points);
+                        self.set_aside_logged += 1;
+                        if self.set_aside_logged == 1 || self.set_aside_logged.is_multiple_of(100) {
+                            tracing::warn!(
+                                "ClearML failed a batch of {n} points with server errors ({e}); \
+                                 it is kept and tried again at the end of the run"
+                            );
+                        }
                     }
                     Err(e) => {
                         // Rejected as a whole: drop it so later batches go on.
