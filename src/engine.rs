@@ -20,13 +20,14 @@ use tokio::sync::{broadcast, oneshot, watch};
 
 use crate::event::protocol::{self, Message, Notice, Request};
 use crate::event::server::Stats;
+use crate::logging::RateLimited;
 use crate::model::{EntryKind, Exit, FlightPoint, FlightWindow};
 use crate::sample::{gpu, Sample, Sampler};
 use crate::store::journal::Journal;
 use crate::store::snapshot::{Histogram, Snapshot};
 use crate::store::{Boundary, Mark, Outcome, Record, SampleKind, Store, SYSTEM};
 use crate::sys;
-use crate::units::unix_now;
+use crate::units::{unix_now, MIB};
 
 /// Messages to the engine.
 #[derive(Debug)]
@@ -205,8 +206,6 @@ impl Flight {
 /// How far back an OOM kill counts as the cause of a target's death.
 const OOM_LOOKBACK: Duration = Duration::from_secs(3);
 
-use crate::units::MIB;
-
 /// Keeps one empty point after the last one with processes: it marks the
 /// death; more only repeat it while the kernel tears the process down.
 fn trim_after_death(mut points: Vec<FlightPoint>) -> Vec<FlightPoint> {
@@ -218,19 +217,6 @@ fn trim_after_death(mut points: Vec<FlightPoint>) -> Vec<FlightPoint> {
 
 /// Snapshots for exporters are published at most this often.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
-
-/// Logs a repeated problem once, then every `every`-th time.
-#[derive(Debug, Default)]
-struct RateLimited {
-    count: u64,
-}
-
-impl RateLimited {
-    fn hit(&mut self, every: u64) -> Option<u64> {
-        self.count += 1;
-        (self.count == 1 || self.count.is_multiple_of(every)).then_some(self.count)
-    }
-}
 
 /// The state owner.
 pub struct Engine {
@@ -1001,12 +987,5 @@ mod tests {
         f.note_oom_kills(t0 + Duration::from_secs(11));
         assert!(f.oom_killed(t0 + Duration::from_millis(11_200)));
         assert!(!f.oom_killed(t0 + Duration::from_millis(11_300)));
-    }
-
-    #[test]
-    fn rate_limited_logs_first_and_every_nth() {
-        let mut r = RateLimited::default();
-        let hits: Vec<u64> = (0..250).filter_map(|_| r.hit(100)).collect();
-        assert_eq!(hits, [1, 100, 200]);
     }
 }

@@ -61,3 +61,29 @@ pub fn init(filter: &str) {
         .event_format(Prefixed)
         .try_init();
 }
+
+/// Logs a repeated problem once, then every `every`-th time.
+#[derive(Debug, Default)]
+pub struct RateLimited {
+    count: u64,
+}
+
+impl RateLimited {
+    /// Counts one occurrence; `Some(count so far)` when it is to be logged.
+    pub fn hit(&mut self, every: u64) -> Option<u64> {
+        self.count += 1;
+        (self.count == 1 || self.count.is_multiple_of(every)).then_some(self.count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limited_logs_first_and_every_nth() {
+        let mut r = RateLimited::default();
+        let hits: Vec<u64> = (0..250).filter_map(|_| r.hit(100)).collect();
+        assert_eq!(hits, [1, 100, 200]);
+    }
+}

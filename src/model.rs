@@ -61,6 +61,30 @@ pub struct DocumentOf<L> {
     pub worst_rank: BTreeMap<String, String>,
 }
 
+impl<L> DocumentOf<L> {
+    /// The same document with its log turned into another form (a
+    /// borrowed view into owned entries).
+    pub fn map_log<M>(self, f: impl FnOnce(L) -> M) -> DocumentOf<M> {
+        DocumentOf {
+            schema: self.schema,
+            run: self.run,
+            detailed_log: f(self.detailed_log),
+            peak_usage: self.peak_usage,
+            peaks_by_component: self.peaks_by_component,
+            stages: self.stages,
+            targets: self.targets,
+            gpus: self.gpus,
+            alerts: self.alerts,
+            leak: self.leak,
+            flight_recorder: self.flight_recorder,
+            summary: self.summary,
+            counters: self.counters,
+            ranks: self.ranks,
+            worst_rank: self.worst_rank,
+        }
+    }
+}
+
 /// The last seconds before a target died, sampled faster than the timer:
 /// what memory looked like on the way to an OOM.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

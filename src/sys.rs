@@ -143,9 +143,9 @@ pub fn raise_nofile_limit() {
     }
 }
 
-/// What systemd's socket activation said (`LISTEN_PID` was this process,
-/// `LISTEN_FDS` its count), taken by [`take_socket_activation`].
-static SOCKET_ACTIVATION: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+/// Whether systemd passed this process a socket (`LISTEN_PID` was this
+/// process and `LISTEN_FDS` at least 1), as [`take_socket_activation`] found.
+static SOCKET_ACTIVATION: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 /// Reads and removes the `LISTEN_*` variables so the job and other children
 /// do not inherit them. Call it first thing in `main`, while the process has
@@ -159,9 +159,9 @@ pub fn take_socket_activation() {
         for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
             std::env::remove_var(var);
         }
-        let ours = pid?.parse::<u32>().ok()? == std::process::id();
-        let count: i32 = count?.parse().ok()?;
-        (ours && count >= 1).then_some(count)
+        let ours = pid.and_then(|p| p.parse::<u32>().ok()) == Some(std::process::id());
+        let count = count.and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
+        ours && count >= 1
     });
 }
 
@@ -170,7 +170,9 @@ pub fn take_socket_activation() {
 /// any and if it really is a listening stream socket.
 pub fn systemd_listener() -> Option<std::os::unix::net::UnixListener> {
     use std::os::fd::FromRawFd;
-    SOCKET_ACTIVATION.get().copied().flatten()?;
+    if SOCKET_ACTIVATION.get() != Some(&true) {
+        return None;
+    }
     const FD: libc::c_int = 3;
     let int_opt = |level, name| -> Option<libc::c_int> {
         let mut value: libc::c_int = 0;

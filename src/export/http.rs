@@ -24,7 +24,7 @@ use tokio::sync::{broadcast, watch, Semaphore};
 use super::prometheus;
 use crate::event::protocol::Notice;
 use crate::store::snapshot::Snapshot;
-use crate::units::unix_now;
+use crate::units::{unix_now, MIB};
 
 /// Longest time a client may take to send its request headers or body.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -169,7 +169,6 @@ pub async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
 /// `/memory-info`: current and peak figures per process, component and
 /// GPU (seed 000's endpoint), in MiB and percent.
 pub fn memory_info(snap: &Snapshot) -> serde_json::Value {
-    use crate::units::MIB;
     let level = |resource: &str| {
         snap.levels
             .get(resource)

@@ -13,6 +13,7 @@ use prometheus::proto::{
 use prometheus::{Encoder, TextEncoder};
 
 use crate::store::snapshot::Snapshot;
+use crate::units::MIB;
 
 /// Metric types, as the reference table names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +113,6 @@ pub const METRICS: &[Def] = &[
     def("memtrack_nvml_errors_total", C, &[], "Samples whose GPU figures failed."),
     def("memtrack_export_errors_total", C, &["exporter"], "Failed exports (checkpoint, journal, clearml, s3)."),
 ];
-
-use crate::units::MIB;
 
 struct Families {
     run_labels: Vec<(String, String)>,

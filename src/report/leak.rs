@@ -353,7 +353,7 @@ pub fn analyze(doc: &Document, cfg: &LeakConfig) -> Value {
 
 /// [`analyze`] over a document's parts: its log in time order, its
 /// targets, and its schema version (0 for a seed-shaped file).
-pub fn analyze_log(log: &[&Entry], targets: &[Target], schema: u32, cfg: &LeakConfig) -> Value {
+pub fn analyze_log(all: &[&Entry], targets: &[Target], schema: u32, cfg: &LeakConfig) -> Value {
     let mut suspects: Vec<String> = Vec::new();
     let verdict = |name: String, t: &[f64], y: &[f64], suspects: &mut Vec<String>| {
         let v = detect(t, y, cfg);
@@ -363,7 +363,6 @@ pub fn analyze_log(log: &[&Entry], targets: &[Target], schema: u32, cfg: &LeakCo
         v
     };
 
-    let all = log;
     let log = tree_samples(all, cfg);
     let t: Vec<f64> = log.iter().map(|e| mid_time(e)).collect();
     let host: Vec<f64> = log.iter().map(|e| e.cpu_ram_used_mb).collect();

@@ -919,24 +919,8 @@ impl Store {
 
     /// The whole `memory_usage.json` as of now, owning its entries.
     pub fn document(&self) -> Document {
-        let view = self.document_view();
-        Document {
-            detailed_log: view.detailed_log.0.into_iter().cloned().collect(),
-            schema: view.schema,
-            run: view.run,
-            peak_usage: view.peak_usage,
-            peaks_by_component: view.peaks_by_component,
-            stages: view.stages,
-            targets: view.targets,
-            gpus: view.gpus,
-            alerts: view.alerts,
-            leak: view.leak,
-            flight_recorder: view.flight_recorder,
-            summary: view.summary,
-            counters: view.counters,
-            ranks: view.ranks,
-            worst_rank: view.worst_rank,
-        }
+        self.document_view()
+            .map_log(|view| view.0.into_iter().cloned().collect())
     }
 
     /// The whole `memory_usage.json` as of now, its log borrowed from the

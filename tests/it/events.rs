@@ -492,17 +492,10 @@ fn socket_activation_uses_the_passed_socket_and_hides_it_from_the_job() {
     assert!(reply.contains("\"ok\":true"), "{reply}");
     drop(stream);
 
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = activator.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "memtrack did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    wait_for("memtrack to finish", Duration::from_secs(30), || {
+        activator.try_wait().unwrap().is_some()
+    });
+    let status = activator.wait().unwrap();
     let mut err = String::new();
     activator
         .stderr

@@ -26,6 +26,7 @@ use super::queue::Queue;
 use super::{
     Artifact, FinishReport, RunEnd, RunInfoLite, Settings, TaskRef, SPOOL_FILE, TASK_FILE,
 };
+use crate::logging::RateLimited;
 use crate::model::Entry;
 
 /// Largest `events.add_batch` body (the SDK caps at 15 MiB).
@@ -142,8 +143,8 @@ impl Reporter {
             refused: 0,
             last_send: Instant::now(),
             last_ok: Instant::now(),
-            partial_logged: 0,
-            set_aside_logged: 0,
+            partial_logged: RateLimited::default(),
+            set_aside_logged: RateLimited::default(),
             artifact_registered: false,
             final_status: None,
         };
@@ -315,9 +316,8 @@ struct State {
     refused: u64,
     last_send: Instant,
     last_ok: Instant,
-    partial_logged: u64,
-    /// Batches set aside after server errors, for rate-limited warnings.
-    set_aside_logged: u64,
+    partial_logged: RateLimited,
+    set_aside_logged: RateLimited,
     artifact_registered: bool,
     final_status: Option<String>,
 }
@@ -822,8 +822,7 @@ impl State {
                             self.refused += errors;
                             self.errors.fetch_add(errors, Ordering::Relaxed);
                             let info = data.get("errors_info").cloned().unwrap_or(Value::Null);
-                            self.partial_logged += 1;
-                            if self.partial_logged == 1 || self.partial_logged.is_multiple_of(100) {
+                            if self.partial_logged.hit(100).is_some() {
                                 tracing::warn!(
                                     "ClearML refused {errors} of {n} points in a batch: {info}"
                                 );
@@ -842,8 +841,7 @@ impl State {
                         // down. Later batches go on; this one is kept and
                         // tried again at the end, then left for a resend.
                         self.queue.set_aside(points);
-                        self.set_aside_logged += 1;
-                        if self.set_aside_logged == 1 || self.set_aside_logged.is_multiple_of(100) {
+                        if self.set_aside_logged.hit(100).is_some() {
                             tracing::warn!(
                                 "ClearML failed a batch of {n} points with server errors ({e}); \
                                  it is kept and tried again at the end of the run"
