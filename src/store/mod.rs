@@ -433,6 +433,9 @@ impl Store {
                         t.hwm_mb = t.hwm_mb.max(mib(*b));
                     }
                 }
+                if let Some(b) = max_rss {
+                    self.exact_peak(*b);
+                }
                 Outcome::default()
             }
             Record::Flight(w) => {
@@ -736,6 +739,12 @@ impl Store {
         }
     }
 
+    /// A reaped process's peak RSS from `wait4`, exact even when it died
+    /// before a tick read its `VmHWM`: the tree held at least that much.
+    fn exact_peak(&mut self, max_rss: u64) {
+        self.peaks.cpu_ram_hwm_mb = self.peaks.cpu_ram_hwm_mb.max(mib(max_rss));
+    }
+
     fn leave(&mut self, left: &crate::sample::procfs::Left, ts: f64) {
         let Some(live) = self.live.remove(&left.id.pid) else {
             return;
@@ -748,6 +757,7 @@ impl Store {
         }
         if let Some(b) = left.max_rss {
             t.hwm_mb = t.hwm_mb.max(mib(b));
+            self.exact_peak(b);
         }
         // Spans a dead process left open can never be closed by it.
         self.spans.retain(|s| s.pid != Some(t.pid));
@@ -1389,6 +1399,11 @@ mod tests {
         let t11 = doc.targets.iter().find(|t| t.pid == 11).unwrap();
         assert_eq!(t11.exit, Some(Exit::unknown()));
         assert_eq!(t11.hwm_mb, 400.0, "wait4's peak");
+        assert_eq!(
+            doc.peak_usage.cpu_ram_hwm_mb, 400.0,
+            "the tree held at least what one process did"
+        );
+        assert_eq!(doc.summary.peak_host_ram_mb, 400.0);
         assert_eq!(t11.series.len(), 1);
         let t10 = doc.targets.iter().find(|t| t.pid == 10).unwrap();
         assert_eq!(t10.exit.unwrap().code, 137);
