@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::engine::{EndWhen, Engine, EngineOptions, EventLink, Input};
 use crate::export::{clearml, http};
 use crate::model::{Exit, RunInfo};
+use crate::sample::footprint::{self, FootprintOptions, FootprintReader, SourceChoice};
 use crate::sample::procfs::{ProcOptions, ProcTree, SmapsOptions};
 use crate::sample::{gpu, Sampler};
 use crate::shutdown::SignalThread;
@@ -660,6 +661,59 @@ fn log_clearml(report: &clearml::FinishReport) -> bool {
 /// HTTP connections served at once; more are closed on accept.
 const HTTP_CONNECTIONS: usize = 64;
 
+/// memtrack's own high-water mark (bytes).
+fn own_vm_hwm() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|text| crate::sample::procfs::parse_status(&text).ok())
+        .map_or(0, |s| s.vm_hwm)
+}
+
+/// Starts the job, in a memory cgroup of its own when one can be had (the
+/// exact source of the tree's host figure), else as it is, the reader then
+/// choosing the job's existing cgroup or Σ Pss.
+fn spawn_job(
+    argv: &[String],
+    env: &[(String, String)],
+    opts: FootprintOptions,
+    run_id: &str,
+) -> Result<(std::process::Child, FootprintReader), target::TargetError> {
+    if opts.choice != SourceChoice::Auto {
+        return Ok((target::spawn(argv, env)?, FootprintReader::new(opts, None)));
+    }
+    let why = match footprint::job_cgroup(&opts.proc_root, run_id) {
+        Ok(cgroup) => {
+            let joined = std::fs::OpenOptions::new()
+                .write(true)
+                .open(cgroup.procs_path())
+                .map_err(|e| e.to_string())
+                .and_then(|procs| {
+                    target::spawn_in(argv, env, Some(procs)).map_err(|e| e.to_string())
+                });
+            match joined {
+                Ok(child) => {
+                    tracing::debug!("the job runs in memory cgroup {}", cgroup.dir().display());
+                    return Ok((child, FootprintReader::with_created(opts, cgroup)));
+                }
+                Err(e) => {
+                    let why = format!(
+                        "the job could not join memory cgroup {}: {e}",
+                        cgroup.dir().display()
+                    );
+                    if let Err(e) = cgroup.remove() {
+                        tracing::warn!("{e}");
+                    }
+                    why
+                }
+            }
+        }
+        Err(why) => why,
+    };
+    tracing::debug!("no memory cgroup of its own for the job: {why}");
+    let child = target::spawn(argv, env)?;
+    Ok((child, FootprintReader::new(opts, Some(why))))
+}
+
 /// What a finished daemon reports to `main`.
 #[derive(Debug)]
 pub struct Outcome {
@@ -820,14 +874,24 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         }),
     };
 
+    let footprint_opts = FootprintOptions {
+        choice: config.host.source,
+        proc_root: config.host.proc_root.clone(),
+        pss_budget: config.host.pss_budget,
+    };
+
     // Signals are handled before the job exists, so none can kill
     // memtrack between the spawn and the handlers.
     let signals =
         SignalThread::start(is_run, tx.clone()).context("cannot install signal handlers")?;
     // Start the job last, once everything that can fail has succeeded.
-    let (tree, end_when) = match &mode {
+    let (tree, end_when, footprint) = match &mode {
         Mode::Run { argv } => {
-            let child = target::spawn(argv, &job_env)?;
+            // The job's wait4 peak starts from memtrack's own (the child
+            // is a copy of memtrack until it executes): only a peak above
+            // that one is the job's.
+            let inherited_hwm = own_vm_hwm();
+            let (child, footprint) = spawn_job(argv, &job_env, footprint_opts, &store.run.id)?;
             let pid = child.id();
             signals.set_job(pid);
             opts.job = Some(pid);
@@ -844,14 +908,17 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                     // the exact peak RSS.
                     let _child = child;
                     match sys::wait_child(pid, true) {
-                        Ok(Some(reaped)) => {
+                        Ok(Some(mut reaped)) => {
+                            if reaped.max_rss_kib * 1024 <= inherited_hwm {
+                                reaped.max_rss_kib = 0;
+                            }
                             let _ = waiter_tx.send(Input::JobExited { pid, reaped });
                         }
                         other => tracing::error!("cannot wait for the job: {other:?}"),
                     }
                 })
                 .context("cannot start the waiter thread")?;
-            (tree, EndWhen::JobExits)
+            (tree, EndWhen::JobExits, footprint)
         }
         Mode::Attach { pids } => {
             let mut tree = ProcTree::new(opts).context("cannot read procfs")?;
@@ -864,11 +931,11 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             } else {
                 EndWhen::TreeEmpty
             };
-            (tree, end)
+            (tree, end, FootprintReader::new(footprint_opts, None))
         }
     };
     let meminfo = File::open(config.host.proc_root.join("meminfo")).ok();
-    let sampler = Sampler::new(tree, gpu, meminfo);
+    let sampler = Sampler::new(tree, footprint, gpu, meminfo);
     let mut engine = Engine::new(
         sampler,
         store,
@@ -1009,10 +1076,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let peaks = store.peaks();
     // memtrack's own high-water mark, the final write included: what the
     // monitor itself cost the machine (bench/soak reads this line).
-    let own_peak = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|text| crate::sample::procfs::parse_status(&text).ok())
-        .map_or(0.0, |s| crate::units::mib(s.vm_hwm));
+    let own_peak = crate::units::mib(own_vm_hwm());
     tracing::info!(
         "run {} ended: peak host RAM {:.1} MiB, peak GPU {:.1} MiB; {}; memtrack's own peak RSS {own_peak:.1} MiB",
         store.run.name,

@@ -82,6 +82,11 @@ pub struct DaemonArgs {
     /// Also read PSS/USS from smaps_rollup (costly; rate limited)
     #[arg(long)]
     pub smaps: bool,
+    /// Source of the tree's host figure: auto (a memory cgroup holding only
+    /// the job, else the Pss sum), pss, or rss (counts shared pages once
+    /// per process)
+    #[arg(long, value_name = "SOURCE")]
+    pub host_source: Option<String>,
     /// How often memory_usage.json is rewritten during the run (default 30s)
     #[arg(long, value_name = "DURATION")]
     pub checkpoint_interval: Option<String>,
@@ -154,6 +159,9 @@ impl DaemonArgs {
         }
         if self.smaps {
             layer.set("host.smaps", Value::Boolean(true));
+        }
+        if let Some(source) = &self.host_source {
+            layer.set("host.source", Value::String(source.clone()));
         }
         for l in &self.labels {
             let (k, v) = l

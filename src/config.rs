@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
+use crate::sample::footprint::SourceChoice;
 use crate::store::pressure::Thresholds;
 use crate::units::serde_duration;
 
@@ -241,6 +242,13 @@ pub struct HostConfig {
     pub smaps_interval: Duration,
     /// Processes above this RSS are skipped by the `smaps_rollup` read.
     pub smaps_max_rss_mb: u64,
+    /// Where the tree's host figure comes from: `auto` (a memory cgroup
+    /// holding only the job, else Σ Pss), `pss`, or `rss` (the plain sum,
+    /// which counts pages shared between processes once per process).
+    pub source: SourceChoice,
+    /// Share of one core spent reading `smaps_rollup` when the source is
+    /// Σ Pss (0.02 = 2 %).
+    pub pss_budget: f64,
 }
 
 /// GPU (NVML) sampling.
@@ -297,6 +305,8 @@ impl Default for HostConfig {
             smaps: false,
             smaps_interval: Duration::from_secs(30),
             smaps_max_rss_mb: 4096,
+            source: SourceChoice::Auto,
+            pss_budget: 0.02,
         }
     }
 }
@@ -615,6 +625,12 @@ impl Config {
         }
         if self.host.hwm_interval.is_zero() {
             return bad("host.hwm_interval", "must be positive".into());
+        }
+        if !(0.001..=1.0).contains(&self.host.pss_budget) {
+            return bad(
+                "host.pss_budget",
+                "must be between 0.001 and 1 (a share of one core)".into(),
+            );
         }
         for (k, v) in &self.labels {
             if !valid_label_name(k) {

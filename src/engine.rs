@@ -300,7 +300,14 @@ impl Engine {
             ring: std::collections::VecDeque::new(),
             fast: interval < self.opts.interval,
             next: Instant::now() + interval,
-            vmstat: std::fs::File::open(proc_root.join("vmstat")).ok(),
+            // The job's own cgroup counts only its OOM kills; else the
+            // host-wide counter, blamed only for a death close to a kill.
+            vmstat: self
+                .sampler
+                .footprint
+                .oom_counter()
+                .and_then(|p| std::fs::File::open(p).ok())
+                .or_else(|| std::fs::File::open(proc_root.join("vmstat")).ok()),
             oom_seen: Default::default(),
             recorded: Default::default(),
             rss: Vec::new(),
@@ -690,7 +697,9 @@ impl Engine {
                     self.commit(Record::Exit {
                         pid,
                         exit: reaped.exit,
-                        max_rss: Some(reaped.max_rss_kib * 1024),
+                        // 0: not known (the job's peak hid below
+                        // memtrack's own, which it inherited).
+                        max_rss: (reaped.max_rss_kib > 0).then(|| reaped.max_rss_kib * 1024),
                     });
                 }
                 Input::Stop { urgent } => {

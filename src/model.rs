@@ -59,6 +59,10 @@ pub struct DocumentOf<L> {
     pub ranks: Vec<RankSummary>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub worst_rank: BTreeMap<String, String>,
+    /// Where the tree's host figures came from (absent in files written
+    /// before memtrack counted shared pages once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostInfo>,
 }
 
 impl<L> DocumentOf<L> {
@@ -81,6 +85,7 @@ impl<L> DocumentOf<L> {
             counters: self.counters,
             ranks: self.ranks,
             worst_rank: self.worst_rank,
+            host: self.host,
         }
     }
 }
@@ -174,6 +179,102 @@ pub struct RunInfo {
     pub gpu_backend: String,
 }
 
+/// Where the tree's host figure (`cpu_ram_used_mb`) comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostSource {
+    /// The kernel's charge for a memory cgroup holding only the job, less
+    /// cold page cache: every page once, spikes between samples included.
+    Cgroup,
+    /// Σ Pss: each shared page divided among the processes mapping it,
+    /// read within a CPU budget and carried forward with RSS in between.
+    Pss,
+    /// Σ RSS: a page shared by N processes counts N times.
+    #[default]
+    Rss,
+}
+
+impl HostSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostSource::Cgroup => "cgroup",
+            HostSource::Pss => "pss",
+            HostSource::Rss => "rss",
+        }
+    }
+}
+
+/// The source of the tree's host figures and what it saw over the run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostInfo {
+    pub source: HostSource,
+    /// Why this source and not a better one.
+    #[serde(default)]
+    pub reason: String,
+    /// The memory cgroup read (source `cgroup`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_version: Option<u8>,
+    /// memtrack created the cgroup for the job (and removed it after).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cgroup_created: bool,
+    /// Sources used earlier in the run, when it had to change (another
+    /// process joined the job's cgroup).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<HostSourceChange>,
+    /// The highest plain RSS sum over the tree: what a sum over processes
+    /// would have reported, shared pages counted once per process.
+    #[serde(default)]
+    pub rss_sum_peak_mb: f64,
+    /// The kernel's own peak of the cgroup's charge, page cache included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_peak_mb: Option<f64>,
+    /// Processes of the cgroup the kernel's OOM killer ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
+    /// The cgroup's charge, broken down, when `cpu_ram_used_mb` peaked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_peak: Option<CgroupBreakdown>,
+    /// `smaps_rollup` reads for Σ Pss and the seconds they took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_reads: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_read_s: Option<f64>,
+    /// Age of the oldest exact Pss read behind the peak figure (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_age_at_peak_s: Option<f64>,
+}
+
+/// An earlier host source of a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostSourceChange {
+    pub source: HostSource,
+    #[serde(default)]
+    pub reason: String,
+    /// Unix seconds when it took over.
+    #[serde(default)]
+    pub since: f64,
+}
+
+/// A memory cgroup's charge, MiB.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct CgroupBreakdown {
+    /// Everything charged, page cache included.
+    pub charged_mb: f64,
+    pub anon_mb: f64,
+    /// Page cache, shared memory included.
+    pub file_mb: f64,
+    pub shmem_mb: f64,
+    pub file_mapped_mb: f64,
+    /// Cold page cache: left out of `cpu_ram_used_mb`.
+    pub inactive_file_mb: f64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 /// How a process ended. `code` follows the shell: a signal-killed process
 /// reports `128 + signal`.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -258,7 +359,8 @@ pub struct Entry {
     pub operation: String,
     /// Unix seconds.
     pub timestamp: f64,
-    /// Host RSS of the whole process tree, MiB.
+    /// Host memory of the whole process tree, every page once (see
+    /// [`HostInfo`] for the source), MiB.
     #[serde(default)]
     pub cpu_ram_used_mb: f64,
     /// `memory_allocated` (allocator) or per-process NVML used (nvml), MiB.
@@ -275,7 +377,9 @@ pub struct Entry {
     /// NVML per-process used memory summed over the tree, all devices.
     #[serde(default)]
     pub gpu_process_used_mb: f64,
-    /// Sum of the tree's `VmHWM` (kernel high-water marks), MiB.
+    /// The tree's highest host memory since the previous sample, as the
+    /// kernel saw it (the cgroup's peak, or processes' `VmHWM` rises), MiB;
+    /// with source `rss`, the sum of the processes' `VmHWM`.
     #[serde(default)]
     pub cpu_ram_hwm_mb: f64,
     #[serde(default)]
@@ -521,6 +625,10 @@ pub struct Counters {
     pub nvml_errors: u64,
     #[serde(default)]
     pub proc_errors: u64,
+    /// Processes followed by path because memtrack ran out of file
+    /// descriptors (each read then also checks the process's identity).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fd_fallbacks: u64,
     #[serde(default)]
     pub journal_errors: u64,
     #[serde(default)]

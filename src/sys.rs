@@ -22,6 +22,27 @@ pub fn become_subreaper() -> io::Result<()> {
     }
 }
 
+/// Makes the child of `cmd` join a cgroup before it executes the program:
+/// between `fork` and `exec` it writes `0` ("myself") to the cgroup's
+/// `cgroup.procs`, open here as `procs`, so every page the job touches is
+/// charged to that cgroup. A failed write fails the spawn with its error.
+pub fn join_cgroup_before_exec(cmd: &mut std::process::Command, procs: std::fs::File) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child and only calls write(2)
+    // on a descriptor it owns; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let rc = libc::write(procs.as_raw_fd(), b"0".as_ptr().cast(), 1);
+            if rc == 1 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        });
+    }
+}
+
 /// What `wait4` reports for a reaped child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reaped {
@@ -140,6 +161,33 @@ pub fn raise_nofile_limit() {
         lim.rlim_cur = lim.rlim_max.min(1 << 20);
         // SAFETY: a pointer to a local.
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    }
+}
+
+/// CPU time the calling thread has used.
+pub fn thread_cpu_time() -> std::time::Duration {
+    // SAFETY: zeroed timespec is a valid value of a plain C struct.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a pointer to a local.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+/// The soft limit of open files now.
+pub fn nofile_limit() -> u64 {
+    // SAFETY: zeroed rlimit is a valid value of a plain C struct.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a pointer to a local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
     }
 }
 

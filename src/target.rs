@@ -88,11 +88,24 @@ pub fn read_pid_file(path: &Path) -> Result<Vec<u32>, TargetError> {
 /// process group, so a terminal's Ctrl-C reaches it directly and an
 /// interactive debugger (pdb) keeps the terminal.
 pub fn spawn(argv: &[String], env: &[(String, String)]) -> Result<Child, TargetError> {
+    spawn_in(argv, env, None)
+}
+
+/// [`spawn`], the job joining a cgroup (its `cgroup.procs`, open for
+/// writing) before it executes.
+pub fn spawn_in(
+    argv: &[String],
+    env: &[(String, String)],
+    cgroup_procs: Option<std::fs::File>,
+) -> Result<Child, TargetError> {
     let program = argv.first().cloned().unwrap_or_default();
     let mut cmd = Command::new(&program);
     cmd.args(&argv[1..]);
     for (k, v) in env {
         cmd.env(k, v);
+    }
+    if let Some(procs) = cgroup_procs {
+        crate::sys::join_cgroup_before_exec(&mut cmd, procs);
     }
     cmd.spawn().map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => TargetError::NotFound { program },

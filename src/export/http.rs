@@ -218,7 +218,7 @@ pub fn memory_info(snap: &Snapshot) -> serde_json::Value {
             "used_percent": host_used_pct, "level": level("host"),
         },
         "tree": {
-            "cpu_ram_used_mb": snap.current.cpu_rss_mb, "cpu_ram_hwm_mb": snap.current.cpu_hwm_mb,
+            "cpu_ram_used_mb": snap.current.cpu_used_mb, "cpu_ram_hwm_mb": snap.current.cpu_hwm_mb,
             "gpu_ram_used_mb": snap.current.gpu_tree_mb, "processes": snap.processes.len(),
         },
         "peak_usage": snap.peaks,

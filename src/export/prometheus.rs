@@ -76,8 +76,9 @@ pub const METRICS: &[Def] = &[
     def("memtrack_process_gpu_memory_bytes", G, &["pid", "name", "gpu", "gpu_uuid"], "NVML used GPU memory of a followed process on one device."),
     def("memtrack_process_proportional_memory_bytes", G, PROC, "PSS of a followed process (host.smaps only)."),
     def("memtrack_process_unique_memory_bytes", G, PROC, "USS (private memory) of a followed process (host.smaps only)."),
-    def("memtrack_tree_resident_memory_bytes", G, &[], "RSS summed over the followed process tree."),
-    def("memtrack_tree_resident_memory_high_water_bytes", G, &[], "VmHWM summed over the tree (an upper bound of its simultaneous peak)."),
+    def("memtrack_tree_resident_memory_bytes", G, &[], "Host memory of the followed process tree, every page once (see memtrack_tree_memory_source)."),
+    def("memtrack_tree_resident_memory_high_water_bytes", G, &[], "The tree's highest host memory since the previous sample, as the kernel saw it."),
+    def("memtrack_tree_memory_source", G, &["source"], "1 for the source of the tree's host figure: cgroup, pss or rss (rss counts shared pages once per process)."),
     def("memtrack_tree_gpu_memory_bytes", G, &["gpu", "gpu_uuid"], "NVML used GPU memory of the tree on one device."),
     def("memtrack_tree_processes", G, &[], "Processes in the followed tree."),
     def("memtrack_gpu_memory_used_bytes", G, DEV, "Used memory of a GPU (every process on it)."),
@@ -298,12 +299,17 @@ pub fn families(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<MetricFamily> {
     f.gauge(
         "memtrack_tree_resident_memory_bytes",
         &[],
-        snap.current.cpu_rss_mb * MIB,
+        snap.current.cpu_used_mb * MIB,
     );
     f.gauge(
         "memtrack_tree_resident_memory_high_water_bytes",
         &[],
         snap.current.cpu_hwm_mb * MIB,
+    );
+    f.gauge(
+        "memtrack_tree_memory_source",
+        &[("source", snap.current.host_source.as_str().to_string())],
+        1.0,
     );
     let gpus: &[crate::model::Gpu] = if snap.nvml_up { &snap.gpus } else { &[] };
     for g in gpus {

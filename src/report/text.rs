@@ -49,6 +49,9 @@ pub struct Report {
     pub flight_recorder: serde_json::Value,
     pub ranks: serde_json::Value,
     pub needs: Needs,
+    /// Where the host figures came from (absent in older files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::model::HostInfo>,
 }
 
 const HEADROOM: f64 = 0.10;
@@ -138,6 +141,7 @@ pub fn build(doc: &Document) -> Report {
         flight_recorder: value(&doc.flight_recorder),
         ranks: serde_json::json!({ "ranks": doc.ranks, "worst": doc.worst_rank }),
         needs: needs(doc),
+        host: doc.host.clone(),
     }
 }
 
@@ -227,6 +231,37 @@ fn verdict_line(v: &serde_json::Value) -> String {
     }
 }
 
+/// Where the host figures came from, in one line.
+fn host_line(doc: &Document) -> String {
+    let Some(h) = &doc.host else {
+        return "RSS summed over the processes (pages shared between processes count once per process)".into();
+    };
+    let what = match h.source {
+        crate::model::HostSource::Cgroup => format!(
+            "memory cgroup{} (every page once)",
+            h.cgroup
+                .as_deref()
+                .map(|c| format!(" {c}"))
+                .unwrap_or_default()
+        ),
+        crate::model::HostSource::Pss => "Σ Pss over the processes (every page once)".into(),
+        crate::model::HostSource::Rss => {
+            "RSS summed over the processes (shared pages count once per process)".into()
+        }
+    };
+    let mut line = what;
+    if !h.reason.is_empty() && h.source != crate::model::HostSource::Cgroup {
+        line.push_str(&format!(" — {}", h.reason));
+    }
+    if h.source != crate::model::HostSource::Rss && h.rss_sum_peak_mb > 0.0 {
+        line.push_str(&format!(
+            "; the RSS sum peaked at {}",
+            mb(h.rss_sum_peak_mb)
+        ));
+    }
+    line
+}
+
 /// The terminal report.
 pub fn render(doc: &Document) -> String {
     let r = build(doc);
@@ -267,6 +302,7 @@ pub fn render(doc: &Document) -> String {
             let _ = writeln!(out, "  command: {}", run.command.join(" "));
         }
         let _ = writeln!(out, "  GPU figures: {}", run.gpu_backend);
+        let _ = writeln!(out, "  host figures: {}", host_line(doc));
         if !run.labels.is_empty() {
             let l: Vec<String> = run.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(out, "  labels: {}", l.join(" "));
@@ -282,8 +318,8 @@ pub fn render(doc: &Document) -> String {
         &mut out,
         &[
             "component",
-            "host RSS",
-            "host HWM",
+            "host",
+            "host peak",
             "GPU used",
             "GPU peak",
             "GPU reserved",

@@ -1,10 +1,13 @@
 //! Samplers: what memory the followed processes hold right now.
 //!
 //! [`Sampler`] combines the procfs reader (host RSS and high-water marks of
-//! the process tree) with a [`gpu::GpuSampler`] (NVML or none) and host
+//! the process tree), the tree's footprint (every page once: a memory
+//! cgroup, or Σ Pss), a [`gpu::GpuSampler`] (NVML or none) and host
 //! totals, and fills one reusable [`Sample`]. It knows nothing about peaks,
 //! logs or exporters: the store folds samples into state.
 
+pub mod cgroup;
+pub mod footprint;
 pub mod gpu;
 pub mod nvml;
 pub mod procfs;
@@ -66,6 +69,10 @@ pub struct Sample {
     pub gpu: gpu::GpuSample,
     pub gpu_status: gpu::Status,
     pub memory: HostMemory,
+    /// The footprint's source, when it was chosen or changed with this
+    /// sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_source: Option<footprint::SourceInfo>,
     /// Wall time the sample took.
     #[serde(skip)]
     pub took: Duration,
@@ -80,6 +87,7 @@ impl Default for Sample {
             gpu: gpu::GpuSample::default(),
             gpu_status: gpu::Status::Unavailable,
             memory: HostMemory::default(),
+            host_source: None,
             took: Duration::ZERO,
         }
     }
@@ -91,6 +99,7 @@ const MEMINFO_EVERY: Duration = Duration::from_secs(1);
 /// Takes samples of one process tree.
 pub struct Sampler {
     pub tree: ProcTree,
+    pub footprint: footprint::FootprintReader,
     pub gpu: Box<dyn gpu::GpuSampler>,
     meminfo: Option<File>,
     meminfo_at: Option<Instant>,
@@ -108,9 +117,15 @@ impl std::fmt::Debug for Sampler {
 }
 
 impl Sampler {
-    pub fn new(tree: ProcTree, gpu: Box<dyn gpu::GpuSampler>, meminfo: Option<File>) -> Sampler {
+    pub fn new(
+        tree: ProcTree,
+        footprint: footprint::FootprintReader,
+        gpu: Box<dyn gpu::GpuSampler>,
+        meminfo: Option<File>,
+    ) -> Sampler {
         Sampler {
             tree,
+            footprint,
             gpu,
             meminfo,
             meminfo_at: None,
@@ -127,6 +142,14 @@ impl Sampler {
         out.host.clear();
         out.gpu.clear();
         self.tree.sample(started, &mut out.host);
+        self.footprint
+            .sample(started, out.timestamp, &mut self.tree, &mut out.host);
+        out.host_source = self.footprint.take_change().map(|mut info| {
+            if info.since == 0.0 {
+                info.since = out.timestamp;
+            }
+            info
+        });
         out.gpu_status = self.gpu.sample(&mut out.gpu);
         if self
             .meminfo_at

@@ -258,6 +258,22 @@ pub struct Reading {
     pub hwm: u64,
     pub pss: Option<u64>,
     pub uss: Option<u64>,
+    /// This process's part of the tree's footprint when Pss is the source:
+    /// its last exact Pss carried forward by the RSS change since (RSS
+    /// until its first read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_now: Option<u64>,
+    /// Seconds since `pss_now`'s exact read (absent: never read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_age_s: Option<f64>,
+    /// How far `VmHWM` rose above what was known since the last read: a
+    /// peak this process reached between two samples.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hwm_rise: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The host part of one sample.
@@ -270,6 +286,21 @@ pub struct HostSample {
     pub left: Vec<Left>,
     /// Reads that failed for a reason other than the process being gone.
     pub errors: u32,
+    /// Processes that joined without a kept-open file because memtrack ran
+    /// out of descriptors: they are followed by path instead.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub fd_fallbacks: u32,
+    /// Σ Pss: the shared part of processes that left since the last
+    /// complete pass, still resident with the others.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pss_carry: u64,
+    /// The tree's headline figure (every page once), when computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub footprint: Option<super::footprint::Footprint>,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }
 
 impl HostSample {
@@ -279,6 +310,9 @@ impl HostSample {
         self.described.clear();
         self.left.clear();
         self.errors = 0;
+        self.fd_fallbacks = 0;
+        self.pss_carry = 0;
+        self.footprint = None;
     }
 
     pub fn tree_rss(&self) -> u64 {
@@ -287,6 +321,29 @@ impl HostSample {
 
     pub fn tree_hwm(&self) -> u64 {
         self.processes.iter().map(|p| p.hwm.max(p.rss)).sum()
+    }
+
+    /// Σ Pss carried forward (RSS for processes not read yet), and the age
+    /// of the oldest exact read behind it.
+    pub fn tree_pss(&self) -> (u64, Option<f64>) {
+        let used = self
+            .processes
+            .iter()
+            .map(|p| p.pss_now.unwrap_or(p.rss))
+            .sum::<u64>()
+            + self.pss_carry;
+        let age = self
+            .processes
+            .iter()
+            .map(|p| p.pss_age_s.unwrap_or(f64::INFINITY))
+            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
+        (used, age.filter(|a| a.is_finite()))
+    }
+
+    /// The peaks processes reached between two samples beyond what they
+    /// hold now, summed (as if they coincided: an upper bound).
+    pub fn tree_hwm_rise(&self) -> u64 {
+        self.processes.iter().map(|p| p.hwm_rise).sum()
     }
 }
 
@@ -323,18 +380,89 @@ pub struct SmapsOptions {
 
 struct Member {
     id: Identity,
-    statm: File,
+    /// Kept open while descriptors last; `None`: read by path (and the
+    /// start time checked, so a reused PID is not taken for this one).
+    statm: Option<File>,
+    rss: u64,
     hwm: u64,
     hwm_read_at: Option<Instant>,
+    /// This sample's rise of `VmHWM` above what was known.
+    hwm_rise: u64,
     pss: Option<u64>,
     uss: Option<u64>,
+    /// The exact read this process's part of Σ Pss is carried forward
+    /// from (by its RSS change since), once a whole pass over the tree
+    /// committed it. A process forked from a followed one (same command
+    /// line) starts from nothing at its RSS when it joined: a fork adds no
+    /// page to the tree, it only re-divides the shared ones.
+    basis: Option<Basis>,
+    /// This pass's read, committed when every process has one.
+    pending: Option<Basis>,
+    /// Forked from a followed process without executing anything else.
+    forked: bool,
     smaps_read_at: Option<Instant>,
+    /// This sample's read succeeded (its figures are current).
+    read_ok: bool,
     /// Samples left in which to retry an empty command line.
     describe_tries: u8,
     /// Hash of the command line last described: a change means the
     /// process exec'd (a shell wrapper, a pyenv shim) and is re-described.
     cmdline_hash: u64,
 }
+
+/// An exact `smaps_rollup` read (bytes) and when it was taken.
+#[derive(Debug, Clone, Copy)]
+struct Basis {
+    pss: u64,
+    uss: u64,
+    rss: u64,
+    at: Instant,
+}
+
+impl Member {
+    /// Its part of Σ Pss now: the basis carried forward by the RSS change
+    /// since; the RSS itself when nothing better is known.
+    fn pss_now(&self) -> u64 {
+        self.basis
+            .map_or(self.rss, |b| carried(b.pss, b.rss, self.rss))
+    }
+
+    /// Its private part now (≤ [`Member::pss_now`]).
+    fn uss_now(&self) -> u64 {
+        self.basis
+            .map_or(self.rss, |b| carried(b.uss, b.rss, self.rss))
+            .min(self.pss_now())
+    }
+}
+
+/// `value` read at RSS `then`, moved by the RSS change since.
+fn carried(value: u64, then: u64, now: u64) -> u64 {
+    ((value as i128 + now as i128 - then as i128).max(0) as u64).min(now)
+}
+
+/// Reads of `smaps_rollup` for the tree's footprint, within a share of one
+/// core: a read costs ~10 ms per GiB of RSS (the kernel walks the page
+/// tables), so a large job is read a few processes at a time, the newest
+/// and the longest unread first, and carried forward with RSS in between.
+#[derive(Debug, Clone, Copy)]
+pub struct PssBudget {
+    /// Fraction of one core spent reading (0.02 = 2 %).
+    pub share: f64,
+}
+
+/// A process's Pss is read again at most this often unless the tree
+/// changed. (Its RSS staying flat proves nothing: a worker writing to a
+/// page it shares copy-on-write gets a private copy, raising the tree's Pss
+/// sum while no RSS moves.)
+const PSS_MIN_AGE: Duration = Duration::from_secs(1);
+
+/// How far reads after a change in the tree may run ahead of the budget
+/// (seconds of reading), repaid before routine re-reads resume.
+const PSS_DEBT: Duration = Duration::from_secs(2);
+
+/// Largest credit the budget saves up (seconds of reading): enough to
+/// read a new tree at once, not enough to stall it for long.
+const PSS_BURST: Duration = Duration::from_millis(500);
 
 /// How many samples an empty command line is retried: a process caught in
 /// `execve` (a just-spawned job always is) shows none for a moment.
@@ -358,9 +486,29 @@ pub struct ProcTree {
     members: HashMap<u32, Member>,
     /// Roots added since the last sample, reported with the next one.
     pending: Vec<Joined>,
+    roots: Vec<u32>,
     /// Scratch list of members found gone during a sample.
     departed: Vec<u32>,
     buf: Vec<u8>,
+    /// Processes whose `statm` may stay open: the descriptor limit less
+    /// headroom for the reads, sockets and files memtrack opens besides.
+    max_open: usize,
+    open_now: usize,
+    /// Pss reads for the footprint, when that is the source.
+    pss_budget: Option<PssBudget>,
+    /// Seconds of reading the budget allows now (may run negative).
+    pss_credit: f64,
+    /// The shared part of processes that left since the last committed
+    /// pass: those pages stay with the processes that share them.
+    pss_carry: u64,
+    /// The pass was spoiled by a change in the tree: the next one is due
+    /// at once.
+    pss_urgent: bool,
+    pss_committed_at: Option<Instant>,
+    pss_credited_at: Option<Instant>,
+    /// Pss reads done and the time they took, for the cost report.
+    pss_reads: u64,
+    pss_read_time: Duration,
 }
 
 impl std::fmt::Debug for ProcTree {
@@ -393,9 +541,38 @@ impl ProcTree {
             last_full_scan: None,
             members: HashMap::new(),
             pending: Vec::new(),
+            roots: Vec::new(),
             departed: Vec::new(),
             buf: Vec::with_capacity(4096),
+            max_open: {
+                let limit = sys::nofile_limit();
+                limit.saturating_sub((limit / 2).min(256)) as usize
+            },
+            open_now: 0,
+            pss_budget: None,
+            pss_credit: PSS_BURST.as_secs_f64(),
+            pss_carry: 0,
+            pss_urgent: true,
+            pss_committed_at: None,
+            pss_credited_at: None,
+            pss_reads: 0,
+            pss_read_time: Duration::ZERO,
         })
+    }
+
+    /// Turns budgeted Pss reads (the footprint's source) on or off.
+    pub fn set_pss_budget(&mut self, budget: Option<PssBudget>) {
+        self.pss_budget = budget;
+    }
+
+    /// `smaps_rollup` reads done for the footprint and their total time.
+    pub fn pss_cost(&self) -> (u64, Duration) {
+        (self.pss_reads, self.pss_read_time)
+    }
+
+    /// The PIDs memtrack was asked to follow (not their descendants).
+    pub fn roots(&self) -> &[u32] {
+        &self.roots
     }
 
     /// The procfs root this tree reads.
@@ -444,7 +621,8 @@ impl ProcTree {
             source,
         })?;
         let mut out = HostSample::default();
-        self.join(stat, statm, true, &mut out);
+        self.roots.push(pid);
+        self.join(stat, Some(statm), true, &mut out);
         self.pending.append(&mut out.joined);
         // Existing descendants are found by the full scan this forces.
         self.last_full_scan = None;
@@ -459,12 +637,35 @@ impl ProcTree {
         let mut departed = std::mem::take(&mut self.departed);
         for (&pid, m) in &mut self.members {
             match read_member(m, pid, now, &self.opts, self.page_size, &mut buf) {
-                MemberRead::Ok(r) => out.processes.push(r),
+                MemberRead::Ok => {}
                 MemberRead::Gone => departed.push(pid),
                 MemberRead::Error => out.errors += 1,
             }
         }
         self.buf = buf;
+        if self.pss_budget.is_some() {
+            self.pss_departures(&departed);
+        }
+        self.read_smaps(now, &departed);
+        out.pss_carry = self.pss_carry;
+        for (&pid, m) in &self.members {
+            if !m.read_ok {
+                continue;
+            }
+            out.processes.push(Reading {
+                pid,
+                rss: m.rss,
+                hwm: m.hwm.max(m.rss),
+                pss: m.pss,
+                uss: m.uss,
+                pss_now: self.pss_budget.map(|_| m.pss_now()),
+                pss_age_s: self
+                    .pss_budget
+                    .and(m.basis)
+                    .map(|b| now.saturating_duration_since(b.at).as_secs_f64()),
+                hwm_rise: m.hwm_rise,
+            });
+        }
         if self.members.values().any(|m| m.describe_tries > 0) {
             self.describe_late(out);
         }
@@ -473,6 +674,188 @@ impl ProcTree {
         }
         departed.clear();
         self.departed = departed;
+    }
+
+    /// Reads `smaps_rollup` where due: on a fixed interval (`host.smaps`,
+    /// per-process PSS/USS), or within the Pss budget (the footprint).
+    fn read_smaps(&mut self, now: Instant, departed: &[u32]) {
+        let mut buf = std::mem::take(&mut self.buf);
+        if let Some(budget) = self.pss_budget {
+            self.pss_pass(now, budget, departed, &mut buf);
+        } else if let Some(smaps) = self.opts.smaps {
+            let due = |at: Option<Instant>| {
+                at.is_none_or(|t| now.saturating_duration_since(t) >= smaps.interval)
+            };
+            for (&pid, m) in &mut self.members {
+                if m.rss == 0 || m.rss > smaps.max_rss || !due(m.smaps_read_at) {
+                    continue;
+                }
+                let dir = self.opts.root.join(pid.to_string());
+                if let Ok((pss, uss)) = read_small(&dir.join("smaps_rollup"), &mut buf)
+                    .and_then(|t| parse_smaps_rollup(t).map_err(io::Error::other))
+                {
+                    m.pss = Some(pss);
+                    m.uss = Some(uss);
+                }
+                m.smaps_read_at = Some(now);
+            }
+        }
+        self.buf = buf;
+    }
+
+    /// Processes that left: their private part leaves the sum, their share
+    /// of pages they shared stays (the others still map those pages, and
+    /// their own shares grow by as much once read again).
+    fn pss_departures(&mut self, departed: &[u32]) {
+        for pid in departed {
+            let Some(m) = self.members.get(pid) else {
+                continue;
+            };
+            let shared = m.pss_now().saturating_sub(m.uss_now());
+            self.pss_carry += shared;
+            if shared > 1 << 20 {
+                self.abort_pss_pass();
+            }
+        }
+    }
+
+    fn abort_pss_pass(&mut self) {
+        for m in self.members.values_mut() {
+            m.pending = None;
+        }
+        self.pss_urgent = true;
+    }
+
+    /// Reads `smaps_rollup` of the processes this pass has not read yet,
+    /// within the budget, and commits the pass once all are read. Shares of
+    /// pages are only consistent when read without a fork or an exit in
+    /// between, so a pass spoiled by one starts again.
+    fn pss_pass(&mut self, now: Instant, budget: PssBudget, departed: &[u32], buf: &mut Vec<u8>) {
+        let elapsed = self
+            .pss_credited_at
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        self.pss_credited_at = Some(now);
+        self.pss_credit =
+            (self.pss_credit + elapsed.as_secs_f64() * budget.share).min(PSS_BURST.as_secs_f64());
+        let rested = self
+            .pss_committed_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= PSS_MIN_AGE);
+        if !self.pss_urgent && !rested {
+            return;
+        }
+        // A pass after a change may borrow ahead of the budget; a routine
+        // one waits for credit.
+        let floor = if self.pss_urgent {
+            -PSS_DEBT.as_secs_f64()
+        } else {
+            0.0
+        };
+        // Never read first, then the longest unread.
+        let mut order: Vec<(bool, Option<Instant>, u32)> = self
+            .members
+            .iter()
+            .filter(|(pid, m)| m.pending.is_none() && m.rss > 0 && !departed.contains(pid))
+            .map(|(&pid, m)| (m.basis.is_some(), m.smaps_read_at, pid))
+            .collect();
+        order.sort_unstable();
+        for (_, _, pid) in order {
+            if self.pss_credit <= floor {
+                return;
+            }
+            // CPU time, not wall time: the budget is what the reads cost
+            // the machine, not how long a loaded machine took.
+            let started = sys::thread_cpu_time();
+            let dir = self.opts.root.join(pid.to_string());
+            let read = read_small(&dir.join("smaps_rollup"), buf)
+                .and_then(|t| parse_smaps_rollup(t).map_err(io::Error::other));
+            let took = sys::thread_cpu_time().saturating_sub(started);
+            self.pss_credit -= took.as_secs_f64();
+            self.pss_reads += 1;
+            self.pss_read_time += took;
+            let Some(m) = self.members.get_mut(&pid) else {
+                continue;
+            };
+            m.smaps_read_at = Some(now);
+            if let Ok((pss, uss)) = read {
+                m.pss = Some(pss);
+                m.uss = Some(uss);
+                m.pending = Some(Basis {
+                    pss,
+                    uss,
+                    rss: m.rss,
+                    at: now,
+                });
+            }
+        }
+        let complete = self
+            .members
+            .iter()
+            .all(|(pid, m)| m.pending.is_some() || m.rss == 0 || departed.contains(pid));
+        if complete && !self.tree_still(departed, buf) {
+            // A process left or a new one was forked while the pass read:
+            // its reads do not add up. Read again from scratch.
+            self.abort_pss_pass();
+            return;
+        }
+        if complete {
+            for m in self.members.values_mut() {
+                if let Some(p) = m.pending.take() {
+                    m.basis = Some(p);
+                }
+            }
+            self.pss_carry = 0;
+            self.pss_urgent = false;
+            self.pss_committed_at = Some(now);
+        }
+    }
+
+    /// Whether the tree is still the one the pass read: every process
+    /// alive, none with a child that is not followed (a fork the next
+    /// sample would find). One `statm` read and one `children` read each.
+    fn tree_still(&self, departed: &[u32], buf: &mut Vec<u8>) -> bool {
+        let mut small = [0u8; 128];
+        for (&pid, m) in &self.members {
+            if departed.contains(&pid) || m.rss == 0 {
+                continue;
+            }
+            let alive = match &m.statm {
+                Some(f) => f.read_at(&mut small, 0).is_ok_and(|n| {
+                    std::str::from_utf8(&small[..n])
+                        .ok()
+                        .and_then(|t| parse_statm(t, self.page_size).ok())
+                        .is_some_and(|rss| rss > 0)
+                }),
+                None => true,
+            };
+            if !alive {
+                return false;
+            }
+            let path = self
+                .opts
+                .root
+                .join(pid.to_string())
+                .join("task")
+                .join(pid.to_string())
+                .join("children");
+            let Ok(text) = read_small(&path, buf) else {
+                continue;
+            };
+            let unknown: Vec<u32> = text
+                .split_ascii_whitespace()
+                .filter_map(|t| t.parse::<u32>().ok())
+                .filter(|c| !self.members.contains_key(c))
+                .collect();
+            for child in unknown {
+                let dir = self.opts.root.join(child.to_string());
+                let mut b = Vec::new();
+                if let Ok(Ok(stat)) = read_small(&dir.join("stat"), &mut b).map(parse_stat) {
+                    if stat.state != 'Z' && stat.state != 'X' {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// The RSS of every followed process now: one `statm` read each, no
@@ -484,7 +867,14 @@ impl ProcTree {
         out.clear();
         let mut buf = [0u8; 128];
         for (&pid, m) in &self.members {
-            if let Ok(n) = m.statm.read_at(&mut buf, 0) {
+            let Some(statm) = &m.statm else {
+                // Followed by path: the next sample deals with it.
+                if m.rss > 0 {
+                    out.push((pid, m.rss));
+                }
+                continue;
+            };
+            if let Ok(n) = statm.read_at(&mut buf, 0) {
                 if let Some(rss) = std::str::from_utf8(&buf[..n])
                     .ok()
                     .and_then(|t| parse_statm(t, self.page_size).ok())
@@ -507,6 +897,9 @@ impl ProcTree {
         let Some(m) = self.members.remove(&pid) else {
             return;
         };
+        if m.statm.is_some() {
+            self.open_now -= 1;
+        }
         let mut left = Left {
             id: m.id,
             exit: None,
@@ -576,7 +969,7 @@ impl ProcTree {
         }
     }
 
-    fn join(&mut self, stat: Stat, statm: File, root: bool, out: &mut HostSample) {
+    fn join(&mut self, stat: Stat, statm: Option<File>, root: bool, out: &mut HostSample) {
         let pid = stat.pid;
         let (cmdline, cmdline_hash) = self.read_cmdline(pid);
         let describe_tries = if cmdline.is_empty() {
@@ -588,6 +981,19 @@ impl ProcTree {
             pid,
             start_ticks: stat.start_ticks,
         };
+        if statm.is_some() {
+            self.open_now += 1;
+        }
+        let forked = cmdline_hash != 0
+            && self
+                .members
+                .get(&stat.ppid)
+                .is_some_and(|p| p.cmdline_hash == cmdline_hash);
+        if forked && self.pss_budget.is_some() {
+            // A fork re-divides the parent's pages: reads so far no longer
+            // add up with reads to come.
+            self.abort_pss_pass();
+        }
         out.joined.push(Joined {
             id,
             ppid: stat.ppid,
@@ -601,11 +1007,17 @@ impl ProcTree {
             Member {
                 id,
                 statm,
+                rss: 0,
                 hwm: 0,
                 hwm_read_at: None,
+                hwm_rise: 0,
                 pss: None,
                 uss: None,
+                basis: None,
+                pending: None,
+                forked,
                 smaps_read_at: None,
+                read_ok: false,
                 describe_tries,
                 cmdline_hash,
             },
@@ -668,7 +1080,7 @@ impl ProcTree {
         let Ok(Ok(stat)) = read_small(&dir.join("stat"), &mut self.buf).map(parse_stat) else {
             return;
         };
-        if !self.belongs(stat.ppid) || stat.state == 'Z' && Some(stat.ppid) != self.opts.reaper {
+        if !self.belongs(stat.ppid) || !self.may_join(&stat) {
             return;
         }
         // A thread of a followed process shows its process's parent as
@@ -677,8 +1089,37 @@ impl ProcTree {
             Ok(Ok(status)) if status.tgid == pid => {}
             _ => return,
         }
-        if let Ok(statm) = File::open(dir.join("statm")) {
-            self.join(stat, statm, false, out);
+        self.open_and_join(stat, out);
+    }
+
+    /// A zombie has left already: it joins only when it is ours to reap
+    /// (an orphan re-parented to us), never the job (its waiter reaps it).
+    /// Otherwise every full scan until its parent reaps it would add it
+    /// again as a new process.
+    fn may_join(&self, stat: &Stat) -> bool {
+        match stat.state {
+            'X' => false,
+            'Z' => Some(stat.ppid) == self.opts.reaper && Some(stat.pid) != self.opts.job,
+            _ => true,
+        }
+    }
+
+    /// Joins a process with its `statm` kept open, or followed by path when
+    /// memtrack is out of descriptors (counted, never silently dropped).
+    fn open_and_join(&mut self, stat: Stat, out: &mut HostSample) {
+        let path = self.opts.root.join(stat.pid.to_string()).join("statm");
+        if self.open_now >= self.max_open {
+            out.fd_fallbacks += 1;
+            self.join(stat, None, false, out);
+            return;
+        }
+        match File::open(&path) {
+            Ok(statm) => self.join(stat, Some(statm), false, out),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) => {
+                out.fd_fallbacks += 1;
+                self.join(stat, None, false, out);
+            }
+            Err(_) => {}
         }
     }
 
@@ -704,7 +1145,7 @@ impl ProcTree {
             if let Ok(Ok(stat)) =
                 read_small(&entry.path().join("stat"), &mut self.buf).map(parse_stat)
             {
-                if stat.state != 'X' {
+                if self.may_join(&stat) {
                     candidates.push(stat);
                 }
             }
@@ -715,10 +1156,7 @@ impl ProcTree {
             let mut rest = Vec::with_capacity(candidates.len());
             for stat in candidates {
                 if self.belongs(stat.ppid) {
-                    let dir = self.opts.root.join(stat.pid.to_string());
-                    if let Ok(statm) = File::open(dir.join("statm")) {
-                        self.join(stat, statm, false, out);
-                    }
+                    self.open_and_join(stat, out);
                 } else {
                     rest.push(stat);
                 }
@@ -733,13 +1171,14 @@ impl ProcTree {
 
 /// What one member's read found.
 enum MemberRead {
-    Ok(Reading),
+    Ok,
     Gone,
     Error,
 }
 
-/// Reads one followed process: `statm` every time, `VmHWM` and
-/// `smaps_rollup` when due.
+/// Reads one followed process: `statm` every time, `VmHWM` when due. The
+/// figures land in the member; `smaps_rollup` is read afterwards, by
+/// [`ProcTree::read_smaps`].
 fn read_member(
     m: &mut Member,
     pid: u32,
@@ -748,10 +1187,31 @@ fn read_member(
     page_size: u64,
     buf: &mut Vec<u8>,
 ) -> MemberRead {
-    buf.clear();
-    buf.resize(256, 0);
-    let rss = match m.statm.read_at(buf, 0) {
-        Ok(n) => match std::str::from_utf8(&buf[..n])
+    m.hwm_rise = 0;
+    m.read_ok = false;
+    let dir = || opts.root.join(pid.to_string());
+    let read = match &m.statm {
+        Some(f) => {
+            buf.clear();
+            buf.resize(256, 0);
+            f.read_at(buf, 0).map(|n| {
+                buf.truncate(n);
+            })
+        }
+        None => {
+            // Followed by path: make sure the number still names the
+            // same process.
+            match read_small(&dir().join("stat"), buf).map(parse_stat) {
+                Ok(Ok(stat)) if stat.start_ticks == m.id.start_ticks => {}
+                Ok(_) => return MemberRead::Gone,
+                Err(e) if gone(&e) => return MemberRead::Gone,
+                Err(_) => return MemberRead::Error,
+            }
+            read_small(&dir().join("statm"), buf).map(|_| ())
+        }
+    };
+    let rss = match read {
+        Ok(()) => match std::str::from_utf8(buf)
             .ok()
             .and_then(|t| parse_statm(t, page_size).ok())
         {
@@ -761,7 +1221,6 @@ fn read_member(
         Err(e) if gone(&e) => return MemberRead::Gone,
         Err(_) => return MemberRead::Error,
     };
-    let dir = || opts.root.join(pid.to_string());
     if rss == 0 {
         // A zombie's statm reads all zeros: it has left, though its PID
         // still answers until it is reaped.
@@ -770,12 +1229,26 @@ fn read_member(
             _ => return MemberRead::Gone,
         }
     }
+    m.rss = rss;
+    if m.forked && m.basis.is_none() {
+        m.basis = Some(Basis {
+            pss: 0,
+            uss: 0,
+            rss,
+            at: now,
+        });
+    }
     let due =
         |at: Option<Instant>, every: Duration| at.is_none_or(|t| now.duration_since(t) >= every);
     if due(m.hwm_read_at, opts.hwm_interval) {
         if let Ok(status) = read_small(&dir().join("status"), buf)
             .and_then(|t| parse_status(t).map_err(io::Error::other))
         {
+            // A rise of the high-water mark above both the last one and
+            // the RSS now is a peak reached since the last read.
+            if m.hwm_read_at.is_some() {
+                m.hwm_rise = status.vm_hwm.saturating_sub(m.hwm.max(rss));
+            }
             m.hwm = m.hwm.max(status.vm_hwm);
         }
         // Same cadence: notice an exec since the process was described.
@@ -791,24 +1264,8 @@ fn read_member(
         }
         m.hwm_read_at = Some(now);
     }
-    if let Some(smaps) = opts.smaps {
-        if rss <= smaps.max_rss && due(m.smaps_read_at, smaps.interval) {
-            if let Ok((pss, uss)) = read_small(&dir().join("smaps_rollup"), buf)
-                .and_then(|t| parse_smaps_rollup(t).map_err(io::Error::other))
-            {
-                m.pss = Some(pss);
-                m.uss = Some(uss);
-            }
-            m.smaps_read_at = Some(now);
-        }
-    }
-    MemberRead::Ok(Reading {
-        pid,
-        rss,
-        hwm: m.hwm.max(rss),
-        pss: m.pss,
-        uss: m.uss,
-    })
+    m.read_ok = true;
+    MemberRead::Ok
 }
 
 fn hash_bytes(b: &[u8]) -> u64 {

@@ -397,8 +397,7 @@ mod tests {
             pid: 1,
             rss: rss_mb << 20,
             hwm: rss_mb << 20,
-            pss: None,
-            uss: None,
+            ..Reading::default()
         });
         Record::Sample {
             kind: SampleKind::Timer,

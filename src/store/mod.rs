@@ -19,8 +19,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    Alert, Counters, Document, DocumentOf, Entry, EntryKind, Exit, FlightWindow, Gpu, GpuSource,
-    Peaks, RunInfo, Stage, Summary, Target, SCHEMA_VERSION,
+    Alert, CgroupBreakdown, Counters, Document, DocumentOf, Entry, EntryKind, Exit, FlightWindow,
+    Gpu, GpuSource, HostInfo, HostSource, HostSourceChange, Peaks, RunInfo, Stage, Summary, Target,
+    SCHEMA_VERSION,
 };
 use crate::sample::gpu::Status as GpuStatus;
 use crate::sample::Sample;
@@ -148,8 +149,15 @@ impl Default for Limits {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Current {
     pub timestamp: f64,
-    pub cpu_rss_mb: f64,
+    /// The tree's host memory, every page once (named for the protocol's
+    /// `status` reply, which has always called it so).
+    #[serde(rename = "cpu_rss_mb")]
+    pub cpu_used_mb: f64,
+    /// The tree's peak since the previous sample.
     pub cpu_hwm_mb: f64,
+    /// Where `cpu_used_mb` comes from.
+    #[serde(default)]
+    pub host_source: HostSource,
     pub gpu_tree_mb: f64,
     /// Highest `gpu_tree_mb` so far: the NVML stand-in for
     /// `max_memory_allocated`.
@@ -229,6 +237,11 @@ pub struct Store {
     nvml_up: bool,
     #[serde(default)]
     flights: Vec<FlightWindow>,
+    /// The host source and what it saw (absent until the first sample).
+    #[serde(default)]
+    host: Option<HostInfo>,
+    #[serde(default)]
+    host_since: f64,
 }
 
 impl Store {
@@ -258,6 +271,8 @@ impl Store {
             host_memory: Default::default(),
             nvml_up: false,
             flights: Vec::new(),
+            host: None,
+            host_since: 0.0,
         }
     }
 
@@ -483,7 +498,7 @@ impl Store {
     fn entry_from(&self, c: &Current) -> Entry {
         Entry {
             timestamp: c.timestamp,
-            cpu_ram_used_mb: c.cpu_rss_mb,
+            cpu_ram_used_mb: c.cpu_used_mb,
             gpu_ram_used_mb: c.gpu_tree_mb,
             gpu_ram_peak_mb: c.gpu_tree_peak_mb,
             reserved_gpu_ram_mb: c.gpu_tree_mb,
@@ -575,7 +590,47 @@ impl Store {
 
     fn apply_sample(&mut self, kind: SampleKind, sample: &Sample) -> Outcome {
         let ts = sample.timestamp;
+        if let Some(info) = &sample.host_source {
+            self.set_host_source(info);
+        }
         for j in &sample.host.joined {
+            // The same process (PID and start time) seen again — a zombie
+            // found by a later scan — keeps its one row.
+            if let Some(i) = self
+                .gone
+                .iter()
+                .position(|t| t.pid == j.id.pid && t.start_time == j.start_time)
+            {
+                let target = self.gone.remove(i);
+                let mut series = Thinned::new(self.limits.target_series_points);
+                for point in &target.series {
+                    series.push(*point);
+                }
+                self.live.insert(
+                    j.id.pid,
+                    LiveTarget {
+                        target: Target {
+                            exited_at: None,
+                            series: Vec::new(),
+                            ..target
+                        },
+                        series,
+                        rss: 0,
+                        hwm: 0,
+                        gpu: BTreeMap::new(),
+                        pss: None,
+                        uss: None,
+                    },
+                );
+                continue;
+            }
+            if self
+                .live
+                .get(&j.id.pid)
+                .is_some_and(|l| l.target.start_time == j.start_time)
+            {
+                continue;
+            }
             self.counters.targets_seen += 1;
             let target = Target {
                 pid: j.id.pid,
@@ -612,6 +667,7 @@ impl Store {
             self.leave(left, ts);
         }
         self.counters.proc_errors += u64::from(sample.host.errors);
+        self.counters.fd_fallbacks += u64::from(sample.host.fd_fallbacks);
 
         // GPU memory of the tree, per process and per device.
         let sampled = sample.gpu_status == GpuStatus::Sampled;
@@ -639,11 +695,7 @@ impl Store {
             *peak = peak.max(mib(used));
         }
 
-        let mut rss = 0u64;
-        let mut hwm = 0u64;
         for r in &sample.host.processes {
-            rss += r.rss;
-            hwm += r.hwm.max(r.rss);
             let Some(live) = self.live.get_mut(&r.pid) else {
                 continue;
             };
@@ -693,10 +745,21 @@ impl Store {
         }
         self.nvml_up = sampled;
         let gpu_tree = mib(tree_by_device.values().sum());
+        let (used, peak, source) = match &sample.host.footprint {
+            Some(f) => (f.used, f.peak.max(f.used), f.source),
+            // Journals of older builds: the RSS sum, as it was then.
+            None => (
+                sample.host.tree_rss(),
+                sample.host.tree_hwm(),
+                HostSource::Rss,
+            ),
+        };
+        self.observe_host(sample, mib(used));
         self.current = Current {
             timestamp: ts,
-            cpu_rss_mb: mib(rss),
-            cpu_hwm_mb: mib(hwm),
+            cpu_used_mb: mib(used),
+            cpu_hwm_mb: mib(peak),
+            host_source: source,
             gpu_tree_mb: gpu_tree,
             gpu_tree_peak_mb: self.current.gpu_tree_peak_mb.max(gpu_tree),
             gpu_source: if sampled {
@@ -736,6 +799,67 @@ impl Store {
             entry,
             alerts,
             unmatched: false,
+        }
+    }
+
+    /// Records the host source the sampler chose (or changed to).
+    fn set_host_source(&mut self, info: &crate::sample::footprint::SourceInfo) {
+        let mut earlier = Vec::new();
+        if let Some(old) = self.host.take() {
+            earlier = old.earlier;
+            earlier.push(HostSourceChange {
+                source: old.source,
+                reason: old.reason,
+                since: self.host_since,
+            });
+        }
+        self.host_since = info.since;
+        self.host = Some(HostInfo {
+            source: info.source,
+            reason: info.reason.clone(),
+            cgroup: info.cgroup.as_ref().map(|p| p.display().to_string()),
+            cgroup_version: info.cgroup_version,
+            cgroup_created: info.cgroup_created,
+            earlier,
+            ..HostInfo::default()
+        });
+    }
+
+    /// Folds what the host source saw into the run's [`HostInfo`].
+    fn observe_host(&mut self, sample: &Sample, used_mb: f64) {
+        let rss_sum = mib(sample.host.tree_rss());
+        let new_peak = used_mb > self.peaks.cpu_ram_used_mb;
+        let Some(host) = &mut self.host else {
+            return;
+        };
+        host.rss_sum_peak_mb = host.rss_sum_peak_mb.max(rss_sum);
+        let Some(f) = &sample.host.footprint else {
+            return;
+        };
+        if let Some(r) = &f.cgroup {
+            if let Some(p) = r.kernel_peak {
+                host.kernel_peak_mb = Some(host.kernel_peak_mb.unwrap_or(0.0).max(mib(p)));
+            }
+            if r.oom_kills.is_some() {
+                host.oom_kills = r.oom_kills;
+            }
+            if new_peak || host.at_peak.is_none() {
+                host.at_peak = Some(CgroupBreakdown {
+                    charged_mb: mib(r.usage),
+                    anon_mb: mib(r.stat.anon),
+                    file_mb: mib(r.stat.file),
+                    shmem_mb: mib(r.stat.shmem),
+                    file_mapped_mb: mib(r.stat.file_mapped),
+                    inactive_file_mb: mib(r.stat.inactive_file),
+                });
+            }
+        }
+        if f.source == HostSource::Pss {
+            host.pss_reads = Some(f.pss_reads);
+            host.pss_read_s = Some(f.pss_read_s);
+            if new_peak || host.pss_age_at_peak_s.is_none() {
+                host.pss_age_at_peak_s = f.age_s;
+            }
         }
     }
 
@@ -987,6 +1111,7 @@ impl Store {
             counters,
             ranks: Vec::new(),
             worst_rank: BTreeMap::new(),
+            host: self.host.clone(),
         }
     }
 
@@ -1062,8 +1187,7 @@ mod tests {
                         pid,
                         rss: rss * M,
                         hwm: rss * M,
-                        pss: None,
-                        uss: None,
+                        ..Reading::default()
                     })
                     .collect(),
                 ..HostSample::default()

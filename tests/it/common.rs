@@ -75,9 +75,28 @@ pub fn read_document(path: &Path) -> Document {
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// `python3 -c SCRIPT` as argv.
+/// `python3 -c SCRIPT` as argv, naming the interpreter itself: a version
+/// manager's `python3` is a shell shim whose own helper processes would
+/// join the followed tree for a moment.
 pub fn python(script: &str) -> Vec<String> {
-    vec!["python3".into(), "-c".into(), script.into()]
+    vec![python3().into(), "-c".into(), script.into()]
+}
+
+/// The path of the Python interpreter `python3` runs.
+pub fn python3() -> &'static str {
+    static PY: OnceLock<String> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3");
+        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if path.is_empty() {
+            "python3".into()
+        } else {
+            path
+        }
+    })
 }
 
 /// Builds the fake NVML library once per test run (gcc, see

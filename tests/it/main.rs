@@ -10,6 +10,7 @@ mod common;
 mod core;
 mod deploy;
 mod events;
+mod host;
 mod http;
 mod plot;
 mod prometheus;

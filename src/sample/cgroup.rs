@@ -1,0 +1,793 @@
+//! The job's host memory as the kernel charges it: a memory cgroup.
+//!
+//! The kernel charges every page once, to one cgroup, however many
+//! processes map it. A memory cgroup that holds nothing but the job's
+//! process tree therefore answers "how much memory does this job use"
+//! exactly, where a sum of per-process RSS counts each page shared by
+//! forked workers (PyTorch's DataLoader) once per worker. Its peak counter
+//! is kept by the kernel, so a spike between two ticks is not missed, and
+//! its OOM-kill counter is the kernel's own verdict on a dead job.
+//!
+//! Both hierarchies are read: cgroup v2 (`memory.current`, `memory.peak`,
+//! `memory.stat`, `memory.events`) and cgroup v1's memory controller
+//! (`memory.usage_in_bytes`, `memory.max_usage_in_bytes`, `memory.stat`,
+//! `memory.oom_control`). Files are opened once and re-read with `pread`.
+//!
+//! The charge includes page cache the kernel can drop at will (a dataset
+//! read through the page cache). The figure memtrack reports is the
+//! *working set*, the charge less the inactive file cache — the rule the
+//! kubelet uses for a container's memory — so a re-run is not sized for
+//! cache it does not need.
+//!
+//! memtrack creates a cgroup for the job only on cgroup v1 (a child of its
+//! own memory cgroup, which v1 allows while memtrack stays in the parent).
+//! On cgroup v2 a new cgroup would need memtrack to move itself first (v2
+//! keeps processes out of cgroups that have children), so there memtrack
+//! uses the job's existing cgroup — a container, a SLURM step, a systemd
+//! unit or scope — when that holds nothing but the job (and memtrack).
+//!
+//! Parsers are pure functions over `&str`; paths are arguments, so tests run
+//! against recorded files.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::procfs::ParseError;
+
+/// Which cgroup hierarchy a cgroup lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+impl Version {
+    pub fn number(self) -> u8 {
+        match self {
+            Version::V1 => 1,
+            Version::V2 => 2,
+        }
+    }
+}
+
+/// A process's cgroups, from `/proc/PID/cgroup`: the v2 path (`0::/x`)
+/// and the path in the v1 hierarchy that has the memory controller.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Membership {
+    pub v2: Option<String>,
+    pub v1_memory: Option<String>,
+}
+
+/// Parses `/proc/PID/cgroup` (`ID:CONTROLLERS:PATH` per line).
+pub fn parse_proc_cgroup(text: &str) -> Membership {
+    let mut m = Membership::default();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            m.v2 = Some(path.to_string());
+        } else if controllers.split(',').any(|c| c == "memory") {
+            m.v1_memory = Some(path.to_string());
+        }
+    }
+    m
+}
+
+/// A mounted cgroup hierarchy, from `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub version: Version,
+    /// The part of the hierarchy mounted there (`/` unless a container
+    /// mounted a sub-tree).
+    pub root: String,
+    pub mount_point: PathBuf,
+}
+
+/// Parses `/proc/self/mountinfo` into the cgroup2 mount and the cgroup v1
+/// mount carrying the memory controller.
+pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
+    let mut mounts = Vec::new();
+    for line in text.lines() {
+        // ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL…] - FSTYPE SOURCE SUPER_OPTIONS
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fields: Vec<&str> = left.split(' ').collect();
+        let theirs: Vec<&str> = right.split(' ').collect();
+        let (Some(root), Some(point), Some(fstype)) =
+            (fields.get(3), fields.get(4), theirs.first())
+        else {
+            continue;
+        };
+        let version = match *fstype {
+            "cgroup2" => Version::V2,
+            "cgroup"
+                if theirs
+                    .get(2)
+                    .is_some_and(|o| o.split(',').any(|x| x == "memory")) =>
+            {
+                Version::V1
+            }
+            _ => continue,
+        };
+        mounts.push(Mount {
+            version,
+            root: unescape_mount(root),
+            mount_point: PathBuf::from(unescape_mount(point)),
+        });
+    }
+    mounts
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The directory of cgroup `path` (as `/proc/PID/cgroup` names it) under a
+/// mount, or `None` when that part of the hierarchy is not mounted here.
+pub fn cgroup_dir(mount: &Mount, path: &str) -> Option<PathBuf> {
+    let rel = if mount.root == "/" {
+        path
+    } else {
+        let rest = path.strip_prefix(mount.root.as_str())?;
+        if !rest.is_empty() && !rest.starts_with('/') {
+            return None;
+        }
+        rest
+    };
+    let rel = rel.trim_start_matches('/');
+    if rel.split('/').any(|c| c == "..") {
+        return None;
+    }
+    Some(if rel.is_empty() {
+        mount.mount_point.clone()
+    } else {
+        mount.mount_point.join(rel)
+    })
+}
+
+/// The `memory.stat` figures memtrack uses (bytes). v1 reports the
+/// hierarchical `total_*` counters, v2's are hierarchical already.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemStat {
+    /// Anonymous memory (heaps, stacks, private mappings).
+    pub anon: u64,
+    /// Page cache, shared memory (tmpfs, `/dev/shm`) included.
+    pub file: u64,
+    /// Shared memory (tmpfs, shm segments, shared anonymous mappings).
+    pub shmem: u64,
+    /// Page cache mapped into the processes.
+    pub file_mapped: u64,
+    /// Page cache the kernel considers cold and reclaims first.
+    pub inactive_file: u64,
+    pub active_file: u64,
+}
+
+/// Parses `memory.stat` of either version.
+pub fn parse_memory_stat(text: &str, version: Version) -> Result<MemStat, ParseError> {
+    let mut s = MemStat::default();
+    let mut seen = 0u32;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(' ') else {
+            continue;
+        };
+        let key = match version {
+            Version::V1 => match key.strip_prefix("total_") {
+                Some(k) => k,
+                None => continue,
+            },
+            Version::V2 => key,
+        };
+        let field = match (version, key) {
+            (Version::V1, "rss") | (Version::V2, "anon") => &mut s.anon,
+            (Version::V1, "cache") | (Version::V2, "file") => &mut s.file,
+            (_, "shmem") => &mut s.shmem,
+            (Version::V1, "mapped_file") | (Version::V2, "file_mapped") => &mut s.file_mapped,
+            (_, "inactive_file") => &mut s.inactive_file,
+            (_, "active_file") => &mut s.active_file,
+            _ => continue,
+        };
+        *field = value.trim().parse().map_err(|_| ParseError {
+            file: "memory.stat",
+            what: format!("{key} is not a number"),
+        })?;
+        seen += 1;
+    }
+    if seen == 0 {
+        return Err(ParseError {
+            file: "memory.stat",
+            what: "none of anon/file/inactive_file present".into(),
+        });
+    }
+    Ok(s)
+}
+
+/// Parses a one-number cgroup file (`memory.current`, `memory.peak`,
+/// `memory.usage_in_bytes`, …).
+pub fn parse_bytes(file: &'static str, text: &str) -> Result<u64, ParseError> {
+    text.trim().parse().map_err(|_| ParseError {
+        file,
+        what: format!("`{}` is not a number", text.trim().escape_debug()),
+    })
+}
+
+/// The `oom_kill` counter of `memory.events` (v2) or `memory.oom_control`
+/// (v1); older kernels have none.
+pub fn parse_oom_kills(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// PIDs listed in a `cgroup.procs` file.
+pub fn parse_procs(text: &str) -> Vec<u32> {
+    text.split_ascii_whitespace()
+        .filter_map(|t| t.parse().ok())
+        .collect()
+}
+
+/// One reading of a cgroup (bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Reading {
+    /// Everything charged, page cache included.
+    pub usage: u64,
+    /// The highest charge the kernel saw since the previous reading, when
+    /// it can tell (a peak that could be reset, or a new all-time peak).
+    pub interval_peak: Option<u64>,
+    /// The kernel's all-time peak of the charge.
+    pub kernel_peak: Option<u64>,
+    pub stat: MemStat,
+    pub oom_kills: Option<u64>,
+}
+
+impl Reading {
+    /// What the job needs: the charge less cold page cache.
+    pub fn working_set(&self) -> u64 {
+        self.usage.saturating_sub(self.stat.inactive_file)
+    }
+
+    /// The interval's peak of the working set, assuming the cold cache did
+    /// not change within the interval (it is what the kernel reclaims
+    /// first, so a spike shrinks it rather than grows it).
+    pub fn interval_peak_working_set(&self) -> Option<u64> {
+        self.interval_peak.map(|p| {
+            p.saturating_sub(self.stat.inactive_file)
+                .max(self.working_set())
+        })
+    }
+}
+
+/// Why a cgroup could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("cannot {what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CgroupError + 'a {
+    move |source| CgroupError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// An open memory cgroup.
+#[derive(Debug)]
+pub struct Cgroup {
+    dir: PathBuf,
+    version: Version,
+    /// memtrack made it (and removes it at the end).
+    created: bool,
+    usage: File,
+    stat: File,
+    /// Opened read-write where the peak can be reset.
+    peak: Option<File>,
+    resettable: bool,
+    events: Option<File>,
+    last_peak: u64,
+    buf: Vec<u8>,
+}
+
+impl Cgroup {
+    /// Opens the memory files of an existing cgroup directory.
+    pub fn open(dir: &Path, version: Version) -> Result<Cgroup, CgroupError> {
+        Cgroup::open_as(dir, version, false)
+    }
+
+    fn open_as(dir: &Path, version: Version, created: bool) -> Result<Cgroup, CgroupError> {
+        let (usage, peak, events) = match version {
+            Version::V1 => (
+                "memory.usage_in_bytes",
+                "memory.max_usage_in_bytes",
+                "memory.oom_control",
+            ),
+            Version::V2 => ("memory.current", "memory.peak", "memory.events"),
+        };
+        let open = |name: &str| {
+            let path = dir.join(name);
+            File::open(&path).map_err(io_err("open", &path))
+        };
+        let usage = open(usage)?;
+        let stat = open("memory.stat")?;
+        // A peak we can reset gives each interval its own peak: v1's when
+        // memtrack owns the cgroup (a reset there is global), v2's always
+        // (since Linux 6.12 a write resets it for this descriptor only).
+        let peak_path = dir.join(peak);
+        let want_write = version == Version::V2 || created;
+        let peak_file = OpenOptions::new()
+            .read(true)
+            .write(want_write)
+            .open(&peak_path)
+            .or_else(|_| File::open(&peak_path))
+            .ok();
+        let events = File::open(dir.join(events)).ok();
+        let mut cg = Cgroup {
+            dir: dir.to_path_buf(),
+            version,
+            created,
+            usage,
+            stat,
+            peak: peak_file,
+            resettable: want_write,
+            events,
+            last_peak: 0,
+            buf: Vec::with_capacity(4096),
+        };
+        // Check that it reads, and start the first interval.
+        cg.read()?;
+        Ok(cg)
+    }
+
+    /// Creates `dir` (a child of memtrack's own v1 memory cgroup) for the
+    /// job. The job joins it before it executes (see
+    /// [`crate::sys::spawn_into_cgroup`]), so every page it touches is
+    /// charged there.
+    pub fn create_v1(dir: &Path) -> Result<Cgroup, CgroupError> {
+        std::fs::create_dir(dir).map_err(io_err("create", dir))?;
+        match Cgroup::open_as(dir, Version::V1, true) {
+            Ok(cg) => Ok(cg),
+            Err(e) => {
+                let _ = std::fs::remove_dir(dir);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// The `cgroup.procs` file a process joins the cgroup through.
+    pub fn procs_path(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    fn pread(file: &File, buf: &mut Vec<u8>) -> io::Result<usize> {
+        buf.clear();
+        buf.resize(8192, 0);
+        let n = file.read_at(buf, 0)?;
+        Ok(n)
+    }
+
+    /// Reads the charge, its breakdown, the peak and the OOM-kill count.
+    pub fn read(&mut self) -> Result<Reading, CgroupError> {
+        let mut buf = std::mem::take(&mut self.buf);
+        let result = self.read_with(&mut buf);
+        self.buf = buf;
+        result
+    }
+
+    fn read_with(&mut self, buf: &mut Vec<u8>) -> Result<Reading, CgroupError> {
+        let text = |buf: &Vec<u8>, n: usize| String::from_utf8_lossy(&buf[..n]).into_owned();
+        let n = Self::pread(&self.usage, buf).map_err(io_err("read", &self.dir))?;
+        let usage = parse_bytes("memory usage", &text(buf, n))?;
+        let n = Self::pread(&self.stat, buf).map_err(io_err("read", &self.dir))?;
+        let stat = parse_memory_stat(&text(buf, n), self.version)?;
+        let mut kernel_peak = None;
+        let mut interval_peak = None;
+        if let Some(f) = &self.peak {
+            if let Ok(n) = Self::pread(f, buf) {
+                if let Ok(p) = parse_bytes("memory peak", &text(buf, n)) {
+                    let p = p.max(usage);
+                    if self.resettable {
+                        interval_peak = Some(p);
+                        // v1: "0" resets to the current usage; v2: any
+                        // write. Failure (a kernel before 6.12) falls
+                        // back to new all-time peaks below.
+                        let mut f: &File = f;
+                        if f.write_all(b"0\n").is_err() {
+                            self.resettable = false;
+                        }
+                    } else if p > self.last_peak {
+                        interval_peak = Some(p);
+                    }
+                    self.last_peak = self.last_peak.max(p);
+                    kernel_peak = Some(self.last_peak);
+                }
+            }
+        }
+        let oom_kills = self.events.as_ref().and_then(|f| {
+            let n = Self::pread(f, buf).ok()?;
+            parse_oom_kills(&text(buf, n))
+        });
+        Ok(Reading {
+            usage,
+            interval_peak,
+            kernel_peak,
+            stat,
+            oom_kills,
+        })
+    }
+
+    /// Every PID in the cgroup and the cgroups below it.
+    pub fn procs(&self) -> io::Result<Vec<u32>> {
+        let mut pids = Vec::new();
+        collect_procs(&self.dir, &mut pids, 0)?;
+        Ok(pids)
+    }
+
+    /// Removes a cgroup memtrack created: processes still in it (workers
+    /// that outlived the job) move back to the parent first. Removal of a
+    /// cgroup that was not created by memtrack does nothing.
+    pub fn remove(self) -> Result<(), CgroupError> {
+        if !self.created {
+            return Ok(());
+        }
+        let dir = self.dir.clone();
+        drop(self);
+        remove_created(&dir)
+    }
+}
+
+fn collect_procs(dir: &Path, out: &mut Vec<u32>, depth: u32) -> io::Result<()> {
+    let text = std::fs::read_to_string(dir.join("cgroup.procs"))?;
+    out.extend(parse_procs(&text));
+    if depth >= 16 {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            collect_procs(&entry.path(), out, depth + 1)?;
+        }
+    }
+    Ok(())
+}
+
+/// Moves what is left in `dir` to its parent and removes it.
+pub fn remove_created(dir: &Path) -> Result<(), CgroupError> {
+    let parent_procs = dir
+        .parent()
+        .map(|p| p.join("cgroup.procs"))
+        .ok_or_else(|| CgroupError::Unavailable(format!("{} has no parent", dir.display())))?;
+    for attempt in 0..50 {
+        if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            for pid in parse_procs(&text) {
+                // One PID per write, as the kernel requires.
+                let _ = OpenOptions::new()
+                    .write(true)
+                    .open(&parent_procs)
+                    .and_then(|mut f| f.write_all(format!("{pid}\n").as_bytes()));
+            }
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            // EBUSY while an exiting task is still charged: try again.
+            Err(e) if attempt < 49 && e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(source) => {
+                return Err(CgroupError::Io {
+                    what: "remove",
+                    path: dir.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Prefix of the cgroups memtrack creates: `memtrack-<pid>-<run id>`.
+pub const CREATED_PREFIX: &str = "memtrack-";
+
+/// The PID of the memtrack that created a cgroup named `name`.
+fn created_owner(name: &str) -> Option<u32> {
+    name.strip_prefix(CREATED_PREFIX)?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Removes empty cgroups that a memtrack killed before its cleanup left
+/// under `parent` (their owner PID is gone and no process is left in them).
+pub fn remove_stale(parent: &Path, alive: impl Fn(u32) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let Some(owner) = entry.file_name().to_str().and_then(created_owner) else {
+            continue;
+        };
+        if alive(owner) {
+            continue;
+        }
+        let path = entry.path();
+        let empty = std::fs::read_to_string(path.join("cgroup.procs"))
+            .is_ok_and(|t| parse_procs(&t).is_empty());
+        if empty && std::fs::remove_dir(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Where cgroups are found: the mounts and a process's membership.
+#[derive(Debug, Clone)]
+pub struct Hierarchies {
+    pub mounts: Vec<Mount>,
+}
+
+impl Hierarchies {
+    /// Reads `<proc_root>/self/mountinfo`.
+    pub fn read(proc_root: &Path) -> Hierarchies {
+        let mounts = std::fs::read_to_string(proc_root.join("self/mountinfo"))
+            .map(|t| parse_mountinfo(&t))
+            .unwrap_or_default();
+        Hierarchies { mounts }
+    }
+
+    /// The memory cgroup directory of a process: v2 when the unified
+    /// hierarchy has the memory controller there, else v1's.
+    pub fn memory_cgroup_of(&self, proc_root: &Path, pid: &str) -> Option<(PathBuf, Version)> {
+        let text = std::fs::read_to_string(proc_root.join(pid).join("cgroup")).ok()?;
+        let m = parse_proc_cgroup(&text);
+        if let (Some(path), Some(mount)) =
+            (&m.v2, self.mounts.iter().find(|x| x.version == Version::V2))
+        {
+            if let Some(dir) = cgroup_dir(mount, path) {
+                if dir.join("memory.stat").exists() {
+                    return Some((dir, Version::V2));
+                }
+            }
+        }
+        let path = m.v1_memory?;
+        let mount = self.mounts.iter().find(|x| x.version == Version::V1)?;
+        let dir = cgroup_dir(mount, &path)?;
+        dir.join("memory.stat")
+            .exists()
+            .then_some((dir, Version::V1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recorded on a cgroup v2 host (Linux 6.x), trimmed.
+    const V2_STAT: &str = "anon 566231040\nfile 21889024\nkernel 4579328\nkernel_stack 81920\npagetables 1343488\nsec_pagetables 0\npercpu 0\nsock 0\nvmalloc 0\nshmem 1048576\nzswap 0\nzswapped 0\nfile_mapped 13058048\nfile_dirty 0\nfile_writeback 0\nswapcached 0\nanon_thp 0\nfile_thp 0\nshmem_thp 0\ninactive_anon 567279616\nactive_anon 0\ninactive_file 15966208\nactive_file 4874240\nunevictable 0\nslab_reclaimable 1146880\nslab_unreclaimable 672256\nslab 1819136\nworkingset_refault_anon 0\npgfault 146012\n";
+    const V2_EVENTS: &str = "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n";
+
+    /// Recorded on a cgroup v1 host (Linux 6.18), trimmed.
+    const V1_STAT: &str = "cache 4096\nrss 1000\nshmem 0\nmapped_file 0\ninactive_file 4096\nactive_file 0\nhierarchical_memory_limit 9223372036854771712\ntotal_cache 20971520\ntotal_rss 524288000\ntotal_rss_huge 0\ntotal_shmem 0\ntotal_mapped_file 8388608\ntotal_dirty 0\ntotal_inactive_anon 0\ntotal_active_anon 524288000\ntotal_inactive_file 16777216\ntotal_active_file 4194304\ntotal_unevictable 0\n";
+    const V1_OOM: &str = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
+
+    #[test]
+    fn v2_stat_and_events() {
+        let s = parse_memory_stat(V2_STAT, Version::V2).unwrap();
+        assert_eq!(s.anon, 566231040);
+        assert_eq!(s.file, 21889024);
+        assert_eq!(s.shmem, 1048576);
+        assert_eq!(s.file_mapped, 13058048);
+        assert_eq!(s.inactive_file, 15966208);
+        assert_eq!(s.active_file, 4874240);
+        assert_eq!(parse_oom_kills(V2_EVENTS), Some(1));
+    }
+
+    #[test]
+    fn v1_stat_uses_the_hierarchical_totals() {
+        let s = parse_memory_stat(V1_STAT, Version::V1).unwrap();
+        assert_eq!(s.anon, 500 << 20);
+        assert_eq!(s.file, 20 << 20);
+        assert_eq!(s.file_mapped, 8 << 20);
+        assert_eq!(s.inactive_file, 16 << 20);
+        assert_eq!(parse_oom_kills(V1_OOM), Some(2));
+        assert_eq!(parse_oom_kills("under_oom 0\n"), None);
+    }
+
+    #[test]
+    fn stat_rejects_garbage() {
+        assert!(parse_memory_stat("", Version::V2).is_err());
+        assert!(parse_memory_stat("anon lots\n", Version::V2).is_err());
+        assert!(
+            parse_memory_stat("rss 5\n", Version::V1).is_err(),
+            "no totals"
+        );
+        assert!(parse_bytes("memory.current", "max\n").is_err());
+        assert_eq!(parse_bytes("memory.current", "4096\n").unwrap(), 4096);
+    }
+
+    #[test]
+    fn working_set_leaves_out_cold_cache() {
+        let r = Reading {
+            usage: 600 << 20,
+            interval_peak: Some(900 << 20),
+            kernel_peak: Some(900 << 20),
+            stat: MemStat {
+                inactive_file: 100 << 20,
+                ..MemStat::default()
+            },
+            oom_kills: None,
+        };
+        assert_eq!(r.working_set(), 500 << 20);
+        assert_eq!(r.interval_peak_working_set(), Some(800 << 20));
+        let cold = Reading {
+            usage: 10,
+            stat: MemStat {
+                inactive_file: 20,
+                ..MemStat::default()
+            },
+            ..r
+        };
+        assert_eq!(cold.working_set(), 0);
+    }
+
+    #[test]
+    fn proc_cgroup_of_both_hierarchies() {
+        let text = "9:name=systemd:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/user.slice/x.scope\n";
+        let m = parse_proc_cgroup(text);
+        assert_eq!(m.v1_memory.as_deref(), Some("/process_api/abc"));
+        assert_eq!(m.v2.as_deref(), Some("/user.slice/x.scope"));
+        let only_v2 = parse_proc_cgroup("0::/system.slice/job.service\n");
+        assert_eq!(only_v2.v1_memory, None);
+        assert_eq!(parse_proc_cgroup("garbage\n\n::\n"), Membership::default());
+    }
+
+    #[test]
+    fn mountinfo_finds_cgroup_mounts() {
+        let text = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n\
+                    32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n\
+                    41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n\
+                    50 31 0:40 /kubepods/pod1 /sys/fs/cgroup\\040x rw shared:5 - cgroup2 cgroup2 rw\n";
+        let m = parse_mountinfo(text);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0].version, Version::V1);
+        assert_eq!(m[0].mount_point, PathBuf::from("/sys/fs/cgroup/memory"));
+        assert_eq!(m[1].version, Version::V2);
+        assert_eq!(m[2].root, "/kubepods/pod1");
+        assert_eq!(m[2].mount_point, PathBuf::from("/sys/fs/cgroup x"));
+        assert_eq!(
+            cgroup_dir(&m[2], "/kubepods/pod1/c1"),
+            Some(PathBuf::from("/sys/fs/cgroup x/c1"))
+        );
+        assert_eq!(cgroup_dir(&m[2], "/kubepods/pod10"), None);
+        assert_eq!(cgroup_dir(&m[2], "/elsewhere"), None);
+        assert_eq!(cgroup_dir(&m[0], "/a/../../etc"), None);
+        assert_eq!(
+            cgroup_dir(&m[0], "/"),
+            Some(PathBuf::from("/sys/fs/cgroup/memory"))
+        );
+    }
+
+    fn fake_cgroup(dir: &Path, version: Version) {
+        std::fs::create_dir_all(dir).unwrap();
+        match version {
+            Version::V2 => {
+                std::fs::write(dir.join("memory.current"), "614400000\n").unwrap();
+                std::fs::write(dir.join("memory.peak"), "900000000\n").unwrap();
+                std::fs::write(dir.join("memory.stat"), V2_STAT).unwrap();
+                std::fs::write(dir.join("memory.events"), V2_EVENTS).unwrap();
+            }
+            Version::V1 => {
+                std::fs::write(dir.join("memory.usage_in_bytes"), "545259520\n").unwrap();
+                std::fs::write(dir.join("memory.max_usage_in_bytes"), "600000000\n").unwrap();
+                std::fs::write(dir.join("memory.stat"), V1_STAT).unwrap();
+                std::fs::write(dir.join("memory.oom_control"), V1_OOM).unwrap();
+            }
+        }
+        std::fs::write(dir.join("cgroup.procs"), "12\n13\n").unwrap();
+    }
+
+    #[test]
+    fn reads_recorded_v2_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("job.scope");
+        fake_cgroup(&dir, Version::V2);
+        std::fs::create_dir(dir.join("child")).unwrap();
+        std::fs::write(dir.join("child/cgroup.procs"), "14\n").unwrap();
+        let mut cg = Cgroup::open(&dir, Version::V2).unwrap();
+        // v2's peak is reset after each read (on cgroupfs a write leaves
+        // the file's text alone; here it does not, so write it again).
+        std::fs::write(dir.join("memory.peak"), "900000000\n").unwrap();
+        let r = cg.read().unwrap();
+        assert_eq!(r.interval_peak, Some(900000000));
+        assert_eq!(r.usage, 614400000);
+        assert_eq!(r.working_set(), 614400000 - 15966208);
+        assert_eq!(r.kernel_peak, Some(900000000));
+        assert_eq!(r.oom_kills, Some(1));
+        let mut procs = cg.procs().unwrap();
+        procs.sort_unstable();
+        assert_eq!(procs, vec![12, 13, 14]);
+        // Not created by memtrack: removal leaves it alone.
+        cg.remove().unwrap();
+        assert!(dir.exists());
+    }
+
+    #[test]
+    fn reads_recorded_v1_files_and_a_new_peak_only_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("job");
+        fake_cgroup(&dir, Version::V1);
+        let mut cg = Cgroup::open(&dir, Version::V1).unwrap();
+        // open() took the first reading: the same peak is not new again.
+        let r = cg.read().unwrap();
+        assert_eq!(r.usage, 545259520);
+        assert_eq!(r.stat.anon, 500 << 20);
+        assert_eq!(r.interval_peak, None);
+        assert_eq!(r.kernel_peak, Some(600000000));
+        assert_eq!(r.oom_kills, Some(2));
+        std::fs::write(dir.join("memory.max_usage_in_bytes"), "700000000\n").unwrap();
+        assert_eq!(cg.read().unwrap().interval_peak, Some(700000000));
+    }
+
+    #[test]
+    fn missing_files_are_a_clear_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = Cgroup::open(tmp.path(), Version::V2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("memory.current"), "{err}");
+    }
+
+    #[test]
+    fn owners_of_created_cgroups() {
+        assert_eq!(created_owner("memtrack-123-abc"), Some(123));
+        assert_eq!(created_owner("memtrack-9"), Some(9));
+        assert_eq!(created_owner("memtrack-x-1"), None);
+        assert_eq!(created_owner("other-1-2"), None);
+        assert_eq!(created_owner("memtrack--"), None);
+    }
+}

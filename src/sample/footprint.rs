@@ -1,0 +1,565 @@
+//! The tree's headline host figure: every resident page counted once.
+//!
+//! Forked workers share their parent's pages copy-on-write, so a sum of
+//! per-process RSS counts each shared page once per worker and can
+//! overstate a DataLoader job several times over. The footprint comes from
+//! the best source the run can have, chosen once and recorded:
+//!
+//! 1. [`HostSource::Cgroup`]: the kernel's charge for a memory cgroup that
+//!    holds only the job — one memtrack created for it, or the job's own
+//!    (a container, a SLURM step, a systemd unit) when it holds nothing
+//!    else. Exact, with the kernel's peak catching spikes between ticks.
+//! 2. [`HostSource::Pss`]: the sum of each process's proportional share
+//!    (`smaps_rollup`), read within a CPU budget and carried forward with
+//!    RSS changes in between.
+//! 3. [`HostSource::Rss`]: the plain RSS sum, when asked for or when
+//!    `smaps_rollup` cannot be read — labelled as such, never silently.
+//!
+//! An existing cgroup is checked again every few seconds: once another
+//! process shows up in it (or a process of the tree leaves it), the run
+//! falls back to Pss and says so.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::cgroup::{self, Cgroup, Hierarchies, Reading};
+use super::procfs::{parse_statm, HostSample, ProcTree, PssBudget};
+pub use crate::model::HostSource;
+
+/// Which sources a run may use (`host.source`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceChoice {
+    /// The best available: cgroup, else Pss.
+    #[default]
+    Auto,
+    /// Σ Pss even where a cgroup could be had.
+    Pss,
+    /// The plain RSS sum (overcounts shared pages).
+    Rss,
+}
+
+impl std::str::FromStr for SourceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(SourceChoice::Auto),
+            "pss" => Ok(SourceChoice::Pss),
+            "rss" => Ok(SourceChoice::Rss),
+            other => Err(format!(
+                "unknown host source `{}`: expected auto, pss or rss",
+                other.escape_debug()
+            )),
+        }
+    }
+}
+
+/// The tree's figure in one sample (bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Footprint {
+    pub source: HostSource,
+    /// Resident memory of the tree now, every page once.
+    pub used: u64,
+    /// The highest `used` since the previous sample, as far as the source
+    /// can tell (the kernel's peak; rises of processes' `VmHWM`).
+    pub peak: u64,
+    /// Pss: seconds since the oldest exact read behind `used`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_s: Option<f64>,
+    /// Cgroup: the reading behind `used`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<Reading>,
+    /// Pss: `smaps_rollup` reads so far and the seconds they took.
+    #[serde(default)]
+    pub pss_reads: u64,
+    #[serde(default)]
+    pub pss_read_s: f64,
+}
+
+/// The source a run uses, why, and (cgroup) which one: what
+/// `memory_usage.json` records.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SourceInfo {
+    pub source: HostSource,
+    /// Why this source (and not a better one).
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_version: Option<u8>,
+    /// memtrack created the cgroup for this run (and removes it).
+    #[serde(default)]
+    pub cgroup_created: bool,
+    /// Unix seconds when this source took over.
+    #[serde(default)]
+    pub since: f64,
+}
+
+/// How often an existing cgroup's membership is checked.
+const MEMBERSHIP_EVERY: Duration = Duration::from_secs(2);
+
+/// Settings of the footprint reader.
+#[derive(Debug, Clone)]
+pub struct FootprintOptions {
+    pub choice: SourceChoice,
+    pub proc_root: PathBuf,
+    pub pss_budget: f64,
+}
+
+enum State {
+    /// Not decided yet: look for a usable cgroup once the tree is known.
+    Undecided,
+    Cgroup {
+        cgroup: Cgroup,
+        /// memtrack itself is in the cgroup: its own RSS is taken off.
+        minus_self: bool,
+        checked_at: Instant,
+    },
+    Pss,
+    Rss,
+}
+
+/// Computes the tree's footprint every sample.
+pub struct FootprintReader {
+    opts: FootprintOptions,
+    state: State,
+    info: SourceInfo,
+    /// Set when the source changed: the store records the new one.
+    changed: bool,
+    /// memtrack's own `statm`, to take its pages off a shared cgroup.
+    self_statm: Option<File>,
+    self_pid: u32,
+    page_size: u64,
+}
+
+impl std::fmt::Debug for FootprintReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FootprintReader")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+impl FootprintReader {
+    /// A reader that decides on the first sample (attach, or a run whose
+    /// cgroup could not be created: `why_not` says why).
+    pub fn new(opts: FootprintOptions, why_not: Option<String>) -> FootprintReader {
+        let self_statm = File::open(opts.proc_root.join("self/statm")).ok();
+        let (state, info) = match opts.choice {
+            SourceChoice::Auto => (
+                State::Undecided,
+                SourceInfo {
+                    reason: why_not.unwrap_or_default(),
+                    ..SourceInfo::default()
+                },
+            ),
+            SourceChoice::Pss => (
+                State::Pss,
+                SourceInfo {
+                    source: HostSource::Pss,
+                    reason: "host.source = pss".into(),
+                    ..SourceInfo::default()
+                },
+            ),
+            SourceChoice::Rss => (
+                State::Rss,
+                SourceInfo {
+                    source: HostSource::Rss,
+                    reason:
+                        "host.source = rss: pages shared between processes count once per process"
+                            .into(),
+                    ..SourceInfo::default()
+                },
+            ),
+        };
+        FootprintReader {
+            opts,
+            state,
+            info,
+            changed: true,
+            self_statm,
+            self_pid: std::process::id(),
+            page_size: crate::sys::page_size(),
+        }
+    }
+
+    /// A reader for a cgroup memtrack created for the job.
+    pub fn with_created(opts: FootprintOptions, cgroup: Cgroup) -> FootprintReader {
+        let mut r = FootprintReader::new(opts, None);
+        r.info = SourceInfo {
+            source: HostSource::Cgroup,
+            reason: "a memory cgroup memtrack created for the job".into(),
+            cgroup: Some(cgroup.dir().to_path_buf()),
+            cgroup_version: Some(cgroup.version().number()),
+            cgroup_created: true,
+            since: 0.0,
+        };
+        r.state = State::Cgroup {
+            cgroup,
+            minus_self: false,
+            checked_at: Instant::now(),
+        };
+        r
+    }
+
+    /// The file with the cgroup's `oom_kill` counter, when the source is a
+    /// cgroup: the kernel's own count of the job's OOM kills.
+    pub fn oom_counter(&self) -> Option<PathBuf> {
+        match &self.state {
+            State::Cgroup { cgroup, .. } => Some(cgroup.dir().join(match cgroup.version() {
+                cgroup::Version::V1 => "memory.oom_control",
+                cgroup::Version::V2 => "memory.events",
+            })),
+            _ => None,
+        }
+    }
+
+    /// The source in use and why.
+    pub fn info(&self) -> &SourceInfo {
+        &self.info
+    }
+
+    /// Takes the source change since the last call, if any.
+    pub fn take_change(&mut self) -> Option<SourceInfo> {
+        std::mem::take(&mut self.changed).then(|| self.info.clone())
+    }
+
+    /// Computes the footprint of the sample the tree just took.
+    pub fn sample(
+        &mut self,
+        now: Instant,
+        timestamp: f64,
+        tree: &mut ProcTree,
+        host: &mut HostSample,
+    ) {
+        if matches!(self.state, State::Undecided) {
+            self.decide(tree, timestamp);
+        }
+        if let State::Cgroup {
+            cgroup,
+            minus_self,
+            checked_at,
+        } = &mut self.state
+        {
+            let due = now.saturating_duration_since(*checked_at) >= MEMBERSHIP_EVERY;
+            let mut fallback = None;
+            if due && !self.info.cgroup_created {
+                *checked_at = now;
+                if let Err(why) = only_the_tree(cgroup, tree, &self.opts.proc_root, self.self_pid) {
+                    fallback = Some(why);
+                }
+            }
+            if fallback.is_none() {
+                match cgroup.read() {
+                    Ok(reading) => {
+                        let own = if *minus_self {
+                            self_rss(&self.self_statm, self.page_size)
+                        } else {
+                            0
+                        };
+                        let used = reading.working_set().saturating_sub(own);
+                        let peak = reading
+                            .interval_peak_working_set()
+                            .map_or(used, |p| p.saturating_sub(own).max(used));
+                        host.footprint = Some(Footprint {
+                            source: HostSource::Cgroup,
+                            used,
+                            peak,
+                            age_s: None,
+                            cgroup: Some(reading),
+                            ..Footprint::default()
+                        });
+                        return;
+                    }
+                    Err(e) => fallback = Some(format!("cannot read the cgroup: {e}")),
+                }
+            }
+            if let Some(why) = fallback {
+                tracing::warn!("host memory: {why}; using Σ Pss from now on");
+                self.switch(State::Pss, HostSource::Pss, why, timestamp, tree);
+            }
+        }
+        let (used, peak, age_s) = match self.state {
+            State::Pss => {
+                // From the next sample on, when Pss was chosen at start.
+                tree.set_pss_budget(Some(PssBudget {
+                    share: self.opts.pss_budget,
+                }));
+                let (used, age) = host.tree_pss();
+                (used, used + host.tree_hwm_rise(), age)
+            }
+            _ => (host.tree_rss(), host.tree_hwm(), None),
+        };
+        let (pss_reads, pss_time) = tree.pss_cost();
+        host.footprint = Some(Footprint {
+            source: self.info.source,
+            used,
+            peak: peak.max(used),
+            age_s,
+            cgroup: None,
+            pss_reads,
+            pss_read_s: pss_time.as_secs_f64(),
+        });
+    }
+
+    fn switch(
+        &mut self,
+        state: State,
+        source: HostSource,
+        reason: String,
+        at: f64,
+        tree: &mut ProcTree,
+    ) {
+        if let State::Cgroup { cgroup, .. } = std::mem::replace(&mut self.state, State::Rss) {
+            if let Err(e) = cgroup.remove() {
+                tracing::warn!("{e}");
+            }
+        }
+        if source == HostSource::Pss {
+            tree.set_pss_budget(Some(PssBudget {
+                share: self.opts.pss_budget,
+            }));
+        }
+        self.state = state;
+        self.info = SourceInfo {
+            source,
+            reason,
+            since: at,
+            ..SourceInfo::default()
+        };
+        self.changed = true;
+    }
+
+    /// First sample: use the roots' cgroup when it holds only the tree
+    /// (and memtrack), else Σ Pss.
+    fn decide(&mut self, tree: &mut ProcTree, at: f64) {
+        let why_not_created = std::mem::take(&mut self.info.reason);
+        match self.existing_cgroup(tree) {
+            Ok((cgroup, minus_self)) => {
+                let mut reason = format!(
+                    "the job's memory cgroup holds only the job{}",
+                    if minus_self {
+                        " and memtrack (its own memory is taken off)"
+                    } else {
+                        ""
+                    }
+                );
+                if !why_not_created.is_empty() {
+                    reason = format!("{reason}; {why_not_created}");
+                }
+                self.info = SourceInfo {
+                    source: HostSource::Cgroup,
+                    reason,
+                    cgroup: Some(cgroup.dir().to_path_buf()),
+                    cgroup_version: Some(cgroup.version().number()),
+                    cgroup_created: false,
+                    since: at,
+                };
+                self.state = State::Cgroup {
+                    cgroup,
+                    minus_self,
+                    checked_at: Instant::now(),
+                };
+                self.changed = true;
+            }
+            Err(why) => {
+                let reason = if why_not_created.is_empty() {
+                    why
+                } else {
+                    format!("{why_not_created}; {why}")
+                };
+                // Without smaps_rollup (kernels before 4.14, or no
+                // permission) Pss cannot be had: say so and sum RSS.
+                let readable = tree.roots().first().is_none_or(|pid| {
+                    self.opts
+                        .proc_root
+                        .join(pid.to_string())
+                        .join("smaps_rollup")
+                        .metadata()
+                        .is_ok()
+                });
+                if readable {
+                    self.switch(State::Pss, HostSource::Pss, reason, at, tree);
+                } else {
+                    self.switch(
+                        State::Rss,
+                        HostSource::Rss,
+                        format!("{reason}; smaps_rollup is not readable, so shared pages count once per process"),
+                        at,
+                        tree,
+                    );
+                }
+            }
+        }
+    }
+
+    fn existing_cgroup(&self, tree: &ProcTree) -> Result<(Cgroup, bool), String> {
+        let hier = Hierarchies::read(&self.opts.proc_root);
+        let mut found: Option<(PathBuf, cgroup::Version)> = None;
+        for pid in tree.roots() {
+            let Some(cg) = hier.memory_cgroup_of(&self.opts.proc_root, &pid.to_string()) else {
+                return Err(format!("no memory cgroup found for PID {pid}"));
+            };
+            match &found {
+                Some(f) if *f != cg => {
+                    return Err("the job's processes are in different memory cgroups".into())
+                }
+                _ => found = Some(cg),
+            }
+        }
+        let (dir, version) = found.ok_or_else(|| "no process to follow yet".to_string())?;
+        if is_hierarchy_root(&hier, &dir) {
+            return Err(format!(
+                "the job runs in the root memory cgroup {}",
+                dir.display()
+            ));
+        }
+        let cgroup = Cgroup::open(&dir, version)
+            .map_err(|e| format!("cannot read the job's memory cgroup: {e}"))?;
+        only_the_tree(&cgroup, tree, &self.opts.proc_root, self.self_pid)?;
+        let procs = cgroup.procs().unwrap_or_default();
+        Ok((cgroup, procs.contains(&self.self_pid)))
+    }
+
+    /// Removes a cgroup memtrack created (end of run); the footprint falls
+    /// back to the RSS sum for any sample after this.
+    pub fn release(&mut self) {
+        if let State::Cgroup { cgroup, .. } = std::mem::replace(&mut self.state, State::Rss) {
+            let dir = cgroup.dir().to_path_buf();
+            match cgroup.remove() {
+                Ok(()) => tracing::debug!("removed memory cgroup {}", dir.display()),
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
+    }
+}
+
+impl Drop for FootprintReader {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+fn is_hierarchy_root(hier: &Hierarchies, dir: &Path) -> bool {
+    hier.mounts.iter().any(|m| m.mount_point == dir)
+}
+
+fn self_rss(statm: &Option<File>, page_size: u64) -> u64 {
+    let Some(f) = statm else { return 0 };
+    let mut buf = [0u8; 128];
+    f.read_at(&mut buf, 0)
+        .ok()
+        .and_then(|n| {
+            std::str::from_utf8(&buf[..n])
+                .ok()
+                .and_then(|t| parse_statm(t, page_size).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The cgroup holds the tree and nothing else (memtrack aside), and the
+/// tree is all in it. Processes born or dead since the tree's last sample
+/// are judged by their ancestry and state, not taken for strangers.
+fn only_the_tree(
+    cgroup: &Cgroup,
+    tree: &ProcTree,
+    proc_root: &Path,
+    self_pid: u32,
+) -> Result<(), String> {
+    let procs = cgroup
+        .procs()
+        .map_err(|e| format!("cannot list {}: {e}", cgroup.dir().display()))?;
+    let ours = |pid: u32| pid == self_pid || tree.contains(pid);
+    let foreign = procs
+        .iter()
+        .filter(|&&p| !ours(p) && !descends_from(proc_root, p, &ours))
+        .count();
+    if foreign > 0 {
+        return Err(format!(
+            "the job's memory cgroup {} also holds {foreign} other process{}",
+            cgroup.dir().display(),
+            if foreign == 1 { "" } else { "es" }
+        ));
+    }
+    let outside = tree
+        .pids()
+        .filter(|p| !procs.contains(p) && alive(proc_root, *p))
+        .count();
+    if outside > 0 {
+        return Err(format!(
+            "{outside} of the job's processes are outside its memory cgroup {}",
+            cgroup.dir().display()
+        ));
+    }
+    Ok(())
+}
+
+fn stat_of(proc_root: &Path, pid: u32) -> Option<super::procfs::Stat> {
+    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    super::procfs::parse_stat(&text).ok()
+}
+
+/// A process not yet sampled whose ancestors include one of ours.
+fn descends_from(proc_root: &Path, pid: u32, ours: &impl Fn(u32) -> bool) -> bool {
+    let mut p = pid;
+    for _ in 0..64 {
+        let Some(stat) = stat_of(proc_root, p) else {
+            // Gone already: it cannot hold memory any more.
+            return true;
+        };
+        if ours(stat.ppid) {
+            return true;
+        }
+        if stat.ppid <= 1 {
+            return false;
+        }
+        p = stat.ppid;
+    }
+    false
+}
+
+fn alive(proc_root: &Path, pid: u32) -> bool {
+    stat_of(proc_root, pid).is_some_and(|s| s.state != 'Z' && s.state != 'X')
+}
+
+/// Creates a memory cgroup for the job under memtrack's own (cgroup v1's
+/// memory controller, where memtrack may write), removing empty ones that
+/// a killed memtrack left behind. The error says why there is none.
+pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, String> {
+    let hier = Hierarchies::read(proc_root);
+    if let Some((dir, cgroup::Version::V2)) = hier.memory_cgroup_of(proc_root, "self") {
+        return Err(format!(
+            "memtrack does not create cgroups on cgroup v2 (its own is {}): \
+             it uses the job's cgroup when that holds only the job",
+            dir.display()
+        ));
+    }
+    let text = std::fs::read_to_string(proc_root.join("self/cgroup"))
+        .map_err(|e| format!("cannot read {}/self/cgroup: {e}", proc_root.display()))?;
+    let own = cgroup::parse_proc_cgroup(&text)
+        .v1_memory
+        .ok_or("no cgroup memory controller is mounted")?;
+    let mount = hier
+        .mounts
+        .iter()
+        .find(|m| m.version == cgroup::Version::V1)
+        .ok_or("no cgroup memory controller is mounted")?;
+    let parent = cgroup::cgroup_dir(mount, &own)
+        .ok_or_else(|| format!("memtrack's memory cgroup {own} is not mounted here"))?;
+    cgroup::remove_stale(&parent, crate::sys::pid_exists);
+    let name = format!(
+        "{}{}-{}",
+        cgroup::CREATED_PREFIX,
+        std::process::id(),
+        run_id
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(32)
+            .collect::<String>()
+    );
+    Cgroup::create_v1(&parent.join(name)).map_err(|e| e.to_string())
+}
