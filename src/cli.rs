@@ -224,7 +224,8 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct UploadArgs {
-    /// The memory_usage.json to upload
+    /// The memory_usage.json to upload, or its run directory
+    #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
     /// TOML configuration file (its s3 section)
     #[arg(long, value_name = "FILE")]
@@ -285,7 +286,8 @@ impl ClearmlResendArgs {
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// A memory_usage.json (any schema version, or the seed's bare shape)
+    /// A memory_usage.json (any schema version, or the seed's bare shape), or a run directory
+    #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
     /// Print JSON instead of the terminal report
     #[arg(long)]
@@ -294,8 +296,8 @@ pub struct ReportArgs {
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// memory_usage.json files, one row each
-    #[arg(required = true)]
+    /// memory_usage.json files or run directories, one row each
+    #[arg(required = true, value_name = "FILE|RUN_DIR")]
     pub files: Vec<PathBuf>,
     #[arg(long, value_enum, default_value = "table")]
     pub format: crate::report::compare::Format,
@@ -319,7 +321,8 @@ pub struct MergeArgs {
 
 #[derive(Debug, Args)]
 pub struct PlotArgs {
-    /// A memory_usage.json
+    /// A memory_usage.json, or a run directory
+    #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
     /// Output image: .svg or .png
     #[arg(short, long, value_name = "FILE")]
