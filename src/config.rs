@@ -95,6 +95,7 @@ impl Default for FlightConfig {
 pub struct ClearmlConfig {
     /// `auto`: on when `CLEARML_TASK_ID` or `CLEARML_API_HOST` is set, or a
     /// task or project is given here; `true`: on; `false`: off.
+    #[serde(deserialize_with = "bool_or_word")]
     pub enabled: String,
     /// Report into this task (else `CLEARML_TASK_ID`; else one is created).
     pub task: String,
@@ -155,12 +156,16 @@ impl Default for ClearmlConfig {
 pub struct S3Config {
     /// Destination `s3://bucket/prefix`. Empty: no upload.
     pub url: String,
-    /// Endpoint for MinIO and other S3-compatible stores (else
-    /// `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`).
+    /// Endpoint for MinIO and other S3-compatible stores (else, as the AWS
+    /// CLI: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the profile's
+    /// `endpoint_url`).
     pub endpoint: String,
-    /// Region (else the AWS chain; else `us-east-1`, which MinIO accepts).
+    /// Region (else `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's
+    /// `region`; else `us-east-1` with a custom endpoint, which MinIO
+    /// accepts; else the AWS chain).
     pub region: String,
     /// `auto` (path-style with a custom endpoint), `true` or `false`.
+    #[serde(deserialize_with = "bool_or_word")]
     pub path_style: String,
     /// Also upload at every checkpoint, not only at the end.
     pub upload_checkpoints: bool,
@@ -699,6 +704,24 @@ impl Config {
     }
 }
 
+/// A setting spelled `auto`, `true` or `false`: a TOML boolean is read as
+/// the word, so `path_style = false` means what it says.
+fn bool_or_word<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Bool(bool),
+        Word(String),
+    }
+    match Either::deserialize(d) {
+        Ok(Either::Bool(b)) => Ok(b.to_string()),
+        Ok(Either::Word(w)) => Ok(w),
+        Err(_) => Err(serde::de::Error::custom(
+            "expected auto, true or false (a word or a TOML boolean)",
+        )),
+    }
+}
+
 /// Prometheus label-name rules, applied to every label memtrack records.
 pub fn valid_label_name(k: &str) -> bool {
     let mut chars = k.chars();
@@ -782,6 +805,34 @@ mod tests {
         assert!(err.to_string().contains("interval"), "{err}");
         let err = resolve(&[layer("flags", "labels = { 'bad-name' = 'x' }")]).unwrap_err();
         assert!(err.to_string().contains("bad-name"), "{err}");
+    }
+
+    #[test]
+    fn boolean_settings_take_toml_booleans() {
+        let c = resolve(&[layer(
+            "config file x.toml",
+            "[s3]\npath_style = false\n[clearml]\nenabled = true",
+        )])
+        .unwrap();
+        assert_eq!(c.s3.path_style, "false");
+        assert_eq!(c.clearml.enabled, "true");
+        let c = resolve(&[layer("f", "[s3]\npath_style = 'true'")]).unwrap();
+        assert_eq!(c.s3.path_style, "true");
+        let env = Layer::from_env([("MEMTRACK_S3_PATH_STYLE".into(), "false".into())]).unwrap();
+        assert_eq!(resolve(&[env]).unwrap().s3.path_style, "false");
+        for bad in [
+            "[s3]\npath_style = 1",
+            "[s3]\npath_style = 'yes'",
+            "[s3]\npath_style = [true]",
+        ] {
+            let err = resolve(&[layer("config file x.toml", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("s3.path_style") && err.contains("x.toml"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]
