@@ -236,6 +236,12 @@ pub struct UploadArgs {
     /// S3 endpoint (MinIO), e.g. http://127.0.0.1:9000
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
+    /// Region to sign for (default: AWS_REGION, the profile's, us-east-1 with an endpoint)
+    #[arg(long, value_name = "REGION")]
+    pub s3_region: Option<String>,
+    /// Path-style addressing: auto (on with an endpoint), true or false
+    #[arg(long, value_name = "auto|true|false")]
+    pub s3_path_style: Option<String>,
 }
 
 impl UploadArgs {
@@ -247,6 +253,12 @@ impl UploadArgs {
         }
         if let Some(v) = &self.s3_endpoint {
             layer.set("s3.endpoint", Value::String(v.clone()));
+        }
+        if let Some(v) = &self.s3_region {
+            layer.set("s3.region", Value::String(v.clone()));
+        }
+        if let Some(v) = &self.s3_path_style {
+            layer.set("s3.path_style", Value::String(v.clone()));
         }
         layer
     }

@@ -23,6 +23,12 @@ use crate::units::serde_duration;
 /// Where `/metrics` is served unless told otherwise (loopback only).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
+/// How long the end of a run may wait on the network by default: enough
+/// for an upload and ClearML's last batch on a working network (seconds),
+/// short enough that a dead server costs a CI job or a SLURM allocation
+/// one minute, not five.
+pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Config files larger than this are refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -49,6 +55,11 @@ pub struct Config {
     /// `/healthz`; `off` disables. When the default address is taken the
     /// run goes on without HTTP (warned); a chosen address must bind.
     pub listen: String,
+    /// How long memtrack may spend after the job has ended on what goes
+    /// over the network (the S3 upload, ClearML's last points); then it
+    /// gives up, prints how to finish later, and exits.
+    #[serde(with = "serde_duration")]
+    pub finish_timeout: Duration,
     /// Extra labels recorded in `run.labels` and on every metric.
     pub labels: BTreeMap<String, String>,
     pub host: HostConfig,
@@ -281,6 +292,7 @@ impl Default for Config {
             checkpoint_interval: Duration::from_secs(30),
             log_level: "info".into(),
             listen: DEFAULT_LISTEN.into(),
+            finish_timeout: DEFAULT_FINISH_TIMEOUT,
             labels: BTreeMap::new(),
             host: HostConfig::default(),
             gpu: GpuConfig::default(),
@@ -595,6 +607,9 @@ impl Config {
         };
         if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(3600) {
             return bad("interval", "must be between 10ms and 1h".into());
+        }
+        if self.finish_timeout > Duration::from_secs(24 * 3600) {
+            return bad("finish_timeout", "must be at most 24h".into());
         }
         if self.checkpoint_interval < Duration::from_secs(1) {
             return bad("checkpoint_interval", "must be at least 1s".into());
