@@ -536,6 +536,37 @@ s3 =
     }
 
     #[test]
+    fn oversized_or_unreadable_files_are_named_not_read() {
+        let home = tempfile::tempdir().unwrap();
+        let aws = home.path().join(".aws");
+        std::fs::create_dir(&aws).unwrap();
+        let big = format!(
+            "[default]\nregion = eu-west-1\n{}",
+            "# pad\n".repeat(200_000)
+        );
+        std::fs::write(aws.join("config"), big).unwrap();
+        // A directory where the credentials file should be.
+        std::fs::create_dir(aws.join("credentials")).unwrap();
+        let vars = [("AWS_EC2_METADATA_DISABLED", "true")];
+        let r = resolve(&S3Config::default(), &env(&vars), Some(home.path()));
+        assert!(r.region.is_none(), "the oversized file was not read");
+        assert_eq!(r.unreadable.len(), 2, "{:?}", r.unreadable);
+        let why = r.missing_credentials().unwrap();
+        assert!(
+            why.contains("cannot read") && why.contains("config ("),
+            "{why}"
+        );
+        // AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE point elsewhere.
+        let other = home.path().join("other");
+        std::fs::write(&other, "[profile x]\nregion = sa-east-1\n").unwrap();
+        let other = other.display().to_string();
+        let vars = [("AWS_CONFIG_FILE", other.as_str()), ("AWS_PROFILE", "x")];
+        let r = resolve(&S3Config::default(), &env(&vars), Some(home.path()));
+        assert_eq!(r.region.unwrap().value, "sa-east-1");
+        assert!(r.profile_defined);
+    }
+
+    #[test]
     fn credential_problems_are_named() {
         let no_imds = [("AWS_EC2_METADATA_DISABLED", "true")];
         let r = resolve_from(&S3Config::default(), &env(&no_imds), "", "");
