@@ -183,6 +183,10 @@ pub struct Uploader {
     credentials: Option<aws_sdk_s3::config::SharedCredentialsProvider>,
     /// The SDK's first credentials error: some providers say it only once.
     credentials_error: Arc<Mutex<Option<String>>>,
+    /// Credentials were had once: later uploads (checkpoints) do not ask
+    /// the chain again (an STS or metadata call each); the SDK's own cache
+    /// serves them, and a later failure is still classified as credentials.
+    credentials_ok: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Uploader {
@@ -255,6 +259,7 @@ impl Uploader {
             threshold: config.multipart_threshold_mb << 20,
             part_size: config.part_size_mb << 20,
             credentials_error: Arc::new(Mutex::new(None)),
+            credentials_ok: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
 
@@ -263,6 +268,10 @@ impl Uploader {
     /// upload, so that it is never reported as a network error).
     pub async fn credentials_problem(&self) -> Option<String> {
         use aws_sdk_s3::config::ProvideCredentials;
+        use std::sync::atomic::Ordering;
+        if self.credentials_ok.load(Ordering::Relaxed) {
+            return None;
+        }
         if let Some(why) = self.resolved.missing_credentials() {
             return Some(why);
         }
@@ -270,7 +279,10 @@ impl Uploader {
             return Some("no credentials provider".into());
         };
         match provider.provide_credentials().await {
-            Ok(_) => None,
+            Ok(_) => {
+                self.credentials_ok.store(true, Ordering::Relaxed);
+                None
+            }
             Err(e) => {
                 let mut first = self
                     .credentials_error
