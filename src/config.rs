@@ -851,6 +851,26 @@ mod tests {
     }
 
     #[test]
+    fn finish_timeout_is_a_bounded_duration() {
+        assert_eq!(resolve(&[]).unwrap().finish_timeout, DEFAULT_FINISH_TIMEOUT);
+        let c = resolve(&[layer("f", "finish_timeout = '0s'")]).unwrap();
+        assert!(c.finish_timeout.is_zero(), "0s: no network wait at all");
+        for bad in [
+            "finish_timeout = '2d'",
+            "finish_timeout = 'soon'",
+            "finish_timeout = 60",
+        ] {
+            let err = resolve(&[layer("config file x.toml", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("finish_timeout") && err.contains("x.toml"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn env_names_are_unambiguous() {
         let keys = leaf_keys(&default_table());
         let mut names: Vec<String> = keys.iter().map(|(k, _)| k.replace('.', "_")).collect();
