@@ -14,6 +14,7 @@ use anyhow::{bail, Context};
 
 use crate::config::Config;
 use crate::engine::{EndWhen, Engine, EngineOptions, EventLink, Input};
+use crate::export::finish::Deadline;
 use crate::export::{clearml, http};
 use crate::model::{Exit, RunInfo};
 use crate::sample::footprint::{self, FootprintOptions, FootprintReader, SourceChoice};
@@ -310,12 +311,14 @@ impl Io {
             let uploader = io
                 .runtime
                 .block_on(crate::export::s3::Uploader::new(&config.s3))?;
-            if !io.runtime.block_on(uploader.credentials_found()) {
+            if let Some(why) = io.runtime.block_on(uploader.credentials_problem()) {
                 tracing::warn!(
-                    "no AWS credentials found (environment, profile files): the upload to {} will fail; \
+                    "no usable AWS credentials ({why}): the upload to {} will fail; \
                      memory_usage.json stays local and `memtrack upload` can send it later",
                     config.s3.url
                 );
+            } else if let Some(unknown) = uploader.resolved.unknown_profile() {
+                tracing::warn!("{unknown}");
             }
             io.s3 = Some(uploader);
         }
@@ -392,16 +395,29 @@ impl Io {
         Ok(io)
     }
 
-    /// Uploads the run's document; logs the outcome. `None` when S3 is off.
+    /// Uploads the run's document within the deadline; logs the outcome
+    /// and, on failure, the command that uploads it later. `None` when S3
+    /// is off.
     fn upload(
         &self,
         document: &Path,
         run: &RunInfo,
         task: Option<clearml::TaskRef>,
+        deadline: &Deadline,
     ) -> Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>> {
         let s3 = self.s3.as_ref()?;
         let key = object_key(s3, run, task);
-        let result = self.runtime.block_on(s3.upload(document, &key));
+        let what = format!("the upload to {}", s3.endpoint);
+        let result = self
+            .runtime
+            .block_on(deadline.bound(&what, s3.upload(document, &key)))
+            .unwrap_or_else(|| {
+                Err(crate::export::s3::S3Error::Deadline {
+                    endpoint: s3.endpoint.clone(),
+                    bucket: s3.dest.bucket.clone(),
+                    after: crate::units::format_duration(deadline.limit()),
+                })
+            });
         if result.is_err() {
             self.s3_errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -414,9 +430,9 @@ impl Io {
                 if u.parts == 1 { "" } else { "s" }
             ),
             Err(e) => tracing::error!(
-                "upload failed: {e}; {} is intact, and `memtrack upload {}` retries",
+                "upload failed: {e}; {} is intact; to upload it later, run: {}",
                 document.display(),
-                document.display()
+                s3.retry_command(&absolute(document))
             ),
         }
         Some(result)
@@ -458,10 +474,17 @@ impl Io {
 
     /// Stops the checkpoint uploader, waiting for an upload under way, so
     /// that no checkpoint lands on the object after the final document.
-    fn stop_checkpoint_uploads(&mut self) {
-        if let Some((stop, handle)) = self.checkpoint_uploads.take() {
+    /// Past the deadline the upload under way is abandoned (the final
+    /// upload then has no time left either).
+    fn stop_checkpoint_uploads(&mut self, deadline: &Deadline) {
+        if let Some((stop, mut handle)) = self.checkpoint_uploads.take() {
             let _ = stop.send(true);
-            let _ = self.runtime.block_on(handle);
+            let done = self
+                .runtime
+                .block_on(deadline.bound("a checkpoint upload under way", &mut handle));
+            if done.is_none() {
+                handle.abort();
+            }
         }
     }
 
@@ -475,6 +498,11 @@ impl Io {
             .shutdown_timeout(std::time::Duration::from_secs(1));
         // Dropping `socket` removes the socket file.
     }
+}
+
+/// `path` made absolute (for a command printed to be run elsewhere).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// The document's S3 key: ClearML's artifact layout
@@ -1005,10 +1033,10 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let mut export_failed = false;
     let clearml = io.clearml.take();
     if ended.urgent {
-        if io.s3.is_some() {
+        if let Some(s3) = &io.s3 {
             tracing::warn!(
-                "stopping at once: the upload was skipped; `memtrack upload {}` sends it",
-                document.display()
+                "stopping at once: the upload was skipped; to upload it later, run: {}",
+                s3.retry_command(&absolute(&document))
             );
         }
         if let Some(reporter) = clearml {
@@ -1027,6 +1055,8 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             }
         }
     } else {
+        // Everything from here on shares one deadline.
+        let deadline = Deadline::start(config.finish_timeout);
         // The key follows ClearML's layout when the task is known: give a
         // task still being created a moment.
         let task = match (&clearml, &io.s3) {
@@ -1034,14 +1064,17 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                 let wait = config
                     .clearml
                     .final_flush_timeout
-                    .min(Duration::from_secs(10));
-                io.runtime.block_on(reporter.settle(wait))
+                    .min(Duration::from_secs(10))
+                    .min(deadline.remaining());
+                io.runtime.block_on(
+                    deadline.announce("the ClearML task to be created", reporter.settle(wait)),
+                )
             }
             _ => None,
         };
-        io.stop_checkpoint_uploads();
+        io.stop_checkpoint_uploads(&deadline);
         let uploaded = if written {
-            io.upload(&document, &store.run, task.clone())
+            io.upload(&document, &store.run, task.clone(), &deadline)
         } else {
             None
         };
@@ -1060,9 +1093,12 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                 exit: ended.job_exit,
                 artifact,
             };
+            // What the deadline leaves; points not sent by then stay in the
+            // spool, and the log says how to send them.
+            let wait = config.clearml.final_flush_timeout.min(deadline.remaining());
             let report = io
                 .runtime
-                .block_on(reporter.finish(end, config.clearml.final_flush_timeout));
+                .block_on(deadline.announce("ClearML's last points", reporter.finish(end, wait)));
             export_failed |= log_clearml(&report);
         }
         // A failed upload keeps the task noted, so that `memtrack upload`

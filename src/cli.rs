@@ -232,7 +232,8 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct UploadArgs {
-    /// The memory_usage.json to upload
+    /// The memory_usage.json to upload, or its run directory
+    #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
     /// TOML configuration file (its s3 section)
     #[arg(long, value_name = "FILE")]
@@ -243,6 +244,12 @@ pub struct UploadArgs {
     /// S3 endpoint (MinIO), e.g. http://127.0.0.1:9000
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
+    /// Region to sign for (default: AWS_REGION, the profile's, us-east-1 with an endpoint)
+    #[arg(long, value_name = "REGION")]
+    pub s3_region: Option<String>,
+    /// Path-style addressing: auto (on with an endpoint), true or false
+    #[arg(long, value_name = "auto|true|false")]
+    pub s3_path_style: Option<String>,
 }
 
 impl UploadArgs {
@@ -254,6 +261,12 @@ impl UploadArgs {
         }
         if let Some(v) = &self.s3_endpoint {
             layer.set("s3.endpoint", Value::String(v.clone()));
+        }
+        if let Some(v) = &self.s3_region {
+            layer.set("s3.region", Value::String(v.clone()));
+        }
+        if let Some(v) = &self.s3_path_style {
+            layer.set("s3.path_style", Value::String(v.clone()));
         }
         layer
     }
@@ -293,7 +306,8 @@ impl ClearmlResendArgs {
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// A memory_usage.json (any schema version, or the seed's bare shape)
+    /// A memory_usage.json (any schema version, or the seed's bare shape), or a run directory
+    #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
     /// Print JSON instead of the terminal report
     #[arg(long)]
@@ -302,8 +316,8 @@ pub struct ReportArgs {
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// memory_usage.json files, one row each
-    #[arg(required = true)]
+    /// memory_usage.json files or run directories, one row each
+    #[arg(required = true, value_name = "FILE|RUN_DIR")]
     pub files: Vec<PathBuf>,
     #[arg(long, value_enum, default_value = "table")]
     pub format: crate::report::compare::Format,
@@ -327,7 +341,8 @@ pub struct MergeArgs {
 
 #[derive(Debug, Args)]
 pub struct PlotArgs {
-    /// A memory_usage.json
+    /// A memory_usage.json, or a run directory
+    #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
     /// Output image: .svg or .png
     #[arg(short, long, value_name = "FILE")]

@@ -24,6 +24,12 @@ use crate::units::serde_duration;
 /// Where `/metrics` is served unless told otherwise (loopback only).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
+/// How long the end of a run may wait on the network by default: enough
+/// for an upload and ClearML's last batch on a working network (seconds),
+/// short enough that a dead server costs a CI job or a SLURM allocation
+/// one minute, not five.
+pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Config files larger than this are refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -50,6 +56,11 @@ pub struct Config {
     /// `/healthz`; `off` disables. When the default address is taken the
     /// run goes on without HTTP (warned); a chosen address must bind.
     pub listen: String,
+    /// How long memtrack may spend after the job has ended on what goes
+    /// over the network (the S3 upload, ClearML's last points); then it
+    /// gives up, prints how to finish later, and exits.
+    #[serde(with = "serde_duration")]
+    pub finish_timeout: Duration,
     /// Extra labels recorded in `run.labels` and on every metric.
     pub labels: BTreeMap<String, String>,
     pub host: HostConfig,
@@ -96,6 +107,7 @@ impl Default for FlightConfig {
 pub struct ClearmlConfig {
     /// `auto`: on when `CLEARML_TASK_ID` or `CLEARML_API_HOST` is set, or a
     /// task or project is given here; `true`: on; `false`: off.
+    #[serde(deserialize_with = "bool_or_word")]
     pub enabled: String,
     /// Report into this task (else `CLEARML_TASK_ID`; else one is created).
     pub task: String,
@@ -156,12 +168,16 @@ impl Default for ClearmlConfig {
 pub struct S3Config {
     /// Destination `s3://bucket/prefix`. Empty: no upload.
     pub url: String,
-    /// Endpoint for MinIO and other S3-compatible stores (else
-    /// `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`).
+    /// Endpoint for MinIO and other S3-compatible stores (else, as the AWS
+    /// CLI: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the profile's
+    /// `endpoint_url`).
     pub endpoint: String,
-    /// Region (else the AWS chain; else `us-east-1`, which MinIO accepts).
+    /// Region (else `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's
+    /// `region`; else `us-east-1` with a custom endpoint, which MinIO
+    /// accepts; else the AWS chain).
     pub region: String,
     /// `auto` (path-style with a custom endpoint), `true` or `false`.
+    #[serde(deserialize_with = "bool_or_word")]
     pub path_style: String,
     /// Also upload at every checkpoint, not only at the end.
     pub upload_checkpoints: bool,
@@ -284,6 +300,7 @@ impl Default for Config {
             checkpoint_interval: Duration::from_secs(30),
             log_level: "info".into(),
             listen: DEFAULT_LISTEN.into(),
+            finish_timeout: DEFAULT_FINISH_TIMEOUT,
             labels: BTreeMap::new(),
             host: HostConfig::default(),
             gpu: GpuConfig::default(),
@@ -601,6 +618,9 @@ impl Config {
         if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(3600) {
             return bad("interval", "must be between 10ms and 1h".into());
         }
+        if self.finish_timeout > Duration::from_secs(24 * 3600) {
+            return bad("finish_timeout", "must be at most 24h".into());
+        }
         if self.checkpoint_interval < Duration::from_secs(1) {
             return bad("checkpoint_interval", "must be at least 1s".into());
         }
@@ -715,6 +735,24 @@ impl Config {
     }
 }
 
+/// A setting spelled `auto`, `true` or `false`: a TOML boolean is read as
+/// the word, so `path_style = false` means what it says.
+fn bool_or_word<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Bool(bool),
+        Word(String),
+    }
+    match Either::deserialize(d) {
+        Ok(Either::Bool(b)) => Ok(b.to_string()),
+        Ok(Either::Word(w)) => Ok(w),
+        Err(_) => Err(serde::de::Error::custom(
+            "expected auto, true or false (a word or a TOML boolean)",
+        )),
+    }
+}
+
 /// Prometheus label-name rules, applied to every label memtrack records.
 pub fn valid_label_name(k: &str) -> bool {
     let mut chars = k.chars();
@@ -798,6 +836,54 @@ mod tests {
         assert!(err.to_string().contains("interval"), "{err}");
         let err = resolve(&[layer("flags", "labels = { 'bad-name' = 'x' }")]).unwrap_err();
         assert!(err.to_string().contains("bad-name"), "{err}");
+    }
+
+    #[test]
+    fn boolean_settings_take_toml_booleans() {
+        let c = resolve(&[layer(
+            "config file x.toml",
+            "[s3]\npath_style = false\n[clearml]\nenabled = true",
+        )])
+        .unwrap();
+        assert_eq!(c.s3.path_style, "false");
+        assert_eq!(c.clearml.enabled, "true");
+        let c = resolve(&[layer("f", "[s3]\npath_style = 'true'")]).unwrap();
+        assert_eq!(c.s3.path_style, "true");
+        let env = Layer::from_env([("MEMTRACK_S3_PATH_STYLE".into(), "false".into())]).unwrap();
+        assert_eq!(resolve(&[env]).unwrap().s3.path_style, "false");
+        for bad in [
+            "[s3]\npath_style = 1",
+            "[s3]\npath_style = 'yes'",
+            "[s3]\npath_style = [true]",
+        ] {
+            let err = resolve(&[layer("config file x.toml", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("s3.path_style") && err.contains("x.toml"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn finish_timeout_is_a_bounded_duration() {
+        assert_eq!(resolve(&[]).unwrap().finish_timeout, DEFAULT_FINISH_TIMEOUT);
+        let c = resolve(&[layer("f", "finish_timeout = '0s'")]).unwrap();
+        assert!(c.finish_timeout.is_zero(), "0s: no network wait at all");
+        for bad in [
+            "finish_timeout = '2d'",
+            "finish_timeout = 'soon'",
+            "finish_timeout = 60",
+        ] {
+            let err = resolve(&[layer("config file x.toml", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("finish_timeout") && err.contains("x.toml"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -124,7 +124,8 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             layers.push(args.layer());
             let config = config::resolve(&layers).map_err(usage)?;
             logging::init(&config.log_level);
-            let uri = memtrack::export::s3::upload_file(&config.s3, &args.file).map_err(runtime)?;
+            let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
+            let uri = memtrack::export::s3::upload_file(&config.s3, &file).map_err(runtime)?;
             stdout(&format!("{uri}\n")).map_err(|e| runtime(e.into()))?;
             Ok(0)
         }
@@ -142,7 +143,8 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Ok(if done.complete { 0 } else { 1 })
         }
         Command::Report(args) => {
-            let doc = memtrack::export::json::read_document(&args.file).map_err(runtime)?;
+            let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
+            let doc = memtrack::export::json::read_document(&file).map_err(runtime)?;
             let text = if args.json {
                 let report = memtrack::report::text::build(&doc);
                 format!(
@@ -158,6 +160,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Compare(args) => {
             let mut runs = Vec::new();
             for f in &args.files {
+                let f = &memtrack::report::document_path(f).map_err(runtime)?;
                 let doc = memtrack::export::json::read_document(f).map_err(runtime)?;
                 let name = f
                     .parent()
@@ -190,7 +193,8 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
                             .map_err(runtime)?,
                     );
                 } else {
-                    let path = std::path::Path::new(input);
+                    let path = &memtrack::report::document_path(std::path::Path::new(input))
+                        .map_err(runtime)?;
                     inputs.push((
                         input.clone(),
                         memtrack::export::json::read_document(path).map_err(runtime)?,
@@ -224,7 +228,8 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Ok(0)
         }
         Command::Plot(args) => {
-            let doc = memtrack::export::json::read_document(&args.file).map_err(runtime)?;
+            let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
+            let doc = memtrack::export::json::read_document(&file).map_err(runtime)?;
             let opts = memtrack::report::plot::PlotOptions {
                 width: args.width,
                 height: args.height,

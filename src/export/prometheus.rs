@@ -93,7 +93,7 @@ pub const METRICS: &[Def] = &[
     def("memtrack_host_memory_available_bytes", G, &[], "Host RAM available (MemAvailable)."),
     def("memtrack_peak_memory_bytes", G, &["figure"], "Run peak of each memory_usage.json figure (cpu_ram_used, cpu_ram_hwm, gpu_ram_used, gpu_ram_peak, reserved_gpu_ram, gpu_process_used)."),
     def("memtrack_component_peak_memory_bytes", G, &["component", "figure"], "Peak of each figure over the samples attributed to a component."),
-    def("memtrack_events_total", C, &["component", "operation"], "Events (marks, spans, stages) recorded."),
+    def("memtrack_events_total", C, &["component", "operation"], "Events (marks, spans, stages) recorded; before the first, one series at 0 without these labels."),
     def("memtrack_pressure_level", G, &["resource"], "Memory pressure: 0 normal, 1 high, 2 critical, 3 emergency."),
     def("memtrack_open_spans", G, &[], "Spans open now."),
     def("memtrack_open_stages", G, &[], "Stages open now."),
@@ -423,6 +423,11 @@ pub fn families(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<MetricFamily> {
                 mb * MIB,
             );
         }
+    }
+    if snap.events.is_empty() {
+        // Served from the start, so that a dashboard reads 0, not "No data",
+        // before the first event.
+        f.counter("memtrack_events_total", &[], 0.0);
     }
     for (component, ops) in &snap.events {
         for (operation, n) in ops {

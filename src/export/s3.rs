@@ -1,16 +1,20 @@
 //! Uploading `memory_usage.json` to S3 or any S3-compatible store (MinIO),
 //! with aws-sdk-s3.
 //!
+//! The endpoint, region, addressing style and profile are resolved as the
+//! AWS CLI resolves them ([`super::aws`]): a profile's `endpoint_url` and
+//! `region` in `~/.aws/config` work as they do for `aws s3 cp`, and a custom
+//! endpoint turns on path-style addressing unless told otherwise.
 //! Credentials come from the standard AWS chain (environment, profile files,
-//! web identity, instance metadata). A custom endpoint (`--s3-endpoint`,
-//! `AWS_ENDPOINT_URL`) turns on path-style addressing, and the region
-//! defaults to `us-east-1`, which MinIO accepts. Every object carries a
-//! SHA-256 checksum the server verifies; files above the multipart threshold
-//! go up in parts, each with its own checksum. Retries with backoff are the
-//! SDK's standard policy with `max_attempts`. A failure never touches the
-//! local file.
+//! web identity, instance metadata) and are checked before the first
+//! request, so missing ones are reported as such, never as an unreachable
+//! server. Every object carries a SHA-256 checksum the server verifies;
+//! files above the multipart threshold go up in parts, each with its own
+//! checksum. Retries with backoff are the SDK's standard policy with
+//! `max_attempts`. A failure never touches the local file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_s3::error::ProvideErrorMetadata;
@@ -20,6 +24,7 @@ use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
 use crate::config::S3Config;
+use crate::export::aws;
 
 /// Where uploads go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,17 +45,30 @@ pub enum S3Error {
         path: String,
         source: std::io::Error,
     },
-    #[error("S3 at {endpoint} refused the credentials for bucket `{bucket}`: {code} (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile){detail}")]
+    #[error("S3 at {endpoint} refused the credentials for bucket `{bucket}`: {code} (credentials from {source_of}; check them){detail}")]
     Credentials {
         endpoint: String,
         bucket: String,
         code: String,
+        source_of: String,
         detail: String,
+    },
+    #[error("no usable AWS credentials for S3 at {endpoint} ({profile}): {cause}")]
+    NoCredentials {
+        endpoint: String,
+        profile: String,
+        cause: String,
+    },
+    #[error("S3 at {endpoint} (bucket `{bucket}`) did not answer within {after} (finish_timeout); gave up")]
+    Deadline {
+        endpoint: String,
+        bucket: String,
+        after: String,
     },
     #[error("bucket `{bucket}` does not exist at {endpoint}")]
     NoSuchBucket { endpoint: String, bucket: String },
     #[error(
-        "cannot reach S3 at {endpoint} (bucket `{bucket}`) after {attempts} attempts: {detail}"
+        "cannot reach S3 at {endpoint} (bucket `{bucket}`) after {attempts} attempts (network): {detail}"
     )]
     Unreachable {
         endpoint: String,
@@ -152,51 +170,58 @@ pub struct Uploaded {
 pub struct Uploader {
     client: aws_sdk_s3::Client,
     pub dest: Destination,
-    /// For messages: the endpoint, or "AWS S3 (region)".
+    /// For messages: the endpoint and where it came from, or
+    /// "AWS S3 (https://s3.REGION.amazonaws.com)".
     pub endpoint: String,
+    /// What was resolved, for messages and the retry command.
+    pub resolved: aws::Resolved,
+    /// The destination as configured (`s3://bucket/prefix`).
+    url: String,
     attempts: u32,
     threshold: u64,
     part_size: u64,
     credentials: Option<aws_sdk_s3::config::SharedCredentialsProvider>,
+    /// The SDK's first credentials error: some providers say it only once.
+    credentials_error: Arc<Mutex<Option<String>>>,
+    /// Credentials were had once: later uploads (checkpoints) do not ask
+    /// the chain again (an STS or metadata call each); the SDK's own cache
+    /// serves them, and a later failure is still classified as credentials.
+    credentials_ok: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Uploader {
-    /// Builds the client from the AWS chain and `config`. Does no I/O
-    /// beyond reading profile files.
+    /// Builds the client from `config`, the environment and the AWS
+    /// profile files under `$HOME`. Does no I/O beyond reading them.
     pub async fn new(config: &S3Config) -> Result<Uploader, S3Error> {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref());
+        Uploader::with(config, resolved).await
+    }
+
+    /// [`Uploader::new`] with the settings already resolved.
+    pub async fn with(config: &S3Config, resolved: aws::Resolved) -> Result<Uploader, S3Error> {
         let dest = parse_url(&config.url)?;
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
             ))
             .build_https();
-        let endpoint = if config.endpoint.is_empty() {
-            std::env::var("AWS_ENDPOINT_URL_S3")
-                .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-                .unwrap_or_default()
-        } else {
-            config.endpoint.clone()
-        };
         let mut loader =
             aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
-        let region_env = ["AWS_REGION", "AWS_DEFAULT_REGION"]
-            .iter()
-            .any(|v| std::env::var_os(v).is_some());
-        if !config.region.is_empty() {
-            loader = loader.region(aws_config::Region::new(config.region.clone()));
-        } else if !endpoint.is_empty() && !region_env {
-            // MinIO and friends accept any region; asking the AWS chain would
-            // probe the instance-metadata service for nothing.
-            loader = loader.region(aws_config::Region::new("us-east-1"));
+        if resolved.profile_from != "default" {
+            // The SDK reads AWS_PROFILE itself, not AWS_DEFAULT_PROFILE.
+            loader = loader.profile_name(&resolved.profile);
+        }
+        if let Some(region) = &resolved.region {
+            // Known without asking the instance-metadata service.
+            loader = loader.region(aws_config::Region::new(region.value.clone()));
+        }
+        if let Some(endpoint) = &resolved.endpoint {
+            loader = loader.endpoint_url(endpoint.value.clone());
         }
         let shared = loader.load().await;
-        let path_style = match config.path_style.as_str() {
-            "true" => true,
-            "false" => false,
-            _ => !endpoint.is_empty(),
-        };
         let mut b = aws_sdk_s3::config::Builder::from(&shared)
-            .force_path_style(path_style)
+            .force_path_style(resolved.path_style)
             .retry_config(
                 aws_config::retry::RetryConfig::standard()
                     .with_max_attempts(config.max_attempts)
@@ -209,42 +234,118 @@ impl Uploader {
                     .operation_attempt_timeout(config.timeout)
                     .build(),
             );
-        if shared.region().is_none() {
-            b = b.region(aws_config::Region::new("us-east-1"));
+        let mut resolved = resolved;
+        match shared.region() {
+            Some(r) if resolved.region.is_none() => {
+                resolved.region = Some(aws::Setting {
+                    value: r.to_string(),
+                    source: "the AWS SDK's chain".into(),
+                });
+            }
+            Some(_) => {}
+            None => b = b.region(aws_config::Region::new("us-east-1")),
         }
-        if !endpoint.is_empty() {
-            b = b.endpoint_url(endpoint.clone());
+        if let Some(endpoint) = &resolved.endpoint {
+            b = b.endpoint_url(endpoint.value.clone());
         }
-        let described = if endpoint.is_empty() {
-            format!(
-                "AWS S3 ({})",
-                shared
-                    .region()
-                    .map(|r| r.to_string())
-                    .unwrap_or_else(|| "us-east-1".into())
-            )
-        } else {
-            endpoint
-        };
         Ok(Uploader {
             credentials: shared.credentials_provider(),
             client: aws_sdk_s3::Client::from_conf(b.build()),
             dest,
-            endpoint: described,
+            endpoint: resolved.describe_endpoint(),
+            resolved,
+            url: config.url.clone(),
             attempts: config.max_attempts,
             threshold: config.multipart_threshold_mb << 20,
             part_size: config.part_size_mb << 20,
+            credentials_error: Arc::new(Mutex::new(None)),
+            credentials_ok: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
 
-    /// Whether the AWS chain yields credentials at all (checked at start,
-    /// so a missing secret is reported before the job runs for hours).
-    pub async fn credentials_found(&self) -> bool {
+    /// Why no credentials can be had, if so (checked at start, so a missing
+    /// secret is reported before the job runs for hours, and before every
+    /// upload, so that it is never reported as a network error).
+    pub async fn credentials_problem(&self) -> Option<String> {
         use aws_sdk_s3::config::ProvideCredentials;
-        match &self.credentials {
-            Some(p) => p.provide_credentials().await.is_ok(),
-            None => false,
+        use std::sync::atomic::Ordering;
+        if self.credentials_ok.load(Ordering::Relaxed) {
+            return None;
         }
+        if let Some(why) = self.resolved.missing_credentials() {
+            return Some(why);
+        }
+        let Some(provider) = &self.credentials else {
+            return Some("no credentials provider".into());
+        };
+        match provider.provide_credentials().await {
+            Ok(_) => {
+                self.credentials_ok.store(true, Ordering::Relaxed);
+                None
+            }
+            Err(e) => {
+                let mut first = self
+                    .credentials_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                Some(first.get_or_insert_with(|| chain(&e)).clone())
+            }
+        }
+    }
+
+    async fn check_credentials(&self) -> Result<(), S3Error> {
+        match self.credentials_problem().await {
+            None => Ok(()),
+            Some(cause) => Err(self.no_credentials(cause)),
+        }
+    }
+
+    fn no_credentials(&self, cause: String) -> S3Error {
+        S3Error::NoCredentials {
+            endpoint: self.endpoint.clone(),
+            profile: self.resolved.describe_profile(),
+            cause,
+        }
+    }
+
+    /// Where the credentials in use come from, for a refusal.
+    fn credentials_source(&self) -> String {
+        match self.resolved.credentials {
+            aws::Credentials::Environment => {
+                "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY".to_string()
+            }
+            _ => self.resolved.describe_profile(),
+        }
+    }
+
+    /// The command that sends `file` later, to the same place: destination,
+    /// endpoint, region and addressing style as resolved now, so that it
+    /// works as printed in a shell without this run's settings.
+    pub fn retry_command(&self, file: &Path) -> String {
+        let mut words: Vec<String> = Vec::new();
+        if self.resolved.profile_from != "default" {
+            words.push(format!(
+                "AWS_PROFILE={}",
+                shell_quote(&self.resolved.profile)
+            ));
+        }
+        words.extend(["memtrack".into(), "upload".into()]);
+        words.push(shell_quote(&file.display().to_string()));
+        words.extend(["--s3-url".into(), shell_quote(&self.url)]);
+        if let Some(e) = &self.resolved.endpoint {
+            words.extend(["--s3-endpoint".into(), shell_quote(&e.value)]);
+        }
+        if let Some(r) = &self.resolved.region {
+            words.extend(["--s3-region".into(), shell_quote(&r.value)]);
+        }
+        // `auto` gives path style exactly when an endpoint is set.
+        if self.resolved.path_style != self.resolved.endpoint.is_some() {
+            words.extend([
+                "--s3-path-style".into(),
+                self.resolved.path_style.to_string(),
+            ]);
+        }
+        words.join(" ")
     }
 
     fn error<E, R>(&self, e: aws_sdk_s3::error::SdkError<E, R>) -> S3Error
@@ -254,12 +355,24 @@ impl Uploader {
     {
         use aws_sdk_s3::error::SdkError;
         let (endpoint, bucket) = (self.endpoint.clone(), self.dest.bucket.clone());
+        let network = match &e {
+            SdkError::TimeoutError(_) => true,
+            SdkError::DispatchFailure(d) => d.is_io() || d.is_timeout(),
+            _ => false,
+        };
+        let text = chain(&e);
+        if !network
+            && !matches!(e, SdkError::ServiceError(_))
+            && text.to_ascii_lowercase().contains("credential")
+        {
+            return self.no_credentials(text);
+        }
         match &e {
             SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => S3Error::Unreachable {
                 endpoint,
                 bucket,
                 attempts: self.attempts,
-                detail: chain(&e),
+                detail: text,
             },
             _ => {
                 let code = e.code().unwrap_or_default().to_string();
@@ -273,13 +386,14 @@ impl Uploader {
                         endpoint,
                         bucket,
                         code,
+                        source_of: self.credentials_source(),
                         detail,
                     },
                     "NoSuchBucket" => S3Error::NoSuchBucket { endpoint, bucket },
                     "" => S3Error::Other {
                         endpoint,
                         bucket,
-                        detail: chain(&e),
+                        detail: text,
                     },
                     _ => S3Error::Other {
                         endpoint,
@@ -328,6 +442,7 @@ impl Uploader {
                 path: path.display().to_string(),
                 source,
             })?;
+        self.check_credentials().await?;
         self.check_bucket().await?;
         let sha256 = hex(&Sha256::digest(&bytes));
         let size = bytes.len() as u64;
@@ -600,6 +715,19 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// `word` as one POSIX shell word.
+pub fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -654,6 +782,62 @@ mod tests {
                 "memory_usage.json"
             ),
             "rag/smollm.abc123/artifacts/memory_usage/memory_usage.json"
+        );
+    }
+
+    #[test]
+    fn shell_words() {
+        assert_eq!(
+            shell_quote("outputs/a-1/memory_usage.json"),
+            "outputs/a-1/memory_usage.json"
+        );
+        assert_eq!(shell_quote("http://h:9000"), "http://h:9000");
+        assert_eq!(shell_quote("my run"), "'my run'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("$(rm -rf ~)"), "'$(rm -rf ~)'");
+    }
+
+    #[test]
+    fn the_retry_command_carries_what_was_resolved() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = S3Config {
+            url: "s3://b-1/team".into(),
+            ..S3Config::default()
+        };
+        let env = |k: &str| (k == "AWS_PROFILE").then(|| "minio".to_string());
+        let resolved = aws::resolve_from(
+            &config,
+            &env,
+            "[profile minio]\nendpoint_url = http://minio:9000\nregion = eu-west-3\n",
+            "",
+        );
+        let up = runtime.block_on(Uploader::with(&config, resolved)).unwrap();
+        assert_eq!(
+            up.retry_command(Path::new("/data/out/my run/memory_usage.json")),
+            "AWS_PROFILE=minio memtrack upload '/data/out/my run/memory_usage.json' \
+             --s3-url s3://b-1/team --s3-endpoint http://minio:9000 --s3-region eu-west-3"
+        );
+        assert!(
+            up.endpoint.contains("http://minio:9000") && up.endpoint.contains("profile `minio`")
+        );
+        // Path style turned off against the endpoint's default is carried too.
+        let config = S3Config {
+            path_style: "false".into(),
+            endpoint: "http://minio:9000".into(),
+            ..config
+        };
+        let resolved = aws::resolve_from(&config, &|_| None, "", "");
+        let up = runtime.block_on(Uploader::with(&config, resolved)).unwrap();
+        assert!(
+            up.retry_command(Path::new("/f.json")).ends_with(
+                "--s3-endpoint http://minio:9000 --s3-region us-east-1 --s3-path-style false"
+            ),
+            "{}",
+            up.retry_command(Path::new("/f.json"))
         );
     }
 

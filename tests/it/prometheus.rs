@@ -655,7 +655,13 @@ fn a_real_scrape_passes_promtool_check_metrics() {
         .collect();
     assert!(missing.is_empty(), "families missing from a rich scrape (make the job produce them, or list them in NOT_IN_SCRAPE with why): {missing:?}\n{body}");
 
-    let mut child = Command::new(&promtool)
+    promtool_check_metrics(&promtool, &body);
+    rig.finish();
+}
+
+/// `promtool check metrics` on a scrape; any lint message fails.
+fn promtool_check_metrics(promtool: &Path, body: &str) {
+    let mut child = Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -684,7 +690,66 @@ fn a_real_scrape_passes_promtool_check_metrics() {
         out.status.success() && text.trim().is_empty(),
         "promtool check metrics:\n{text}\n--- scrape:\n{body}"
     );
-    rig.finish();
+}
+
+/// Families only a GPU (NVML) or a job sending PyTorch's allocator figures
+/// produces: a host-only daemon whose job says nothing cannot serve them.
+fn needs_gpu_or_allocator(name: &str) -> bool {
+    [
+        "memtrack_gpu_",
+        "memtrack_process_gpu_",
+        "memtrack_tree_gpu_",
+        "memtrack_allocator_",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+}
+
+#[test]
+fn a_fresh_daemon_serves_every_metric_the_dashboard_queries() {
+    let promtool = tool("promtool");
+    let queried: BTreeSet<String> = targets(&dashboard())
+        .iter()
+        .flat_map(|(_, _, expr, _)| metric_names(expr))
+        .collect();
+    assert!(
+        queried.contains("memtrack_events_total") && queried.len() > 10,
+        "the dashboard's queries were read: {queried:?}"
+    );
+    // A host-only daemon whose job sends nothing: no event, span, stage or
+    // export has happened yet.
+    let out = scratch();
+    let stop = out.path().join("stop");
+    let job = python(&format!(
+        "import os, time\nwhile not os.path.exists({:?}): time.sleep(0.05)\n",
+        stop.display().to_string()
+    ));
+    let d = Daemon::start(out.path(), &["--interval", "100ms", "--no-gpu"], &job, &[]);
+    // After its first sample (host figures come from it).
+    let mut body = String::new();
+    wait_for("the first sample", Duration::from_secs(15), || {
+        let (status, text) = d.http("GET", "/metrics");
+        body = text;
+        status == 200 && body.contains("memtrack_host_memory_total_bytes{")
+    });
+    let served = |name: &str| {
+        body.lines().any(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(['{', ' ']))
+        })
+    };
+    let missing: Vec<&String> = queried
+        .iter()
+        .filter(|n| !needs_gpu_or_allocator(n) && !served(n))
+        .collect();
+    promtool_check_metrics(&promtool, &body);
+    std::fs::write(&stop, "").unwrap();
+    let (code, _) = d.finish();
+    assert_eq!(code, Some(0));
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries these, which a fresh daemon does not serve: {missing:?}\n{body}"
+    );
 }
 
 // ---------------------------------------------------------------- a real Prometheus

@@ -305,3 +305,81 @@ fn watch_shows_live_values_in_a_terminal() {
     let (code, _) = d.finish();
     assert_eq!(code, Some(0));
 }
+
+#[test]
+fn report_plot_and_compare_take_run_directories() {
+    let out = scratch();
+    for name in ["small", "large"] {
+        let res = run_to_end(
+            memtrack()
+                .args([
+                    "run", "--listen", "off", "--socket", "off", "--name", name, "--output",
+                ])
+                .arg(out.path())
+                .args(["--", "true"]),
+            Duration::from_secs(60),
+        );
+        assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    }
+    let dir = out.path().join("small");
+    let file = dir.join("memory_usage.json");
+    let tool = |args: &[&std::ffi::OsStr]| {
+        let res = run_to_end(memtrack().args(args), Duration::from_secs(60));
+        assert_eq!(res.status.code(), Some(0), "{args:?}: {}", stderr(&res));
+        String::from_utf8(res.stdout).unwrap()
+    };
+    // The directory reads exactly as its file.
+    for json in [false, true] {
+        let flag: &[&std::ffi::OsStr] = if json { &["--json".as_ref()] } else { &[] };
+        let by_dir = tool(&[&["report".as_ref()], flag, &[dir.as_os_str()]].concat());
+        let by_file = tool(&[&["report".as_ref()], flag, &[file.as_os_str()]].concat());
+        assert_eq!(by_dir, by_file);
+        assert!(by_dir.contains("small"), "{by_dir}");
+    }
+    let by_dir = tool(&[
+        "compare".as_ref(),
+        "--format".as_ref(),
+        "csv".as_ref(),
+        dir.as_os_str(),
+        out.path().join("large").as_os_str(),
+    ]);
+    let by_file = tool(&[
+        "compare".as_ref(),
+        "--format".as_ref(),
+        "csv".as_ref(),
+        file.as_os_str(),
+        out.path().join("large/memory_usage.json").as_os_str(),
+    ]);
+    assert_eq!(by_dir, by_file, "rows named after the run directories");
+    assert!(
+        by_dir.contains("small") && by_dir.contains("large"),
+        "{by_dir}"
+    );
+    let svg = out.path().join("small.svg");
+    tool(&[
+        "plot".as_ref(),
+        dir.as_os_str(),
+        "-o".as_ref(),
+        svg.as_os_str(),
+    ]);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+
+    // A directory without the file says what it is and what to do.
+    let empty = out.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    for cmd in ["report", "plot", "compare"] {
+        let mut c = memtrack();
+        c.arg(cmd).arg(&empty);
+        if cmd == "plot" {
+            c.arg("-o").arg(&svg);
+        }
+        let res = run_to_end(&mut c, Duration::from_secs(60));
+        assert_eq!(res.status.code(), Some(1), "{cmd}");
+        assert!(
+            stderr(&res).contains("without a memory_usage.json")
+                && !stderr(&res).contains("Is a directory"),
+            "{cmd}: {}",
+            stderr(&res)
+        );
+    }
+}

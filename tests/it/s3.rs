@@ -351,3 +351,343 @@ fn checkpoints_are_uploaded_during_the_run_and_the_final_file_wins() {
         "finished"
     );
 }
+
+/// AWS settings of the machine running the tests must not reach memtrack.
+fn without_aws_env(cmd: &mut Command) -> &mut Command {
+    for (k, _) in std::env::vars() {
+        if k.starts_with("AWS_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A listener that accepts connections and never answers on them, until
+/// dropped.
+struct Silent {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Silent {
+    fn start(port: u16) -> Silent {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((conn, _)) => held.push(conn),
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            held.len()
+        });
+        Silent {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Closes everything; returns how many connections it held.
+    fn stop(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The command memtrack printed after "run: ", as one line.
+fn printed_command(log: &str) -> String {
+    log.lines()
+        .find_map(|l| l.split_once("to upload it later, run: ").map(|(_, c)| c))
+        .unwrap_or_else(|| panic!("no retry command in:\n{log}"))
+        .trim()
+        .to_string()
+}
+
+/// Runs a printed command line in a shell, `memtrack` being the binary
+/// under test (as when it is installed in PATH).
+fn run_printed(line: &str, env: &[(&'static str, String)]) -> std::process::Output {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_memtrack"));
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", line]).env("PATH", path);
+    without_aws_env(&mut cmd);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MEMTRACK_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run_to_end(&mut cmd, Duration::from_secs(60))
+}
+
+#[test]
+fn a_server_that_never_answers_costs_the_deadline_and_the_printed_command_uploads_later() {
+    let mut server = S3Server::start();
+    server.down();
+    // The server's address accepts connections and never answers.
+    let silent = Silent::start(server.port);
+    let out = scratch();
+    let mut cmd = memtrack();
+    cmd.args(["run", "--listen", "off", "--name", "job", "--output"])
+        .arg(out.path())
+        .args([
+            "--s3-url",
+            &format!("s3://{}/runs", server.bucket),
+            "--s3-endpoint",
+            &server.endpoint(),
+            "--",
+            "true",
+        ])
+        .env("MEMTRACK_FINISH_TIMEOUT", "4s");
+    without_aws_env(&mut cmd);
+    for (k, v) in server.env(S3_SECRET) {
+        cmd.env(k, v);
+    }
+    // Without a deadline the SDK's retries (5 × 60 s) outlast this bound.
+    let res = run_to_end(&mut cmd, Duration::from_secs(120));
+    assert_eq!(res.status.code(), Some(0), "the job's status wins");
+    assert!(silent.stop() > 0, "memtrack did connect");
+    let err = stderr(&res);
+    assert!(
+        err.contains(&format!("waiting for the upload to {}", server.endpoint()))
+            && err.contains("did not answer within 4s (finish_timeout)"),
+        "one progress line, then the deadline: {err}"
+    );
+    let line = printed_command(&err);
+    assert!(
+        line.contains(&format!("--s3-url s3://{}/runs", server.bucket))
+            && line.contains(&format!("--s3-endpoint {}", server.endpoint())),
+        "{line}"
+    );
+    let file = out.path().join("job/memory_usage.json");
+    let local = std::fs::read(&file).unwrap();
+
+    // Run as printed, from elsewhere, once the server is back.
+    server.up();
+    let res = run_printed(&line, &server.env(S3_SECRET));
+    assert_eq!(res.status.code(), Some(0), "{line}: {}", stderr(&res));
+    assert_eq!(server.object(KEY).as_deref(), Some(local.as_slice()));
+}
+
+/// A loopback proxy in front of the S3 server that keeps every byte the
+/// client sent, so a test can read the requests' lines and headers.
+struct Recorder {
+    port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Recorder {
+    fn start(target: u16) -> Recorder {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (log, stopped) = (std::sync::Arc::clone(&seen), std::sync::Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let server = std::net::TcpStream::connect(("127.0.0.1", target)).unwrap();
+                let pump =
+                    |mut from: std::net::TcpStream,
+                     mut to: std::net::TcpStream,
+                     log: Option<std::sync::Arc<std::sync::Mutex<Vec<u8>>>>| {
+                        std::thread::spawn(move || {
+                            let mut buf = [0u8; 64 * 1024];
+                            loop {
+                                match from.read(&mut buf) {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(n) => {
+                                        if let Some(log) = &log {
+                                            log.lock().unwrap().extend_from_slice(&buf[..n]);
+                                        }
+                                        if to.write_all(&buf[..n]).is_err() {
+                                            break;
+                                        }
+                                    }
+                                }
+                            }
+                            let _ = to.shutdown(std::net::Shutdown::Write);
+                        });
+                    };
+                pump(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    Some(std::sync::Arc::clone(&log)),
+                );
+                pump(server, client, None);
+            }
+        });
+        Recorder { port, seen, stop }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.seen.lock().unwrap()).into_owned()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A temporary HOME holding AWS CLI files.
+fn aws_home(config: &str, credentials: &str) -> tempfile::TempDir {
+    let home = scratch();
+    std::fs::create_dir(home.path().join(".aws")).unwrap();
+    std::fs::write(home.path().join(".aws/config"), config).unwrap();
+    std::fs::write(home.path().join(".aws/credentials"), credentials).unwrap();
+    home
+}
+
+#[test]
+fn a_profile_endpoint_and_region_upload_path_style_signed_for_that_region() {
+    let server = S3Server::start();
+    let proxy = Recorder::start(server.port);
+    // As MinIO's docs set up the AWS CLI: a host name, not an address (an
+    // address would get path style from the SDK anyway).
+    let home = aws_home(
+        &format!(
+            "[profile minio]\nendpoint_url = http://localhost:{}\nregion = eu-west-3\n",
+            proxy.port
+        ),
+        &format!("[minio]\naws_access_key_id = {S3_KEY}\naws_secret_access_key = {S3_SECRET}\n"),
+    );
+    let out = scratch();
+    let mut cmd = memtrack();
+    cmd.args(["run", "--listen", "off", "--name", "job", "--output"])
+        .arg(out.path())
+        .args([
+            "--s3-url",
+            &format!("s3://{}/runs", server.bucket),
+            "--",
+            "true",
+        ]);
+    without_aws_env(&mut cmd)
+        .env("HOME", home.path())
+        .env("AWS_PROFILE", "minio")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("MEMTRACK_FINISH_TIMEOUT", "30s");
+    let res = run_to_end(&mut cmd, Duration::from_secs(120));
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let local = std::fs::read(out.path().join("job/memory_usage.json")).unwrap();
+    assert_eq!(
+        server.object(KEY).as_deref(),
+        Some(local.as_slice()),
+        "uploaded through the profile's endpoint: {}",
+        stderr(&res)
+    );
+    let sent = proxy.text();
+    let put = format!("PUT /{}/{KEY}", server.bucket);
+    assert!(sent.contains(&put), "path style ({put}):\n{sent}");
+    assert!(
+        sent.contains(&format!("host: localhost:{}", proxy.port))
+            || sent.contains(&format!("Host: localhost:{}", proxy.port)),
+        "no bucket in the host name:\n{sent}"
+    );
+    let scopes: Vec<&str> = sent
+        .split("Credential=")
+        .skip(1)
+        .map(|s| s.split(',').next().unwrap())
+        .collect();
+    assert!(!scopes.is_empty(), "signed requests:\n{sent}");
+    for scope in &scopes {
+        let parts: Vec<&str> = scope.split('/').collect();
+        assert_eq!(parts[0], S3_KEY, "{scope}");
+        assert_eq!(
+            parts[2], "eu-west-3",
+            "signed for the profile's region: {scope}"
+        );
+        assert_eq!(parts[3], "s3", "{scope}");
+    }
+}
+
+/// A small document to upload.
+fn small_document(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut doc = memtrack::model::Document {
+        schema: memtrack::model::SCHEMA_VERSION,
+        ..Default::default()
+    };
+    doc.run.name = "small".into();
+    let file = dir.join("memory_usage.json");
+    memtrack::export::json::write_document(&file, &doc).unwrap();
+    file
+}
+
+#[test]
+fn missing_credentials_and_an_unknown_profile_are_named_as_such() {
+    let server = S3Server::start();
+    let dir = scratch();
+    let file = small_document(dir.path());
+    let home = aws_home("[default]\nregion = us-east-1\n", "");
+    let upload = |env: &[(&str, &str)]| {
+        let mut cmd = memtrack();
+        cmd.arg("upload").arg(&file).args([
+            "--s3-url",
+            &format!("s3://{}/runs", server.bucket),
+            "--s3-endpoint",
+            &server.endpoint(),
+        ]);
+        without_aws_env(&mut cmd)
+            .env("HOME", home.path())
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let res = run_to_end(&mut cmd, Duration::from_secs(60));
+        assert_eq!(res.status.code(), Some(1), "{}", stderr(&res));
+        let err = stderr(&res);
+        assert!(
+            err.contains("no usable AWS credentials")
+                && err.contains(&server.endpoint())
+                && !err.contains("cannot reach"),
+            "credentials, not the network: {err}"
+        );
+        err
+    };
+    let err = upload(&[]);
+    assert!(
+        err.contains("AWS_ACCESS_KEY_ID") && err.contains("profile `default`"),
+        "{err}"
+    );
+    let err = upload(&[("AWS_PROFILE", "nope")]);
+    assert!(
+        err.contains("AWS_PROFILE names profile `nope`")
+            && err.contains(&home.path().join(".aws/config").display().to_string()),
+        "{err}"
+    );
+    let err = upload(&[("AWS_ACCESS_KEY_ID", S3_KEY)]);
+    assert!(
+        err.contains("AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not"),
+        "{err}"
+    );
+    assert!(server
+        .object("runs/small/artifacts/memory_usage/memory_usage.json")
+        .is_none());
+}
