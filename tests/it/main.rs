@@ -15,3 +15,4 @@ mod plot;
 mod prometheus;
 mod report;
 mod s3;
+mod safety;
