@@ -171,24 +171,40 @@ pub fn default_run_name(mode: &Mode) -> String {
     )
 }
 
-/// Creates the run directory. A chosen name is used as is; an automatic
-/// one gets `-2`, `-3`… when taken. Runs left behind by a killed memtrack
-/// under the same output root are recovered first.
+/// Creates the run directory, private to this user (0700). A chosen name
+/// is used as is, if it is free or this user's own folder; an automatic one
+/// gets `-2`, `-3`… when taken. Runs left behind by a killed memtrack under
+/// the same output root are recovered first.
 pub fn prepare_run_dir(output: &Path, name: &str, explicit: bool) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(output)
+    crate::files::create_dir_all(output)
         .with_context(|| format!("cannot create output directory {}", output.display()))?;
     recover_leftovers(output);
     let mut dir = output.join(name);
-    if !explicit {
-        let mut n = 2;
-        while dir.exists() {
-            dir = output.join(format!("{name}-{n}"));
-            n += 1;
+    if explicit {
+        if let Some(parent) = dir.parent() {
+            crate::files::create_dir_all(parent)
+                .with_context(|| format!("cannot create run directory {}", dir.display()))?;
+        }
+        crate::files::private_dir(&dir)
+            .with_context(|| format!("cannot use run directory {}", dir.display()))?;
+        return Ok(dir);
+    }
+    // Created, not found: a folder someone else made under the name is
+    // skipped like any taken name.
+    let mut n = 2;
+    loop {
+        match crate::files::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 10_000 => {
+                dir = output.join(format!("{name}-{n}"));
+                n += 1;
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot create run directory {}", dir.display()))
+            }
         }
     }
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create run directory {}", dir.display()))?;
-    Ok(dir)
 }
 
 /// Rebuilds `memory_usage.json` of runs whose daemon died. Live runs (lock
@@ -199,7 +215,8 @@ pub fn recover_leftovers(output: &Path) {
     };
     for entry in entries.flatten() {
         let dir = entry.path();
-        if !journal::has_journal(&dir) {
+        // Another user's folder (a shared output root) is theirs to recover.
+        if !crate::files::owned_by_me(&dir) || !journal::has_journal(&dir) {
             continue;
         }
         match journal::recover(&dir) {
@@ -211,6 +228,22 @@ pub fn recover_leftovers(output: &Path) {
             Err(journal::JournalError::Locked(_)) => {}
             Err(e) => tracing::warn!("cannot recover {}: {e}", dir.display()),
         }
+    }
+}
+
+/// The complete document went to `fallback`: the partial journal left in
+/// the run directory must never be recovered over it.
+fn supersede_journal(run_dir: &Path, fallback: &Path) {
+    match journal::supersede(run_dir, fallback) {
+        Ok(kept) => tracing::warn!(
+            "the journal in {} holds part of the run only: kept as {}, never recovered",
+            run_dir.display(),
+            kept.display()
+        ),
+        Err(e) => tracing::error!(
+            "the partial journal in {} may be recovered over nothing better: {e}",
+            run_dir.display()
+        ),
     }
 }
 
@@ -1016,6 +1049,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                         document.display(),
                         fallback.display()
                     );
+                    supersede_journal(&run_dir, &fallback);
                     document = fallback;
                     true
                 }

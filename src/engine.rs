@@ -617,6 +617,12 @@ impl Engine {
                     Ok(false) => tracing::debug!(
                         "the previous checkpoint is still being written; skipping this one"
                     ),
+                    Err(e @ crate::store::journal::JournalError::Rotate { .. }) => {
+                        self.store.counters_mut().journal_errors += 1;
+                        if let Some(n) = self.journal_errors.hit(1000) {
+                            tracing::warn!("journal error ({n} so far): {e}");
+                        }
+                    }
                     Err(e) => self.checkpoint_done(Err(e)),
                 }
             }

@@ -15,7 +15,8 @@
 //!
 //! [`model`] is the `memory_usage.json` schema shared by writer and
 //! readers; [`config`] and [`cli`] are the user-facing surface; [`app`]
-//! wires a run together; [`sys`] is the only `unsafe` code.
+//! wires a run together; [`files`] creates what memtrack writes, private
+//! and never through a planted link; [`sys`] is the only `unsafe` code.
 
 pub mod app;
 pub mod cli;
@@ -23,6 +24,7 @@ pub mod config;
 pub mod engine;
 pub mod event;
 pub mod export;
+pub mod files;
 pub mod logging;
 pub mod model;
 pub mod report;

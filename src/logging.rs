@@ -2,6 +2,10 @@
 //!
 //! The job writes to the same terminal, so every line says it is
 //! memtrack's: `memtrack: WARN message key=value`.
+//!
+//! stderr may be gone (a closed pipe, a `tee` that died, a closed
+//! descriptor): a log line that cannot be written is dropped, never a
+//! panic and never a change of the job's exit status.
 
 use std::fmt;
 
@@ -55,11 +59,37 @@ pub fn init(filter: &str) {
         .or_else(|| EnvFilter::try_new(with_quiet(filter)).ok())
         .unwrap_or_else(|| EnvFilter::new(with_quiet("info")));
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(|| Stderr)
+        // Its fallback for a failed write is `eprintln!`, which panics.
+        .log_internal_errors(false)
         .with_ansi(false)
         .with_env_filter(filter)
         .event_format(Prefixed)
         .try_init();
+}
+
+/// stderr, with every write error (EPIPE, EBADF, EIO) swallowed.
+struct Stderr;
+
+impl std::io::Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// Writes one line to stderr, as `eprintln!` would, but a dead stderr is
+/// ignored instead of a panic.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(line.as_bytes());
+    let _ = err.write_all(b"\n");
 }
 
 /// Logs a repeated problem once, then every `every`-th time.

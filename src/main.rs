@@ -20,7 +20,7 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),
         Err(Failure { code, error }) => {
-            eprintln!("memtrack: error: {error:#}");
+            logging::say(&format!("memtrack: error: {error:#}"));
             ExitCode::from(code)
         }
     }
@@ -213,11 +213,11 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
                     }
                     memtrack::export::json::write_document(path, &merged)
                         .map_err(|e| runtime(e.into()))?;
-                    eprintln!(
+                    logging::say(&format!(
                         "memtrack: merged {} ranks into {}",
                         merged.ranks.len(),
                         path.display()
-                    );
+                    ));
                 }
                 None => {
                     let text =
@@ -237,7 +237,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             };
             memtrack::report::plot::plot(&doc, &args.output, &opts)
                 .map_err(|e| runtime(e.into()))?;
-            eprintln!("memtrack: wrote {}", args.output.display());
+            logging::say(&format!("memtrack: wrote {}", args.output.display()));
             Ok(0)
         }
         Command::Watch(args) => {
@@ -312,7 +312,7 @@ fn mark(args: &memtrack::cli::MarkArgs) -> Result<u8, Failure> {
         }
         Ok(None) => Ok(0),
         Err(e) if !args.wait => {
-            eprintln!("memtrack: warning: mark not sent: {e:#}");
+            logging::say(&format!("memtrack: warning: mark not sent: {e:#}"));
             Ok(0)
         }
         Err(e) => Err(runtime(e)),
@@ -337,12 +337,12 @@ fn recover(dir: &std::path::Path) -> anyhow::Result<u8> {
     use store::journal;
     if journal::has_journal(dir) {
         let r = journal::recover(dir)?;
-        eprintln!(
+        logging::say(&format!(
             "memtrack: recovered {} ({} records replayed, {} unreadable lines skipped)",
             dir.join("memory_usage.json").display(),
             r.replayed,
             r.skipped_lines
-        );
+        ));
         return Ok(0);
     }
     let mut found = false;
@@ -350,11 +350,11 @@ fn recover(dir: &std::path::Path) -> anyhow::Result<u8> {
         if journal::has_journal(&entry.path()) {
             found = true;
             let r = journal::recover(&entry.path())?;
-            eprintln!(
+            logging::say(&format!(
                 "memtrack: recovered {} ({} records replayed)",
                 entry.path().display(),
                 r.replayed
-            );
+            ));
         }
     }
     anyhow::ensure!(found, "{} holds no run to recover", dir.display());

@@ -8,6 +8,13 @@
 //! the first signal asks the engine for a final sample and every flush. A
 //! second signal stops at once: no final sample, the local file written,
 //! network flushes skipped.
+//!
+//! Only a second signal sent deliberately counts: one that arrives within
+//! [`STOP_NOW_AFTER`] of the first is the same request delivered twice and
+//! is ignored. `timeout` signals memtrack and then its whole process group,
+//! systemd and batch schedulers signal every process of a job, a shell may
+//! pass a hangup on: memtrack then gets two signals microseconds apart,
+//! and the run must still end with its final sample, upload and flushes.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -32,6 +39,11 @@ pub struct SignalThread {
     job: Arc<AtomicU32>,
 }
 
+/// A signal that arrives this long after the first or later means "stop at
+/// once"; earlier ones are the first delivered again (not forwarded, not
+/// acted on).
+pub const STOP_NOW_AFTER: Duration = Duration::from_secs(1);
+
 /// How long a signal that arrives while the job is being spawned waits for
 /// its PID before it is treated as having no job to forward to.
 const JOB_WAIT: Duration = Duration::from_secs(2);
@@ -49,9 +61,20 @@ impl SignalThread {
         let thread = std::thread::Builder::new()
             .name("memtrack-signals".into())
             .spawn(move || {
-                let mut first = None;
+                let mut first: Option<(i32, Instant)> = None;
                 for origin in signals.forever() {
                     let sig = origin.signal;
+                    let received = Instant::now();
+                    if let Some((_, at)) =
+                        first.filter(|(_, at)| received.duration_since(*at) < STOP_NOW_AFTER)
+                    {
+                        tracing::debug!(
+                            "{} {:.3} s after the first signal: the same request again, ignored",
+                            sys::signal_name(sig),
+                            received.duration_since(at).as_secs_f64()
+                        );
+                        continue;
+                    }
                     let from_terminal = matches!(origin.cause, Cause::Kernel);
                     let job = if run_mode {
                         wait_for_job(&job_pid)
@@ -74,7 +97,7 @@ impl SignalThread {
                     // A blocking send: the engine drains its queue all the
                     // time, and a stop must not be lost to a full queue.
                     if first.is_none() {
-                        first = Some(sig);
+                        first = Some((sig, received));
                         if job.is_none() {
                             tracing::info!("{}: final sample and flush", sys::signal_name(sig));
                             let _ = engine.send(Input::Stop { urgent: false });
@@ -84,7 +107,7 @@ impl SignalThread {
                         let _ = engine.send(Input::Stop { urgent: true });
                     }
                 }
-                first
+                first.map(|(sig, _)| sig)
             })?;
         Ok(SignalThread {
             handle,

@@ -17,10 +17,13 @@ pub enum TargetError {
         path: String,
         source: std::io::Error,
     },
-    #[error("PID file {path} is {size} bytes; a PID file holds one PID")]
-    PidFileTooBig { path: String, size: u64 },
-    #[error("PID file {path}: `{token}` is not a PID")]
-    PidFileBad { path: String, token: String },
+    #[error("PID file {path} is larger than {MAX_PID_FILE} bytes; a PID file holds one PID")]
+    PidFileTooBig { path: String },
+    #[error("PID file {path} is not a regular file (a FIFO, a device or a directory)")]
+    PidFileNotRegular { path: String },
+    // The content is never shown: the file may be anything (`/etc/shadow`).
+    #[error("PID file {path}: word {word} is not a PID (a decimal number above 0)")]
+    PidFileBad { path: String, word: usize },
     #[error("PID file {path} is empty")]
     PidFileEmpty { path: String },
     #[error("{program}: command not found")]
@@ -48,16 +51,14 @@ impl TargetError {
 /// Parses a PID file: PIDs separated by whitespace (one per line is usual).
 pub fn parse_pid_file(path: &str, text: &str) -> Result<Vec<u32>, TargetError> {
     let mut pids = Vec::new();
-    for token in text.split_ascii_whitespace() {
+    for (i, token) in text.split_ascii_whitespace().enumerate() {
         match token.parse::<u32>() {
             Ok(pid) if pid > 0 => pids.push(pid),
             _ => {
-                let mut shown = token.to_string();
-                shown.truncate(32);
                 return Err(TargetError::PidFileBad {
                     path: path.to_string(),
-                    token: shown.escape_debug().to_string(),
-                });
+                    word: i + 1,
+                })
             }
         }
     }
@@ -69,18 +70,33 @@ pub fn parse_pid_file(path: &str, text: &str) -> Result<Vec<u32>, TargetError> {
     Ok(pids)
 }
 
-/// Reads a PID file, refusing anything that cannot be one.
+/// Reads a PID file, refusing anything that cannot be one. The file is
+/// opened without blocking (a FIFO with no writer would hang), must be a
+/// regular file (`/dev/zero` never ends), and is read up to
+/// [`MAX_PID_FILE`] bytes whatever its size claims.
 pub fn read_pid_file(path: &Path) -> Result<Vec<u32>, TargetError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let shown = path.display().to_string();
     let read_err = |source| TargetError::PidFileRead {
         path: shown.clone(),
         source,
     };
-    let size = std::fs::metadata(path).map_err(read_err)?.len();
-    if size > MAX_PID_FILE {
-        return Err(TargetError::PidFileTooBig { path: shown, size });
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(read_err)?;
+    if !file.metadata().map_err(read_err)?.is_file() {
+        return Err(TargetError::PidFileNotRegular { path: shown });
     }
-    let bytes = std::fs::read(path).map_err(read_err)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PID_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_PID_FILE {
+        return Err(TargetError::PidFileTooBig { path: shown });
+    }
     parse_pid_file(&shown, &String::from_utf8_lossy(&bytes))
 }
 
@@ -123,8 +139,9 @@ mod tests {
     fn pid_files() {
         assert_eq!(parse_pid_file("f", "1234\n").unwrap(), vec![1234]);
         assert_eq!(parse_pid_file("f", " 1 2\n3 ").unwrap(), vec![1, 2, 3]);
-        let err = parse_pid_file("f", "12a\n").unwrap_err().to_string();
-        assert!(err.contains("`12a`"), "{err}");
+        let err = parse_pid_file("f", "1 12a\n").unwrap_err().to_string();
+        assert!(err.contains("word 2"), "{err}");
+        assert!(!err.contains("12a"), "the content is never echoed: {err}");
         assert!(parse_pid_file("f", "0").is_err());
         assert!(parse_pid_file("f", "-5").is_err());
         assert!(parse_pid_file("f", "99999999999").is_err());
@@ -144,6 +161,47 @@ mod tests {
             read_pid_file(&p),
             Err(TargetError::PidFileTooBig { .. })
         ));
+    }
+
+    #[test]
+    fn a_fifo_a_device_and_a_directory_are_refused_without_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.pid");
+        // No writer: a blocking open would wait forever.
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        for p in [fifo.as_path(), Path::new("/dev/zero"), dir.path()] {
+            assert!(
+                matches!(read_pid_file(p), Err(TargetError::PidFileNotRegular { .. })),
+                "{}: {:?}",
+                p.display(),
+                read_pid_file(p)
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_longer_than_its_size_says_is_read_up_to_the_limit() {
+        // /proc files claim size 0: the limit is on what is read, not on
+        // what the size says.
+        let p = Path::new("/proc/self/smaps");
+        assert_eq!(p.metadata().unwrap().len(), 0);
+        assert!(std::fs::read(p).unwrap().len() as u64 > MAX_PID_FILE);
+        let err = read_pid_file(p).unwrap_err();
+        assert!(matches!(err, TargetError::PidFileTooBig { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_secret_file_given_as_pid_file_is_not_echoed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("shadow");
+        std::fs::write(&p, "root:$6$secret-hash:19000:0:99999:7:::\n").unwrap();
+        let err = read_pid_file(&p).unwrap_err().to_string();
+        assert!(!err.contains("secret"), "{err}");
+        assert!(!err.contains("root"), "{err}");
     }
 
     #[test]

@@ -143,7 +143,7 @@ pub fn bind(path: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
         BINDS.fetch_add(1, Ordering::Relaxed)
     ));
     let _ = std::fs::remove_dir_all(&private);
-    std::fs::create_dir(&private).map_err(io_err)?;
+    crate::files::create_dir(&private).map_err(io_err)?;
     let result = (|| {
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))
             .map_err(io_err)?;
@@ -486,8 +486,8 @@ pub fn default_path() -> io::Result<PathBuf> {
         }
     }
     let dir = PathBuf::from(format!("/tmp/memtrack-{}", crate::sys::uid()));
-    match std::fs::create_dir(&dir) {
-        Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?,
+    match crate::files::create_dir(&dir) {
+        Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             use std::os::unix::fs::MetadataExt;
             let meta = std::fs::symlink_metadata(&dir)?;

@@ -5,7 +5,7 @@
 //! a crash leave either the previous complete file or the new complete
 //! file, never a truncated one.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -56,17 +56,9 @@ pub fn write_atomic_with(
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    // A fresh name, created only if free and never through a link.
+    let (tmp, mut f) = crate::files::create_temp(path).map_err(|e| WriteError::new(path, e))?;
     let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
         let mut w = io::BufWriter::with_capacity(64 * 1024, &mut f);
         fill(&mut w)?;
         w.flush()?;

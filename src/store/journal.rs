@@ -15,7 +15,15 @@
 //! store (cheap: see [`super::chunked`]), because serializing a long run's
 //! log takes long enough to delay ticks. The engine only flushes the
 //! journal and rotates it: everything in `journal.old.jsonl` is in the
-//! clone, so the file can go once the checkpoint is written.
+//! clone, so the file can go once the checkpoint is written. A rotation
+//! that cannot open the new journal (descriptors or inodes exhausted) puts
+//! the old name back and goes on appending to it: records are never
+//! written into a file that a checkpoint will remove. The failure is an
+//! error of its own ([`JournalError::Rotate`]), counted as a journal error.
+//!
+//! Every file here is created private (0600) and never through a link, in
+//! a `.memtrack` folder memtrack made or checked (see [`crate::files`]);
+//! recovery refuses a `.memtrack` folder that is not this user's.
 //!
 //! Recovery loads the state and re-applies every journalled record (old
 //! journal first) with a sequence number above the state's, through the
@@ -23,7 +31,7 @@
 //! landed mid-write) is skipped and counted. The `.memtrack` folder is
 //! removed once the final `memory_usage.json` is written.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -61,6 +69,11 @@ pub struct Journal {
     writer_thread: Option<Checkpointer>,
     /// A checkpoint was handed to that thread and its outcome not yet read.
     pending: bool,
+    /// The writer appends to `journal.old.jsonl`: a rotation renamed the
+    /// journal, could not open the new one, and could not rename it back.
+    /// No checkpoint starts (none may remove that file) until a rotation
+    /// succeeds.
+    writing_old: bool,
 }
 
 /// One long-lived thread for every checkpoint: a thread per checkpoint
@@ -105,6 +118,15 @@ pub enum JournalError {
     NoJournal(PathBuf),
     #[error("{path} is corrupt: {message}")]
     Corrupt { path: PathBuf, message: String },
+    #[error(
+        "cannot start a new journal {path} ({source}); records go on into {kept}, \
+         which is kept; the checkpoint waits for the next rotation"
+    )]
+    Rotate {
+        path: PathBuf,
+        kept: PathBuf,
+        source: io::Error,
+    },
     #[error(transparent)]
     Write(#[from] WriteError),
 }
@@ -118,12 +140,7 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
 
 fn lock(dir: &Path) -> Result<File, JournalError> {
     let path = dir.join("lock");
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io_err(&path))?;
+    let f = crate::files::create(&path, false).map_err(io_err(&path))?;
     match f.try_lock() {
         Ok(()) => Ok(f),
         Err(fs::TryLockError::WouldBlock) => Err(JournalError::Locked(dir.to_path_buf())),
@@ -134,7 +151,7 @@ fn lock(dir: &Path) -> Result<File, JournalError> {
 /// Whether a live memtrack owns `run_dir` (holds its journal lock).
 pub fn is_live(run_dir: &Path) -> bool {
     let path = run_dir.join(DIR).join("lock");
-    match OpenOptions::new().write(true).open(&path) {
+    match crate::files::open_write(&path) {
         Ok(f) => matches!(f.try_lock(), Err(fs::TryLockError::WouldBlock)),
         Err(_) => false,
     }
@@ -145,10 +162,10 @@ impl Journal {
     /// initial state checkpoint.
     pub fn create(run_dir: &Path, store: &Store) -> Result<Journal, JournalError> {
         let dir = run_dir.join(DIR);
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        crate::files::private_dir(&dir).map_err(io_err(&dir))?;
         let lock = lock(&dir)?;
         let path = dir.join(JOURNAL);
-        let file = File::create(&path).map_err(io_err(&path))?;
+        let file = crate::files::create(&path, true).map_err(io_err(&path))?;
         let old = dir.join(OLD_JOURNAL);
         match fs::remove_file(&old) {
             Ok(()) => {}
@@ -161,6 +178,7 @@ impl Journal {
             _lock: lock,
             writer_thread: None,
             pending: false,
+            writing_old: false,
         };
         write_state(run_dir, store)?;
         Ok(journal)
@@ -194,11 +212,33 @@ impl Journal {
         self.flush().map_err(io_err(&self.run_dir))?;
         let dir = self.run_dir.join(DIR);
         let old = dir.join(OLD_JOURNAL);
-        if !old.exists() {
-            let current = dir.join(JOURNAL);
+        let current = dir.join(JOURNAL);
+        if !self.writing_old && !old.exists() {
             fs::rename(&current, &old).map_err(io_err(&current))?;
-            let file = File::create(&current).map_err(io_err(&current))?;
-            self.writer = BufWriter::with_capacity(64 * 1024, file);
+            self.writing_old = true;
+        }
+        if self.writing_old {
+            match crate::files::create_new(&current) {
+                Ok(file) => {
+                    self.writer = BufWriter::with_capacity(64 * 1024, file);
+                    self.writing_old = false;
+                }
+                Err(source) => {
+                    // Back to the name no checkpoint removes; a rename
+                    // needs neither a descriptor nor an inode.
+                    let kept = if fs::rename(&old, &current).is_ok() {
+                        self.writing_old = false;
+                        current.clone()
+                    } else {
+                        old
+                    };
+                    return Err(JournalError::Rotate {
+                        path: current,
+                        kept,
+                        source,
+                    });
+                }
+            }
         }
         if self.writer_thread.is_none() {
             let thread =
@@ -360,12 +400,15 @@ pub fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
 }
 
 /// `memtrack recover DIR`: rebuilds `memory_usage.json` of a run whose
-/// daemon died, marks it `recovered`, and removes the journal.
+/// daemon died, marks it `recovered`, and removes the journal. A
+/// `.memtrack` folder that is not this user's own (another user's, a link)
+/// is refused before anything in it is opened.
 pub fn recover(run_dir: &Path) -> Result<Recovered, JournalError> {
     let dir = run_dir.join(DIR);
     if !dir.join("state.json").is_file() {
         return Err(JournalError::NoJournal(run_dir.to_path_buf()));
     }
+    crate::files::check_dir(&dir).map_err(io_err(&dir))?;
     let lock = lock(&dir)?;
     let (mut store, report) = replay(run_dir)?;
     if !store.is_finished() {
@@ -379,6 +422,40 @@ pub fn recover(run_dir: &Path) -> Result<Recovered, JournalError> {
     Ok(report)
 }
 
+/// Where the crash-safety files go when the run's final document was
+/// written elsewhere: kept for a reader, never recovered.
+pub const SUPERSEDED_DIR: &str = ".memtrack.superseded";
+
+/// Inside [`SUPERSEDED_DIR`]: the path of the complete document.
+pub const FINAL_NOTE: &str = "final-document";
+
+/// The run's complete document went to `final_doc` because the run
+/// directory could not take it (a full disk). The journal left in the run
+/// directory holds only part of the run (appends failed too), so it must
+/// never be recovered over anything: it is renamed to
+/// [`SUPERSEDED_DIR`] (a rename needs no free space) with a note naming
+/// `final_doc`, written if the disk allows. Returns where it now is.
+pub fn supersede(run_dir: &Path, final_doc: &Path) -> Result<PathBuf, JournalError> {
+    let dir = run_dir.join(DIR);
+    let mut kept = run_dir.join(SUPERSEDED_DIR);
+    let mut n = 2;
+    while fs::symlink_metadata(&kept).is_ok() {
+        kept = run_dir.join(format!("{SUPERSEDED_DIR}-{n}"));
+        n += 1;
+    }
+    if fs::rename(&dir, &kept).is_err() {
+        // Without its state, nothing recovers the journal.
+        let state = dir.join("state.json");
+        fs::remove_file(&state).map_err(io_err(&state))?;
+        kept = dir;
+    }
+    let note = format!("{}\n", final_doc.display());
+    if let Err(e) = crate::export::json::write_atomic(&kept.join(FINAL_NOTE), note.as_bytes()) {
+        tracing::debug!("cannot note where the final document went: {e}");
+    }
+    Ok(kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,6 +464,7 @@ mod tests {
     use crate::sample::Sample;
     use crate::store::pressure::Thresholds;
     use crate::store::{Limits, SampleKind};
+    use std::fs::OpenOptions;
 
     fn sample(ts: f64, rss_mb: u64) -> Record {
         let mut s = Sample {
@@ -488,6 +566,45 @@ mod tests {
         let store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
         let _journal = Journal::create(dir.path(), &store).unwrap();
         assert!(matches!(recover(dir.path()), Err(JournalError::Locked(_))));
+    }
+
+    #[test]
+    fn a_superseded_journal_is_kept_and_never_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let journal = Journal::create(dir.path(), &store).unwrap();
+        drop(journal);
+        assert!(has_journal(dir.path()));
+        let elsewhere = dir.path().join("complete.json");
+        let kept = supersede(dir.path(), &elsewhere).unwrap();
+        assert_eq!(kept, dir.path().join(SUPERSEDED_DIR));
+        assert!(!has_journal(dir.path()));
+        assert!(matches!(
+            recover(dir.path()),
+            Err(JournalError::NoJournal(_))
+        ));
+        let note = fs::read_to_string(kept.join(FINAL_NOTE)).unwrap();
+        assert_eq!(note.trim(), elsewhere.display().to_string());
+        assert!(kept.join("journal.jsonl").exists(), "kept for a reader");
+        // A second superseded run in the same folder keeps the first.
+        let journal = Journal::create(dir.path(), &store).unwrap();
+        drop(journal);
+        let second = supersede(dir.path(), &elsewhere).unwrap();
+        assert_eq!(second, dir.path().join(format!("{SUPERSEDED_DIR}-2")));
+    }
+
+    #[test]
+    fn a_linked_journal_folder_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = tempfile::tempdir().unwrap();
+        let store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        drop(Journal::create(real.path(), &store).unwrap());
+        std::os::unix::fs::symlink(real.path().join(DIR), dir.path().join(DIR)).unwrap();
+        let err = recover(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert!(!dir.path().join(FILE_NAME).exists());
+        let err = Journal::create(dir.path(), &store).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
     }
 
     #[test]

@@ -16,3 +16,4 @@ mod plot;
 mod prometheus;
 mod report;
 mod s3;
+mod safety;

@@ -17,7 +17,7 @@
 //! call ever waits on it, and it never waits on the network.
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -119,7 +119,7 @@ impl Queue {
         let (mut good, mut bad) = (0u64, 0u64);
         {
             let mut reader = BufReader::new(src);
-            let mut out = BufWriter::new(File::create(&tmp)?);
+            let mut out = BufWriter::new(crate::files::create(&tmp, true)?);
             let mut line = Vec::new();
             while let Some(complete) = read_line_bounded(&mut reader, &mut line, MAX_SPOOL_LINE)? {
                 if line.iter().all(u8::is_ascii_whitespace) {
@@ -142,7 +142,10 @@ impl Queue {
             std::fs::remove_file(&q.path)?;
             return Ok((q, bad));
         }
-        let file = OpenOptions::new().read(true).write(true).open(&q.path)?;
+        let file = crate::files::options()
+            .read(true)
+            .write(true)
+            .open(&q.path)?;
         let reader = BufReader::new(file.try_clone()?);
         q.spool = Some(Spool {
             writer: BufWriter::new(file),
@@ -214,9 +217,9 @@ impl Queue {
     fn open(&mut self) -> io::Result<&mut Spool> {
         if self.spool.is_none() {
             if let Some(dir) = self.path.parent() {
-                std::fs::create_dir_all(dir)?;
+                crate::files::create_dir_all(dir)?;
             }
-            let file = OpenOptions::new()
+            let file = crate::files::options()
                 .create(true)
                 .read(true)
                 .write(true)
@@ -378,11 +381,11 @@ impl Queue {
             return Ok(0);
         }
         if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
+            crate::files::create_dir_all(dir)?;
         }
         let tmp = self.path.with_extension("jsonl.tmp");
         {
-            let mut out = BufWriter::new(File::create(&tmp)?);
+            let mut out = BufWriter::new(crate::files::create(&tmp, true)?);
             for p in &self.mem {
                 serde_json::to_writer(&mut out, p)?;
                 out.write_all(b"\n")?;
