@@ -2034,3 +2034,60 @@ fn clearml_auth_token_wins_over_keys_as_in_the_sdk() {
     assert_eq!(state["tasks"].as_object().unwrap().len(), 1, "{log}");
     server.assert_exactly_once();
 }
+
+#[test]
+fn announcements_of_other_tasks_and_malformed_ones_change_nothing() {
+    let server = Server::start(&[]);
+    // A task the job "made" (as the SDK would), already running.
+    let id = server.task("job task", "memtrack-it", "in_progress");
+    let out = scratch();
+    let script = format!(
+        "import os, socket, json\n\
+         s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET'])\n\
+         f = s.makefile('rw')\n\
+         def ask(obj):\n\
+         \x20   f.write(json.dumps(obj) + '\\n'); f.flush(); return json.loads(f.readline())\n\
+         r = ask({{'type': 'clearml_task', 'task': {id:?}, 'ack': True, 'id': 1}})\n\
+         assert r['ok'] and r['clearml'] and r['reporting'], r\n\
+         for i in range(300):\n\
+         \x20   r = ask({{'type': 'clearml_task', 'task': 'other%d' % i, 'ack': True, 'id': i}})\n\
+         \x20   assert r['ok'] and not r['reporting'] and {id:?} in r['message'], r\n\
+         for bad in ['', 'a b', '../x', 'x' * 65, 7, None]:\n\
+         \x20   r = ask({{'type': 'clearml_task', 'task': bad, 'ack': True}})\n\
+         \x20   assert not r['ok'] and r['error'] == 'invalid', r\n\
+         r = ask({{'type': 'clearml_task', 'task': {id:?}, 'ack': True}})\n\
+         assert r['reporting'], r\n\
+         for i in range(3):\n\
+         \x20   ask({{'type': 'mark', 'component': 'model', 'operation': 'step', 'iteration': i, 'ack': True}})\n"
+    );
+    let res = run_with_clearml(&server, out.path(), &[], &[], &["python3", "-c", &script]);
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    let state = server.state();
+    assert_eq!(state["tasks"].as_object().unwrap().len(), 1, "{state:#}");
+    assert_eq!(
+        state["tasks"][&id]["status"], "in_progress",
+        "its status stays"
+    );
+    assert!(
+        state["status_log"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["by"] != "memtrack"),
+        "{state:#}"
+    );
+    let steps: std::collections::BTreeSet<u64> = server
+        .points(&id)
+        .iter()
+        .filter(|p| p["metric"] == "memory/model")
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (0..3).collect());
+    let noted = log.matches("is left alone").count();
+    assert!(
+        (1..=5).contains(&noted),
+        "rate-limited log: {noted} lines\n{log}"
+    );
+    server.assert_exactly_once();
+}

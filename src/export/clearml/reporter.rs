@@ -201,6 +201,7 @@ impl Reporter {
             artifact_settled: false,
             last_axis: Instant::now(),
             job_task_tx,
+            announce_logged: RateLimited::default(),
             errors: Arc::clone(&errors),
             problems: Vec::new(),
             task_tx,
@@ -441,6 +442,8 @@ struct State {
     /// When the task's `last_iteration` was last read (job axis).
     last_axis: Instant,
     job_task_tx: watch::Sender<Option<TaskRef>>,
+    /// Announcements of another task, logged at most every 100th.
+    announce_logged: RateLimited,
 }
 
 /// One `events.add_batch` line (clearml-contract.md, "Scalars").
@@ -734,7 +737,9 @@ impl State {
                         ""
                     }
                 );
-                tracing::warn!("ClearML: {m}");
+                if self.announce_logged.hit(100).is_some() {
+                    tracing::warn!("ClearML: {m}");
+                }
                 answer(t.reply, false, m);
             }
             Phase::Starting => {
@@ -749,7 +754,9 @@ impl State {
                     },
                     t.id
                 );
-                tracing::warn!("ClearML: {m}");
+                if self.announce_logged.hit(100).is_some() {
+                    tracing::warn!("ClearML: {m}");
+                }
                 answer(t.reply, false, m);
             }
             Phase::Disabled => {

@@ -1098,7 +1098,7 @@ def _after_fork_in_child():
     _default_lock = threading.RLock()
     # The announcing thread is not in the child: start over.
     _clearml_lock = threading.Lock()
-    _clearml_state.update(next=0.0, task=None, done=None, reply=None)
+    _clearml_state.update(next=0.0, retry_at=0.0, task=None, done=None, reply=None)
     _default = None  # the child reads its environment again
     for c in list(_clients):
         c._after_fork_in_child()
@@ -1116,7 +1116,8 @@ def _after_fork_in_child():
 # up to 30 s, so the artifact is on the task before the task is completed.
 
 _clearml_lock = threading.Lock()
-_clearml_state = {"next": 0.0, "task": None, "done": None, "reply": None, "patched": False}
+_clearml_state = {"next": 0.0, "retry_at": 0.0, "task": None, "done": None, "reply": None,
+                  "patched": False}
 
 
 def _clearml_task_id():
@@ -1137,16 +1138,25 @@ def _clearml_task_id():
 
 
 def _clearml_poll(client):
-    """Called on every message while the SDK is loaded; looks at most once a
-    second, and announces a task it has not announced yet."""
+    """Called on every message while the SDK is loaded; announces a task it
+    has not announced yet. Reading the SDK's main task is one attribute
+    lookup; an SDK without it is asked at most once a second, and a failed
+    announcement is tried again after the client's retry interval."""
     state = _clearml_state
-    now = _monotonic()
-    if now < state["next"]:
+    main = getattr(getattr(_modules.get("clearml"), "Task", None), "_Task__main_task", _MISSING)
+    if main is None:
         return
-    state["next"] = now + _CLEARML_CHECK_S
-    tid = _clearml_task_id()
-    if tid is not None and tid != state["task"]:
-        clearml_announce(tid, client=client)
+    if main is _MISSING:
+        now = _monotonic()
+        if now < state["next"]:
+            return
+        state["next"] = now + _CLEARML_CHECK_S
+        tid = _clearml_task_id()
+    else:
+        tid = getattr(main, "id", None)
+    if tid and tid.__class__ is str and tid != state["task"]:
+        if _monotonic() >= state["retry_at"]:
+            clearml_announce(tid, client=client)
 
 
 def clearml_announce(task_id=None, *, client=None, wait=False):
@@ -1201,6 +1211,11 @@ def _clearml_send(path, task_id, done):
         _log.debug("memtrack: announcing the ClearML task failed: %s", _describe(exc))
     finally:
         _clearml_state["reply"] = reply
+        if reply is None:  # no daemon yet (attach starts later): try again
+            _clearml_state["retry_at"] = _monotonic() + _RETRY_S
+            with _clearml_lock:
+                if _clearml_state["task"] == task_id:
+                    _clearml_state["task"] = None
         done.set()
 
 
