@@ -744,7 +744,7 @@ impl State {
             }
             Phase::Starting => {
                 let m = format!(
-                    "memtrack is already setting up {} ; the job's task {} is left alone",
+                    "memtrack is already setting up {}; the job's task {} is left alone",
                     match &self.adopt {
                         Some(id) => format!("the job's task {id}"),
                         None => match &self.settings.task {
