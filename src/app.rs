@@ -457,14 +457,14 @@ impl Io {
                     _ = shutdown.changed() => return,
                     _ = stop.changed() => return,
                     changed = rx.changed() => if changed.is_err() { return },
-                    changed = job_task_changed(&mut job_task) => {
-                        if changed && job_task_known(&job_task) {
+                    changed = clearml::reporter::job_task_changed(&mut job_task) => {
+                        if changed && clearml::reporter::job_task_known(&job_task) {
                             let _ = engine.try_send(Input::Checkpoint);
                         }
                         continue;
                     }
                 }
-                let for_job_task = job_task_known(&job_task);
+                let for_job_task = clearml::reporter::job_task_known(&job_task);
                 if !always && !for_job_task {
                     continue;
                 }
@@ -512,25 +512,6 @@ impl Io {
             .shutdown_timeout(std::time::Duration::from_secs(1));
         // Dropping `socket` removes the socket file.
     }
-}
-
-/// Waits for the job's ClearML task to change; `false` (and no more
-/// waiting) once the reporter is gone.
-async fn job_task_changed(
-    rx: &mut Option<tokio::sync::watch::Receiver<Option<clearml::TaskRef>>>,
-) -> bool {
-    let Some(r) = rx.as_mut() else {
-        return std::future::pending().await;
-    };
-    if r.changed().await.is_ok() {
-        return true;
-    }
-    *rx = None;
-    false
-}
-
-fn job_task_known(rx: &Option<tokio::sync::watch::Receiver<Option<clearml::TaskRef>>>) -> bool {
-    rx.as_ref().is_some_and(|r| r.borrow().is_some())
 }
 
 /// The document's S3 key: ClearML's artifact layout

@@ -306,6 +306,24 @@ impl Reporter {
     }
 }
 
+/// Waits for the job's task ([`Reporter::job_task`]) to change; `false`
+/// (and no more waiting) once the reporter is gone.
+pub async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+    let Some(r) = rx.as_mut() else {
+        return std::future::pending().await;
+    };
+    if r.changed().await.is_ok() {
+        return true;
+    }
+    *rx = None;
+    false
+}
+
+/// Whether memtrack reports into the job's own task.
+pub fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+    rx.as_ref().is_some_and(|r| r.borrow().is_some())
+}
+
 /// Where the reporter stands with the server.
 #[derive(Debug, Clone)]
 enum Phase {
