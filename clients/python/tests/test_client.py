@@ -694,6 +694,7 @@ def test_the_sdks_task_is_announced_once_on_its_own_connection(fake, fake_clearm
     assert memtrack.clearml_announce(client=c, wait=True)["artifact"] is True   # the same answer
 
 
+@pytest.mark.filterwarnings("ignore::memtrack.MemtrackWarning")  # "no memtrack daemon"
 def test_without_a_task_or_a_daemon_nothing_waits(fake, fake_clearml, sockdir):
     Task, events = fake_clearml
     d = fake()
