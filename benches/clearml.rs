@@ -143,7 +143,7 @@ fn end_to_end(n: u64, dir: &Path) -> (u64, f64, Duration) {
         host: "bench".into(),
     };
     let (c0, t0) = (cpu_seconds(), Instant::now());
-    let reporter = rt.block_on(async { Reporter::start(settings, run, dir.join("run"), rx) });
+    let reporter = rt.block_on(async { Reporter::start(settings, run, dir.join("run"), rx, None) });
     for i in 0..n {
         tx.send(entry(i)).unwrap();
     }

@@ -304,6 +304,8 @@ struct Io {
     /// Failed S3 uploads (checkpoints and the final one).
     s3_errors: Arc<AtomicU64>,
     clearml: Option<clearml::Reporter>,
+    /// The job's announcements of its ClearML task, for the reporter.
+    job_tasks: Option<tokio::sync::mpsc::UnboundedReceiver<clearml::JobTask>>,
     /// The checkpoint uploader: its stop switch and its task.
     checkpoint_uploads: Option<(
         tokio::sync::watch::Sender<bool>,
@@ -337,6 +339,7 @@ impl Io {
             s3: None,
             s3_errors: Arc::new(AtomicU64::new(0)),
             clearml: None,
+            job_tasks: None,
             checkpoint_uploads: None,
         };
 
@@ -377,7 +380,10 @@ impl Io {
             };
             let (notices, _) = tokio::sync::broadcast::channel(64);
             let stats = Arc::new(server::Stats::default());
+            let (job_tasks_tx, job_tasks_rx) = tokio::sync::mpsc::unbounded_channel();
+            io.job_tasks = Some(job_tasks_rx);
             let shared = Arc::new(server::Shared {
+                clearml: Some(job_tasks_tx),
                 engine,
                 notices: notices.clone(),
                 stats: Arc::clone(&stats),
@@ -471,16 +477,26 @@ impl Io {
         Some(result)
     }
 
-    /// Uploads the document after every checkpoint (`s3.upload_checkpoints`).
+    /// Uploads the document after every checkpoint: always with
+    /// `s3.upload_checkpoints` (`always`), else once memtrack reports into
+    /// the job's own ClearML task, where each upload is handed to the
+    /// reporter to register as the `memory_usage` artifact while the task
+    /// takes it. When that task becomes known, an early checkpoint is asked
+    /// of the engine, so the artifact is there long before the job's SDK
+    /// closes the task.
     fn upload_checkpoints(
         &mut self,
         document: PathBuf,
         run: &RunInfo,
+        always: bool,
+        engine: SyncSender<Input>,
     ) -> Option<tokio::sync::watch::Sender<u64>> {
         let s3 = self.s3.clone()?;
         let (tx, mut rx) = tokio::sync::watch::channel(0u64);
         let run = run.clone();
         let task = self.clearml.as_ref().map(|r| r.task_updates());
+        let mut job_task = self.clearml.as_ref().map(|r| r.job_task());
+        let artifacts = self.clearml.as_ref().and_then(|r| r.artifacts());
         let mut shutdown = self.shutdown.subscribe();
         let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
         let errors = Arc::clone(&self.s3_errors);
@@ -491,12 +507,34 @@ impl Io {
                     _ = shutdown.changed() => return,
                     _ = stop.changed() => return,
                     changed = rx.changed() => if changed.is_err() { return },
+                    changed = clearml::reporter::job_task_changed(&mut job_task) => {
+                        if changed && clearml::reporter::job_task_known(&job_task) {
+                            let _ = engine.try_send(Input::Checkpoint);
+                        }
+                        continue;
+                    }
+                }
+                let for_job_task = clearml::reporter::job_task_known(&job_task);
+                if !always && !for_job_task {
+                    continue;
                 }
                 let key = object_key(&s3, &run, task.as_ref().and_then(|t| t.borrow().clone()));
-                if let Err(e) = s3.upload(&document, &key).await {
+                let uploaded = s3.upload(&document, &key).await;
+                if let Err(e) = &uploaded {
                     errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         "checkpoint upload failed (the final upload will try again): {e}"
+                    );
+                }
+                if let (true, Some(a)) = (for_job_task, &artifacts) {
+                    let _ = a.send(
+                        uploaded
+                            .map(|u| clearml::Artifact {
+                                uri: u.uri,
+                                size: u.size,
+                                sha256: u.sha256,
+                            })
+                            .map_err(|e| e.to_string()),
                     );
                 }
             }
@@ -896,7 +934,12 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
     let mut io = Io::start(&config, tx.clone(), self_register, store.snapshot())?;
     let mut entries = None;
-    if let Some(settings) = clearml_settings {
+    let job_tasks = io.job_tasks.take();
+    if let Some(mut settings) = clearml_settings {
+        // The task memtrack may create is named now: refuse a name the
+        // server would refuse before the job starts.
+        clearml::check_task_name(&settings, &store.run.name)?;
+        settings.artifact_expected = io.s3.is_some();
         let (entries_tx, entries_rx) = tokio::sync::mpsc::unbounded_channel();
         let _guard = io.runtime.enter();
         io.clearml = Some(clearml::Reporter::start(
@@ -908,6 +951,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             },
             run_dir.clone(),
             entries_rx,
+            job_tasks,
         ));
         entries = Some(entries_tx);
     }
@@ -1014,8 +1058,11 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         io.link.clone(),
         Some(io.snapshots.clone()),
     );
-    if config.s3.upload_checkpoints {
-        if let Some(tx) = io.upload_checkpoints(document.clone(), &engine.store().run) {
+    if config.s3.upload_checkpoints || io.clearml.is_some() {
+        let always = config.s3.upload_checkpoints;
+        if let Some(tx) =
+            io.upload_checkpoints(document.clone(), &engine.store().run, always, tx.clone())
+        {
             engine.notify_checkpoints(tx);
         }
     }

@@ -117,6 +117,10 @@ pub struct ClearmlConfig {
     pub task_name: String,
     /// Type of a task memtrack creates (training, inference, monitor, …).
     pub task_type: String,
+    /// Without a given task, how long memtrack waits for the job to
+    /// announce the task its ClearML SDK made before creating one.
+    #[serde(with = "serde_duration")]
+    pub job_task_wait: Duration,
     /// Timer samples are forwarded at most this often (the maxima of the
     /// window); marks are all forwarded. `0s`: every timer sample.
     #[serde(with = "serde_duration")]
@@ -149,6 +153,7 @@ impl Default for ClearmlConfig {
             project: "memtrack".into(),
             task_name: String::new(),
             task_type: "training".into(),
+            job_task_wait: Duration::from_secs(30),
             timer_every: Duration::from_secs(10),
             batch_max: 100,
             flush_interval: Duration::from_secs(5),

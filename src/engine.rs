@@ -41,6 +41,9 @@ pub enum Input {
     /// up to 65,536 inputs and preallocates its slots, so an `Input` must
     /// stay a few words wide.
     Client(Box<ClientRequest>),
+    /// Write a checkpoint at the next maintenance instead of waiting for
+    /// the interval (the run must upload the document now).
+    Checkpoint,
 }
 
 /// A request read from a client, with where to send the reply line.
@@ -237,6 +240,8 @@ pub struct Engine {
     gpu_errors: RateLimited,
     journal_errors: RateLimited,
     last_checkpoint: Instant,
+    /// An early checkpoint was asked for ([`Input::Checkpoint`]).
+    checkpoint_soon: bool,
     last_flush: Instant,
     unflushed: bool,
     /// An event was journalled since the last flush: flush at once.
@@ -279,6 +284,7 @@ impl Engine {
             gpu_errors: RateLimited::default(),
             journal_errors: RateLimited::default(),
             last_checkpoint: now,
+            checkpoint_soon: false,
             last_flush: now,
             unflushed: false,
             unflushed_event: false,
@@ -609,7 +615,10 @@ impl Engine {
         if let Some(done) = self.journal.as_mut().and_then(|j| j.poll_checkpoint()) {
             self.checkpoint_done(done);
         }
-        if now.duration_since(self.last_checkpoint) >= self.opts.checkpoint_interval {
+        if self.checkpoint_soon
+            || now.duration_since(self.last_checkpoint) >= self.opts.checkpoint_interval
+        {
+            self.checkpoint_soon = false;
             self.last_checkpoint = now;
             if let Some(j) = &mut self.journal {
                 match j.start_checkpoint(self.store.clone()) {
@@ -713,6 +722,7 @@ impl Engine {
                     stop = Some(stop.unwrap_or(false) || urgent);
                 }
                 Input::Client(c) => self.client(*c),
+                Input::Checkpoint => self.checkpoint_soon = true,
             }
         }
         if !self.replies.is_empty() {
@@ -823,7 +833,7 @@ impl Engine {
                 return;
             }
             // Answered by the socket server itself.
-            Message::Subscribe | Message::Cleanup => return,
+            Message::Subscribe | Message::Cleanup | Message::ClearmlTask { .. } => return,
         };
         let outcome = self.commit(record);
         self.unflushed_event = true;

@@ -70,6 +70,11 @@ pub enum Message {
         /// The allocator's figures at the error.
         allocator: Option<Allocator>,
     },
+    /// The job's ClearML SDK made (or reused) this task (`Task.init`):
+    /// memtrack reports into it instead of creating its own.
+    ClearmlTask {
+        task: String,
+    },
 }
 
 impl Message {
@@ -143,6 +148,7 @@ struct Raw {
     status: Option<String>,
     message: Option<String>,
     summary: Option<String>,
+    task: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -289,9 +295,12 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
     let kind = raw.kind.as_deref().unwrap_or("mark");
     let iteration = match raw.iteration {
         None | Some(serde_json::Value::Null) => None,
+        // ClearML (and most stores) keep iterations as signed 64-bit
+        // integers: a larger one would fail a whole batch there.
         Some(v) => Some(
             v.as_u64()
-                .ok_or_else(|| invalid("iteration", "must be an integer >= 0"))?,
+                .filter(|i| i64::try_from(*i).is_ok())
+                .ok_or_else(|| invalid("iteration", "must be an integer from 0 to 2^63-1"))?,
         ),
     };
     let allocator = raw.allocator.map(|a| Allocator {
@@ -354,16 +363,39 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
                 m => m,
             },
         },
+        "clearml_task" => Message::ClearmlTask {
+            task: task_id(raw.task)?,
+        },
         other => {
             return Err(ProtocolError::new(
                 ErrorCode::UnknownType,
                 format!(
-                    "unknown type {:?}; known: mark, span_begin, span_end, stage_begin, stage_end, subscribe, status, cleanup, register, oom",
+                    "unknown type {:?}; known: mark, span_begin, span_end, stage_begin, stage_end, subscribe, status, cleanup, register, oom, clearml_task",
                     truncated(other)
                 ),
             ))
         }
     })
+}
+
+/// A ClearML task id: 1 to [`MAX_ID`] bytes of `[A-Za-z0-9_-]` (the
+/// server's ids are 32 hex digits), so it is safe in URLs, keys and logs.
+fn task_id(raw: Option<String>) -> Result<String, ProtocolError> {
+    let id = raw.ok_or_else(|| invalid("task", "is required"))?;
+    if id.is_empty()
+        || id.len() > MAX_ID
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(invalid(
+            "task",
+            &format!(
+                "must be a ClearML task id: 1 to {MAX_ID} bytes of letters, digits, `_` or `-`"
+            ),
+        ));
+    }
+    Ok(id)
 }
 
 /// A notice pushed to subscribers.
@@ -580,6 +612,48 @@ mod tests {
         ))
         .message
         .contains("16"));
+    }
+
+    #[test]
+    fn iterations_stop_at_the_signed_64_bit_range() {
+        let at = |i: &str| format!(r#"{{"component":"a","operation":"x","iteration":{i}}}"#);
+        let Message::Mark(m) = ok(&at("9223372036854775807")).message else {
+            panic!()
+        };
+        assert_eq!(m.iteration, Some(i64::MAX as u64));
+        for bad in ["9223372036854775808", "18446744073709551615", "1e30"] {
+            let e = err(&at(bad));
+            assert_eq!(e.code, ErrorCode::Invalid, "{bad}: {e:?}");
+            assert!(e.message.contains("2^63-1"), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn clearml_task_announcements() {
+        let r =
+            ok(r#"{"type":"clearml_task","task":"0123456789abcdef0123456789abcdef","ack":true}"#);
+        assert!(r.ack);
+        assert_eq!(
+            r.message,
+            Message::ClearmlTask {
+                task: "0123456789abcdef0123456789abcdef".into()
+            }
+        );
+        assert!(!r.message.needs_sample());
+        for (line, why) in [
+            (r#"{"type":"clearml_task"}"#, "required"),
+            (r#"{"type":"clearml_task","task":""}"#, "task id"),
+            (r#"{"type":"clearml_task","task":"../../etc"}"#, "task id"),
+            (r#"{"type":"clearml_task","task":"a b"}"#, "task id"),
+            (r#"{"type":"clearml_task","task":"x\u0007b"}"#, "task id"),
+            (r#"{"type":"clearml_task","task":7}"#, "task"),
+        ] {
+            let e = err(line);
+            assert_eq!(e.code, ErrorCode::Invalid, "{line}: {e:?}");
+            assert!(e.message.contains(why), "{line}: {}", e.message);
+        }
+        let long = format!(r#"{{"type":"clearml_task","task":"{}"}}"#, "a".repeat(65));
+        assert!(err(&long).message.contains("task id"));
     }
 
     #[test]

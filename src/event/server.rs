@@ -62,6 +62,9 @@ pub struct Shared {
     pub notices: broadcast::Sender<Notice>,
     pub stats: Arc<Stats>,
     pub access: Access,
+    /// The ClearML reporter's intake for `clearml_task` announcements;
+    /// `None` (or closed) when the run does not report to ClearML.
+    pub clearml: Option<mpsc::UnboundedSender<crate::export::clearml::JobTask>>,
 }
 
 /// Why the socket could not be set up.
@@ -385,6 +388,14 @@ async fn connection(stream: UnixStream, shared: &Shared) {
                     break;
                 }
             }
+            Message::ClearmlTask { task } => {
+                let line = announce_task(shared, task, &id, request.ack).await;
+                if let Some(line) = line {
+                    if !send(line) {
+                        break;
+                    }
+                }
+            }
             _ => {
                 let wants_reply =
                     request.ack || matches!(request.message, Message::Status | Message::Register);
@@ -436,6 +447,54 @@ async fn connection(stream: UnixStream, shared: &Shared) {
     }
     drop(out);
     let _ = writer.await;
+}
+
+/// Hands the job's ClearML task to the reporter. With `ack`, the reply
+/// comes once the reporter has taken the task up (and registered the
+/// artifact, when there is one to register) or turned it down, at most
+/// [`ENGINE_TIMEOUT`] later; `"clearml":false` when this run does not report
+/// to ClearML.
+async fn announce_task(
+    shared: &Shared,
+    task: String,
+    id: &Option<protocol::Id>,
+    ack: bool,
+) -> Option<Vec<u8>> {
+    use crate::export::clearml::{JobTask, JobTaskReply};
+    let (tx, rx) = oneshot::channel();
+    let sent = shared.clearml.as_ref().is_some_and(|c| {
+        c.send(JobTask {
+            id: task.clone(),
+            reply: ack.then_some(tx),
+        })
+        .is_ok()
+    });
+    if !ack {
+        return None;
+    }
+    let reply = if sent {
+        match tokio::time::timeout(ENGINE_TIMEOUT, rx).await {
+            Ok(Ok(r)) => r,
+            _ => JobTaskReply {
+                reporting: false,
+                artifact: false,
+                message: "the ClearML reporter did not answer in time".into(),
+            },
+        }
+    } else {
+        JobTaskReply {
+            reporting: false,
+            artifact: false,
+            message: "this memtrack does not report to ClearML".into(),
+        }
+    };
+    let mut fields = serde_json::Map::new();
+    fields.insert("clearml".into(), sent.into());
+    fields.insert("task".into(), task.into());
+    fields.insert("reporting".into(), reply.reporting.into());
+    fields.insert("artifact".into(), reply.artifact.into());
+    fields.insert("message".into(), reply.message.into());
+    Some(protocol::ok_line("clearml_task", id, fields))
 }
 
 /// Hands a request to the engine. A full queue is backpressure: this

@@ -205,7 +205,7 @@ impl Live {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let run_dir = dir.path().join("run");
         let reporter =
-            rt.block_on(async { Reporter::start(settings, run_info(name), run_dir, rx) });
+            rt.block_on(async { Reporter::start(settings, run_info(name), run_dir, rx, None) });
         Live {
             rt,
             reporter,
@@ -1331,7 +1331,12 @@ fn clearml_resend_delivers_what_an_outage_left_and_ends_the_task() {
     let out = scratch();
     let go = out.path().join("go");
     let conf = out.path().join("m.toml");
-    std::fs::write(&conf, "[clearml]\nfinal_flush_timeout = \"2s\"\n").unwrap();
+    // No wait for a task of the job's own: memtrack's is created at once.
+    std::fs::write(
+        &conf,
+        "[clearml]\nfinal_flush_timeout = \"2s\"\njob_task_wait = \"0s\"\n",
+    )
+    .unwrap();
     let mut child = memtrack()
         .args([
             "run",
@@ -1578,6 +1583,511 @@ fn a_failed_upload_keeps_the_task_so_memtrack_upload_uses_its_key() {
     assert!(
         !run_dir.join("clearml-task.json").exists(),
         "the note has served"
+    );
+    server.assert_exactly_once();
+}
+
+// ---------------------------------------------------------------------------
+// The job's own task: a script that calls the real ClearML SDK's `Task.init`.
+
+/// The job: `Task.init` with the SDK's defaults except the resource monitor,
+/// the argument parser and repository detection (no git, no network), five
+/// steps marked with memtrack's client and reported with the SDK's logger,
+/// then `task.close()`. With `wait_socket`, it first waits for memtrack's
+/// socket (`attach` starts after the job).
+fn sdk_job(wait_socket: bool) -> String {
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/src");
+    format!(
+        r#"import os, sys, time
+sys.path.insert(0, {client:?})
+if {wait_socket}:
+    while not os.path.exists(os.environ["MEMTRACK_SOCKET"]):
+        time.sleep(0.02)
+import memtrack
+from clearml import Task
+task = Task.init(project_name="memtrack-it", task_name="sdk job",
+                 auto_resource_monitoring=False, auto_connect_arg_parser=False,
+                 auto_connect_frameworks={{"detect_repository": False}})
+log = task.get_logger()
+keep = []
+for i in range(5):
+    with memtrack.span("model", "step", iteration=i):
+        keep.append(bytearray(8 << 20))
+    log.report_scalar("loss", "train", value=1.0 / (i + 1), iteration=i)
+print("TASK", task.id, flush=True)
+task.close()
+"#,
+        client = client.display().to_string(),
+        wait_socket = if wait_socket { "True" } else { "False" },
+    )
+}
+
+/// What the SDK and memtrack need, with no traffic leaving the machine: the
+/// proxies point at a closed loopback port (only loopback goes direct), the
+/// web and files hosts too, and the SDK's home, cache and update check stay
+/// local.
+fn sdk_env(server: &Server, s3: &S3Server, home: &Path) -> Vec<(&'static str, String)> {
+    let closed = "http://127.0.0.1:9".to_string();
+    let mut env = vec![
+        ("HOME", home.display().to_string()),
+        ("CLEARML_API_HOST", server.url()),
+        ("CLEARML_WEB_HOST", closed.clone()),
+        ("CLEARML_FILES_HOST", closed.clone()),
+        ("CLEARML_API_ACCESS_KEY", KEY.to_string()),
+        ("CLEARML_API_SECRET_KEY", SECRET.to_string()),
+        (
+            "CLEARML_CACHE_DIR",
+            home.join("cache").display().to_string(),
+        ),
+        ("CLEARML_SUPPRESS_UPDATE_MESSAGE", "1".to_string()),
+        ("CLEARML_TASK_NO_REUSE", "1".to_string()),
+        ("HTTP_PROXY", closed.clone()),
+        ("HTTPS_PROXY", closed.clone()),
+        ("http_proxy", closed.clone()),
+        ("https_proxy", closed),
+        ("NO_PROXY", "127.0.0.1,localhost".to_string()),
+        ("no_proxy", "127.0.0.1,localhost".to_string()),
+        ("PYTHONDONTWRITEBYTECODE", "1".to_string()),
+    ];
+    env.extend(s3.env(S3_SECRET));
+    env
+}
+
+fn require_clearml_sdk() {
+    let ok = Command::new("python3")
+        .args(["-c", "import clearml"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "the ClearML SDK is missing; scripts/test installs it (python3 -m pip install clearml==2.1.12)"
+    );
+}
+
+/// Checks the outcome of an SDK job run under memtrack: one task, the
+/// script's; only the SDK changed its status; every memory point in it, on
+/// the job's iteration axis; the SDK's scalars too; the artifact registered
+/// while the task was open, pointing at the uploaded object.
+fn check_sdk_task(server: &Server, s3: &S3Server, document: &Path, log: &str) {
+    let state = server.state();
+    let tasks = state["tasks"].as_object().unwrap();
+    assert_eq!(tasks.len(), 1, "one task, the script's: {state:#}\n{log}");
+    let (id, task) = tasks.iter().next().unwrap();
+    assert_eq!(state["task_creators"][id], "sdk", "{state:#}");
+    assert_eq!(task["name"], "sdk job");
+    assert_eq!(task["status"], "completed", "{task:#}");
+    let changes: Vec<(String, String)> = state["status_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["to"].as_str().unwrap().to_string(),
+                c["by"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            ("in_progress".to_string(), "sdk".to_string()),
+            ("completed".to_string(), "sdk".to_string())
+        ],
+        "only the SDK changes the task's status"
+    );
+
+    let all = server.admin("GET", "/points", None)["points"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let memory: Vec<&Value> = all
+        .iter()
+        .filter(|p| p["metric"].as_str().unwrap().starts_with("memory/"))
+        .collect();
+    assert!(!memory.is_empty(), "memtrack's points: {log}");
+    assert!(memory.iter().all(|p| p["task"] == *id), "{memory:#?}");
+    let steps: std::collections::BTreeSet<u64> = memory
+        .iter()
+        .filter(|p| p["metric"] == "memory/model" && p["variant"] == "cpu_ram_used_mb")
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (0..5).collect(), "{memory:#?}");
+    assert!(
+        memory.iter().all(|p| p["iter"].as_u64().unwrap() <= 4),
+        "memtrack's points stay on the job's axis: {memory:#?}"
+    );
+    assert_eq!(task["last_iteration"], 4, "the task's axis is the job's");
+    let sdk_steps: Vec<u64> = all
+        .iter()
+        .filter(|p| p["metric"] == "loss" && p["variant"] == "train")
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sdk_steps, vec![0, 1, 2, 3, 4], "the SDK's own scalars");
+
+    let key = format!("runs/memtrack-it/sdk job.{id}/artifacts/memory_usage/memory_usage.json");
+    let uri = format!("s3://{}/{key}", s3.bucket);
+    let artifacts = task["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 1, "{task:#}\n{log}");
+    assert_eq!(artifacts[0]["key"], "memory_usage");
+    assert_eq!(artifacts[0]["uri"], uri.as_str());
+    let registered = state["artifact_log"].as_array().unwrap();
+    assert!(!registered.is_empty());
+    for a in registered {
+        assert_eq!(a["task_status"], "in_progress", "{a}");
+        assert_eq!(a["by"], "memtrack", "{a}");
+    }
+    // The object is the final document.
+    let local = std::fs::read(document).unwrap();
+    assert_eq!(s3.object(&key).as_deref(), Some(local.as_slice()), "{log}");
+    server.assert_exactly_once();
+}
+
+#[test]
+fn a_task_init_job_under_run_gets_the_points_and_the_artifact_in_its_own_task() {
+    require_clearml_sdk();
+    let server = Server::start(&[]);
+    let s3 = S3Server::start();
+    let out = scratch();
+    let mut cmd = memtrack();
+    cmd.args([
+        "run",
+        "--listen",
+        "off",
+        "--name",
+        "sdk-run",
+        "--interval",
+        "50ms",
+    ])
+    .args(["--checkpoint-interval", "1s", "--output"])
+    .arg(out.path())
+    .args(["--s3-url", &format!("s3://{}/runs", s3.bucket)])
+    .args(["--s3-endpoint", &s3.endpoint()])
+    .args(["--", "python3", "-c", &sdk_job(false)]);
+    for (k, v) in sdk_env(&server, &s3, out.path()) {
+        cmd.env(k, v);
+    }
+    let res = run_to_end(&mut cmd, Duration::from_secs(180));
+    let log = format!("{}\n{}", String::from_utf8_lossy(&res.stdout), stderr(&res));
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    check_sdk_task(
+        &server,
+        &s3,
+        &out.path().join("sdk-run/memory_usage.json"),
+        &log,
+    );
+}
+
+#[test]
+fn a_task_init_job_followed_by_attach_gets_the_points_and_the_artifact_in_its_own_task() {
+    require_clearml_sdk();
+    let server = Server::start(&[]);
+    let s3 = S3Server::start();
+    let out = scratch();
+    let socket = out.path().join("memtrack.sock");
+    let env = sdk_env(&server, &s3, out.path());
+    let mut job = Command::new("python3");
+    job.args(["-c", &sdk_job(true)])
+        .env("MEMTRACK_SOCKET", &socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in &env {
+        job.env(k, v);
+    }
+    let job = job.spawn().unwrap();
+    let pid = job.id();
+    // Reaped as soon as it exits, so that memtrack sees it gone.
+    let job = std::thread::spawn(move || job.wait_with_output().unwrap());
+    let mut cmd = memtrack();
+    cmd.args(["attach", "--pid", &pid.to_string(), "--socket"])
+        .arg(&socket)
+        .args([
+            "--listen",
+            "off",
+            "--name",
+            "sdk-attach",
+            "--interval",
+            "50ms",
+        ])
+        .args(["--checkpoint-interval", "1s", "--output"])
+        .arg(out.path())
+        .args(["--s3-url", &format!("s3://{}/runs", s3.bucket)])
+        .args(["--s3-endpoint", &s3.endpoint()]);
+    for (k, v) in &env {
+        cmd.env(k, v);
+    }
+    let res = run_to_end(&mut cmd, Duration::from_secs(180));
+    let job = job.join().unwrap();
+    let log = format!(
+        "job: {}\n{}\nmemtrack: {}",
+        String::from_utf8_lossy(&job.stdout),
+        String::from_utf8_lossy(&job.stderr),
+        stderr(&res)
+    );
+    assert!(job.status.success(), "{log}");
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    check_sdk_task(
+        &server,
+        &s3,
+        &out.path().join("sdk-attach/memory_usage.json"),
+        &log,
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The server's rules, each at its root.
+
+/// A job that leaves a file behind, to tell whether it ran.
+fn marker_job(dir: &Path) -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!("touch {}", dir.join("ran").display()),
+    ]
+}
+
+#[test]
+fn short_names_and_unknown_task_types_stop_memtrack_before_the_job() {
+    let server = Server::start(&[]);
+    for (args, env, names) in [
+        (vec!["--clearml-project", " ab "], vec![], "clearml.project"),
+        (
+            vec!["--clearml-project", "/ a /"],
+            vec![],
+            "clearml.project",
+        ),
+        (vec!["--name", "xy"], vec![], "run name"),
+        (
+            vec![],
+            vec![("MEMTRACK_CLEARML_TASK_NAME", " t ".to_string())],
+            "clearml.task_name",
+        ),
+        (
+            vec![],
+            vec![("MEMTRACK_CLEARML_TASK_TYPE", "trainer".to_string())],
+            "clearml.task_type",
+        ),
+    ] {
+        let out = scratch();
+        let job = marker_job(out.path());
+        let mut cmd = memtrack();
+        cmd.args(["run", "--listen", "off", "--output"])
+            .arg(out.path())
+            .args(&args)
+            .arg("--")
+            .args(&job)
+            .env("HOME", out.path())
+            .env("CLEARML_API_HOST", server.url())
+            .env("CLEARML_API_ACCESS_KEY", KEY)
+            .env("CLEARML_API_SECRET_KEY", SECRET);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let res = run_to_end(&mut cmd, Duration::from_secs(60));
+        let log = stderr(&res);
+        assert_eq!(res.status.code(), Some(2), "{args:?} {env:?}: {log}");
+        assert!(log.contains(names), "{args:?}: {log}");
+        assert!(!out.path().join("ran").exists(), "the job must not start");
+    }
+    assert_eq!(server.state()["requests"], 0, "nothing reached the server");
+}
+
+#[test]
+fn a_project_name_is_looked_up_as_the_server_stores_it() {
+    let server = Server::start(&[]);
+    // The project exists, stored tidied (as the server stores `team / mem`).
+    let existing = server.task("earlier run", "team/mem", "completed");
+    let out = scratch();
+    let res = run_with_clearml(
+        &server,
+        out.path(),
+        &[],
+        &["--clearml-project", " team /  mem// "],
+        &["sh", "-c", "sleep 0.2"],
+    );
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let state = server.state();
+    assert_eq!(state["projects"].as_object().unwrap().len(), 1, "{state:#}");
+    assert_eq!(server.calls_to("projects.create"), 0);
+    let project = state["tasks"][&existing]["project"].clone();
+    let mine: Vec<&Value> = state["tasks"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|t| t["name"] == "job")
+        .collect();
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine[0]["project"], project);
+    server.assert_exactly_once();
+}
+
+#[test]
+fn iterations_beyond_i64_never_fail_a_batch() {
+    let server = Server::start(&[]);
+    let mut s = settings(&server.url(), SECRET);
+    s.timer_every = Duration::ZERO;
+    let live = Live::start(s, "huge-iterations");
+    let task = live.wait_task();
+    let now = unix_now();
+    live.push(entry("model", "a", now, Some(u64::MAX), 1.0));
+    live.push(entry("model", "b", now + 0.01, Some(3), 2.0));
+    let (report, _, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    assert_eq!(report.unsent, 0, "{report:?}");
+    let iters: std::collections::BTreeSet<u64> = server
+        .points(&task)
+        .iter()
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(iters, [3, i64::MAX as u64].into_iter().collect());
+    assert_eq!(
+        server.calls_to("events.add_batch"),
+        1,
+        "no batch failed and was retried"
+    );
+    server.assert_exactly_once();
+}
+
+#[test]
+fn a_creation_answered_504_is_looked_up_not_repeated() {
+    let server = Server::start(&[]);
+    // The gateway gives up, but the server creates the project and the task.
+    for endpoint in ["projects.create", "tasks.create"] {
+        server.fault(json!({"status": 504, "count": 1, "endpoint": endpoint, "applied": true}));
+    }
+    let live = Live::start(settings(&server.url(), SECRET), "gateway-timeout");
+    let task = live.wait_task();
+    live.push(entry("model", "a", unix_now(), Some(1), 1.0));
+    let (report, _, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    assert!(report.errors.is_empty(), "{report:?}");
+    let state = server.state();
+    assert_eq!(state["projects"].as_object().unwrap().len(), 1, "{state:#}");
+    assert_eq!(state["tasks"].as_object().unwrap().len(), 1, "{state:#}");
+    assert_eq!(state["tasks"][&task]["status"], "completed");
+    assert_eq!(server.calls_to("tasks.create"), 1, "not repeated");
+    assert_eq!(server.calls_to("projects.create"), 1, "not repeated");
+    server.assert_exactly_once();
+}
+
+#[test]
+fn a_creation_refused_with_a_gateway_error_before_the_server_is_tried_again() {
+    let server = Server::start(&[]);
+    // 502/503: the request never reached the server; a 504 that did not
+    // take effect either: memtrack looks, finds nothing, and creates once.
+    server.fault(json!({"status": 503, "count": 1, "endpoint": "tasks.create"}));
+    server.fault(json!({"status": 504, "count": 1, "endpoint": "tasks.create"}));
+    let live = Live::start(settings(&server.url(), SECRET), "gateway-refused");
+    let task = live.wait_task();
+    let (report, _, _dir) = live.finish(exit(0), Duration::from_secs(10));
+    assert!(report.errors.is_empty(), "{report:?}");
+    let state = server.state();
+    assert_eq!(state["tasks"].as_object().unwrap().len(), 1, "{state:#}");
+    assert_eq!(state["tasks"][&task]["status"], "completed");
+    assert_eq!(
+        server.calls_to("tasks.get_all"),
+        1,
+        "looked up once, after the 504"
+    );
+    server.assert_exactly_once();
+}
+
+#[test]
+fn clearml_auth_token_wins_over_keys_as_in_the_sdk() {
+    let server = Server::start(&[]);
+    let token = server.admin("POST", "/token", Some(json!({})))["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = scratch();
+    // Keys in clearml.conf and in the environment, both wrong: the token wins.
+    std::fs::write(
+        out.path().join("clearml.conf"),
+        format!(
+            "api {{\n  api_server: {}\n  credentials {{\"access_key\": \"CONFKEY\", \"secret_key\": \"CONFSECRET\"}}\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let mut cmd = memtrack();
+    cmd.args([
+        "run",
+        "--listen",
+        "off",
+        "--name",
+        "job",
+        "--interval",
+        "50ms",
+    ])
+    .args(["--clearml-project", "memtrack-it", "--output"])
+    .arg(out.path())
+    .args(["--", "sh", "-c", "sleep 0.2"])
+    .env("HOME", out.path())
+    .env("CLEARML_AUTH_TOKEN", &token)
+    .env("CLEARML_API_ACCESS_KEY", "WRONGKEY")
+    .env("CLEARML_API_SECRET_KEY", "WRONGSECRET");
+    let res = run_to_end(&mut cmd, Duration::from_secs(60));
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    let state = server.state();
+    assert_eq!(state["auth_failures"], 0, "{log}");
+    assert_eq!(state["login_kinds"]["basic"], 0, "{log}");
+    assert_eq!(state["tasks"].as_object().unwrap().len(), 1, "{log}");
+    server.assert_exactly_once();
+}
+
+#[test]
+fn announcements_of_other_tasks_and_malformed_ones_change_nothing() {
+    let server = Server::start(&[]);
+    // A task the job "made" (as the SDK would), already running.
+    let id = server.task("job task", "memtrack-it", "in_progress");
+    let out = scratch();
+    let script = format!(
+        "import os, socket, json\n\
+         s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET'])\n\
+         f = s.makefile('rw')\n\
+         def ask(obj):\n\
+         \x20   f.write(json.dumps(obj) + '\\n'); f.flush(); return json.loads(f.readline())\n\
+         r = ask({{'type': 'clearml_task', 'task': {id:?}, 'ack': True, 'id': 1}})\n\
+         assert r['ok'] and r['clearml'] and r['reporting'], r\n\
+         for i in range(300):\n\
+         \x20   r = ask({{'type': 'clearml_task', 'task': 'other%d' % i, 'ack': True, 'id': i}})\n\
+         \x20   assert r['ok'] and not r['reporting'] and {id:?} in r['message'], r\n\
+         for bad in ['', 'a b', '../x', 'x' * 65, 7, None]:\n\
+         \x20   r = ask({{'type': 'clearml_task', 'task': bad, 'ack': True}})\n\
+         \x20   assert not r['ok'] and r['error'] == 'invalid', r\n\
+         r = ask({{'type': 'clearml_task', 'task': {id:?}, 'ack': True}})\n\
+         assert r['reporting'], r\n\
+         for i in range(3):\n\
+         \x20   ask({{'type': 'mark', 'component': 'model', 'operation': 'step', 'iteration': i, 'ack': True}})\n"
+    );
+    let res = run_with_clearml(&server, out.path(), &[], &[], &["python3", "-c", &script]);
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    let state = server.state();
+    assert_eq!(state["tasks"].as_object().unwrap().len(), 1, "{state:#}");
+    assert_eq!(
+        state["tasks"][&id]["status"], "in_progress",
+        "its status stays"
+    );
+    assert!(
+        state["status_log"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["by"] != "memtrack"),
+        "{state:#}"
+    );
+    let steps: std::collections::BTreeSet<u64> = server
+        .points(&id)
+        .iter()
+        .filter(|p| p["metric"] == "memory/model")
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (0..3).collect());
+    let noted = log.matches("is left alone").count();
+    assert!(
+        (1..=5).contains(&noted),
+        "rate-limited log: {noted} lines\n{log}"
     );
     server.assert_exactly_once();
 }

@@ -231,6 +231,8 @@ fn credentials_never_reach_logs_json_or_memory_info() {
         env.push(("CLEARML_API_ACCESS_KEY", "clearml-key-0123456789"));
         env.push(("CLEARML_API_SECRET_KEY", "clearml-secret-do-not-log"));
         env.push(("MEMTRACK_CLEARML_FINAL_FLUSH_TIMEOUT", "1s"));
+        // The run is `d`, too short a ClearML task name: name the task.
+        env.push(("MEMTRACK_CLEARML_TASK_NAME", "memtrack test"));
         env.push(("MEMTRACK_LOG_LEVEL", "debug"));
         let url = format!("s3://{}/runs", server.bucket);
         let endpoint = server.endpoint();

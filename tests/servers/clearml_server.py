@@ -1,10 +1,19 @@
 #!/usr/bin/env python3
 """Strict local stand-in for the ClearML REST API, for memtrack's tests.
 
-It speaks the wire contract in shared/clearml-contract.md (server 2.3.0, API up
+It speaks the ClearML REST API as the real server does (server 2.3.0, API up
 to 2.34), answers every request the way the real server would, and records
-each breach of that contract in a ``violations`` list so that a test can
-assert that memtrack never broke it.  A second, ADMIN listener reads the state
+each breach of the rules memtrack must follow in a ``violations`` list so
+that a test can assert that memtrack never broke them.
+
+It also serves the ClearML Python SDK (``X-ClearML-Client: clearml-…``):
+``Task.init`` → reporting → ``task.close()``. The SDK's requests get the real
+server's answers, but the rules written for memtrack (POST only, its
+headers, scalar events only, …) are not held against it; what it did is in
+``sdk_notes``. For every task the state records who created it
+(``task_creators``), who changed its status (``status_log``) and the task's
+status when each artifact was registered (``artifact_log``), each naming the
+client: ``memtrack`` or ``sdk``.  A second, ADMIN listener reads the state
 and injects faults (connection refused, HTTP 5xx/429, expired tokens, partial
 event failures, slow replies).  Python 3.8+, standard library only.
 
@@ -221,6 +230,7 @@ class Ctx(object):
         self.version_error = None     # ApiError raised before dispatch
         self.content_type = ""
         self.auth_identity = None
+        self.client = "unknown"       # "memtrack", "sdk" or "unknown"
 
 
 class App(object):
@@ -261,6 +271,10 @@ class App(object):
         self.projects = OrderedDict()
         self.points = OrderedDict()   # (task, iter, metric, variant) -> point
         self.violations = []
+        self.sdk_notes = []
+        self.task_creators = {}
+        self.status_log = []
+        self.artifact_log = []
         self.calls = []
         self.logins = 0
         self.login_kinds = {"basic": 0, "bearer": 0}
@@ -285,6 +299,10 @@ class App(object):
                 "projects": {pid: dict(p) for pid, p in self.projects.items()},
                 "points": [dict(p) for p in self.points.values()],
                 "violations": list(self.violations),
+                "sdk_notes": list(self.sdk_notes),
+                "task_creators": dict(self.task_creators),
+                "status_log": list(self.status_log),
+                "artifact_log": list(self.artifact_log),
                 "logins": self.logins,
                 "login_kinds": dict(self.login_kinds),
                 "auth_failures": self.auth_failures,
@@ -365,6 +383,13 @@ class App(object):
     # -------------------------------------------------------------- violations
     def violate(self, ctx, rule, message):
         with self.lock:
+            if ctx is not None and ctx.client == "sdk":
+                # The rules are memtrack's; the SDK's requests are only noted.
+                self.sdk_notes.append({"rule": rule, "endpoint": ctx.endpoint,
+                                       "message": message})
+                del self.sdk_notes[:-200]
+                self.mark_dirty()
+                return
             self.violations.append({
                 "n": len(self.violations) + 1,
                 "request": ctx.n if ctx else None,
@@ -456,7 +481,7 @@ class App(object):
             if f is None:
                 return None
             return {"status": f.value, "retry_after": f.extra.get("retry_after"),
-                    "raw": f.extra.get("raw", False)}
+                    "raw": f.extra.get("raw", False), "applied": f.extra.get("applied", False)}
 
     def take_partial_errors(self):
         with self.lock:
@@ -469,7 +494,7 @@ class App(object):
         if not isinstance(body, dict):
             raise ValueError("body must be a JSON object")
         known = {"refuse_for_s", "reopen", "status", "count", "for_s", "endpoint",
-                 "retry_after", "raw", "expire_tokens", "block_tokens",
+                 "retry_after", "raw", "applied", "expire_tokens", "block_tokens",
                  "partial_errors", "delay_ms", "publish_task", "set_task_status",
                  "clear"}
         unknown = sorted(set(body) - known)
@@ -502,7 +527,8 @@ class App(object):
                     raise ValueError("status must be an HTTP status code")
                 self.status_faults.append(Fault(
                     "status", status, count=count, for_s=for_s, endpoints=endpoints,
-                    retry_after=body.get("retry_after"), raw=bool(body.get("raw", False))))
+                    retry_after=body.get("retry_after"), raw=bool(body.get("raw", False)),
+                    applied=bool(body.get("applied", False))))
             if "delay_ms" in body:
                 d = body["delay_ms"]
                 if not _is_number(d) or d < 0:
@@ -541,6 +567,8 @@ class App(object):
         if status not in TASK_STATUSES:
             raise ValueError("unknown status %r" % (status,))
         t = self.tasks[task_id]
+        self.status_log.append({"task": task_id, "from": t["status"], "to": status,
+                                "by": "admin", "endpoint": None, "time": _now_iso()})
         t["status"] = status
         t["status_changed"] = t["last_update"] = _now_iso()
         if status == "published":
@@ -673,6 +701,9 @@ class App(object):
                                  "URL %s has no /v{X.Y}/ version prefix (pin one, e.g. /v2.23/)"
                                  % ctx.path)
 
+        client = handler.headers.get("X-ClearML-Client") or ""
+        ctx.client = ("memtrack" if client.startswith("memtrack-")
+                      else "sdk" if client.startswith("clearml-") else "unknown")
         if ctx.method != "POST":
             self.violate(ctx, "method", "HTTP method %s used; memtrack must POST a JSON body"
                          % ctx.method)
@@ -892,8 +923,8 @@ class App(object):
         now = _now_iso()
         p = {"id": pid, "name": name, "basename": name.rsplit("/", 1)[-1],
              "description": description, "created": now, "last_update": now,
-             "tags": [], "system_tags": [], "company": {"id": "memtrack-test-company"},
-             "user": {"id": "memtrack-test-user"}}
+             "tags": [], "system_tags": [], "company": "memtrack-test-company",
+             "user": "memtrack-test-user"}
         self.projects[pid] = p
         self.mark_dirty()
         return p
@@ -948,7 +979,8 @@ class App(object):
 
     def ep_projects__create(self, ctx, body):
         self._require(body, ctx.endpoint, ["name"])
-        name = body["name"]
+        name = self.tidy_project_name(body["name"])
+        self._check_name(ctx, "project", name)
         with self.lock:
             if any(p["name"] == name for p in self.projects.values()):
                 raise ApiError(400, 801, "Value combination already exists (unique field already "
@@ -959,21 +991,35 @@ class App(object):
             return {"id": self._create_project(name, body.get("description") or "")["id"]}
 
     # -------------------------------------------------------------- tasks
-    def _create_task(self, name, ttype, project):
+    def _create_task(self, name, ttype, project, client="admin", comment=""):
         tid = uuid.uuid4().hex
         now = _now_iso()
         t = {"id": tid, "name": name, "type": ttype, "project": project,
              "status": "created", "status_reason": "", "status_message": "",
              "status_changed": now, "created": now, "started": None, "completed": None,
              "published": None, "last_update": now, "last_iteration": 0,
-             "company": {"id": "memtrack-test-company"}, "user": {"id": "memtrack-test-user"},
-             "tags": [], "system_tags": [], "artifacts": OrderedDict()}
+             "company": "memtrack-test-company", "user": "memtrack-test-user",
+             "comment": comment, "tags": [], "system_tags": [], "artifacts": OrderedDict()}
         self.tasks[tid] = t
+        self.task_creators[tid] = client
         self.mark_dirty()
         return t
 
+    @staticmethod
+    def tidy_project_name(name):
+        """Project names are stored tidied: parts stripped, '/' runs collapsed."""
+        return "/".join(p.strip() for p in name.split("/") if p.strip())
+
+    def _check_name(self, ctx, what, name):
+        if len(name.strip()) < 3:
+            raise ApiError(400, 800, "Validation error (%s name must be at least 3 characters)"
+                           % what, {"name": name},
+                           ("name_length", "%s with %s name %r (under 3 characters once "
+                            "stripped)" % (ctx.endpoint, what, name)))
+
     def ep_tasks__create(self, ctx, body):
         self._require(body, ctx.endpoint, ["name", "type"])
+        self._check_name(ctx, "task", body["name"])
         if body["type"] not in TASK_TYPES:
             raise ApiError(400, 12, "Validation error (invalid task type %r)" % body["type"],
                            {"type": body["type"], "allowed": list(TASK_TYPES)},
@@ -990,11 +1036,14 @@ class App(object):
                 raise ApiError(400, 401, "Invalid project id", {"id": project},
                                ("unknown_project", "tasks.create with unknown project id %r"
                                 % project))
-            return {"id": self._create_task(body["name"], body["type"], project)["id"]}
+            comment = body.get("comment") if isinstance(body.get("comment"), str) else ""
+            return {"id": self._create_task(body["name"], body["type"], project, ctx.client,
+                                            comment)["id"]}
 
     def _task_public(self, t, only=None):
-        v = {k: val for k, val in t.items() if k != "artifacts"}
-        v["execution"] = {"artifacts": self._task_view(t)["artifacts"]}
+        v = {k: val for k, val in t.items() if k not in ("artifacts", "execution")}
+        v["execution"] = dict(t.get("execution") or {})
+        v["execution"]["artifacts"] = self._task_view(t)["artifacts"]
         return self._only(v, only) if only else v
 
     def ep_tasks__get_by_id(self, ctx, body):
@@ -1042,6 +1091,8 @@ class App(object):
                                ("task_status", "%s: illegal transition %s -> %s for task %s"
                                 % (ctx.endpoint, cur, new_status, t["id"])))
             now = _now_iso()
+            self.status_log.append({"task": t["id"], "from": cur, "to": new_status,
+                                    "by": ctx.client, "endpoint": ctx.endpoint, "time": now})
             t["status"] = new_status
             t["status_reason"] = body.get("status_reason", "") or ""
             t["status_message"] = body.get("status_message", "") or ""
@@ -1069,6 +1120,49 @@ class App(object):
 
     def ep_tasks__failed(self, ctx, body):
         return self._change_status(ctx, body, "failed")
+
+    # Fields tasks.edit may change (the SDK stores its script, runtime
+    # properties, hyperparameters and configuration this way).
+    EDITABLE = ("name", "comment", "tags", "system_tags", "script", "runtime", "execution",
+                "hyperparams", "configuration", "container", "models", "output", "parent",
+                "type")
+
+    def ep_tasks__edit(self, ctx, body):
+        self._require(body, ctx.endpoint, ["task"])
+        with self.lock:
+            t = self._task(ctx, body["task"])
+            if t["status"] != "created" and not body.get("force"):
+                raise ApiError(400, 110, "Invalid task status (task is not in created state)",
+                               {"status": t["status"]},
+                               ("task_status", "tasks.edit on %s task %s without force"
+                                % (t["status"], t["id"])))
+            if t["status"] in LOCKED_STATUSES:
+                raise ApiError(400, 110, "Invalid task status (task is published)",
+                               {"status": t["status"]},
+                               ("task_status", "tasks.edit on published task %s" % t["id"]))
+            fields = {}
+            for k, val in body.items():
+                if k in self.EDITABLE:
+                    if k == "execution" and isinstance(val, dict):
+                        val = {a: b for a, b in val.items() if a != "artifacts"}
+                    if k == "name":
+                        self._check_name(ctx, "task", val if isinstance(val, str) else "")
+                    t[k] = val
+                    fields[k] = val
+            t["last_update"] = _now_iso()
+            self.mark_dirty()
+        return {"updated": 1, "fields": fields}
+
+    def ep_tasks__set_requirements(self, ctx, body):
+        self._require(body, ctx.endpoint, ["task"])
+        with self.lock:
+            t = self._task(ctx, body["task"])
+            t.setdefault("script", {})
+            if isinstance(t["script"], dict):
+                t["script"]["requirements"] = body.get("requirements") or {}
+            t["last_update"] = _now_iso()
+            self.mark_dirty()
+        return {"updated": 1, "fields": {}}
 
     def ep_tasks__ping(self, ctx, body):
         self._require(body, ctx.endpoint, ["task"])
@@ -1149,6 +1243,9 @@ class App(object):
                 a = dict(a)
                 a.setdefault("mode", "output")
                 t["artifacts"]["%s|%s" % (a["key"], a["mode"])] = a
+                self.artifact_log.append({"task": t["id"], "key": a["key"], "uri": a.get("uri"),
+                                          "task_status": t["status"], "by": ctx.client,
+                                          "time": _now_iso()})
             t["last_update"] = _now_iso()
             self.mark_dirty()
         return {"updated": 1}
@@ -1206,6 +1303,13 @@ class App(object):
 
     def ep_events__add_batch(self, ctx):
         events = self._parse_batch(ctx)
+        for i, ev in enumerate(events):
+            it = ev.get("iter")
+            if _is_number(it) and abs(it) > MAX_LONG:
+                # The store cannot index it: the whole batch fails.
+                raise ApiError(500, 0, "General data error (%s)" % INDEX_ERROR, {},
+                               ("event_iter", "event %d iter=%r is beyond the signed 64-bit "
+                                "range; the whole batch fails" % (i, it)))
         inject = self.take_partial_errors()
         errors = OrderedDict()
 
@@ -1281,9 +1385,8 @@ class App(object):
                         except (TypeError, ValueError):
                             err(INDEX_ERROR)
                             continue
-                    if abs(it) > MAX_LONG:
-                        err("Iteration number should not exceed %d" % MAX_LONG)
-                        self.violate(ctx, "event_iter", "%s iter=%r out of range" % (tag, it))
+                    if abs(it) > MAX_LONG:  # refused before the loop; kept for safety
+                        err(INDEX_ERROR)
                         continue
                     if it < 0:
                         self.violate(ctx, "event_iter", "%s %s/%s iter=%d is negative"
@@ -1456,6 +1559,10 @@ class ApiHandler(_BaseHandler):
             self.close_connection = True
             return
         fault = app.take_status_fault(ctx.endpoint or ctx.path)
+        if fault is not None and fault["applied"]:
+            # A gateway that gave up while the server did the work: the
+            # request takes effect, the client sees only the fault.
+            app.handle(ctx)
         if fault is not None:
             status = fault["status"]
             headers = {}
@@ -1548,6 +1655,7 @@ ADMIN_HELP = {
     "GET /points?task=ID": "{points: [...]}",
     "GET /calls": "{calls: [{n, method, path, endpoint, status, subcode, fault}]}",
     "POST /fault": "refuse_for_s | reopen | status+count/for_s[+endpoint,retry_after,raw] | "
+                   "[+applied: the request takes effect first] | "
                    "expire_tokens | block_tokens | partial_errors | delay_ms+count/for_s"
                    "[+endpoint] | publish_task | set_task_status | clear",
     "POST /reset": "clear all state and faults",

@@ -132,7 +132,7 @@ class Client(object):
     # ---- helpers
     def new_task(self, status=None):
         pid = self.ok("projects.create", {"name": "proj-%d" % time.monotonic_ns()})["id"]
-        tid = self.ok("tasks.create", {"name": "t", "type": "training", "project": pid})["id"]
+        tid = self.ok("tasks.create", {"name": "task", "type": "training", "project": pid})["id"]
         if status == "in_progress":
             self.ok("tasks.started", {"task": tid})
         return tid
@@ -285,13 +285,13 @@ def test_projects_lookup_and_create(c):
 
 
 def test_task_create_and_get(c):
-    pid = c.ok("projects.create", {"name": "p"})["id"]
-    status, env, _ = c.call("tasks.create", {"name": "t", "type": "bogus", "project": pid})
+    pid = c.ok("projects.create", {"name": "proj"})["id"]
+    status, env, _ = c.call("tasks.create", {"name": "task", "type": "bogus", "project": pid})
     assert (status, env["meta"]["result_subcode"]) == (400, 12)
-    tid = c.ok("tasks.create", {"name": "t", "type": "monitor", "project": pid})["id"]
+    tid = c.ok("tasks.create", {"name": "task", "type": "monitor", "project": pid})["id"]
     task = c.ok("tasks.get_by_id", {"task": tid})["task"]
     assert (task["status"], task["name"], task["project"], task["last_iteration"]) == \
-        ("created", "t", pid, 0)
+        ("created", "task", pid, 0)
     status, env, _ = c.call("tasks.get_by_id", {"task": "nope"})
     assert (status, env["meta"]["result_subcode"]) == (400, 101)
     assert c.rules() == ["invalid_request", "unknown_task"]
@@ -517,12 +517,12 @@ def test_fault_delay(c):
 def test_fault_refuse_drops_requests_in_flight(c):
     import threading
     c.fault(delay_ms=700, count=1, endpoint="tasks.create")
-    pid = c.ok("projects.create", {"name": "p"})["id"]
+    pid = c.ok("projects.create", {"name": "proj"})["id"]
     outcome = {}
 
     def slow():
         try:
-            outcome["res"] = c.call("tasks.create", {"name": "t", "type": "training",
+            outcome["res"] = c.call("tasks.create", {"name": "task", "type": "training",
                                                      "project": pid})
         except Exception as exc:  # noqa: BLE001 - any connection error is the point
             outcome["exc"] = exc
@@ -584,3 +584,71 @@ def test_state_file_survives_restart(tmp_path):
         assert len(cl2.state()["points"]) == 1
     finally:
         stop_server(proc)
+
+
+# ------------------------------------------------------- server rules, the SDK
+def test_short_names_are_refused_and_project_names_tidied(c):
+    status, env, _ = c.call("projects.create", {"name": "  ab "})
+    assert (status, env["meta"]["result_subcode"]) == (400, 800)
+    pid = c.ok("projects.create", {"name": " team / mem//x "})["id"]
+    assert c.state()["projects"][pid]["name"] == "team/mem/x"
+    found = c.ok("projects.get_all", {"name": "^team/mem/x$", "only_fields": ["id"]})
+    assert found == {"projects": [{"id": pid}]}
+    status, env, _ = c.call("projects.create", {"name": "team/mem/ x"})   # the same, tidied
+    assert (status, env["meta"]["result_subcode"]) == (400, 801)
+    status, env, _ = c.call("tasks.create", {"name": " t ", "type": "training", "project": pid})
+    assert (status, env["meta"]["result_subcode"]) == (400, 800)
+    assert c.rules() == ["name_length", "project_duplicate", "name_length"]
+
+
+def test_an_iteration_beyond_i64_fails_the_whole_batch(c):
+    tid = c.new_task("in_progress")
+    status, env, _ = c.batch([scalar(tid, 1), scalar(tid, 2 ** 63)])
+    assert status == 500
+    assert c.state()["points"] == []
+    assert c.rules() == ["event_iter"]
+    c.batch([scalar(tid, 2 ** 63 - 1)])
+    assert [p["iter"] for p in c.state()["points"]] == [2 ** 63 - 1]
+
+
+def test_an_applied_fault_takes_effect_behind_the_error(c):
+    pid = c.ok("projects.create", {"name": "proj"})["id"]
+    c.fault(status=504, count=1, endpoint="tasks.create", applied=True)
+    status, _, _ = c.call("tasks.create", {"name": "task", "type": "training", "project": pid})
+    assert status == 504
+    assert len(c.state()["tasks"]) == 1    # created all the same
+
+
+def test_sdk_requests_are_served_and_attributed(c):
+    sdk = {"X-ClearML-Client": "clearml-2.1.12"}
+    pid = c.ok("projects.create", {"name": "proj"}, headers=sdk, method="GET")["id"]
+    tid = c.ok("tasks.create", {"name": "job", "type": "training", "project": pid},
+               headers=sdk)["id"]
+    c.ok("tasks.edit", {"task": tid, "force": True, "script": {"entry_point": "job.py"},
+                        "runtime": {"progress": "0"}}, headers=sdk)
+    c.ok("tasks.set_requirements", {"task": tid, "requirements": {"pip": "x"}}, headers=sdk)
+    c.ok("tasks.started", {"task": tid}, headers=sdk)
+    log = {"type": "log", "task": tid, "msg": "hello", "level": "info",
+           "timestamp": 1733000000000}
+    status, env, _ = c.batch([log, scalar(tid, 3, metric="loss", variant="train")])
+    assert status == 200 and env["data"]["added"] == 2
+    art = {"key": "memory_usage", "type": "custom", "mode": "output", "uri": "s3://b/k",
+           "content_size": 1, "hash": "ab" * 32, "timestamp": 1733000000,
+           "type_data": {"content_type": "application/json"}}
+    c.ok("tasks.add_or_update_artifacts", {"task": tid, "force": True, "artifacts": [art]})
+    c.ok("tasks.completed", {"task": tid}, headers=sdk)
+    s = c.state()
+    # The SDK's GETs and headers are noted, not held against memtrack; the
+    # log event memtrack itself sent is.
+    assert [v["rule"] for v in s["violations"]] == ["event_type", "event_metric",
+                                                    "event_metric", "event_iter"]
+    assert {n["rule"] for n in s["sdk_notes"]} >= {"method", "client_header"}
+    assert s["task_creators"] == {tid: "sdk"}
+    assert [(e["to"], e["by"]) for e in s["status_log"]] == \
+        [("in_progress", "sdk"), ("completed", "sdk")]
+    assert [(a["key"], a["task_status"], a["by"]) for a in s["artifact_log"]] == \
+        [("memory_usage", "in_progress", "memtrack")]
+    task = c.ok("tasks.get_by_id", {"task": tid})["task"]
+    assert task["script"]["entry_point"] == "job.py"
+    assert task["script"]["requirements"] == {"pip": "x"}
+    assert isinstance(task["user"], str) and isinstance(task["company"], str)

@@ -621,3 +621,94 @@ def test_marks_from_a_signal_handler_never_deadlock_or_garble(fake):
     assert got + c.dropped() == 20000 + len(fired)
     its = [o["iteration"] for o in d.objects() if o["component"] == "main"]
     assert its == sorted(its)
+
+
+# -- the job's own ClearML task ---------------------------------------------
+
+
+@pytest.fixture
+def fake_clearml(monkeypatch):
+    """A stand-in for the ClearML SDK: Task.init sets the main task, close
+    records when it ran. The client's state starts and ends fresh."""
+    events = []
+
+    class Task(object):
+        _Task__main_task = None
+
+        def __init__(self, tid):
+            self.id = tid
+
+        @classmethod
+        def init(cls, tid):
+            cls._Task__main_task = cls(tid)
+            return cls._Task__main_task
+
+        @classmethod
+        def current_task(cls):
+            raise AssertionError("never called: it would create a task in a subprocess")
+
+        def close(self):
+            events.append(("close", time.monotonic()))
+
+    module = types.ModuleType("clearml")
+    module.Task = Task
+    monkeypatch.setitem(sys.modules, "clearml", module)
+    fresh = {"next": 0.0, "retry_at": 0.0, "task": None, "done": None, "reply": None,
+             "patched": False}
+    monkeypatch.setattr(client_mod, "_clearml_state", dict(fresh))
+    yield Task, events
+    client_mod._clearml_wait(5)
+
+
+def test_the_sdks_task_is_announced_once_on_its_own_connection(fake, fake_clearml):
+    Task, events = fake_clearml
+    answered = []
+
+    def responder(obj, pid):
+        if obj.get("type") == "clearml_task":
+            time.sleep(0.3)   # the daemon registers the artifact first
+            answered.append(time.monotonic())
+            return {"ok": True, "type": "clearml_task", "id": obj["id"], "clearml": True,
+                    "task": obj["task"], "reporting": True, "artifact": True, "message": "ok"}
+        return None
+
+    d = fake(responder=responder)
+    c = memtrack.Client(d.path)
+    c.mark("model", "before_init")           # no task yet: nothing announced
+    task = Task.init("0123456789abcdef0123456789abcdef")
+    for i in range(20):
+        c.mark("model", "step", iteration=i)
+    with c.span("model", "generate"):
+        pass
+    task.close()                             # waits for the daemon's answer
+    assert answered and events and events[0][1] >= answered[0]
+    d.settle()
+    objs = d.objects()
+    announced = [o for o in objs if o.get("type") == "clearml_task"]
+    assert len(announced) == 1, objs
+    assert announced[0]["task"] == "0123456789abcdef0123456789abcdef"
+    assert announced[0]["ack"] is True
+    marks = [o for o in objs if o.get("type") != "clearml_task"]
+    assert announced[0]["_conn"] not in {o["_conn"] for o in marks}
+    assert client_mod._clearml_state["reply"]["reporting"] is True
+    assert memtrack.clearml_announce(client=c, wait=True)["artifact"] is True   # the same answer
+
+
+@pytest.mark.filterwarnings("ignore::memtrack.MemtrackWarning")  # "no memtrack daemon"
+def test_without_a_task_or_a_daemon_nothing_waits(fake, fake_clearml, sockdir):
+    Task, events = fake_clearml
+    d = fake()
+    c = memtrack.Client(d.path)
+    c.mark("model", "x")
+    assert memtrack.clearml_announce(client=c) is None           # no task made yet
+    d.settle()
+    assert all(o.get("type") != "clearml_task" for o in d.objects())
+    # A task, but no daemon behind the socket: the announcement gives up at
+    # once and the SDK's close does not wait.
+    gone = memtrack.Client(os.path.join(sockdir, "nobody.sock"))
+    task = Task.init("abc")
+    assert memtrack.clearml_announce(client=gone, wait=True) is None
+    assert client_mod._clearml_state["done"].is_set()    # close will not wait
+    assert client_mod._clearml_state["task"] is None     # announced again later
+    task.close()
+    assert events

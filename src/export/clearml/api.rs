@@ -13,7 +13,10 @@
 //! [`Api::call_retrying`] retries connection errors, timeouts, 429 and
 //! 502/503/504 without limit (the caller bounds it by dropping the future)
 //! and other 5xx a few times, with exponential backoff; other 4xx are
-//! returned at once. No message ever contains a credential.
+//! returned at once. [`Api::call_creating`], for calls that create
+//! something, retries only what surely did not reach the server, so that
+//! the caller can look for what a timed-out try made before trying again.
+//! No message ever contains a credential.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,6 +50,10 @@ pub enum CallError {
         retry_after: Option<Duration>,
         /// A 500-like application error (retried a few times only).
         server_error: bool,
+        /// The request may have reached the server and taken effect (a
+        /// timeout, a 504, a 5xx, a lost reply): a call that creates
+        /// something must look before it tries again.
+        maybe_applied: bool,
     },
     /// The credentials or token were refused, even after a fresh login.
     Auth(String),
@@ -164,6 +171,11 @@ impl Api {
         })
     }
 
+    /// The first and the longest wait between tries.
+    pub fn backoff(&self) -> (Duration, Duration) {
+        (self.backoff_min, self.backoff_max)
+    }
+
     pub fn host(&self) -> &str {
         &self.host
     }
@@ -220,6 +232,7 @@ impl Api {
                     reason: format!("{endpoint}: {what}: {}", chain(&e)),
                     retry_after: None,
                     server_error: false,
+                    maybe_applied: !e.is_connect(),
                 },
                 false,
             )
@@ -237,6 +250,7 @@ impl Api {
                     reason: format!("{endpoint}: reading the reply failed: {}", chain(&e)),
                     retry_after: None,
                     server_error: false,
+                    maybe_applied: true,
                 },
                 false,
             )
@@ -270,6 +284,7 @@ impl Api {
                         reason: format!("{endpoint}: HTTP {status} without a ClearML reply"),
                         retry_after: None,
                         server_error: true,
+                        maybe_applied: true,
                     },
                     false,
                 )),
@@ -283,6 +298,8 @@ impl Api {
                     reason: format!("{endpoint}: HTTP {status} {message}"),
                     retry_after,
                     server_error: false,
+                    // A gateway that timed out may have passed the request on.
+                    maybe_applied: matches!(status, 408 | 504),
                 },
                 false,
             )),
@@ -291,6 +308,7 @@ impl Api {
                     reason: format!("{endpoint}: HTTP {status}/{subcode} {message}"),
                     retry_after,
                     server_error: true,
+                    maybe_applied: true,
                 },
                 false,
             )),
@@ -356,6 +374,7 @@ impl Api {
                 reason: "auth.login: the reply has no token".into(),
                 retry_after: None,
                 server_error: true,
+                maybe_applied: false,
             });
         };
         token.value = new.to_string();
@@ -463,6 +482,25 @@ impl Api {
     /// exponential backoff (without limit, except 500-like replies), the
     /// rest returned. Logs the start and the end of an outage once.
     pub async fn call_retrying(&self, endpoint: &str, body: &Body) -> Result<Value, CallError> {
+        self.retrying(endpoint, body, false).await
+    }
+
+    /// [`Api::call_retrying`] for a call that creates something
+    /// (`tasks.create`, `projects.create`): only failures that surely did
+    /// not reach the server (no connection, 429, 502, 503) are retried
+    /// here. A timeout, a 504 or a 5xx is returned at once, so that the
+    /// caller looks for what the call may have created before trying again
+    /// (as the SDK does; a blind retry makes duplicates).
+    pub async fn call_creating(&self, endpoint: &str, body: &Body) -> Result<Value, CallError> {
+        self.retrying(endpoint, body, true).await
+    }
+
+    async fn retrying(
+        &self,
+        endpoint: &str,
+        body: &Body,
+        creating: bool,
+    ) -> Result<Value, CallError> {
         let mut delay = self.backoff_min;
         let mut server_errors = 0u32;
         loop {
@@ -475,9 +513,18 @@ impl Api {
                     reason,
                     retry_after,
                     server_error,
+                    maybe_applied,
                 }) => {
                     self.errors.fetch_add(1, Ordering::Relaxed);
                     self.failed(&reason);
+                    if creating && maybe_applied {
+                        return Err(CallError::Transient {
+                            reason,
+                            retry_after,
+                            server_error,
+                            maybe_applied,
+                        });
+                    }
                     if server_error {
                         server_errors += 1;
                         if server_errors >= SERVER_ERROR_ATTEMPTS {
@@ -487,6 +534,7 @@ impl Api {
                                 ),
                                 retry_after,
                                 server_error,
+                                maybe_applied,
                             });
                         }
                     }

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use crate::config::{ClearmlConfig, MAX_CONFIG_BYTES};
 
-pub use reporter::Reporter;
+pub use reporter::{JobTask, JobTaskReply, Reporter};
 
 /// File name of the spool in the run directory.
 pub const SPOOL_FILE: &str = "clearml-spool.jsonl";
@@ -158,6 +158,12 @@ pub struct Settings {
     /// Name of a created task; empty: the run name.
     pub task_name: String,
     pub task_type: String,
+    /// Without a given task, how long to wait for the job to announce the
+    /// task its ClearML SDK made (`Task.init`) before creating one.
+    pub job_task_wait: Duration,
+    /// `memory_usage.json` will be uploaded (S3 is on), so a job's task
+    /// announcement is answered once the artifact is registered.
+    pub artifact_expected: bool,
     /// `X-ClearML-Worker`.
     pub worker: String,
     pub verify_certificate: bool,
@@ -203,6 +209,76 @@ pub enum ClearmlError {
     HalfCredentials(String),
     #[error("ClearML API server `{host}` (from {source_name}) is not an http:// or https:// URL")]
     BadHost { host: String, source_name: String },
+    #[error("{key} `{value}`: {why}")]
+    Name {
+        key: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("clearml.task_type `{0}` is not a ClearML task type; use one of: {types}", types = TASK_TYPES.join(", "))]
+    TaskType(String),
+}
+
+/// The task types a ClearML server accepts in `tasks.create`.
+pub const TASK_TYPES: [&str; 11] = [
+    "training",
+    "testing",
+    "inference",
+    "data_processing",
+    "application",
+    "monitor",
+    "controller",
+    "optimizer",
+    "service",
+    "qc",
+    "custom",
+];
+
+/// Shortest task or project name the server accepts, after stripping.
+pub const MIN_NAME: usize = 3;
+
+/// A project name as the server stores it: every `/`-separated part
+/// stripped of surrounding white space, empty parts dropped
+/// (`" team / mem "` → `team/mem`, `a//b` → `a/b`). Looking a project up by
+/// anything else misses it.
+pub fn tidy_project(name: &str) -> String {
+    name.split('/')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Refuses a task or project name the server would refuse: shorter than
+/// [`MIN_NAME`] characters once stripped.
+pub fn check_name(key: &'static str, value: &str) -> Result<(), ClearmlError> {
+    if value.trim().chars().count() < MIN_NAME {
+        return Err(ClearmlError::Name {
+            key,
+            value: value.to_string(),
+            why: format!(
+                "ClearML refuses names shorter than {MIN_NAME} characters (white space at the ends \
+                 does not count)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the name of the task memtrack would create for the run `run_name`
+/// (when it reports into no given task), before the run starts.
+pub fn check_task_name(settings: &Settings, run_name: &str) -> Result<(), ClearmlError> {
+    if settings.task.is_some() {
+        return Ok(());
+    }
+    if settings.task_name.trim().is_empty() {
+        check_name(
+            "the run name (the ClearML task name; set clearml.task_name)",
+            run_name,
+        )
+    } else {
+        check_name("clearml.task_name", &settings.task_name)
+    }
 }
 
 /// The run as a created task needs it.
@@ -388,7 +464,12 @@ pub fn resolve(
     };
     let env_key = env_first(env, ENV_KEY);
     let env_secret = env_first(env, ENV_SECRET);
+    // As in the SDK, a token wins over keys wherever they come from.
+    let env_token = env_first(env, ENV_TOKEN);
     let mut credentials = match (env_key, env_secret) {
+        _ if env_token.is_some() => {
+            env_token.map(|(n, token)| (Credentials::Token(token), n.to_string()))
+        }
         (Some((_, k)), Some((_, s))) => Some((
             Credentials::Keys {
                 access_key: k,
@@ -422,7 +503,7 @@ pub fn resolve(
     let conf_name = conf_path
         .as_ref()
         .map_or_else(|| "~/clearml.conf".to_string(), |p| p.display().to_string());
-    let missing = host.is_none() || (credentials.is_none() && env_first(env, ENV_TOKEN).is_none());
+    let missing = host.is_none() || credentials.is_none();
     if let Some(path) = conf_path.filter(|p| named || (missing && p.exists())) {
         let doc = read_conf(&path)?;
         let get = |key: &str| {
@@ -467,11 +548,6 @@ pub fn resolve(
             };
         }
     }
-    if credentials.is_none() {
-        if let Some((n, token)) = env_first(env, ENV_TOKEN) {
-            credentials = Some((Credentials::Token(token), n.to_string()));
-        }
-    }
 
     let Some((host, host_source)) = host else {
         if let Some((_, source)) = credentials {
@@ -498,11 +574,27 @@ pub fn resolve(
         });
     };
 
+    let project = if config.project.trim().is_empty() {
+        "memtrack".to_string()
+    } else {
+        tidy_project(&config.project)
+    };
     let task = if !config.task.trim().is_empty() {
         Some(config.task.trim().to_string())
     } else {
         env_task.map(|(_, v)| v)
     };
+    // What names a task memtrack may create must pass the server's rules.
+    let task_type = config.task_type.trim();
+    if task.is_none() {
+        check_name("clearml.project", &project)?;
+        if !config.task_name.trim().is_empty() {
+            check_name("clearml.task_name", &config.task_name)?;
+        }
+        if !TASK_TYPES.contains(&task_type) {
+            return Err(ClearmlError::TaskType(config.task_type.clone()));
+        }
+    }
     let worker = env_first(env, ENV_WORKER)
         .map(|(_, v)| v)
         .or_else(|| sysinfo::System::host_name().ok().filter(|h| !h.is_empty()))
@@ -513,13 +605,11 @@ pub fn resolve(
         credentials,
         task,
         owns_task: false,
-        project: if config.project.trim().is_empty() {
-            "memtrack".into()
-        } else {
-            config.project.trim().to_string()
-        },
-        task_name: config.task_name.clone(),
-        task_type: config.task_type.clone(),
+        project,
+        task_name: config.task_name.trim().to_string(),
+        task_type: task_type.to_string(),
+        job_task_wait: config.job_task_wait,
+        artifact_expected: false,
         worker,
         verify_certificate: verify.unwrap_or(true),
         timer_every: config.timer_every,
@@ -742,6 +832,90 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, ClearmlError::ConfTooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn the_auth_token_wins_over_keys_from_anywhere() {
+        let dir = conf_dir(CONF);
+        let env = env_of(&[
+            ("CLEARML_TASK_ID", "t"),
+            ("CLEARML_AUTH_TOKEN", "tok.en.x"),
+            ("CLEARML_API_ACCESS_KEY", "ENVKEY"),
+            ("CLEARML_API_SECRET_KEY", "ENVSECRET"),
+        ]);
+        let s = resolve(&ClearmlConfig::default(), &env, Some(dir.path()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.credentials, Credentials::Token("tok.en.x".into()));
+        assert_eq!(s.credentials_source, "CLEARML_AUTH_TOKEN");
+        // The host still comes from the file.
+        assert_eq!(s.api_host, "http://conf:8008");
+        let env = env_of(&[("CLEARML_TASK_ID", "t"), ("CLEARML_AUTH_TOKEN", "tok.en.x")]);
+        let s = resolve(&ClearmlConfig::default(), &env, Some(dir.path()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.credentials, Credentials::Token("tok.en.x".into()));
+    }
+
+    #[test]
+    fn project_names_are_tidied_as_the_server_stores_them() {
+        assert_eq!(tidy_project(" team / mem "), "team/mem");
+        assert_eq!(tidy_project("a//b"), "a/b");
+        assert_eq!(tidy_project("/x/ /y/"), "x/y");
+        assert_eq!(tidy_project("memtrack"), "memtrack");
+        let env = env_of(&[
+            ("CLEARML_API_HOST", "http://h"),
+            ("CLEARML_AUTH_TOKEN", "t"),
+        ]);
+        let config = ClearmlConfig {
+            project: "team / mem".into(),
+            ..ClearmlConfig::default()
+        };
+        let s = resolve(&config, &env, None).unwrap().unwrap();
+        assert_eq!(s.project, "team/mem");
+    }
+
+    #[test]
+    fn names_and_types_the_server_refuses_are_refused_first() {
+        let env = env_of(&[
+            ("CLEARML_API_HOST", "http://h"),
+            ("CLEARML_AUTH_TOKEN", "t"),
+        ]);
+        let with = |f: &dyn Fn(&mut ClearmlConfig)| {
+            let mut c = ClearmlConfig::default();
+            f(&mut c);
+            resolve(&c, &env, None)
+        };
+        for (bad, key) in [
+            (with(&|c| c.project = " ab ".into()), "clearml.project"),
+            (with(&|c| c.project = "a//".into()), "clearml.project"),
+            (with(&|c| c.task_name = " x ".into()), "clearml.task_name"),
+        ] {
+            let e = bad.unwrap_err();
+            assert!(matches!(e, ClearmlError::Name { .. }), "{e}");
+            assert!(e.to_string().contains(key), "{e}");
+            assert!(e.to_string().contains("3 characters"), "{e}");
+        }
+        let e = with(&|c| c.task_type = "trainer".into()).unwrap_err();
+        assert!(matches!(e, ClearmlError::TaskType(_)), "{e}");
+        assert!(e.to_string().contains("inference"), "{e}");
+        for t in TASK_TYPES {
+            assert!(with(&|c| c.task_type = t.into()).is_ok(), "{t}");
+        }
+        // The run name names a created task; a given task needs no name.
+        let s = with(&|_| {}).unwrap().unwrap();
+        assert!(check_task_name(&s, "ab").is_err());
+        assert!(check_task_name(&s, "abc").is_ok());
+        let given = Settings {
+            task: Some("id".into()),
+            ..s.clone()
+        };
+        assert!(check_task_name(&given, "ab").is_ok());
+        let named = Settings {
+            task_name: "my task".into(),
+            ..s
+        };
+        assert!(check_task_name(&named, "ab").is_ok());
     }
 
     #[test]

@@ -17,6 +17,16 @@
 //! its figures go to the series `<field>:<operation>`
 //! (`gpu_ram_used_mb:after_generate`) at the same iter; if that is taken
 //! too, the entry's points are dropped and counted as duplicates.
+//!
+//! **The job's own task.** When memtrack reports into the task the job's
+//! ClearML SDK made, its points must not move that task's iteration axis
+//! (a scalar's `iter` raises the task's `last_iteration`). There the
+//! converter runs on the job's axis only ([`Converter::use_job_axis`]): an
+//! entry without an iteration is placed at the latest iteration the job
+//! reached (its marks, and the task's `last_iteration` the reporter reads
+//! from the server), and the timer window of a component stays open while
+//! that iteration does not move, so each iteration gets one timer point per
+//! component holding the maxima of every sample taken during it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -105,7 +115,14 @@ pub struct Converter {
     taken: HashSet<(u32, u32, u64)>,
     pub dropped: Dropped,
     duplicate_logged: bool,
+    /// Report on the job's iteration axis only (see the module doc).
+    job_axis: bool,
+    /// The latest iteration the job reached (job axis).
+    job_iter: u64,
 }
+
+/// The largest `iter` a ClearML server stores (a signed 64-bit integer).
+pub const MAX_ITER: u64 = i64::MAX as u64;
 
 impl Converter {
     pub fn new(timer_every: Duration) -> Self {
@@ -118,7 +135,24 @@ impl Converter {
             taken: HashSet::new(),
             dropped: Dropped::default(),
             duplicate_logged: false,
+            job_axis: false,
+            job_iter: 0,
         }
+    }
+
+    /// From now on, report on the job's iteration axis only.
+    pub fn use_job_axis(&mut self) {
+        self.job_axis = true;
+    }
+
+    /// The job reached `iter` (the task's `last_iteration` on the server).
+    pub fn raise_axis(&mut self, iter: u64) {
+        self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
+    }
+
+    /// The latest iteration the job reached, on the job axis.
+    pub fn job_iter(&self) -> u64 {
+        self.job_iter
     }
 
     /// Entries forwarded so far (the next counter value).
@@ -130,14 +164,30 @@ impl Converter {
     /// the machine's monotonic clock (windows also close after
     /// `timer_every` of wall time, so a quiet component is not held back).
     pub fn push(&mut self, e: Entry, now: Instant, out: &mut Vec<Point>) {
+        if let Some(i) = e.iteration {
+            self.raise_axis(i);
+        }
         // Any entry's time closes the windows it has passed.
         self.close_passed(e.timestamp, now, out);
-        if e.kind != EntryKind::Timer || self.timer_every.is_zero() {
+        if e.kind != EntryKind::Timer || (self.timer_every.is_zero() && !self.job_axis) {
             self.forward(&e, out);
             return;
         }
         match self.windows.get_mut(&e.component) {
             Some(w) => fold_max(&mut w.acc, &e),
+            None if self.job_axis => {
+                // The window is placed at the iteration the job is in.
+                let mut acc = e;
+                acc.iteration = Some(self.job_iter);
+                self.windows.insert(
+                    acc.component.clone(),
+                    Window {
+                        start: acc.timestamp,
+                        opened: now,
+                        acc,
+                    },
+                );
+            }
             None => {
                 self.windows.insert(
                     e.component.clone(),
@@ -162,7 +212,11 @@ impl Converter {
             .windows
             .iter()
             .filter(|(_, w)| {
-                ts >= w.start + every || now.duration_since(w.opened) >= self.timer_every
+                let passed =
+                    ts >= w.start + every || now.duration_since(w.opened) >= self.timer_every;
+                // On the job axis a window closes only once the job has
+                // moved past its iteration.
+                passed && (!self.job_axis || w.acc.iteration.is_some_and(|i| self.job_iter > i))
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -200,7 +254,12 @@ impl Converter {
 
     /// One forwarded entry → its points.
     fn forward(&mut self, e: &Entry, out: &mut Vec<Point>) {
-        let iter = e.iteration.unwrap_or(self.counter);
+        let iter = if self.job_axis {
+            e.iteration.unwrap_or(self.job_iter)
+        } else {
+            e.iteration.unwrap_or(self.counter)
+        }
+        .min(MAX_ITER);
         self.counter += 1;
         let title = Self::intern(&mut self.titles, &e.component);
         let suffix = if self.taken.insert((title, 0, iter)) {
@@ -418,6 +477,55 @@ mod tests {
         assert_eq!(out.len(), 18);
         c.close_passed(0.0, t0 + Duration::from_secs(1), &mut out);
         assert_eq!(out.len(), 24);
+    }
+
+    #[test]
+    fn iterations_beyond_i64_are_clamped() {
+        let mut c = Converter::new(Duration::ZERO);
+        let pts = run(&mut c, vec![mark("m", "x", 1.0, Some(u64::MAX), 1.0)]);
+        assert!(pts.iter().all(|p| p.iter == MAX_ITER), "{pts:?}");
+    }
+
+    #[test]
+    fn the_job_axis_never_goes_beyond_the_jobs_iteration() {
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis();
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        // Before the job reports anything: iteration 0.
+        c.push(mark("model", "load", 1.0, None, 1.0), t0, &mut out);
+        c.push(timer("system", 1.0, 5.0), t0, &mut out);
+        c.push(timer("system", 3.0, 9.0), t0, &mut out);
+        // Time passed, but the job is still at iteration 0: the window
+        // stays open and keeps the maximum.
+        c.close_passed(10.0, t0 + Duration::from_secs(5), &mut out);
+        assert_eq!(out.len(), 6, "the mark only: {out:?}");
+        // The task's last iteration, read from the server, moves on.
+        c.raise_axis(4);
+        c.close_passed(10.0, t0 + Duration::from_secs(5), &mut out);
+        assert_eq!(out.len(), 12);
+        assert_eq!((out[6].iter, out[6].value), (0, 9.0));
+        c.push(timer("system", 11.0, 2.0), t0, &mut out);
+        c.push(mark("model", "step", 12.0, Some(7), 1.0), t0, &mut out);
+        c.push(mark("model", "after", 13.0, None, 1.0), t0, &mut out);
+        c.close_all(&mut out);
+        let iters: Vec<(String, u64)> = out
+            .iter()
+            .step_by(6)
+            .map(|p| (p.metric.clone(), p.iter))
+            .collect();
+        assert_eq!(
+            iters,
+            vec![
+                ("memory/model".into(), 0),
+                ("memory/system".into(), 0),
+                ("memory/system".into(), 4),
+                ("memory/model".into(), 7),
+                ("memory/model".into(), 7),
+            ]
+        );
+        assert_eq!(out[24].variant, "cpu_ram_used_mb:after");
+        assert!(out.iter().all(|p| p.iter <= c.job_iter()));
     }
 
     #[test]

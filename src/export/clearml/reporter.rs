@@ -9,6 +9,16 @@
 //! only the points, never their intake. A batch stays owned by the loop
 //! while it is out, so a job cut short by the final deadline puts its
 //! points back, and everything unsent ends in the spool file.
+//!
+//! **The job's own task.** Without a given task, the reporter first waits
+//! up to `clearml.job_task_wait` for the job to announce the task its
+//! ClearML SDK made (a `clearml_task` message on the event socket, sent by
+//! the Python client once `Task.init` has run), holding the entries
+//! meanwhile. Announced, that task is taken up: memtrack reports into it on
+//! the job's iteration axis, never changes its status, and registers the
+//! `memory_usage` artifact while the task still takes it (after the
+//! checkpoint uploads the run hands in, and at the end if the task is still
+//! open). Not announced in time, memtrack creates its own task as before.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -42,12 +52,39 @@ const DRAIN_WAIT: Duration = Duration::from_secs(2);
 /// Distinct problems kept for the final report.
 const MAX_ERRORS: usize = 32;
 
+/// The job's announcement of its own ClearML task.
+#[derive(Debug)]
+pub struct JobTask {
+    pub id: String,
+    /// Answered once the task is taken up (and the artifact registered,
+    /// when one is expected) or turned down.
+    pub reply: Option<oneshot::Sender<JobTaskReply>>,
+}
+
+/// What became of a [`JobTask`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobTaskReply {
+    /// memtrack reports into the announced task.
+    pub reporting: bool,
+    /// The `memory_usage` artifact is registered on it.
+    pub artifact: bool,
+    /// In words, for the job's log.
+    pub message: String,
+}
+
 /// Handle on the reporter task.
 #[derive(Debug)]
 pub struct Reporter {
     task: watch::Receiver<Option<TaskRef>>,
+    /// The job's own task, once taken up.
+    job_task: watch::Receiver<Option<TaskRef>>,
+    /// Uploaded checkpoints of the document (or why an upload failed), to
+    /// register on the job's task.
+    artifacts: Option<mpsc::UnboundedSender<Result<Artifact, String>>>,
     /// True once the task is known or reporting is off for good.
     settled: watch::Receiver<bool>,
+    /// Set when the run ends: stop waiting for the job's task.
+    hurry: watch::Sender<bool>,
     errors: Arc<AtomicU64>,
     finish: Option<oneshot::Sender<Finish>>,
     /// Set when the reporter could not start at all.
@@ -65,11 +102,15 @@ impl Reporter {
     /// Starts the reporter as tokio tasks on the current runtime and
     /// returns at once. It never fails the run: problems are logged,
     /// counted in [`Reporter::errors`] and listed by [`Reporter::finish`].
+    ///
+    /// `job_tasks` carries the job's announcements of its own task (the
+    /// event socket); `None` when the job cannot make any.
     pub fn start(
         settings: Settings,
         run: RunInfoLite,
         run_dir: PathBuf,
         entries: mpsc::UnboundedReceiver<Entry>,
+        job_tasks: Option<mpsc::UnboundedReceiver<JobTask>>,
     ) -> Reporter {
         let spool = run_dir.join(SPOOL_FILE);
         if spool.exists() {
@@ -80,7 +121,7 @@ impl Reporter {
             );
         }
         let queue = Queue::new(settings.queue_max, spool);
-        Self::launch(settings, run, &run_dir, queue, entries)
+        Self::launch(settings, run, &run_dir, queue, entries, job_tasks)
     }
 
     /// Starts a reporter for what an ended run left in `run_dir`: the
@@ -95,7 +136,10 @@ impl Reporter {
         let (queue, bad) = Queue::resume(settings.queue_max, run_dir.join(SPOOL_FILE))?;
         // No new entries: the channel is closed from the start.
         let (_, entries) = mpsc::unbounded_channel();
-        Ok((Self::launch(settings, run, &run_dir, queue, entries), bad))
+        Ok((
+            Self::launch(settings, run, &run_dir, queue, entries, None),
+            bad,
+        ))
     }
 
     fn launch(
@@ -104,16 +148,21 @@ impl Reporter {
         run_dir: &std::path::Path,
         queue: Queue,
         entries: mpsc::UnboundedReceiver<Entry>,
+        job_tasks: Option<mpsc::UnboundedReceiver<JobTask>>,
     ) -> Reporter {
         let errors = Arc::new(AtomicU64::new(0));
         let (task_tx, task_rx) = watch::channel(None);
+        let (job_task_tx, job_task_rx) = watch::channel(None);
         let (settled_tx, settled_rx) = watch::channel(false);
         let failed = |why: String| {
             tracing::error!("ClearML reporting is off for this run: {why}");
             errors.fetch_add(1, Ordering::Relaxed);
             Reporter {
                 task: task_rx.clone(),
+                job_task: job_task_rx.clone(),
+                artifacts: None,
                 settled: watch::channel(true).1,
+                hurry: watch::channel(true).0,
                 errors: Arc::clone(&errors),
                 finish: None,
                 failed: Some(why),
@@ -127,6 +176,14 @@ impl Reporter {
             Err(e) => return failed(e),
         };
         let (finish_tx, finish_rx) = oneshot::channel();
+        let (artifacts_tx, artifacts_rx) = mpsc::unbounded_channel();
+        let (hurry_tx, hurry_rx) = watch::channel(false);
+        // Without a given task, wait a while for the job's own.
+        let phase = match (&settings.task, &job_tasks) {
+            (None, Some(_)) if !settings.job_task_wait.is_zero() => Phase::Waiting,
+            _ => Phase::Starting,
+        };
+        let wait_until = Instant::now() + settings.job_task_wait;
         let state = State {
             conv: Converter::new(settings.timer_every),
             queue,
@@ -134,7 +191,17 @@ impl Reporter {
             api,
             settings,
             run,
-            phase: Phase::Starting,
+            phase,
+            wait_until,
+            adopt: None,
+            held: Vec::new(),
+            announce_replies: Vec::new(),
+            pending_artifact: None,
+            artifact_open: true,
+            artifact_settled: false,
+            last_axis: Instant::now(),
+            job_task_tx,
+            announce_logged: RateLimited::default(),
             errors: Arc::clone(&errors),
             problems: Vec::new(),
             task_tx,
@@ -148,9 +215,12 @@ impl Reporter {
             artifact_registered: false,
             final_status: None,
         };
-        handle.spawn(state.run(entries, finish_rx));
+        handle.spawn(state.run(entries, finish_rx, job_tasks, artifacts_rx, hurry_rx));
         Reporter {
             task: task_rx,
+            job_task: job_task_rx,
+            artifacts: Some(artifacts_tx),
+            hurry: hurry_tx,
             settled: settled_rx,
             errors,
             finish: Some(finish_tx),
@@ -164,11 +234,26 @@ impl Reporter {
     }
 
     /// Waits until the task is known or reporting is off, at most
-    /// `timeout`; then [`Reporter::task`].
+    /// `timeout`; then [`Reporter::task`]. Called when the run has ended:
+    /// a reporter still waiting for the job's own task stops waiting and
+    /// creates its own.
     pub async fn settle(&self, timeout: Duration) -> Option<TaskRef> {
+        let _ = self.hurry.send(true);
         let mut settled = self.settled.clone();
         let _ = tokio::time::timeout(timeout, settled.wait_for(|s| *s)).await;
         self.task()
+    }
+
+    /// Follows the job's own task (announced by the job and taken up).
+    pub fn job_task(&self) -> watch::Receiver<Option<TaskRef>> {
+        self.job_task.clone()
+    }
+
+    /// Where the run hands in uploaded checkpoints of the document: while
+    /// memtrack reports into the job's own task, each is registered as the
+    /// `memory_usage` artifact as long as the task takes it.
+    pub fn artifacts(&self) -> Option<mpsc::UnboundedSender<Result<Artifact, String>>> {
+        self.artifacts.clone()
     }
 
     /// Follows the task as it becomes known (for keys computed later).
@@ -221,9 +306,29 @@ impl Reporter {
     }
 }
 
+/// Waits for the job's task ([`Reporter::job_task`]) to change; `false`
+/// (and no more waiting) once the reporter is gone.
+pub async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+    let Some(r) = rx.as_mut() else {
+        return std::future::pending().await;
+    };
+    if r.changed().await.is_ok() {
+        return true;
+    }
+    *rx = None;
+    false
+}
+
+/// Whether memtrack reports into the job's own task.
+pub fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+    rx.as_ref().is_some_and(|r| r.borrow().is_some())
+}
+
 /// Where the reporter stands with the server.
 #[derive(Debug, Clone)]
 enum Phase {
+    /// Waiting for the job to announce its own task (entries are held).
+    Waiting,
     /// Logging in and finding or creating the task (retrying as needed).
     Starting,
     Ready(TaskCtx),
@@ -237,6 +342,8 @@ struct TaskCtx {
     project_id: String,
     /// memtrack created it, so memtrack starts and ends it.
     created: bool,
+    /// The job announced it: its own task, on its own iteration axis.
+    adopted: bool,
 }
 
 type JobFuture = Pin<Box<dyn Future<Output = JobOutput> + Send>>;
@@ -244,8 +351,10 @@ type JobFuture = Pin<Box<dyn Future<Output = JobOutput> + Send>>;
 enum JobOutput {
     Setup(Result<TaskCtx, String>),
     Batch(Result<Value, CallError>),
-    Artifact(Result<Value, CallError>),
+    Artifact(Result<Registered, CallError>),
     Status(Result<String, String>),
+    /// The task's `last_iteration`.
+    Axis(Result<u64, CallError>),
     Ping(Result<Value, CallError>),
     Refresh(Result<(), CallError>),
 }
@@ -258,6 +367,15 @@ enum JobKind {
     Status,
     Ping,
     Refresh,
+    Axis,
+}
+
+/// What an artifact job achieved.
+#[derive(Debug)]
+enum Registered {
+    Yes,
+    /// The task no longer takes artifacts (its owner closed it).
+    Closed(String),
 }
 
 struct Running {
@@ -294,6 +412,10 @@ struct Ending {
 enum Event {
     Finish(Option<Finish>),
     Entry(Option<Entry>),
+    JobTask(Option<JobTask>),
+    /// The run ended (`false`: the handle is gone).
+    Hurry(bool),
+    Checkpoint(Option<Result<Artifact, String>>),
     Job(JobOutput),
     Tick,
     Deadline,
@@ -320,6 +442,26 @@ struct State {
     set_aside_logged: RateLimited,
     artifact_registered: bool,
     final_status: Option<String>,
+    /// End of [`Phase::Waiting`].
+    wait_until: Instant,
+    /// The job's task to take up (set when announced).
+    adopt: Option<String>,
+    /// Entries held while waiting for the job's task.
+    held: Vec<Entry>,
+    /// Announcements waiting for the outcome.
+    announce_replies: Vec<oneshot::Sender<JobTaskReply>>,
+    /// The latest uploaded checkpoint not yet registered.
+    pending_artifact: Option<Artifact>,
+    /// False once the job's task refused artifacts (closed by its owner).
+    artifact_open: bool,
+    /// The first registration on the job's task was tried (or its upload
+    /// failed): announcements can be answered.
+    artifact_settled: bool,
+    /// When the task's `last_iteration` was last read (job axis).
+    last_axis: Instant,
+    job_task_tx: watch::Sender<Option<TaskRef>>,
+    /// Announcements of another task, logged at most every 100th.
+    announce_logged: RateLimited,
 }
 
 /// One `events.add_batch` line (clearml-contract.md, "Scalars").
@@ -355,7 +497,14 @@ impl State {
         mut self,
         mut entries: mpsc::UnboundedReceiver<Entry>,
         mut finish_rx: oneshot::Receiver<Finish>,
+        job_tasks: Option<mpsc::UnboundedReceiver<JobTask>>,
+        mut artifacts: mpsc::UnboundedReceiver<Result<Artifact, String>>,
+        mut hurry: watch::Receiver<bool>,
     ) {
+        let mut hurry_open = true;
+        let mut job_tasks_open = job_tasks.is_some();
+        let mut job_tasks = job_tasks.unwrap_or_else(|| mpsc::unbounded_channel().1);
+        let mut artifacts_open = true;
         let period = (self.settings.flush_interval / 2)
             .clamp(Duration::from_millis(20), Duration::from_secs(1));
         let mut ticker = tokio::time::interval(period);
@@ -375,9 +524,16 @@ impl State {
                 Stage::Setup | Stage::Artifact | Stage::Flush => e.points_until,
                 Stage::Status | Stage::Done => e.until,
             });
+            let deadline = match (&self.phase, deadline) {
+                (Phase::Waiting, None) => Some(self.wait_until),
+                (_, d) => d,
+            };
             let event = tokio::select! {
                 f = &mut finish_rx, if finish_open => Event::Finish(f.ok()),
                 e = entries.recv(), if entries_open => Event::Entry(e),
+                t = job_tasks.recv(), if job_tasks_open => Event::JobTask(t),
+                a = artifacts.recv(), if artifacts_open => Event::Checkpoint(a),
+                h = hurry.changed(), if hurry_open => Event::Hurry(h.is_ok()),
                 out = poll_job(&mut job), if job.is_some() => Event::Job(out),
                 _ = ticker.tick() => Event::Tick,
                 _ = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
@@ -394,6 +550,7 @@ impl State {
                                 self.cancel(r);
                             }
                             self.drain_now(&mut entries, &mut pending);
+                            self.decide(None, &mut pending);
                             self.conv.close_all(&mut pending);
                             self.queue.extend(pending.drain(..));
                             let _ = self.persist();
@@ -403,17 +560,45 @@ impl State {
                 }
                 Event::Entry(Some(e)) => {
                     let now = Instant::now();
-                    self.conv.push(e, now, &mut pending);
+                    self.intake(e, now, &mut pending);
                     // Take what else is already there in one go.
                     for _ in 0..1024 {
                         match entries.try_recv() {
-                            Ok(e) => self.conv.push(e, now, &mut pending),
+                            Ok(e) => self.intake(e, now, &mut pending),
                             Err(_) => break,
                         }
                     }
                     self.accept(&mut pending);
                 }
                 Event::Entry(None) => entries_open = false,
+                Event::JobTask(None) => job_tasks_open = false,
+                Event::JobTask(Some(t)) => {
+                    self.announced(t, &mut pending);
+                    self.accept(&mut pending);
+                }
+                Event::Hurry(alive) => {
+                    hurry_open = false;
+                    if alive && matches!(self.phase, Phase::Waiting) {
+                        tracing::info!(
+                            "ClearML: the run ended before the job announced a task of its own; \
+                             memtrack creates one"
+                        );
+                        self.decide(None, &mut pending);
+                        self.accept(&mut pending);
+                    }
+                }
+                Event::Checkpoint(None) => artifacts_open = false,
+                Event::Checkpoint(Some(Ok(a))) => self.pending_artifact = Some(a),
+                Event::Checkpoint(Some(Err(why))) => {
+                    if !self.artifact_settled {
+                        self.artifact_settled = true;
+                        self.problem(format!(
+                            "the checkpoint to register as the job's task's artifact could not be \
+                             uploaded: {why}"
+                        ));
+                        self.answer_announcements();
+                    }
+                }
                 Event::Job(out) => {
                     let kind = job.take().map(|r| r.kind);
                     self.on_job(kind, out);
@@ -422,6 +607,17 @@ impl State {
                     self.conv
                         .close_passed(f64::NEG_INFINITY, Instant::now(), &mut pending);
                     self.accept(&mut pending);
+                }
+                Event::Deadline if matches!(self.phase, Phase::Waiting) && ending.is_none() => {
+                    if Instant::now() >= self.wait_until {
+                        tracing::info!(
+                            "ClearML: the job announced no task of its own within {:?} \
+                             (clearml.job_task_wait); memtrack creates one",
+                            self.settings.job_task_wait
+                        );
+                        self.decide(None, &mut pending);
+                        self.accept(&mut pending);
+                    }
                 }
                 Event::Deadline => {
                     if let Some(e) = ending.as_mut() {
@@ -465,9 +661,183 @@ impl State {
         if let Some(r) = job.take() {
             self.cancel(r);
         }
+        self.answer_announcements();
         if let Some(e) = ending {
             let report = self.report();
             let _ = e.reply.send(report);
+        }
+    }
+
+    /// An entry in: held while waiting for the job's task, else converted.
+    fn intake(&mut self, e: Entry, now: Instant, pending: &mut Vec<Point>) {
+        if matches!(self.phase, Phase::Waiting) {
+            self.held.push(e);
+            if self.held.len() >= self.settings.queue_max {
+                tracing::info!(
+                    "ClearML: {} entries arrived before the job announced a task of its own; \
+                     memtrack creates one",
+                    self.held.len()
+                );
+                self.decide(None, pending);
+            }
+            return;
+        }
+        self.conv.push(e, now, pending);
+    }
+
+    /// Ends the wait for the job's task: take up `adopt`, or (`None`)
+    /// create memtrack's own task. The held entries go through the
+    /// converter on the axis this decides.
+    fn decide(&mut self, adopt: Option<String>, pending: &mut Vec<Point>) {
+        if !matches!(self.phase, Phase::Waiting) {
+            return;
+        }
+        if adopt.is_some() {
+            self.conv.use_job_axis();
+        }
+        self.adopt = adopt;
+        self.phase = Phase::Starting;
+        let now = Instant::now();
+        for e in std::mem::take(&mut self.held) {
+            self.conv.push(e, now, pending);
+        }
+    }
+
+    /// The job announced its own task.
+    fn announced(&mut self, t: JobTask, pending: &mut Vec<Point>) {
+        let answer = |reply: Option<oneshot::Sender<JobTaskReply>>, reporting, message: String| {
+            if let Some(r) = reply {
+                let _ = r.send(JobTaskReply {
+                    reporting,
+                    artifact: false,
+                    message,
+                });
+            }
+        };
+        match &self.phase {
+            Phase::Waiting => {
+                tracing::info!(
+                    "ClearML: the job announced its task {}; reporting into it",
+                    t.id
+                );
+                self.decide(Some(t.id), pending);
+                self.announce_replies.extend(t.reply);
+            }
+            Phase::Starting if self.adopt.as_deref() == Some(&t.id) => {
+                self.announce_replies.extend(t.reply);
+            }
+            Phase::Ready(ctx) if ctx.task.id == t.id => {
+                if ctx.adopted && self.artifact_expected() && !self.artifact_settled {
+                    self.announce_replies.extend(t.reply);
+                } else if let Some(r) = t.reply {
+                    let _ = r.send(JobTaskReply {
+                        reporting: true,
+                        artifact: self.artifact_registered,
+                        message: format!("memtrack reports into task {}", t.id),
+                    });
+                }
+            }
+            Phase::Ready(ctx) => {
+                let m = format!(
+                    "memtrack already reports into task {} ({}); the job's task {} is left alone{}",
+                    ctx.task.id,
+                    if ctx.adopted {
+                        "announced earlier"
+                    } else if ctx.created {
+                        "created after waiting clearml.job_task_wait for the job's own"
+                    } else {
+                        "given to memtrack"
+                    },
+                    t.id,
+                    if ctx.created {
+                        "; call Task.init earlier or raise clearml.job_task_wait"
+                    } else {
+                        ""
+                    }
+                );
+                if self.announce_logged.hit(100).is_some() {
+                    tracing::warn!("ClearML: {m}");
+                }
+                answer(t.reply, false, m);
+            }
+            Phase::Starting => {
+                let m = format!(
+                    "memtrack is already setting up {}; the job's task {} is left alone",
+                    match &self.adopt {
+                        Some(id) => format!("the job's task {id}"),
+                        None => match &self.settings.task {
+                            Some(id) => format!("task {id}"),
+                            None => "a task of its own (clearml.job_task_wait passed)".into(),
+                        },
+                    },
+                    t.id
+                );
+                if self.announce_logged.hit(100).is_some() {
+                    tracing::warn!("ClearML: {m}");
+                }
+                answer(t.reply, false, m);
+            }
+            Phase::Disabled => {
+                let m = format!(
+                    "ClearML reporting is off for this run ({})",
+                    self.problems
+                        .last()
+                        .map_or("see memtrack's log", String::as_str)
+                );
+                answer(t.reply, false, m);
+            }
+        }
+    }
+
+    /// Whether a `memory_usage` artifact will be registered (S3 is on).
+    fn artifact_expected(&self) -> bool {
+        self.settings.artifact_expected
+    }
+
+    /// Answers the announcements waiting for the outcome, once it is known.
+    fn answer_announcements(&mut self) {
+        if self.announce_replies.is_empty() {
+            return;
+        }
+        let (reporting, message) = match &self.phase {
+            Phase::Ready(ctx) if ctx.adopted => {
+                if self.artifact_expected() && !self.artifact_settled {
+                    return; // not yet: the first registration is under way
+                }
+                (
+                    true,
+                    format!(
+                        "memtrack reports into task {}{}",
+                        ctx.task.id,
+                        if self.artifact_registered {
+                            " and registered the memory_usage artifact"
+                        } else {
+                            ""
+                        }
+                    ),
+                )
+            }
+            Phase::Waiting | Phase::Starting => return,
+            Phase::Ready(ctx) => (
+                false,
+                format!("memtrack reports into task {} instead", ctx.task.id),
+            ),
+            Phase::Disabled => (
+                false,
+                format!(
+                    "ClearML reporting is off for this run ({})",
+                    self.problems
+                        .last()
+                        .map_or("see memtrack's log", String::as_str)
+                ),
+            ),
+        };
+        for r in self.announce_replies.drain(..) {
+            let _ = r.send(JobTaskReply {
+                reporting,
+                artifact: self.artifact_registered,
+                message: message.clone(),
+            });
         }
     }
 
@@ -475,7 +845,8 @@ impl State {
         let now = Instant::now();
         let until = now + f.timeout;
         let owns_status = match &self.phase {
-            Phase::Starting => self.settings.task.is_none(),
+            Phase::Waiting => true,
+            Phase::Starting => self.settings.task.is_none() && self.adopt.is_none(),
             Phase::Ready(t) => t.created,
             Phase::Disabled => false,
         };
@@ -568,25 +939,30 @@ impl State {
                                 );
                             }
                             let mut pending = Vec::new();
+                            // No announcement came: memtrack's own task.
+                            self.decide(None, &mut pending);
                             self.conv.close_all(&mut pending);
                             self.accept(&mut pending);
                             e.stage = Stage::Setup;
                         }
                     }
                     Stage::Setup => match &self.phase {
-                        Phase::Starting => {}
+                        Phase::Waiting | Phase::Starting => {}
                         Phase::Ready(_) => e.stage = Stage::Artifact,
                         Phase::Disabled => e.stage = Stage::Done,
                     },
                     Stage::Artifact => {
-                        if e.outcome.artifact.is_none() || !matches!(self.phase, Phase::Ready(_)) {
+                        if e.outcome.artifact.is_none()
+                            || !matches!(self.phase, Phase::Ready(_))
+                            || !self.artifact_open
+                        {
                             e.stage = Stage::Flush;
                         } else if !e.artifact_started {
                             if job.is_none() {
                                 if let (Phase::Ready(t), Some(a)) =
                                     (&self.phase, e.outcome.artifact.as_ref())
                                 {
-                                    *job = Some(self.artifact_job(&t.task.id, a));
+                                    *job = Some(self.artifact_job(&t.task.id, !t.created, a));
                                     e.artifact_started = true;
                                 }
                             }
@@ -639,17 +1015,25 @@ impl State {
             return;
         }
         match &self.phase {
+            Phase::Waiting => {}
             Phase::Starting => *job = Some(self.setup_job()),
             Phase::Ready(t) => {
                 let due = self.queue.len() >= self.settings.batch_max as u64
                     || (!self.queue.is_empty()
                         && self.last_send.elapsed() >= self.settings.flush_interval);
+                let (id, created, adopted) = (t.task.id.clone(), t.created, t.adopted);
                 if self.api.refresh_due() {
                     *job = Some(self.refresh_job());
+                } else if adopted && self.artifact_open && self.pending_artifact.is_some() {
+                    // Registered while the job's task still takes it.
+                    if let Some(a) = self.pending_artifact.take() {
+                        *job = Some(self.artifact_job(&id, true, &a));
+                    }
+                } else if adopted && self.last_axis.elapsed() >= self.settings.flush_interval {
+                    *job = Some(self.axis_job(&id));
                 } else if due {
                     *job = self.batch_job();
-                } else if t.created && self.last_ok.elapsed() >= PING_AFTER {
-                    let id = t.task.id.clone();
+                } else if created && self.last_ok.elapsed() >= PING_AFTER {
                     *job = Some(self.ping_job(&id));
                 }
             }
@@ -659,11 +1043,43 @@ impl State {
 
     fn setup_job(&self) -> Running {
         let api = self.api.clone();
-        let settings = self.settings.clone();
+        let mut settings = self.settings.clone();
+        let adopted = self.adopt.is_some();
+        if let Some(id) = &self.adopt {
+            settings.task = Some(id.clone());
+            settings.owns_task = false;
+        }
         let run = self.run.clone();
         Running {
             kind: JobKind::Setup,
-            fut: Box::pin(async move { JobOutput::Setup(setup(&api, &settings, &run).await) }),
+            fut: Box::pin(async move {
+                JobOutput::Setup(setup(&api, &settings, &run).await.map(|mut ctx| {
+                    ctx.adopted = adopted;
+                    ctx
+                }))
+            }),
+        }
+    }
+
+    /// Reads the job's task's `last_iteration`, the axis memtrack's points
+    /// stay on.
+    fn axis_job(&mut self, task: &str) -> Running {
+        self.last_axis = Instant::now();
+        let api = self.api.clone();
+        let body = json!({"task": task});
+        Running {
+            kind: JobKind::Axis,
+            fut: Box::pin(async move {
+                JobOutput::Axis(
+                    api.call_retrying("tasks.get_by_id", &Body::Json(body))
+                        .await
+                        .map(|d| {
+                            d.pointer("/task/last_iteration")
+                                .and_then(Value::as_u64)
+                                .unwrap_or(0)
+                        }),
+                )
+            }),
         }
     }
 
@@ -686,7 +1102,8 @@ impl State {
                 metric: &p.metric,
                 variant: &p.variant,
                 value: p.value,
-                iter: p.iter,
+                // Spooled points of older runs may exceed what the server stores.
+                iter: p.iter.min(super::points::MAX_ITER),
                 timestamp: p.timestamp,
                 model_event: false,
             };
@@ -721,7 +1138,9 @@ impl State {
         })
     }
 
-    fn artifact_job(&self, task: &str, a: &Artifact) -> Running {
+    /// Registers `a` on `task`; a task memtrack did not create is read
+    /// first, and left alone once it no longer takes artifacts.
+    fn artifact_job(&self, task: &str, check_status: bool, a: &Artifact) -> Running {
         let body = json!({
             "task": task,
             "force": true,
@@ -737,13 +1156,11 @@ impl State {
             }],
         });
         let api = self.api.clone();
+        let task = task.to_string();
         Running {
             kind: JobKind::Artifact,
             fut: Box::pin(async move {
-                JobOutput::Artifact(
-                    api.call_retrying("tasks.add_or_update_artifacts", &Body::Json(body))
-                        .await,
-                )
+                JobOutput::Artifact(register_artifact(&api, &task, check_status, body).await)
             }),
         }
     }
@@ -803,10 +1220,22 @@ impl State {
                 );
                 self.write_task_file(&ctx);
                 let _ = self.task_tx.send(Some(ctx.task.clone()));
+                if ctx.adopted {
+                    let _ = self.job_task_tx.send(Some(ctx.task.clone()));
+                }
                 let _ = self.settled_tx.send(true);
                 self.phase = Phase::Ready(ctx);
+                self.answer_announcements();
             }
-            (_, JobOutput::Setup(Err(why))) => self.disable(why),
+            (_, JobOutput::Setup(Err(why))) => {
+                self.disable(why);
+                self.answer_announcements();
+            }
+            (_, JobOutput::Axis(res)) => match res {
+                Ok(n) => self.conv.raise_axis(n),
+                Err(CallError::Auth(m)) => self.disable(m),
+                Err(e) => tracing::debug!("ClearML: cannot read the task's iteration: {e}"),
+            },
             (Some(JobKind::Batch(points)), JobOutput::Batch(res)) => {
                 let n = points.len() as u64;
                 match res {
@@ -860,17 +1289,44 @@ impl State {
                     }
                 }
             }
-            (_, JobOutput::Artifact(res)) => match res {
-                Ok(_) => {
-                    self.artifact_registered = true;
-                    tracing::info!("ClearML: registered the memory_usage artifact");
+            (_, JobOutput::Artifact(res)) => {
+                self.artifact_settled = true;
+                match res {
+                    Ok(Registered::Yes) => {
+                        if !self.artifact_registered {
+                            tracing::info!("ClearML: registered the memory_usage artifact");
+                        }
+                        self.artifact_registered = true;
+                    }
+                    Ok(Registered::Closed(status)) => {
+                        self.artifact_open = false;
+                        tracing::info!(
+                            "ClearML: the task is `{status}` and takes no more artifacts; {}",
+                            if self.artifact_registered {
+                                "memory_usage stays registered as of its latest checkpoint, and \
+                                 the object it points at is brought up to date by the final \
+                                 upload"
+                            } else {
+                                "memory_usage could not be registered on it"
+                            }
+                        );
+                        if !self.artifact_registered {
+                            self.problem(format!(
+                                "the task was `{status}` before the memory_usage artifact could \
+                                 be registered"
+                            ));
+                        }
+                    }
+                    Err(e) => {
+                        let m = format!("cannot register the memory_usage artifact: {e}");
+                        tracing::error!("ClearML: {m}");
+                        self.problem(m);
+                        // Answer a waiting job rather than keep it waiting.
+                        self.artifact_open = false;
+                    }
                 }
-                Err(e) => {
-                    let m = format!("cannot register the memory_usage artifact: {e}");
-                    tracing::error!("ClearML: {m}");
-                    self.problem(m);
-                }
-            },
+                self.answer_announcements();
+            }
             (_, JobOutput::Status(res)) => match res {
                 Ok(s) => self.final_status = Some(s),
                 Err(m) => {
@@ -1026,6 +1482,7 @@ async fn setup(api: &Api, s: &Settings, run: &RunInfoLite) -> Result<TaskCtx, St
                 project_id,
                 // A task an earlier run created and could not end.
                 created: s.owns_task && status == "in_progress",
+                adopted: false,
             })
         }
         None => {
@@ -1037,16 +1494,9 @@ async fn setup(api: &Api, s: &Settings, run: &RunInfoLite) -> Result<TaskCtx, St
             } else {
                 s.task_name.clone()
             };
-            let data = api
-                .call_retrying(
-                    "tasks.create",
-                    &Body::Json(json!({"name": name, "type": s.task_type, "project": project_id})),
-                )
+            let id = create_task(api, s, run, &name, &project_id)
                 .await
                 .map_err(|e| fatal(&format!("cannot create task `{name}`"), e))?;
-            let Some(id) = data.get("id").and_then(Value::as_str).map(str::to_string) else {
-                return Err("tasks.create answered without an id".into());
-            };
             api.call_retrying("tasks.started", &Body::Json(json!({"task": id})))
                 .await
                 .map_err(|e| fatal(&format!("cannot start task {id}"), e))?;
@@ -1058,9 +1508,105 @@ async fn setup(api: &Api, s: &Settings, run: &RunInfoLite) -> Result<TaskCtx, St
                 },
                 project_id,
                 created: true,
+                adopted: false,
             })
         }
     }
+}
+
+/// The comment a created task carries: it names the run, so that a
+/// creation whose reply was lost is found again instead of repeated.
+pub fn task_comment(run: &RunInfoLite) -> String {
+    format!("memtrack run {} on {}", run.id, run.host)
+}
+
+/// `tasks.create`, never repeated blindly: when a try may have reached the
+/// server (a timeout, a 504, a 5xx), the task is looked up by its name,
+/// project and comment before the next try.
+async fn create_task(
+    api: &Api,
+    s: &Settings,
+    run: &RunInfoLite,
+    name: &str,
+    project_id: &str,
+) -> Result<String, CallError> {
+    let comment = task_comment(run);
+    let body = Body::Json(json!({
+        "name": name,
+        "type": s.task_type,
+        "project": project_id,
+        "comment": comment,
+    }));
+    let mut delay = s.backoff_min;
+    loop {
+        match api.call_creating("tasks.create", &body).await {
+            Ok(data) => {
+                return data
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or_else(|| CallError::Rejected {
+                        status: 200,
+                        subcode: 0,
+                        message: "tasks.create answered without an id".into(),
+                        error_data: Value::Null,
+                    })
+            }
+            Err(CallError::Transient { .. }) => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(s.backoff_max);
+                let found = api
+                    .call_retrying(
+                        "tasks.get_all",
+                        &Body::Json(json!({
+                            "name": anchored(name),
+                            "project": [project_id],
+                            "only_fields": ["id", "comment"],
+                        })),
+                    )
+                    .await?;
+                let id = found
+                    .get("tasks")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .find(|t| t.get("comment").and_then(Value::as_str) == Some(&comment))
+                    .and_then(|t| t.get("id"))
+                    .and_then(Value::as_str);
+                if let Some(id) = id {
+                    tracing::info!("ClearML: task `{name}` was created by an unanswered try");
+                    return Ok(id.to_string());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Registers the artifact (`body`); with `check_status`, only while the
+/// task is `created` or `in_progress` (a task closed by its owner refuses
+/// it, and memtrack never changes the status of a task it did not create).
+async fn register_artifact(
+    api: &Api,
+    task: &str,
+    check_status: bool,
+    body: Value,
+) -> Result<Registered, CallError> {
+    if check_status {
+        let data = api
+            .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": task})))
+            .await?;
+        let status = data
+            .pointer("/task/status")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !matches!(status, "created" | "in_progress") {
+            return Ok(Registered::Closed(status.to_string()));
+        }
+    }
+    api.call_retrying("tasks.add_or_update_artifacts", &Body::Json(body))
+        .await?;
+    Ok(Registered::Yes)
 }
 
 /// `^<name>$` with the regex metacharacters escaped.
@@ -1097,10 +1643,24 @@ async fn project_id(api: &Api, name: &str) -> Result<String, CallError> {
     if let Some(id) = lookup().await? {
         return Ok(id);
     }
-    match api
-        .call_retrying("projects.create", &Body::Json(json!({"name": name})))
-        .await
-    {
+    let mut delay = api.backoff().0;
+    let created = loop {
+        match api
+            .call_creating("projects.create", &Body::Json(json!({"name": name})))
+            .await
+        {
+            // The try may have created it: look before trying again.
+            Err(CallError::Transient { .. }) => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(api.backoff().1);
+                if let Some(id) = lookup().await? {
+                    return Ok(id);
+                }
+            }
+            other => break other,
+        }
+    };
+    match created {
         Ok(data) => data
             .get("id")
             .and_then(Value::as_str)

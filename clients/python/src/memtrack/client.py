@@ -52,6 +52,7 @@ __all__ = [
     "wait_subscribed",
     "status",
     "cleanup",
+    "clearml_announce",
     "dropped",
 ]
 
@@ -82,6 +83,11 @@ _monotonic = time.monotonic
 _modules = sys.modules
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 _log = logging.getLogger("memtrack")
+# How often a client looks for the job's ClearML task, and how long the
+# announcement (and the SDK's close waiting for it) may take.
+_CLEARML_CHECK_S = 1.0
+_CLEARML_TIMEOUT = 30.0
+_MISSING = object()
 
 
 class MemtrackError(Exception):
@@ -676,6 +682,8 @@ class Client:
         if not (component.__class__ is str and operation.__class__ is str):
             _check_name(component, "component")
             _check_name(operation, "operation")
+        if "clearml" in _modules:
+            _clearml_poll(self)
         if not ack and self._sock is None and _monotonic() < self._retry_at:
             self._drop()  # no daemon: a clock read and a counter
             return None
@@ -697,6 +705,8 @@ class Client:
         """A fire-and-forget span/stage message built from checked fields."""
         if self._off:
             return
+        if "clearml" in _modules:
+            _clearml_poll(self)
         if self._sock is None and _monotonic() < self._retry_at:
             self._drop()
             return
@@ -1084,11 +1094,156 @@ def get_client():
 
 
 def _after_fork_in_child():
-    global _default, _default_lock
+    global _default, _default_lock, _clearml_lock
     _default_lock = threading.RLock()
+    # The announcing thread is not in the child: start over.
+    _clearml_lock = threading.Lock()
+    _clearml_state.update(next=0.0, retry_at=0.0, task=None, done=None, reply=None)
     _default = None  # the child reads its environment again
     for c in list(_clients):
         c._after_fork_in_child()
+
+
+# -- the job's own ClearML task ----------------------------------------------
+#
+# When the job uses the ClearML SDK, memtrack reports into the task the
+# script made with Task.init rather than creating one of its own. The client
+# sees that task (Task.current_task) on its next message after Task.init and
+# tells the daemon once, on a connection of its own, from a background
+# thread: the job never waits for it. The daemon answers once it reports
+# into the task and has registered the memory_usage artifact there; the
+# SDK's close (task.close() and its exit hook) first waits for that answer,
+# up to 30 s, so the artifact is on the task before the task is completed.
+
+_clearml_lock = threading.Lock()
+_clearml_state = {"next": 0.0, "retry_at": 0.0, "task": None, "done": None, "reply": None,
+                  "patched": False}
+
+
+def _clearml_task_id():
+    """The id of this process's main ClearML task, or None. Never creates one
+    (Task.current_task would initialise a task in a subprocess)."""
+    clearml = _modules.get("clearml")
+    task_cls = getattr(clearml, "Task", None)
+    if task_cls is None:
+        return None
+    try:
+        task = getattr(task_cls, "_Task__main_task", _MISSING)
+        if task is _MISSING:
+            task = task_cls.current_task()
+        tid = getattr(task, "id", None) if task is not None else None
+    except Exception:
+        return None
+    return tid if isinstance(tid, str) and tid else None
+
+
+def _clearml_poll(client):
+    """Called on every message while the SDK is loaded; announces a task it
+    has not announced yet. Reading the SDK's main task is one attribute
+    lookup; an SDK without it is asked at most once a second, and a failed
+    announcement is tried again after the client's retry interval."""
+    state = _clearml_state
+    main = getattr(getattr(_modules.get("clearml"), "Task", None), "_Task__main_task", _MISSING)
+    if main is None:
+        return
+    if main is _MISSING:
+        now = _monotonic()
+        if now < state["next"]:
+            return
+        state["next"] = now + _CLEARML_CHECK_S
+        tid = _clearml_task_id()
+    else:
+        tid = getattr(main, "id", None)
+    if tid and tid.__class__ is str and tid != state["task"]:
+        if _monotonic() >= state["retry_at"]:
+            clearml_announce(tid, client=client)
+
+
+def clearml_announce(task_id=None, *, client=None, wait=False):
+    """Tell the memtrack daemon to report into ClearML task ``task_id``
+    (default: the task the job's SDK made with ``Task.init``). Done for you on
+    the first mark, span or stage after ``Task.init``; call it yourself to
+    announce earlier. With ``wait``, returns the daemon's answer (a dict with
+    ``reporting``, ``artifact`` and ``message``), or None without a daemon."""
+    if task_id is None:
+        task_id = _clearml_task_id()
+        if task_id is None:
+            return None
+    client = client or get_client()
+    if client._off:
+        return None
+    with _clearml_lock:
+        state = _clearml_state
+        if state["task"] == task_id and state["done"] is not None:
+            done = state["done"]
+        else:
+            done = threading.Event()
+            state.update(task=task_id, done=done, reply=None)
+            _clearml_hook_close()
+            # Registered after Task.init: runs before the SDK's own exit hook.
+            atexit.register(_clearml_wait, _CLEARML_TIMEOUT)
+            t = threading.Thread(
+                target=_clearml_send, args=(client.path, task_id, done),
+                name="memtrack-clearml", daemon=True)
+            t.start()
+    if wait:
+        done.wait(_CLEARML_TIMEOUT)
+        return _clearml_state["reply"]
+    return None
+
+
+def _clearml_send(path, task_id, done):
+    reply = None
+    try:
+        own = Client(path, timeout=_CLEARML_TIMEOUT)
+        try:
+            reply = own._request({"type": "clearml_task", "task": task_id, "ack": True})
+        finally:
+            own.close()
+            _clients.discard(own)
+        if reply is not None and reply.get("ok") and reply.get("clearml"):
+            if reply.get("reporting"):
+                _log.info("memtrack: reporting into ClearML task %s", task_id)
+            else:
+                _log.warning("memtrack: not reporting into ClearML task %s: %s",
+                             task_id, reply.get("message", ""))
+    except Exception as exc:  # never let the announcement hurt the job
+        _log.debug("memtrack: announcing the ClearML task failed: %s", _describe(exc))
+    finally:
+        _clearml_state["reply"] = reply
+        if reply is None:  # no daemon yet (attach starts later): try again
+            _clearml_state["retry_at"] = _monotonic() + _RETRY_S
+            with _clearml_lock:
+                if _clearml_state["task"] == task_id:
+                    _clearml_state["task"] = None
+        done.set()
+
+
+def _clearml_wait(timeout=_CLEARML_TIMEOUT):
+    done = _clearml_state["done"]
+    if done is not None:
+        done.wait(timeout)
+
+
+def _clearml_hook_close():
+    """Make the SDK's Task.close wait for the announcement's answer first."""
+    if _clearml_state["patched"]:
+        return
+    task_cls = getattr(_modules.get("clearml"), "Task", None)
+    original = getattr(task_cls, "close", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def close(self, *args, **kwargs):
+        _clearml_wait()
+        return original(self, *args, **kwargs)
+
+    try:
+        task_cls.close = close
+        _clearml_state["patched"] = True
+    except Exception:
+        pass
 
 
 def _flush_at_exit():
