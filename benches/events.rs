@@ -184,7 +184,7 @@ fn main() {
         cpu,
         cpu * 1e6 / total as f64
     );
-    println!("goal (issue 3): ack p99 <= 5x the floor");
+    println!("goal: ack p99 <= 5x the floor");
 
     memtrack::sys::kill(pid, 15).unwrap();
     daemon.wait().unwrap();

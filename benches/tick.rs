@@ -230,7 +230,7 @@ thread_local! {
 }
 
 /// NVML: memtrack's GPU sample against the floor of one process-list query
-/// per GPU (SPEC section 8), both through nvml-wrapper, when NVML loads.
+/// per GPU, both through nvml-wrapper, when NVML loads.
 fn gpu_rows() {
     use memtrack::sample::gpu::{GpuSample, GpuSampler};
     let Ok(mut sampler) = memtrack::sample::nvml::NvmlSampler::open(None, &None) else {

@@ -43,7 +43,11 @@ pub enum Command {
     ClearmlResend(ClearmlResendArgs),
     /// Peaks, stages, processes, alerts, leaks and what a re-run needs, from a memory_usage.json
     Report(ReportArgs),
-    /// Compare runs: seed 002's model / precision / CPU RAM / GPU RAM / GPU peak table
+    /// Compare runs side by side: model, precision, CPU RAM, GPU RAM and GPU peak per run
+    ///
+    /// One row per run. Model, precision and comment come from the run's labels
+    /// (`memtrack run --label model=… --label precision=… --label comment=…`);
+    /// without a model label the run name stands in.
     Compare(CompareArgs),
     /// Combine the per-rank files of a multi-node job (or an S3 prefix) into one
     Merge(MergeArgs),
@@ -306,7 +310,7 @@ impl ClearmlResendArgs {
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// A memory_usage.json (any schema version, or the seed's bare shape), or a run directory
+    /// A memory_usage.json (any schema version, or only detailed_log and peak_usage), or a run directory
     #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
     /// Print JSON instead of the terminal report
@@ -319,6 +323,7 @@ pub struct CompareArgs {
     /// memory_usage.json files or run directories, one row each
     #[arg(required = true, value_name = "FILE|RUN_DIR")]
     pub files: Vec<PathBuf>,
+    /// A terminal table, Markdown or CSV
     #[arg(long, value_enum, default_value = "table")]
     pub format: crate::report::compare::Format,
 }

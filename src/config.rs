@@ -99,7 +99,7 @@ impl Default for FlightConfig {
     }
 }
 
-/// ClearML scalars (clearml-contract.md). Credentials are never set here:
+/// ClearML scalars (docs/clearml.md). Credentials are never set here:
 /// they come from `CLEARML_*` variables or `clearml.conf`, as ClearML users
 /// have them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -552,7 +552,7 @@ impl Engine {
         }
     }
 
-    /// Records memtrack's own `system` entry (seed 002's experiment_start).
+    /// Records memtrack's own `system` entry (`experiment_start` / `experiment_end`).
     fn system_mark(&mut self, operation: &str) {
         self.commit(Record::Mark(Mark {
             timestamp: unix_now(),

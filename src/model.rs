@@ -1,10 +1,12 @@
-//! The `memory_usage.json` schema: seed 002's format, extended (SPEC §5).
+//! The `memory_usage.json` schema (docs/memory_usage.md): the base layout
+//! of the Python memory trackers memtrack replaces (`detailed_log` and
+//! `peak_usage`), extended.
 //!
 //! One set of types serves the writer (the store builds a [`Document`]) and
 //! every reader (`report`, `compare`, `merge`, `plot`). Readers must accept
-//! files from older schema versions and the seed's bare shape (only
-//! `detailed_log` and `peak_usage`), so every field added by memtrack has a
-//! default. The seed's keys keep the seed's names and meaning exactly.
+//! files from older schema versions and bare files (only `detailed_log` and
+//! `peak_usage`), so every field added by memtrack has a default. The base
+//! keys keep their names and meaning exactly.
 
 use std::collections::BTreeMap;
 
@@ -22,15 +24,15 @@ pub type Document = DocumentOf<Vec<Entry>>;
 /// the same way without copying a long event log.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct DocumentOf<L> {
-    /// 0 for a seed-shaped file (no `schema` key), else [`SCHEMA_VERSION`].
+    /// 0 for a bare file (no `schema` key), else [`SCHEMA_VERSION`].
     #[serde(default)]
     pub schema: u32,
     #[serde(default)]
     pub run: RunInfo,
-    /// Seed 002: one entry per measurement, in time order.
+    /// Base: one entry per measurement, in time order.
     #[serde(default)]
     pub detailed_log: L,
-    /// Seed 002: the maximum of each figure over every sample of the run
+    /// Base: the maximum of each figure over every sample of the run
     /// (full resolution, including timer samples merged in the log).
     #[serde(default)]
     pub peak_usage: Peaks,
@@ -326,7 +328,7 @@ impl Exit {
     }
 }
 
-/// Which view the seed's GPU fields of an entry carry.
+/// Which view the base GPU fields of an entry carry.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum GpuSource {
@@ -352,7 +354,7 @@ pub enum EntryKind {
     System,
 }
 
-/// One `detailed_log` element. The first eight fields are seed 002's.
+/// One `detailed_log` element. The first eight fields are the base ones.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Entry {
     pub component: String,
@@ -407,7 +409,7 @@ pub struct Entry {
     pub timestamp_end: Option<f64>,
 }
 
-/// The peak of each figure. The first four are seed 002's `peak_usage`.
+/// The peak of each figure. The first four are the base `peak_usage`.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct Peaks {
     #[serde(default)]
@@ -456,7 +458,7 @@ impl Peaks {
     }
 }
 
-/// A pipeline stage (seed 004): `SUCCESS` / `FAILED`, duration and peak.
+/// A pipeline stage: `SUCCESS` / `FAILED`, duration and peak.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Stage {
     pub name: String,
@@ -560,7 +562,7 @@ pub struct Gpu {
     pub peak_temperature_c: f64,
 }
 
-/// A pressure level crossed (seed 000's 75 / 85 / 90 %).
+/// A pressure level crossed (75 / 85 / 90 % by default).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Alert {
     pub timestamp: f64,
@@ -574,7 +576,7 @@ pub struct Alert {
     pub message: String,
 }
 
-/// What a re-run needs (seed 002: "нужна GPU с минимум 12 GB памяти").
+/// What a re-run needs: the answer to "which GPU does this job fit on?".
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
     /// Peak host RAM of the tree (RSS or, if higher, the summed VmHWM).
@@ -651,8 +653,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_the_seed_shape() {
-        let seed = r#"{
+    fn reads_a_bare_file() {
+        let bare = r#"{
           "detailed_log": [
             {"component": "model", "operation": "before_generate",
              "timestamp": 1234567890.123, "cpu_ram_used_mb": 1024.5,
@@ -662,7 +664,7 @@ mod tests {
           "peak_usage": {"cpu_ram_used_mb": 1200.0, "gpu_ram_used_mb": 10240.0,
                          "gpu_ram_peak_mb": 12000.0, "reserved_gpu_ram_mb": 14000.0}
         }"#;
-        let doc: Document = serde_json::from_str(seed).unwrap();
+        let doc: Document = serde_json::from_str(bare).unwrap();
         assert_eq!(doc.schema, 0);
         assert_eq!(doc.detailed_log[0].component, "model");
         assert_eq!(doc.detailed_log[0].gpu_source, GpuSource::None);

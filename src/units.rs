@@ -1,10 +1,11 @@
-//! Units and time: the one place that knows a megabyte is a MiB (as in seed
-//! 002's `rss / (1024 * 1024)`), how durations are spelled in config files
-//! (`100ms`, `1s`), and how wall-clock time becomes Unix seconds.
+//! Units and time: the one place that knows a megabyte is a MiB (as in the
+//! trackers' `rss / (1024 * 1024)`, docs/memory_usage.md), how durations
+//! are spelled in config files (`100ms`, `1s`), and how wall-clock time
+//! becomes Unix seconds.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Bytes in one "MB" of `memory_usage.json`: seed 002 divides by 1024².
+/// Bytes in one "MB" of `memory_usage.json`: the trackers divide by 1024².
 pub const MIB: f64 = 1024.0 * 1024.0;
 
 /// Bytes → MiB as the JSON reports them.
@@ -12,7 +13,7 @@ pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / MIB
 }
 
-/// Wall-clock now as Unix seconds with sub-second precision (the seed's
+/// Wall-clock now as Unix seconds with sub-second precision (the base
 /// `timestamp` field).
 pub fn unix_now() -> f64 {
     unix_seconds(SystemTime::now())
@@ -81,7 +82,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mib_matches_the_seed_definition() {
+    fn mib_matches_the_trackers_definition() {
         assert_eq!(mib(300 * 1024 * 1024), 300.0);
         assert_eq!(mib(1536), 0.00146484375);
     }

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Seed 004's GPU pipeline under SLURM, with memtrack on every node.
+# A GPU pipeline under SLURM, with memtrack on every node.
 #
 #   sbatch examples/slurm/run_gpu_memtrack.sh
 #
@@ -30,7 +30,7 @@ OUT="${SLURM_SUBMIT_DIR}/outputs"
 # export MEMTRACK_S3_URL=s3://clearml-artifacts/runs
 # export AWS_ENDPOINT_URL=http://minio.internal:9000
 
-# The pipeline marks its stages (seed 004's SUCCESS/FAILED per stage):
+# The pipeline marks its stages (SUCCESS or FAILED per stage):
 #   with memtrack.stage("train_small"): ...
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 \
     memtrack run --name "${JOB}" --output "${OUT}" --interval 1s \

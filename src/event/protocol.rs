@@ -485,7 +485,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bare_mark_is_the_seed_call() {
+    fn a_bare_mark_is_accepted() {
         let r = ok(r#"{"component":"model","operation":"before_generate"}"#);
         assert!(!r.ack);
         match r.message {

@@ -167,7 +167,7 @@ pub async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
 }
 
 /// `/memory-info`: current and peak figures per process, component and
-/// GPU (seed 000's endpoint), in MiB and percent.
+/// GPU, with pressure levels, in MiB and percent.
 pub fn memory_info(snap: &Snapshot) -> serde_json::Value {
     let level = |resource: &str| {
         snap.levels
@@ -308,7 +308,7 @@ mod tests {
     }
 
     #[test]
-    fn memory_info_has_seed_000_fields() {
+    fn memory_info_gives_gpu_percent_and_free_gb() {
         let mut snap = Snapshot::default();
         snap.gpus.push(crate::model::Gpu {
             index: 0,

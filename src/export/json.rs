@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::model::{Document, DocumentOf};
 
-/// The file name seed 002 uses.
+/// The file name, as the trackers memtrack replaces name it.
 pub const FILE_NAME: &str = "memory_usage.json";
 
 /// Why a file could not be written, with the path.
@@ -87,7 +87,8 @@ pub fn write_document<L: serde::Serialize>(
     })
 }
 
-/// Reads a document (any schema version, or the seed's bare shape).
+/// Reads a document (any schema version, or a bare file: only
+/// `detailed_log` and `peak_usage`).
 pub fn read_document(path: &Path) -> anyhow::Result<Document> {
     use anyhow::Context;
     let meta = fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;

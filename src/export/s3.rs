@@ -137,7 +137,7 @@ fn safe(part: &str) -> String {
         .collect()
 }
 
-/// The object key, as seed 002 lays artifacts out:
+/// The object key, in the layout ClearML uses for a task's artifacts:
 /// `<prefix>/<run>/artifacts/memory_usage/<file>`, or with a ClearML task,
 /// `<prefix>/<project>/<task name>.<task id>/artifacts/memory_usage/<file>`.
 pub fn object_key(dest: &Destination, run: &str, task: Option<&TaskKey>, file: &str) -> String {
@@ -591,7 +591,7 @@ impl Uploader {
 }
 
 /// `memtrack upload FILE`: uploads a document to the key its own run would
-/// have used (run name and labels read from the file; a seed-shaped file
+/// have used (run name and labels read from the file; a bare file
 /// without a run name is named after its directory).
 pub fn upload_file(config: &S3Config, file: &Path) -> anyhow::Result<String> {
     use anyhow::Context;
@@ -763,7 +763,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_follow_the_seed_layout() {
+    fn keys_follow_the_clearml_layout() {
         let d = parse_url("s3://clearml-artifacts/team").unwrap();
         assert_eq!(
             object_key(&d, "train-1", None, "memory_usage.json"),

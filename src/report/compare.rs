@@ -1,4 +1,4 @@
-//! `memtrack compare FILE…`: seed 002's configuration table — model,
+//! `memtrack compare FILE…`: a configuration comparison table — model,
 //! precision, CPU RAM, GPU RAM, GPU peak, comment — as a terminal table,
 //! Markdown or CSV.
 //!
@@ -26,7 +26,7 @@ const HEADER: [&str; 6] = [
     "Comment",
 ];
 
-/// GiB the way seed 002 writes them: `2 GB`, `2.5 GB`.
+/// GiB the way such tables write them: `2 GB`, `2.5 GB`.
 fn gb(mb: f64) -> String {
     let g = (mb / 1024.0 * 10.0).round() / 10.0;
     if g.fract() == 0.0 {
@@ -142,7 +142,7 @@ mod tests {
     }
 
     #[test]
-    fn reproduces_the_seed_table() {
+    fn renders_the_comparison_table() {
         let runs = vec![
             doc(
                 "SmolLM-135M",

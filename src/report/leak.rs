@@ -352,7 +352,7 @@ pub fn analyze(doc: &Document, cfg: &LeakConfig) -> Value {
 }
 
 /// [`analyze`] over a document's parts: its log in time order, its
-/// targets, and its schema version (0 for a seed-shaped file).
+/// targets, and its schema version (0 for a bare file).
 pub fn analyze_log(all: &[&Entry], targets: &[Target], schema: u32, cfg: &LeakConfig) -> Value {
     let mut suspects: Vec<String> = Vec::new();
     let verdict = |name: String, t: &[f64], y: &[f64], suspects: &mut Vec<String>| {
@@ -423,7 +423,7 @@ fn to_value(v: &Verdict) -> Value {
 }
 
 /// The tree's samples: timer entries (uniformly thinned, maxima kept), or
-/// every entry of a log that has too few of them (a seed-shaped file).
+/// every entry of a log that has too few of them (a bare file).
 fn tree_samples<'a>(log: &[&'a Entry], cfg: &LeakConfig) -> Vec<&'a Entry> {
     let timer: Vec<&Entry> = log
         .iter()
@@ -449,7 +449,7 @@ fn mid_time(e: &Entry) -> f64 {
 /// The tree's GPU memory: NVML's per-process figure when there is one;
 /// otherwise PyTorch's `memory_allocated` sent with marks (a leak of
 /// tensors shows there, while `reserved` plateaus with the caching pool),
-/// or the seed's `gpu_ram_used_mb`.
+/// or the base `gpu_ram_used_mb`.
 fn gpu_series(all: &[&Entry], schema: u32, log: &[&Entry]) -> (Vec<f64>, Vec<f64>) {
     if log.iter().any(|e| e.gpu_process_used_mb > 0.0) {
         return (
@@ -1176,7 +1176,7 @@ mod tests {
     }
 
     #[test]
-    fn analyze_reads_a_seed_shaped_file() {
+    fn analyze_reads_a_bare_file() {
         let mut doc = Document::default();
         for i in 0..40 {
             doc.detailed_log.push(Entry {

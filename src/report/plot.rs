@@ -14,7 +14,7 @@
 //! leak's trend are marked. A legend column on the right names everything,
 //! capped at the [`TOP_TARGETS`] largest processes plus "others".
 //!
-//! A seed-shaped file (only `detailed_log` and `peak_usage`) plots too: its
+//! A bare file (only `detailed_log` and `peak_usage`) plots too: its
 //! marks give the host line, the GPU line and the phases.
 //!
 //! Text in a PNG is rasterised with DejaVu Sans compiled into the binary
@@ -343,7 +343,7 @@ impl Timeline {
         }
         m.host_peak = peak_of(&m.host);
 
-        // GPU: the tree's NVML figure, and PyTorch's (or the seed's) figures.
+        // GPU: the tree's NVML figure, and PyTorch's (or a bare file's) figures.
         if log.iter().any(|e| e.gpu_process_used_mb > 0.0) {
             m.gpu_tree = log
                 .iter()

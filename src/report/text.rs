@@ -1,9 +1,9 @@
 //! `memtrack report FILE`: what a run needed, as a readable terminal report
 //! or as JSON.
 //!
-//! Seed 002 answers "what GPU do I need?", "is there a leak?" by reading the
-//! JSON by hand; this does it. It reads any schema version and the seed's
-//! bare shape (only `detailed_log` and `peak_usage`), recomputing what an
+//! People answer "what GPU do I need?", "is there a leak?" by reading the
+//! JSON by hand; this does it. It reads any schema version and bare files
+//! (only `detailed_log` and `peak_usage`), recomputing what an
 //! older file lacks (the leak verdict, the re-run summary).
 
 use std::collections::BTreeMap;
@@ -87,7 +87,7 @@ pub fn needs(doc: &Document) -> Needs {
         }
     }
     if gpu_peak.is_empty() {
-        // Seed-shaped or allocator-only files: PyTorch's reserved pool is
+        // Bare or allocator-only files: PyTorch's reserved pool is
         // the closest figure (it leaves out the CUDA context).
         let alloc = p
             .reserved_gpu_ram_mb
@@ -274,10 +274,7 @@ pub fn render(doc: &Document) -> String {
     };
     let _ = writeln!(out, "memtrack report: {name}");
     if doc.schema == 0 {
-        let _ = writeln!(
-            out,
-            "  (seed-shaped file: only detailed_log and peak_usage)"
-        );
+        let _ = writeln!(out, "  (bare file: only detailed_log and peak_usage)");
     } else {
         let duration = run.end.unwrap_or(run.start) - run.start;
         let exit = match run.exit {
@@ -582,7 +579,7 @@ mod tests {
     }
 
     #[test]
-    fn a_seed_file_reports_what_it_can() {
+    fn a_bare_file_reports_what_it_can() {
         let doc: Document = serde_json::from_str(
             r#"{"detailed_log":[{"component":"model","operation":"before_generate","timestamp":1.0,
                "cpu_ram_used_mb":2048,"gpu_ram_used_mb":8192,"gpu_ram_peak_mb":10240,"reserved_gpu_ram_mb":12288}],
@@ -590,8 +587,8 @@ mod tests {
         )
         .unwrap();
         let text = render(&doc);
-        assert!(text.contains("seed-shaped"), "{text}");
-        // Seed 002: "нужна GPU с минимум 12 GB памяти" — with headroom, 16 GB.
+        assert!(text.contains("bare file"), "{text}");
+        // A 12 GB peak needs, with headroom, a 16 GB card.
         assert!(text.contains("a 16 GB card fits"), "{text}");
         assert_eq!(needs(&doc).host_needed_mb, 2253.0);
     }

@@ -30,7 +30,7 @@ use pressure::{Level, Thresholds};
 use thin::Thinned;
 
 /// Component of timer samples taken outside any span, and of memtrack's
-/// own entries (seed 002's `experiment_start` / `experiment_end`).
+/// own entries (`experiment_start` / `experiment_end`).
 pub const SYSTEM: &str = "system";
 
 /// Headroom added to peaks in the "what a re-run needs" summary.
@@ -1346,7 +1346,7 @@ mod tests {
     }
 
     #[test]
-    fn allocator_figures_take_the_seed_fields() {
+    fn allocator_figures_take_the_base_fields() {
         let mut st = store();
         let mut s = sample(101.0, &[(10, 100)], &[(10, 3000)]);
         join(&mut s, 10);

@@ -1,4 +1,4 @@
-//! Memory pressure levels (seed 000: 75 % high, 85 % critical, 90 %
+//! Memory pressure levels (by default 75 % high, 85 % critical, 90 %
 //! emergency), per GPU and for host RAM.
 //!
 //! A pure function from a used ratio and the previous level to the new

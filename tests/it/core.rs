@@ -1,4 +1,4 @@
-//! The core (issue 2): real jobs, real memory, real exits.
+//! The core: real jobs, real memory, real exits.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Deployment (issue 7): systemd units, SLURM / torchrun / Kubernetes
+//! Deployment: systemd units, SLURM / torchrun / Kubernetes
 //! examples, multi-node labels and `memtrack merge`.
 
 use std::path::{Path, PathBuf};

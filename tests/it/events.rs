@@ -1,4 +1,4 @@
-//! The event socket (issue 3): real daemons, real Unix sockets, hostile
+//! The event socket: real daemons, real Unix sockets, hostile
 //! clients.
 
 use std::io::{BufRead, BufReader, Read, Write};

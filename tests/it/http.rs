@@ -1,4 +1,4 @@
-//! The HTTP endpoints (issue 4): real daemons, real TCP, hostile clients.
+//! The HTTP endpoints: real daemons, real TCP, hostile clients.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

@@ -14,6 +14,7 @@ mod host;
 mod http;
 mod plot;
 mod prometheus;
+mod refs;
 mod report;
 mod s3;
 mod safety;

@@ -1,4 +1,4 @@
-//! `plot`: the timeline picture. A rich run built in code, a seed-shaped
+//! `plot`: the timeline picture. A rich run built in code, a bare
 //! file and a real job are drawn as SVG and PNG; the SVG is read back for
 //! its series, phases, stages, peaks and alerts, the PNG's header for its
 //! size.
@@ -361,7 +361,7 @@ fn plot_draws_series_phases_stages_peaks_and_alerts() {
 }
 
 #[test]
-fn plot_reads_a_seed_shaped_file() {
+fn plot_reads_a_bare_file() {
     let mut log = vec![];
     for i in 0..12 {
         let t = 1_234_567_890.0 + i as f64 * 5.0;
@@ -373,22 +373,22 @@ fn plot_reads_a_seed_shaped_file() {
             }));
         }
     }
-    let seed = serde_json::json!({
+    let bare = serde_json::json!({
         "detailed_log": log,
         "peak_usage": {"cpu_ram_used_mb": 1060.0, "gpu_ram_used_mb": 9692.3,
                        "gpu_ram_peak_mb": 10000.1, "reserved_gpu_ram_mb": 10240.0}
     });
-    let doc: Document = serde_json::from_value(seed).unwrap();
+    let doc: Document = serde_json::from_value(bare).unwrap();
     let dir = scratch();
-    for name in ["seed.svg", "seed.png"] {
+    for name in ["bare.svg", "bare.png"] {
         let path = dir.path().join(name);
         let s = plot(&doc, &path, &PlotOptions::default()).unwrap();
         keep(&path);
-        assert!(s.gpu_panel, "the seed's GPU fields make a GPU panel");
+        assert!(s.gpu_panel, "the base GPU fields make a GPU panel");
         assert_eq!(s.phases, 12);
         assert_eq!(s.stages, 0);
     }
-    let texts = svg_texts(&std::fs::read_to_string(dir.path().join("seed.svg")).unwrap());
+    let texts = svg_texts(&std::fs::read_to_string(dir.path().join("bare.svg")).unwrap());
     for wanted in [
         "memtrack · memory timeline",
         "tree RSS (1 process)",
@@ -400,7 +400,7 @@ fn plot_reads_a_seed_shaped_file() {
     ] {
         assert_has(&texts, wanted);
     }
-    let png = std::fs::read(dir.path().join("seed.png")).unwrap();
+    let png = std::fs::read(dir.path().join("bare.png")).unwrap();
     assert_eq!(png_size(&png), (1400, 900));
 }
 

@@ -1,4 +1,4 @@
-//! After the run (issue 8): report, compare, the OOM flight recorder, leak
+//! After the run: report, compare, the OOM flight recorder, leak
 //! detection on a real job, and the live view under a terminal.
 
 use std::process::Command;
@@ -89,7 +89,7 @@ time.sleep(30)
 }
 
 #[test]
-fn report_and_compare_read_real_runs_and_the_seed_shape() {
+fn report_and_compare_read_real_runs_and_a_bare_file() {
     let out = scratch();
     let mut files = Vec::new();
     for (model, precision, mib) in [
@@ -166,20 +166,20 @@ fn report_and_compare_read_real_runs_and_the_seed_shape() {
     let v: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
     assert!(v["needs"]["host_needed_mb"].as_f64().unwrap() > 160.0);
 
-    // Seed 002's bare shape: only detailed_log and peak_usage.
-    let seed = out.path().join("seed.json");
+    // A bare file: only detailed_log and peak_usage.
+    let bare = out.path().join("bare.json");
     std::fs::write(
-        &seed,
+        &bare,
         r#"{"detailed_log": [{"component": "model", "operation": "before_generate", "timestamp": 1234567890.123,
              "cpu_ram_used_mb": 2048, "gpu_ram_used_mb": 8192, "gpu_ram_peak_mb": 10240, "reserved_gpu_ram_mb": 12288}],
            "peak_usage": {"cpu_ram_used_mb": 2048, "gpu_ram_used_mb": 8192, "gpu_ram_peak_mb": 10240, "reserved_gpu_ram_mb": 12288}}"#,
     )
     .unwrap();
-    let res = run_to_end(memtrack().arg("report").arg(&seed), Duration::from_secs(20));
+    let res = run_to_end(memtrack().arg("report").arg(&bare), Duration::from_secs(20));
     assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
     let text = String::from_utf8_lossy(&res.stdout);
     assert!(
-        text.contains("seed-shaped") && text.contains("a 16 GB card fits"),
+        text.contains("bare file") && text.contains("a 16 GB card fits"),
         "{text}"
     );
     // Not a document at all: one clear error.

@@ -1,4 +1,4 @@
-//! S3 / MinIO uploads (issue 6), against a real S3 server that checks
+//! S3 / MinIO uploads, against a real S3 server that checks
 //! signatures (s3s-fs) on loopback.
 
 use std::process::Command;

@@ -140,7 +140,7 @@ def test_span_peak_counts_for_its_component(tmp_path):
     assert in_span and all(e["component"] == "model" for e in in_span)
 
 
-def test_seed_004_stages(tmp_path):
+def test_stages_report_success_and_failure(tmp_path):
     doc, rep, _ = run_job(
         tmp_path,
         """
@@ -359,7 +359,7 @@ def test_cuda_oom_is_reported_with_the_memory_summary(tmp_path):
     oom = events(doc, component="cuda", operation="out_of_memory")
     assert len(oom) == 1
     assert "Tried to allocate 6.00 GiB" in oom[0]["labels"]["error"]
-    # The allocator's figures at the error are the entry's seed fields.
+    # The allocator's figures at the error fill the entry's GPU fields.
     assert oom[0]["gpu_source"] == "allocator", oom[0]
     assert oom[0]["gpu_ram_used_mb"] == 5 * 1024
     assert oom[0]["reserved_gpu_ram_mb"] == 6 * 1024

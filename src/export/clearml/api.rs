@@ -1,6 +1,6 @@
 //! The ClearML REST client: authentication, the reply envelope, and which
-//! failures are worth retrying (clearml-contract.md, "Transport",
-//! "Authentication", "Retries").
+//! failures are worth retrying (docs/clearml.md, "The wire" and "Rules of
+//! the server memtrack follows").
 //!
 //! Every call is a `POST {api}/v2.23/{service}.{action}` with a JSON body
 //! (or JSON lines for `events.add_batch`), the worker and client headers,

@@ -1,13 +1,13 @@
 //! ClearML scalars: memtrack's memory figures as charts of a ClearML task.
 //!
 //! ClearML is where many ML teams already look at their runs, so memtrack
-//! reports each `detailed_log` entry there too, following the wire contract
-//! in `clearml-contract.md`. The exporter must never cost the job anything:
-//! the engine hands entries over an unbounded channel that is drained at
-//! once into a bounded queue (spilling to `clearml-spool.jsonl` in the run
-//! directory), and all network work — login, task lookup or creation,
-//! batched `events.add_batch` with retries — happens on tokio tasks that
-//! sampling never waits for.
+//! reports each `detailed_log` entry there too, following the server's rules
+//! described in docs/clearml.md. The exporter must never cost the job
+//! anything: the engine hands entries over an unbounded channel that is
+//! drained at once into a bounded queue (spilling to `clearml-spool.jsonl`
+//! in the run directory), and all network work — login, task lookup or
+//! creation, batched `events.add_batch` with retries — happens on tokio
+//! tasks that sampling never waits for.
 //!
 //! - [`hocon`]: the pure `clearml.conf` reader;
 //! - [`points`]: entries → scalar points (timer windows, iteration keys,

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{Entry, EntryKind};
 
-/// The series reported for every entry: seed 002's four figures, then
+/// The series reported for every entry: the four base figures, then
 /// memtrack's NVML and high-water-mark figures.
 pub const FIELDS: [&str; 6] = [
     "cpu_ram_used_mb",

@@ -464,7 +464,7 @@ struct State {
     announce_logged: RateLimited,
 }
 
-/// One `events.add_batch` line (clearml-contract.md, "Scalars").
+/// One `events.add_batch` line (docs/clearml.md, "The wire").
 #[derive(serde::Serialize)]
 struct Wire<'a> {
     #[serde(rename = "type")]
