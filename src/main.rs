@@ -142,7 +142,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Ok(if done.complete { 0 } else { 1 })
         }
         Command::Report(args) => {
-            let doc = memtrack::export::json::read_document(&args.file).map_err(runtime)?;
+            let doc = memtrack::report::read::for_report(&args.file).map_err(runtime)?;
             let text = if args.json {
                 let report = memtrack::report::text::build(&doc);
                 format!(
@@ -158,7 +158,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Compare(args) => {
             let mut runs = Vec::new();
             for f in &args.files {
-                let doc = memtrack::export::json::read_document(f).map_err(runtime)?;
+                let doc = memtrack::report::read::without_log(f).map_err(runtime)?;
                 let name = f
                     .parent()
                     .and_then(|p| p.file_name())
@@ -224,7 +224,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Ok(0)
         }
         Command::Plot(args) => {
-            let doc = memtrack::export::json::read_document(&args.file).map_err(runtime)?;
+            let doc = memtrack::report::read::for_plot(&args.file).map_err(runtime)?;
             let opts = memtrack::report::plot::PlotOptions {
                 width: args.width,
                 height: args.height,

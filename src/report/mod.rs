@@ -6,4 +6,5 @@ pub mod compare;
 pub mod leak;
 pub mod merge;
 pub mod plot;
+pub mod read;
 pub mod text;

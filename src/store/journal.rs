@@ -9,6 +9,9 @@
 //!   record applied;
 //! - `.memtrack/journal.old.jsonl`: the journal before the checkpoint being
 //!   written, removed once that checkpoint is on disk;
+//! - `.memtrack/entries.jsonl`: every event entry of the run, one JSON
+//!   line each (see [`super::entries`]); the state counts how many of its
+//!   bytes it covers;
 //! - `.memtrack/lock`: held (`flock`) while a daemon owns the run.
 //!
 //! Checkpoints are written on a thread of their own from a clone of the
@@ -116,6 +119,13 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
     }
 }
 
+fn entries_err(dir: &Path) -> impl FnOnce(super::entries::EntriesError) -> JournalError + '_ {
+    move |e| JournalError::Corrupt {
+        path: dir.join(super::entries::FILE),
+        message: e.to_string(),
+    }
+}
+
 fn lock(dir: &Path) -> Result<File, JournalError> {
     let path = dir.join("lock");
     let f = OpenOptions::new()
@@ -141,12 +151,16 @@ pub fn is_live(run_dir: &Path) -> bool {
 }
 
 impl Journal {
-    /// Starts the journal of a new run: takes the lock and writes the
-    /// initial state checkpoint.
-    pub fn create(run_dir: &Path, store: &Store) -> Result<Journal, JournalError> {
+    /// Starts the journal of a new run: takes the lock, moves the store's
+    /// event log into the entries file, and writes the initial state
+    /// checkpoint.
+    pub fn create(run_dir: &Path, store: &mut Store) -> Result<Journal, JournalError> {
         let dir = run_dir.join(DIR);
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let lock = lock(&dir)?;
+        store
+            .keep_entries_in(&dir.join(super::entries::FILE))
+            .map_err(entries_err(&dir))?;
         let path = dir.join(JOURNAL);
         let file = File::create(&path).map_err(io_err(&path))?;
         let old = dir.join(OLD_JOURNAL);
@@ -298,6 +312,9 @@ fn write_state(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
 /// rotated journal, whose every record the state now holds, goes.
 fn write_checkpoint(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
     write_document(&run_dir.join(FILE_NAME), &store.document_view())?;
+    // The state counts the entries file's bytes: they are on disk first.
+    let entries = run_dir.join(DIR).join(super::entries::FILE);
+    store.sync_entries().map_err(io_err(&entries))?;
     write_state(run_dir, store)?;
     let old = run_dir.join(DIR).join(OLD_JOURNAL);
     match fs::remove_file(&old) {
@@ -319,7 +336,8 @@ pub fn has_journal(run_dir: &Path) -> bool {
     run_dir.join(DIR).join("state.json").is_file()
 }
 
-/// Rebuilds the store of a run whose daemon died, without writing.
+/// Rebuilds the store of a run whose daemon died, without writing its
+/// document (the entries file is cut back to what the state counts).
 pub fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
     let dir = run_dir.join(DIR);
     let state_path = dir.join("state.json");
@@ -331,6 +349,12 @@ pub fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
         path: state_path.clone(),
         message: e.to_string(),
     })?;
+    drop(bytes);
+    // Entries written after the checkpoint are cut off here and come back
+    // with the journal's records.
+    store
+        .reattach_entries(&dir.join(super::entries::FILE))
+        .map_err(entries_err(&dir))?;
     let mut report = Recovered {
         replayed: 0,
         skipped_lines: 0,
@@ -410,7 +434,7 @@ mod tests {
     fn killed_daemon_is_recovered_from_checkpoint_and_journal() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
-        let mut journal = Journal::create(dir.path(), &store).unwrap();
+        let mut journal = Journal::create(dir.path(), &mut store).unwrap();
         for i in 0..10u64 {
             let r = sample(i as f64, 100 + i);
             store.apply(&r);
@@ -447,7 +471,7 @@ mod tests {
     fn a_kill_while_a_checkpoint_is_written_loses_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
-        let mut journal = Journal::create(dir.path(), &store).unwrap();
+        let mut journal = Journal::create(dir.path(), &mut store).unwrap();
         let add = |store: &mut Store, journal: &mut Journal, i: u64| {
             let r = sample(i as f64, 100 + i);
             store.apply(&r);
@@ -486,8 +510,8 @@ mod tests {
     #[test]
     fn a_live_run_cannot_be_recovered_under_its_daemon() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
-        let _journal = Journal::create(dir.path(), &store).unwrap();
+        let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let _journal = Journal::create(dir.path(), &mut store).unwrap();
         assert!(matches!(recover(dir.path()), Err(JournalError::Locked(_))));
     }
 
