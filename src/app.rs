@@ -767,6 +767,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     };
     let limits = Limits {
         max_timer_entries: config.log.max_timer_entries,
+        max_event_entries: config.log.max_event_entries,
         target_series_points: config.log.target_series_points,
         max_targets: config.log.max_targets,
         ..Limits::default()

@@ -8,6 +8,10 @@
 //! is handed to the caller as soon as it is parsed, then dropped. The
 //! readers fold what they need: the leak rule's bounded series (`report`),
 //! nothing (`compare`), a thinned copy of the log (`plot`).
+//!
+//! A file whose event entries were thinned (`log.max_event_entries`) has
+//! its complete event log beside it ([`COMPLETE_LOG`], gzip'd JSON lines);
+//! [`read_complete`] reads the log from there.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -17,8 +21,9 @@ use anyhow::Context;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use crate::model::{Document, Entry};
+use crate::model::{Document, Entry, EntryKind};
 use crate::report::leak;
+use crate::store::entries::COMPLETE_LOG;
 use crate::store::thin::Thinned;
 
 /// Reads the document at `path`, handing each `detailed_log` entry to
@@ -41,12 +46,65 @@ pub fn read_folded_from(
     Ok(serde_json::from_value(Value::Object(rest))?)
 }
 
+/// Reads the document at `path` like [`read_folded`], handing out its
+/// complete log: when its event entries were thinned (an event entry
+/// stands for several, `samples`) and the complete event log lies beside
+/// it, the event entries come from there, the document's timer entries
+/// merged in by time as memtrack merges them.
+pub fn read_complete(path: &Path, mut each: impl FnMut(Entry)) -> anyhow::Result<Document> {
+    use std::io::BufRead;
+    let side = path.parent().unwrap_or(Path::new(".")).join(COMPLETE_LOG);
+    if !side.is_file() {
+        return read_folded(path, each);
+    }
+    let mut timers = Vec::new();
+    let mut thinned = false;
+    let doc = read_folded(path, |e| {
+        if e.kind == EntryKind::Timer {
+            timers.push(e);
+        } else if e.samples.is_some() {
+            thinned = true;
+        }
+    })?;
+    if !thinned {
+        // Not this document's complete log (or it was not thinned).
+        return read_folded(path, each);
+    }
+    let file = File::open(&side).with_context(|| format!("cannot read {}", side.display()))?;
+    let lines = BufReader::with_capacity(
+        256 * 1024,
+        flate2::bufread::MultiGzDecoder::new(BufReader::new(file)),
+    );
+    let mut timers = timers.into_iter().peekable();
+    for (i, line) in lines.split(b'\n').enumerate() {
+        let line = line.with_context(|| format!("cannot read {}", side.display()))?;
+        if line.is_empty() {
+            continue;
+        }
+        let e: Entry = serde_json::from_slice(&line)
+            .with_context(|| format!("line {} of {} is not a log entry", i + 1, side.display()))?;
+        while let Some(t) = timers.next_if(|t| t.timestamp <= e.timestamp) {
+            each(t);
+        }
+        each(e);
+    }
+    timers.for_each(each);
+    Ok(doc)
+}
+
 /// The document for `memtrack report`: its log is not kept, and a leak
 /// verdict is computed from it (bounded series) when the file has none.
 pub fn for_report(path: &Path) -> anyhow::Result<Document> {
     let mut series = leak::Series::default();
     let mut doc = read_folded(path, |e| series.push(&e))?;
     if doc.leak.is_none() {
+        if path
+            .parent()
+            .is_some_and(|d| d.join(COMPLETE_LOG).is_file())
+        {
+            series = leak::Series::default();
+            read_complete(path, |e| series.push(&e))?;
+        }
         doc.leak = Some(series.analyze(&doc.targets, doc.schema, &leak::LeakConfig::default()));
     }
     Ok(doc)
@@ -67,7 +125,7 @@ pub const PLOT_ENTRIES: usize = 16_384;
 /// when longer.
 pub fn for_plot(path: &Path) -> anyhow::Result<Document> {
     let mut log: Thinned<Entry> = Thinned::new(PLOT_ENTRIES);
-    let mut doc = read_folded(path, |e| log.push(e))?;
+    let mut doc = read_complete(path, |e| log.push(e))?;
     doc.detailed_log = log.iter().cloned().collect();
     Ok(doc)
 }

@@ -32,6 +32,12 @@ use crate::model::Entry;
 /// The entries file inside a run's `.memtrack` folder.
 pub const FILE: &str = "entries.jsonl";
 
+/// The complete event log written beside a `memory_usage.json` whose
+/// event entries were thinned (`log.max_event_entries`): one entry per
+/// line, gzip'd. With the document's timer entries it is the complete
+/// `detailed_log`.
+pub const COMPLETE_LOG: &str = "memory_usage.events.jsonl.gz";
+
 /// Bytes gathered before they are written to the file.
 pub const BATCH: usize = 64 * 1024;
 
@@ -281,6 +287,48 @@ impl EntryLog {
         self.mem.iter()
     }
 
+    /// Writes every entry as one JSON line, oldest first. From a file the
+    /// lines are copied as they are, without parsing.
+    pub fn copy_lines(&self, w: &mut dyn io::Write) -> io::Result<()> {
+        if self.disk.is_none() {
+            for e in self.mem.iter() {
+                serde_json::to_writer(&mut *w, e)?;
+                w.write_all(b"\n")?;
+            }
+            return Ok(());
+        }
+        let (mut source, _) = self.raw().map_err(io::Error::other)?;
+        io::copy(&mut source, w)?;
+        Ok(())
+    }
+
+    /// The file's bytes of this log, and the file's path.
+    fn raw(&self) -> Result<(impl Read + Send + 'static, PathBuf), EntriesError> {
+        let disk = self.disk.as_ref().ok_or(EntriesError::Detached)?;
+        let spill = disk.spill.as_ref().ok_or(EntriesError::Detached)?;
+        let mut s = lock(spill);
+        let path = s.path.clone();
+        // Best effort: what cannot be written is read from memory.
+        let _ = s.flush();
+        let from_file = s.written.min(disk.bytes);
+        let rest = usize::try_from(disk.bytes - from_file).unwrap_or(usize::MAX);
+        let tail = s.pending[..rest.min(s.pending.len())].to_vec();
+        // A descriptor of its own: reading goes on after the run directory
+        // is removed, and never moves the writer's position.
+        let file = s.file.try_clone().map_err(|source| EntriesError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        drop(s);
+        let source = At {
+            file,
+            pos: 0,
+            end: from_file,
+        }
+        .chain(io::Cursor::new(tail));
+        Ok((source, path))
+    }
+
     /// Reads the log's entries one at a time, oldest first: the entries of
     /// this log (a clone reads what it holds, however far the live store
     /// has gone on since).
@@ -291,28 +339,7 @@ impl EntryLog {
                 index: 0,
             });
         };
-        let spill = disk.spill.as_ref().ok_or(EntriesError::Detached)?;
-        let mut s = lock(spill);
-        let path = s.path.clone();
-        let io_err = |source| EntriesError::Io {
-            path: path.clone(),
-            source,
-        };
-        // Best effort: what cannot be written is read from memory.
-        let _ = s.flush();
-        let from_file = s.written.min(disk.bytes);
-        let rest = usize::try_from(disk.bytes - from_file).unwrap_or(usize::MAX);
-        let tail = s.pending[..rest.min(s.pending.len())].to_vec();
-        // A descriptor of its own: reading goes on after the run directory
-        // is removed, and never moves the writer's position.
-        let file = s.file.try_clone().map_err(io_err)?;
-        drop(s);
-        let source = At {
-            file,
-            pos: 0,
-            end: from_file,
-        }
-        .chain(io::Cursor::new(tail));
+        let (source, path) = self.raw()?;
         Ok(Reader {
             inner: ReaderKind::File {
                 lines: BufReader::with_capacity(BATCH, Box::new(source)),

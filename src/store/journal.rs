@@ -292,12 +292,36 @@ impl Journal {
         // document.
         let _ = self.wait_checkpoint();
         self.flush().map_err(io_err(&self.run_dir))?;
-        write_document(&self.run_dir.join(FILE_NAME), &store.document_view())?;
+        write_final(&self.run_dir, store)?;
         let dir = self.run_dir.join(DIR);
         drop(self);
         fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
         Ok(())
     }
+}
+
+/// The run's final files: `memory_usage.json` and, when its event entries
+/// were thinned, the complete event log beside it (gzip'd JSON lines,
+/// copied from the entries file); a complete log left from an earlier run
+/// in the same directory goes.
+fn write_final(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
+    write_document(&run_dir.join(FILE_NAME), &store.document_view())?;
+    let complete = run_dir.join(super::entries::COMPLETE_LOG);
+    if store.events_thinned() {
+        write_atomic_with(&complete, |w| {
+            let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::fast());
+            store.write_complete_events(&mut gz)?;
+            gz.finish()?;
+            Ok(())
+        })?;
+    } else {
+        match fs::remove_file(&complete) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&complete)(e)),
+        }
+    }
+    Ok(())
 }
 
 fn write_state(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
@@ -397,7 +421,7 @@ pub fn recover(run_dir: &Path) -> Result<Recovered, JournalError> {
         store.run.end = Some(end);
         store.run.status = "recovered".into();
     }
-    write_document(&run_dir.join(FILE_NAME), &store.document_view())?;
+    write_final(run_dir, &store)?;
     drop(lock);
     fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
     Ok(report)
@@ -505,6 +529,67 @@ mod tests {
             serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
         assert_eq!(doc.detailed_log.len(), 10, "every journalled sample");
         assert_eq!(doc.peak_usage.cpu_ram_used_mb, 109.0);
+    }
+
+    fn mark(ts: f64, i: u64) -> Record {
+        Record::Mark(crate::store::Mark {
+            timestamp: ts,
+            pid: Some(1),
+            component: format!("c{}", i % 5),
+            operation: "step".into(),
+            iteration: Some(i),
+            labels: Default::default(),
+            allocator: None,
+            kind: crate::model::EntryKind::Event,
+        })
+    }
+
+    #[test]
+    fn a_thinned_run_keeps_its_complete_log_beside_the_json_and_readers_use_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            max_event_entries: 1024,
+            ..Limits::default()
+        };
+        let mut store = Store::new(RunInfo::default(), limits, Thresholds::default());
+        let mut plain = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let mut journal = Journal::create(dir.path(), &mut store).unwrap();
+        for i in 0..20_000u64 {
+            let t = i as f64 * 0.01;
+            for r in [sample(t, 100 + i % 300), mark(t + 0.005, i)] {
+                if i % 10 == 0 || matches!(r, Record::Mark(_)) {
+                    store.apply(&r);
+                    plain.apply(&r);
+                    journal.append(store.seq, &r).unwrap();
+                }
+            }
+        }
+        let end = Record::Finish {
+            timestamp: 300.0,
+            exit: None,
+        };
+        store.apply(&end);
+        plain.apply(&end);
+        journal.finish(&store).unwrap();
+        let doc: Document =
+            serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
+        assert!(doc.detailed_log.len() < 4000, "{}", doc.detailed_log.len());
+        let complete = dir.path().join(crate::store::entries::COMPLETE_LOG);
+        assert!(complete.is_file());
+        // Readers see the complete log: what an unbounded run writes.
+        let mut log = Vec::new();
+        let back = crate::report::read::read_complete(&dir.path().join(FILE_NAME), |e| log.push(e))
+            .unwrap();
+        let expected = plain.document();
+        assert_eq!(log.len(), expected.detailed_log.len());
+        assert!(log == expected.detailed_log, "the complete logs differ");
+        assert_eq!(back.peak_usage, expected.peak_usage);
+        // A later, short run in the same directory removes it.
+        let mut short = Store::new(RunInfo::default(), limits, Thresholds::default());
+        let journal = Journal::create(dir.path(), &mut short).unwrap();
+        short.apply(&mark(1.0, 1));
+        journal.finish(&short).unwrap();
+        assert!(!complete.exists());
     }
 
     #[test]

@@ -129,6 +129,10 @@ pub struct Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     pub max_timer_entries: usize,
+    /// Event entries written to `detailed_log` before they are thinned
+    /// (0: no bound); see [`LogView`].
+    #[serde(default)]
+    pub max_event_entries: usize,
     pub target_series_points: usize,
     pub max_targets: usize,
     pub max_alerts: usize,
@@ -138,6 +142,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_timer_entries: 4096,
+            max_event_entries: 0,
             target_series_points: 512,
             max_targets: 1024,
             max_alerts: 1000,
@@ -573,6 +578,20 @@ impl Store {
     /// Event entries recorded (marks, spans, stages, memtrack's own).
     pub fn event_entries(&self) -> u64 {
         self.events.len()
+    }
+
+    /// Whether the document's event entries are thinned: more of them than
+    /// `log.max_event_entries`. The complete event log is then written
+    /// beside the document ([`Store::write_complete_events`]).
+    pub fn events_thinned(&self) -> bool {
+        let bound = self.limits.max_event_entries as u64;
+        bound > 0 && self.events.len() > bound
+    }
+
+    /// Writes every event entry, one JSON line each, oldest first: the
+    /// complete event log kept beside a thinned document.
+    pub fn write_complete_events(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+        self.events.copy_lines(w)
     }
 
     fn count_event(&mut self, component: &str, operation: &str) {
@@ -1084,14 +1103,40 @@ impl LogView<'_> {
     ) -> Result<(), String> {
         let events = self.store.events.read().map_err(|e| e.to_string())?;
         let mut timer = self.store.timer.iter().peekable();
-        for e in events {
-            let e = e.map_err(|e| e.to_string())?;
+        let mut emit = |e: &Entry| -> Result<(), String> {
             while let Some(t) = timer.next_if(|t| t.timestamp <= e.timestamp) {
                 f(t)?;
             }
-            f(&e)?;
+            f(e)
+        };
+        if self.store.events_thinned() {
+            let width = self.chunk_width();
+            let mut chunk = Chunk::default();
+            for e in events {
+                chunk.add(e.map_err(|e| e.to_string())?);
+                if chunk.seen >= width {
+                    chunk.drain(&mut emit)?;
+                }
+            }
+            chunk.drain(&mut emit)?;
+        } else {
+            for e in events {
+                emit(&e.map_err(|e| e.to_string())?)?;
+            }
         }
         timer.try_for_each(f)
+    }
+
+    /// Event entries per stretch of a thinned log: the bound shared by the
+    /// (component, operation) pairs seen, each pair keeping one entry per
+    /// stretch.
+    fn chunk_width(&self) -> u64 {
+        let n = self.store.events.len();
+        // Pairs beyond MAX_EVENT_KINDS are not counted apart: a run with
+        // that many may exceed the bound.
+        let kinds = (self.store.event_kinds as u64).max(1) + 2;
+        let stretches = (self.store.limits.max_event_entries as u64 / kinds).max(1);
+        n.div_ceil(stretches).max(1)
     }
 
     /// Every entry, owned (the ones that cannot be read are left out).
@@ -1107,10 +1152,51 @@ impl LogView<'_> {
     }
 }
 
+/// One stretch of a thinned event log: an entry per (component,
+/// operation, stage, kind), each the first such entry with the maximum of
+/// every figure over the stretch (`samples`: how many it stands for,
+/// `timestamp_end`: the last one's time).
+#[derive(Default)]
+struct Chunk {
+    entries: Vec<Entry>,
+    index: std::collections::HashMap<(String, String, Option<String>, u8), usize>,
+    seen: u64,
+}
+
+impl Chunk {
+    fn add(&mut self, e: Entry) {
+        use thin::Mergeable;
+        self.seen += 1;
+        let key = (
+            e.component.clone(),
+            e.operation.clone(),
+            e.stage.clone(),
+            e.kind as u8,
+        );
+        match self.index.get(&key) {
+            Some(&i) => self.entries[i].absorb(&e),
+            None => {
+                self.index.insert(key, self.entries.len());
+                self.entries.push(e);
+            }
+        }
+    }
+
+    fn drain(&mut self, emit: &mut impl FnMut(&Entry) -> Result<(), String>) -> Result<(), String> {
+        self.index.clear();
+        self.seen = 0;
+        for e in self.entries.drain(..) {
+            emit(&e)?;
+        }
+        Ok(())
+    }
+}
+
 impl Serialize for LogView<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error, SerializeSeq};
-        let mut seq = serializer.serialize_seq(Some(self.len()))?;
+        let len = (!self.store.events_thinned()).then(|| self.len());
+        let mut seq = serializer.serialize_seq(len)?;
         let mut failed: Option<S::Error> = None;
         let outcome = self.try_for_each(|e| {
             seq.serialize_element(e).map_err(|err| {
@@ -1385,6 +1471,93 @@ mod tests {
         assert!(a.len() > 1_000_000, "{}", a.len());
         assert!(a == b, "the documents differ");
         assert_eq!(file.document(), mem.document());
+    }
+
+    #[test]
+    fn past_the_bound_event_entries_are_thinned_keeping_every_maximum() {
+        let bounded = |bound: usize| {
+            let mut st = Store::new(
+                RunInfo {
+                    start: 100.0,
+                    ..RunInfo::default()
+                },
+                Limits {
+                    max_event_entries: bound,
+                    ..Limits::default()
+                },
+                Thresholds::default(),
+            );
+            busy_run(&mut st, 20_000);
+            st
+        };
+        let full = bounded(0).document();
+        // Under the bound: the same document as without one.
+        assert_eq!(bounded(50_000).document(), full);
+        let st = bounded(1024);
+        assert!(st.events_thinned());
+        let thin = st.document();
+        let events = |d: &Document| -> Vec<Entry> {
+            d.detailed_log
+                .iter()
+                .filter(|e| e.kind != EntryKind::Timer)
+                .cloned()
+                .collect()
+        };
+        let (all, kept) = (events(&full), events(&thin));
+        assert!(kept.len() <= 1024, "{} entries", kept.len());
+        assert!(
+            kept.len() > 512,
+            "{} entries: the bound is used",
+            kept.len()
+        );
+        let stands_for: u64 = kept.iter().map(|e| u64::from(e.samples.unwrap_or(1))).sum();
+        assert_eq!(stands_for, all.len() as u64, "every entry is accounted for");
+        // Per component and operation, every figure's maximum is kept.
+        let maxima = |v: &[Entry]| {
+            let mut m: BTreeMap<(String, String), [u64; 4]> = BTreeMap::new();
+            for e in v {
+                let x = m
+                    .entry((e.component.clone(), e.operation.clone()))
+                    .or_default();
+                for (slot, f) in x.iter_mut().zip([
+                    e.cpu_ram_used_mb,
+                    e.gpu_ram_used_mb,
+                    e.reserved_gpu_ram_mb,
+                    e.gpu_process_used_mb,
+                ]) {
+                    *slot = (*slot).max(f.to_bits());
+                }
+            }
+            m
+        };
+        assert_eq!(maxima(&kept), maxima(&all));
+        // The timer log, peaks and everything else are untouched.
+        let timers = |d: &Document| {
+            d.detailed_log
+                .iter()
+                .filter(|e| e.kind == EntryKind::Timer)
+                .count()
+        };
+        assert_eq!(timers(&thin), timers(&full));
+        assert_eq!(
+            Document {
+                detailed_log: Vec::new(),
+                ..thin.clone()
+            },
+            Document {
+                detailed_log: Vec::new(),
+                ..full.clone()
+            }
+        );
+        // The complete event log beside it holds every entry.
+        let mut lines = Vec::new();
+        st.write_complete_events(&mut lines).unwrap();
+        let back: Vec<Entry> = lines
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(back, all);
     }
 
     #[test]
