@@ -545,6 +545,36 @@ mod tests {
     }
 
     #[test]
+    fn marks_after_the_last_checkpoint_are_recovered_once_each() {
+        // The entries file holds marks written after the checkpoint; the
+        // state's count cuts them off and the journal brings them back.
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let mut journal = Journal::create(dir.path(), &mut store).unwrap();
+        for i in 0..3000u64 {
+            let r = mark(i as f64, i);
+            store.apply(&r);
+            journal.append(store.seq, &r).unwrap();
+            if i == 1000 {
+                journal.checkpoint(&store).unwrap();
+            }
+        }
+        journal.flush().unwrap();
+        store.sync_entries().unwrap();
+        drop(journal);
+        let report = recover(dir.path()).unwrap();
+        assert_eq!(report.replayed, 1999);
+        let doc: Document =
+            serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
+        let got: Vec<u64> = doc
+            .detailed_log
+            .iter()
+            .filter_map(|e| e.iteration)
+            .collect();
+        assert!(got.iter().copied().eq(0..3000), "{} marks", got.len());
+    }
+
+    #[test]
     fn a_thinned_run_keeps_its_complete_log_beside_the_json_and_readers_use_it() {
         let dir = tempfile::tempdir().unwrap();
         let limits = Limits {
