@@ -637,7 +637,7 @@ pub fn clearml_resend(
         });
     }
     let document = run_dir.join(crate::export::json::FILE_NAME);
-    let doc = crate::export::json::read_document(&document).with_context(|| {
+    let doc = crate::report::read::without_log(&document).with_context(|| {
         format!(
             "the run's JSON is needed for its name and exit (after a killed memtrack, run              `memtrack recover {}` first)",
             run_dir.display()
@@ -920,13 +920,14 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     };
     let limits = Limits {
         max_timer_entries: config.log.max_timer_entries,
+        max_event_entries: config.log.max_event_entries,
         target_series_points: config.log.target_series_points,
         max_targets: config.log.max_targets,
         ..Limits::default()
     };
     let mut store = Store::new(run, limits, config.pressure);
     store.describe_gpus(gpu.devices());
-    let journal = Journal::create(&run_dir, &store)
+    let journal = Journal::create(&run_dir, &mut store)
         .with_context(|| format!("cannot write to the run directory {}", run_dir.display()))?;
 
     sys::raise_nofile_limit();

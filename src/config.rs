@@ -287,8 +287,13 @@ pub struct GpuConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// Timer entries kept in `detailed_log`; beyond it neighbours are merged
-    /// (keeping every maximum). Event entries are all kept.
+    /// (keeping every maximum).
     pub max_timer_entries: usize,
+    /// Event entries (marks, spans, stages) written to `detailed_log`;
+    /// beyond it they are merged per component and operation over
+    /// stretches of the run (keeping every maximum), and the complete event
+    /// log goes beside the JSON, gzip'd. 0: no bound.
+    pub max_event_entries: usize,
     /// Points kept in each target's `series`.
     pub target_series_points: usize,
     /// Processes kept in `targets`; beyond it the exited ones with the
@@ -346,6 +351,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             max_timer_entries: 4096,
+            max_event_entries: 250_000,
             target_series_points: 512,
             max_targets: 1024,
         }
@@ -641,6 +647,12 @@ impl Config {
         }
         if self.log.max_timer_entries < 16 {
             return bad("log.max_timer_entries", "must be at least 16".into());
+        }
+        if self.log.max_event_entries != 0 && self.log.max_event_entries < 1024 {
+            return bad(
+                "log.max_event_entries",
+                "must be 0 (no bound) or at least 1024".into(),
+            );
         }
         if self.log.target_series_points < 16 {
             return bad("log.target_series_points", "must be at least 16".into());

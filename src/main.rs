@@ -144,7 +144,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Report(args) => {
             let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
-            let doc = memtrack::export::json::read_document(&file).map_err(runtime)?;
+            let doc = memtrack::report::read::for_report(&file).map_err(runtime)?;
             let text = if args.json {
                 let report = memtrack::report::text::build(&doc);
                 format!(
@@ -161,7 +161,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             let mut runs = Vec::new();
             for f in &args.files {
                 let f = &memtrack::report::document_path(f).map_err(runtime)?;
-                let doc = memtrack::export::json::read_document(f).map_err(runtime)?;
+                let doc = memtrack::report::read::without_log(f).map_err(runtime)?;
                 let name = f
                     .parent()
                     .and_then(|p| p.file_name())
@@ -185,23 +185,24 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             layers.push(flags);
             let config = config::resolve(&layers).map_err(usage)?;
             logging::init(&config.log_level);
+            use memtrack::report::merge::Input;
             let mut inputs = Vec::new();
             for input in &args.inputs {
                 if input.starts_with("s3://") {
                     inputs.extend(
                         memtrack::export::s3::download_documents(&config.s3, input)
-                            .map_err(runtime)?,
+                            .map_err(runtime)?
+                            .into_iter()
+                            .map(|(source, doc)| Input::Document(source, Box::new(doc))),
                     );
                 } else {
-                    let path = &memtrack::report::document_path(std::path::Path::new(input))
+                    // Read as a stream: a rank's log may be millions long.
+                    let path = memtrack::report::document_path(std::path::Path::new(input))
                         .map_err(runtime)?;
-                    inputs.push((
-                        input.clone(),
-                        memtrack::export::json::read_document(path).map_err(runtime)?,
-                    ));
+                    inputs.push(Input::File(input.clone(), path));
                 }
             }
-            let merged = memtrack::report::merge::merge(inputs).map_err(runtime)?;
+            let merged = memtrack::report::merge::merge_inputs(inputs).map_err(runtime)?;
             match &args.output {
                 Some(path) => {
                     // The job's folder (outputs/JOB/) may not exist yet:
@@ -220,16 +221,24 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
                     ));
                 }
                 None => {
-                    let text =
-                        serde_json::to_string_pretty(&merged).map_err(|e| runtime(e.into()))?;
-                    stdout(&format!("{text}\n")).map_err(|e| runtime(e.into()))?;
+                    use std::io::Write;
+                    let out = std::io::stdout().lock();
+                    let mut out = std::io::BufWriter::new(out);
+                    let written = serde_json::to_writer_pretty(&mut out, &merged)
+                        .map_err(std::io::Error::from)
+                        .and_then(|()| out.write_all(b"\n"))
+                        .and_then(|()| out.flush());
+                    match written {
+                        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                        other => other.map_err(|e| runtime(e.into()))?,
+                    }
                 }
             }
             Ok(0)
         }
         Command::Plot(args) => {
             let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
-            let doc = memtrack::export::json::read_document(&file).map_err(runtime)?;
+            let doc = memtrack::report::read::for_plot(&file).map_err(runtime)?;
             let opts = memtrack::report::plot::PlotOptions {
                 width: args.width,
                 height: args.height,

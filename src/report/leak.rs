@@ -80,6 +80,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::model::{Document, Entry, EntryKind, GpuSource, Target};
+use crate::store::thin::{Mergeable, Thinned};
 
 /// The shortest series, in seconds, that is judged at all (see the module
 /// documentation for the reasons).
@@ -341,19 +342,206 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
     v
 }
 
+/// One point of a leak series: an entry's time span and figures, or the
+/// maximum of each figure over neighbouring entries once a long series is
+/// thinned (the same max-envelope memtrack keeps for its timer log).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    /// The first entry's time and the last one's end (Unix seconds).
+    pub t0: f64,
+    pub t1: f64,
+    pub cpu: f64,
+    pub gpu_process: f64,
+    pub gpu_used: f64,
+}
+
+impl Point {
+    pub fn of(e: &Entry) -> Point {
+        Point {
+            t0: e.timestamp,
+            t1: e.timestamp_end.unwrap_or(e.timestamp),
+            cpu: e.cpu_ram_used_mb,
+            gpu_process: e.gpu_process_used_mb,
+            gpu_used: e.gpu_ram_used_mb,
+        }
+    }
+
+    /// The middle of the point's time span (its value stands for all of
+    /// it), or the sample's time.
+    fn mid(&self) -> f64 {
+        if self.t1 > self.t0 {
+            (self.t0 + self.t1) / 2.0
+        } else {
+            self.t0
+        }
+    }
+}
+
+impl Mergeable for Point {
+    fn absorb(&mut self, later: &Point) {
+        self.t1 = self.t1.max(later.t1);
+        self.cpu = self.cpu.max(later.cpu);
+        self.gpu_process = self.gpu_process.max(later.gpu_process);
+        self.gpu_used = self.gpu_used.max(later.gpu_used);
+    }
+}
+
+/// A timer sample's point and the component of the span it was taken in.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimerPoint {
+    pub point: Point,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component: Option<String>,
+}
+
+impl TimerPoint {
+    pub fn of(e: &Entry) -> TimerPoint {
+        TimerPoint {
+            point: Point::of(e),
+            component: e
+                .span
+                .as_ref()
+                .map(|s| s.split('/').next().unwrap_or(s).to_string()),
+        }
+    }
+}
+
+impl Mergeable for TimerPoint {
+    fn absorb(&mut self, later: &TimerPoint) {
+        self.point.absorb(&later.point);
+    }
+
+    fn same_phase(&self, later: &TimerPoint) -> bool {
+        self.component == later.component
+    }
+
+    fn absorb_across(&mut self, later: &TimerPoint) {
+        if later.point.cpu > self.point.cpu {
+            self.component.clone_from(&later.component);
+        }
+        self.absorb(later);
+    }
+}
+
+/// Points each series keeps exactly; a longer series is thinned to a
+/// max-envelope of at most this many points (the rule then buckets to
+/// [`LeakConfig::max_points`] anyway). Bounds the memory of the fold, in
+/// the daemon and in the readers, however long the log.
+pub const SERIES_POINTS: usize = 16_384;
+
+/// The series the leak rule reads, folded from a log one entry at a time
+/// (in log order), in memory bounded by [`SERIES_POINTS`] per series:
+/// timer samples, every entry, and the entries carrying PyTorch allocator
+/// figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    timers: Thinned<TimerPoint>,
+    all: Thinned<Point>,
+    alloc: Thinned<Point>,
+}
+
+impl Default for Series {
+    fn default() -> Self {
+        Series {
+            timers: Thinned::new(SERIES_POINTS),
+            all: Thinned::new(SERIES_POINTS),
+            alloc: Thinned::new(SERIES_POINTS),
+        }
+    }
+}
+
+impl Series {
+    /// Folds in the next entry of a log.
+    pub fn push(&mut self, e: &Entry) {
+        if e.kind == EntryKind::Timer {
+            self.timers.push(TimerPoint::of(e));
+        }
+        self.push_untimed(e);
+    }
+
+    /// Folds in an entry that is not a timer sample, leaving the timer
+    /// series to the caller (the store keeps its own timer log).
+    pub fn push_untimed(&mut self, e: &Entry) {
+        let p = Point::of(e);
+        self.all.push(p);
+        if e.gpu_source == GpuSource::Allocator {
+            self.alloc.push(p);
+        }
+    }
+
+    /// Every point of the series of all entries, in log order.
+    pub fn all(&self) -> impl Iterator<Item = &Point> {
+        self.all.iter()
+    }
+
+    /// The verdicts of a log whose timer samples are kept apart (the
+    /// store's timer log, `timers`, in time order) and whose other
+    /// entries were folded here with [`Series::push_untimed`]; the two
+    /// are merged by time as the document's log merges them.
+    pub fn analyze_beside(
+        &self,
+        timers: &[&Entry],
+        targets: &[Target],
+        schema: u32,
+        cfg: &LeakConfig,
+    ) -> Value {
+        let points: Vec<TimerPoint> = timers.iter().map(|e| TimerPoint::of(e)).collect();
+        let alloc: Vec<Point> = self.alloc.iter().copied().collect();
+        let all = || {
+            let mut out = Vec::with_capacity(self.all.len() + timers.len());
+            let mut t = timers.iter().peekable();
+            for p in self.all.iter() {
+                while let Some(e) = t.next_if(|e| e.timestamp <= p.t0) {
+                    out.push(Point::of(e));
+                }
+                out.push(*p);
+            }
+            out.extend(t.map(|e| Point::of(e)));
+            out
+        };
+        analyze_parts(&points, &all, &alloc, targets, schema, cfg)
+    }
+
+    /// The verdicts on a log folded here with [`Series::push`].
+    pub fn analyze(&self, targets: &[Target], schema: u32, cfg: &LeakConfig) -> Value {
+        let timers: Vec<TimerPoint> = self.timers.iter().cloned().collect();
+        let alloc: Vec<Point> = self.alloc.iter().copied().collect();
+        analyze_parts(
+            &timers,
+            &|| self.all.iter().copied().collect(),
+            &alloc,
+            targets,
+            schema,
+            cfg,
+        )
+    }
+}
+
 /// The `leak` block of `memory_usage.json`: verdicts on the tree's host
 /// memory (timer samples), on its GPU memory where any is non-zero, per
 /// target (each one's `series`; only the targets long enough to judge are
 /// listed, the rest counted), and per component (timer samples taken
 /// inside that component's spans).
 pub fn analyze(doc: &Document, cfg: &LeakConfig) -> Value {
-    let log: Vec<&Entry> = doc.detailed_log.iter().collect();
-    analyze_log(&log, &doc.targets, doc.schema, cfg)
+    let mut series = Series::default();
+    for e in &doc.detailed_log {
+        series.push(e);
+    }
+    series.analyze(&doc.targets, doc.schema, cfg)
 }
 
-/// [`analyze`] over a document's parts: its log in time order, its
-/// targets, and its schema version (0 for a bare file).
-pub fn analyze_log(all: &[&Entry], targets: &[Target], schema: u32, cfg: &LeakConfig) -> Value {
+/// [`analyze`] over a log's series: its timer samples, every entry
+/// (`all`, asked for only when the timer samples are too few), the
+/// entries with allocator figures, the targets, and the schema version (0
+/// for a bare file).
+pub fn analyze_parts(
+    timers: &[TimerPoint],
+    all: &dyn Fn() -> Vec<Point>,
+    alloc: &[Point],
+    targets: &[Target],
+    schema: u32,
+    cfg: &LeakConfig,
+) -> Value {
     let mut suspects: Vec<String> = Vec::new();
     let verdict = |name: String, t: &[f64], y: &[f64], suspects: &mut Vec<String>| {
         let v = detect(t, y, cfg);
@@ -363,13 +551,38 @@ pub fn analyze_log(all: &[&Entry], targets: &[Target], schema: u32, cfg: &LeakCo
         v
     };
 
-    let log = tree_samples(all, cfg);
-    let t: Vec<f64> = log.iter().map(|e| mid_time(e)).collect();
-    let host: Vec<f64> = log.iter().map(|e| e.cpu_ram_used_mb).collect();
+    // The tree's samples: timer entries (uniformly thinned, maxima kept),
+    // or every entry of a log that has too few of them (a bare
+    // file).
+    let log: Vec<Point> = if timers.len() >= cfg.min_points {
+        timers.iter().map(|t| t.point).collect()
+    } else {
+        all()
+    };
+    let t: Vec<f64> = log.iter().map(Point::mid).collect();
+    let host: Vec<f64> = log.iter().map(|p| p.cpu).collect();
     let host_v = verdict("host".into(), &t, &host, &mut suspects);
     let mut out = json!({ "host": to_value(&host_v) });
 
-    let (gt, gy) = gpu_series(all, schema, &log);
+    // The tree's GPU memory: NVML's per-process figure when there is one;
+    // otherwise PyTorch's `memory_allocated` sent with marks (a leak of
+    // tensors shows there, while `reserved` plateaus with the caching
+    // pool), or the base `gpu_ram_used_mb`.
+    let (gt, gy): (Vec<f64>, Vec<f64>) = if log.iter().any(|p| p.gpu_process > 0.0) {
+        (t.clone(), log.iter().map(|p| p.gpu_process).collect())
+    } else {
+        let seed;
+        let pts: &[Point] = if schema == 0 {
+            seed = all();
+            &seed
+        } else {
+            alloc
+        };
+        (
+            pts.iter().map(Point::mid).collect(),
+            pts.iter().map(|p| p.gpu_used).collect(),
+        )
+    };
     if gy.iter().any(|&y| y > 0.0) {
         let gpu_v = verdict("gpu".into(), &gt, &gy, &mut suspects);
         out["gpu"] = to_value(&gpu_v);
@@ -399,12 +612,11 @@ pub fn analyze_log(all: &[&Entry], targets: &[Target], schema: u32, cfg: &LeakCo
     let mut components = serde_json::Map::new();
     let mut by_component: std::collections::BTreeMap<&str, (Vec<f64>, Vec<f64>)> =
         std::collections::BTreeMap::new();
-    for e in all.iter().filter(|e| e.kind == EntryKind::Timer) {
-        if let Some(span) = &e.span {
-            let component = span.split('/').next().unwrap_or(span);
+    for tp in timers {
+        if let Some(component) = &tp.component {
             let (t, y) = by_component.entry(component).or_default();
-            t.push(mid_time(e));
-            y.push(e.cpu_ram_used_mb);
+            t.push(tp.point.mid());
+            y.push(tp.point.cpu);
         }
     }
     for (component, (t, y)) in by_component {
@@ -420,52 +632,6 @@ pub fn analyze_log(all: &[&Entry], targets: &[Target], schema: u32, cfg: &LeakCo
 
 fn to_value(v: &Verdict) -> Value {
     serde_json::to_value(v).unwrap_or_default()
-}
-
-/// The tree's samples: timer entries (uniformly thinned, maxima kept), or
-/// every entry of a log that has too few of them (a bare file).
-fn tree_samples<'a>(log: &[&'a Entry], cfg: &LeakConfig) -> Vec<&'a Entry> {
-    let timer: Vec<&Entry> = log
-        .iter()
-        .copied()
-        .filter(|e| e.kind == EntryKind::Timer)
-        .collect();
-    if timer.len() >= cfg.min_points {
-        timer
-    } else {
-        log.to_vec()
-    }
-}
-
-/// The middle of a merged entry's time span (its value stands for all of
-/// it), or the sample's time.
-fn mid_time(e: &Entry) -> f64 {
-    match e.timestamp_end {
-        Some(end) if end > e.timestamp => (e.timestamp + end) / 2.0,
-        _ => e.timestamp,
-    }
-}
-
-/// The tree's GPU memory: NVML's per-process figure when there is one;
-/// otherwise PyTorch's `memory_allocated` sent with marks (a leak of
-/// tensors shows there, while `reserved` plateaus with the caching pool),
-/// or the base `gpu_ram_used_mb`.
-fn gpu_series(all: &[&Entry], schema: u32, log: &[&Entry]) -> (Vec<f64>, Vec<f64>) {
-    if log.iter().any(|e| e.gpu_process_used_mb > 0.0) {
-        return (
-            log.iter().map(|e| mid_time(e)).collect(),
-            log.iter().map(|e| e.gpu_process_used_mb).collect(),
-        );
-    }
-    let alloc: Vec<&Entry> = all
-        .iter()
-        .copied()
-        .filter(|e| e.gpu_source == GpuSource::Allocator || schema == 0)
-        .collect();
-    (
-        alloc.iter().map(|e| mid_time(e)).collect(),
-        alloc.iter().map(|e| e.gpu_ram_used_mb).collect(),
-    )
 }
 
 /// Theil–Sen slope with Sen's interval and the Mann–Kendall test.

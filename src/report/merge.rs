@@ -6,11 +6,259 @@
 //! (marked with their host), stages and alerts; its peaks are the maxima
 //! over the ranks — the node that needs the most decides the hardware — and
 //! `ranks` / `worst_rank` say which rank reached each peak.
+//!
+//! Ranks' files can hold millions of entries each. They are read with the
+//! streaming reader ([`super::read`]); their entries are sorted in chunks
+//! of [`CHUNK`], each chunk kept in a temporary file, and the merged log is
+//! written by merging those sorted chunks: memory stays bounded by the
+//! chunk size, and the order is exactly that of a stable sort by time of
+//! every rank's log one after the other.
 
-use std::collections::BTreeMap;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::path::{Path, PathBuf};
 
-use crate::model::{Document, Peaks, RankSummary, SCHEMA_VERSION};
+use crate::model::{Document, DocumentOf, Entry, Peaks, RankSummary, SCHEMA_VERSION};
 use crate::report::leak;
+use crate::store::entries::EntryLog;
+
+/// Entries sorted in memory at a time; a longer log is sorted in chunks of
+/// this many, each kept in a temporary file until the merged log is
+/// written.
+pub const CHUNK: usize = 32_768;
+
+/// One rank's file to merge.
+#[derive(Debug)]
+pub enum Input {
+    /// A document already read (downloaded from S3).
+    Document(String, Box<Document>),
+    /// A file on disk, read as a stream.
+    File(String, PathBuf),
+}
+
+/// The merged job: its log is written (or collected) from the ranks'
+/// sorted chunks.
+pub type Merged = DocumentOf<MergedLog>;
+
+/// A temporary folder removed with its files when dropped.
+#[derive(Debug)]
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> std::io::Result<TempDir> {
+        let base = std::env::temp_dir();
+        for n in 0..1000u32 {
+            let path = base.join(format!("memtrack-merge-{}-{n}", std::process::id()));
+            match std::fs::create_dir(&path) {
+                Ok(()) => return Ok(TempDir(path)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::other("no free temporary folder name"))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Sorted runs of entries: in memory, or in a temporary file.
+#[derive(Debug)]
+enum Run {
+    Memory(Vec<Entry>),
+    File(EntryLog),
+}
+
+/// The merged log: every rank's sorted chunks, merged by time as it is
+/// read; each entry is labelled with its `rank` and `host` on the way.
+#[derive(Debug)]
+pub struct MergedLog {
+    runs: Vec<(usize, Run)>,
+    /// `(rank, host)` of each input.
+    tags: Vec<(String, String)>,
+    len: usize,
+    _dir: Option<TempDir>,
+}
+
+/// The head of one run in the merge: ordered by time, then by the run's
+/// place (earlier ranks and chunks first), as a stable sort orders them.
+struct Head {
+    entry: Entry,
+    run: usize,
+}
+
+impl PartialEq for Head {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Head {}
+
+impl PartialOrd for Head {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Head {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Reversed: `BinaryHeap` pops its greatest.
+        other
+            .entry
+            .timestamp
+            .total_cmp(&self.entry.timestamp)
+            .then(other.run.cmp(&self.run))
+    }
+}
+
+impl MergedLog {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Visits the merged entries in order; stops at the first error.
+    pub fn try_for_each(
+        &self,
+        mut f: impl FnMut(&Entry) -> Result<(), String>,
+    ) -> Result<(), String> {
+        type Source<'a> = Box<dyn Iterator<Item = Result<Entry, String>> + 'a>;
+        let mut sources: Vec<Source<'_>> = Vec::with_capacity(self.runs.len());
+        for (_, run) in &self.runs {
+            sources.push(match run {
+                Run::Memory(v) => Box::new(v.iter().cloned().map(Ok)),
+                Run::File(log) => Box::new(
+                    log.read()
+                        .map_err(|e| e.to_string())?
+                        .map(|e| e.map_err(|e| e.to_string())),
+                ),
+            });
+        }
+        let mut heap = BinaryHeap::with_capacity(sources.len());
+        for (run, source) in sources.iter_mut().enumerate() {
+            if let Some(entry) = source.next().transpose()? {
+                heap.push(Head { entry, run });
+            }
+        }
+        while let Some(Head { mut entry, run }) = heap.pop() {
+            let (rank, host) = &self.tags[self.runs[run].0];
+            entry.labels.insert("rank".into(), rank.clone());
+            entry.labels.insert("host".into(), host.clone());
+            f(&entry)?;
+            if let Some(next) = sources[run].next().transpose()? {
+                heap.push(Head { entry: next, run });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every merged entry, owned.
+    pub fn collect(&self) -> Result<Vec<Entry>, String> {
+        let mut out = Vec::with_capacity(self.len);
+        self.try_for_each(|e| {
+            out.push(e.clone());
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+impl serde::Serialize for MergedLog {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let mut seq = serializer.serialize_seq(Some(self.len))?;
+        let mut failed: Option<S::Error> = None;
+        let outcome = self.try_for_each(|e| {
+            seq.serialize_element(e).map_err(|err| {
+                let text = err.to_string();
+                failed = Some(err);
+                text
+            })
+        });
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        outcome.map_err(S::Error::custom)?;
+        seq.end()
+    }
+}
+
+/// Gathers one input's entries into sorted runs.
+struct Sorter<'a> {
+    input: usize,
+    buf: Vec<Entry>,
+    runs: &'a mut Vec<(usize, Run)>,
+    dir: &'a mut Option<TempDir>,
+    in_memory: &'a mut usize,
+    len: &'a mut usize,
+    error: Option<std::io::Error>,
+}
+
+impl Sorter<'_> {
+    fn push(&mut self, e: Entry) {
+        *self.len += 1;
+        self.buf.push(e);
+        if self.buf.len() >= CHUNK {
+            self.spill();
+        }
+    }
+
+    fn sorted(&mut self) -> Vec<Entry> {
+        let mut v = std::mem::take(&mut self.buf);
+        v.sort_by(|a, b| a.timestamp.total_cmp(&b.timestamp));
+        v
+    }
+
+    fn spill(&mut self) {
+        let v = self.sorted();
+        if self.error.is_some() {
+            return;
+        }
+        let result = (|| {
+            if self.dir.is_none() {
+                *self.dir = Some(TempDir::new()?);
+            }
+            let dir = self.dir.as_ref().map_or(Path::new("."), |d| d.0.as_path());
+            let mut log = EntryLog::new();
+            log.create_file(&dir.join(format!("run-{}.jsonl", self.runs.len())))
+                .map_err(std::io::Error::other)?;
+            for e in &v {
+                log.push(e)?;
+            }
+            log.flush()?;
+            self.runs.push((self.input, Run::File(log)));
+            Ok(())
+        })();
+        if let Err(e) = result {
+            self.error = Some(e);
+        }
+    }
+
+    /// The input's last entries: kept in memory while the merge holds
+    /// fewer than [`CHUNK`] there.
+    fn finish(mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            if *self.in_memory + self.buf.len() <= CHUNK {
+                *self.in_memory += self.buf.len();
+                let v = self.sorted();
+                self.runs.push((self.input, Run::Memory(v)));
+            } else {
+                self.spill();
+            }
+        }
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
 
 /// The rank name of a file: its `rank` label, else its host, else its
 /// position.
@@ -33,8 +281,77 @@ fn figures(p: &Peaks) -> [(&'static str, f64); 4] {
     ]
 }
 
-/// Merges per-rank documents (`(source, document)`).
+/// Merges per-rank documents (`(source, document)`), the merged log held
+/// in memory.
 pub fn merge(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
+    let merged = merge_inputs(
+        inputs
+            .into_iter()
+            .map(|(source, doc)| Input::Document(source, Box::new(doc)))
+            .collect(),
+    )?;
+    let log = merged.detailed_log.collect().map_err(anyhow::Error::msg)?;
+    Ok(merged.map_log(|_| log))
+}
+
+/// Merges ranks' files or documents; the merged log is read from sorted
+/// chunks as it is written, so memory stays bounded however long the
+/// ranks' logs are.
+pub fn merge_inputs(inputs: Vec<Input>) -> anyhow::Result<Merged> {
+    anyhow::ensure!(!inputs.is_empty(), "nothing to merge");
+    let mut runs: Vec<(usize, Run)> = Vec::new();
+    let mut tags: Vec<(String, String)> = Vec::new();
+    let mut dir: Option<TempDir> = None;
+    let mut in_memory = 0usize;
+    let mut len = 0usize;
+    let mut docs = Vec::with_capacity(inputs.len());
+    for (i, input) in inputs.into_iter().enumerate() {
+        let mut series = leak::Series::default();
+        let mut sorter = Sorter {
+            input: i,
+            buf: Vec::new(),
+            runs: &mut runs,
+            dir: &mut dir,
+            in_memory: &mut in_memory,
+            len: &mut len,
+            error: None,
+        };
+        let (source, mut doc) = match input {
+            Input::Document(source, mut doc) => {
+                for e in std::mem::take(&mut doc.detailed_log) {
+                    series.push(&e);
+                    sorter.push(e);
+                }
+                (source, *doc)
+            }
+            Input::File(source, path) => {
+                let doc = super::read::read_complete(&path, |e| {
+                    series.push(&e);
+                    sorter.push(e);
+                })?;
+                (source, doc)
+            }
+        };
+        sorter
+            .finish()
+            .map_err(|e| anyhow::anyhow!("cannot keep the sorted log of {source}: {e}"))?;
+        if doc.leak.is_none() {
+            doc.leak = Some(series.analyze(&doc.targets, doc.schema, &leak::LeakConfig::default()));
+        }
+        tags.push((rank_of(&doc, i), doc.run.host.clone()));
+        docs.push((source, doc));
+    }
+    let out = merge_documents(docs)?;
+    Ok(out.map_log(|_| MergedLog {
+        runs,
+        tags,
+        len,
+        _dir: dir,
+    }))
+}
+
+/// Everything but the log: peaks, ranks, stages, GPUs, alerts, verdicts.
+fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
     anyhow::ensure!(!inputs.is_empty(), "nothing to merge");
     let mut out = Document {
         schema: SCHEMA_VERSION,
@@ -100,10 +417,6 @@ pub fn merge(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
             labels.insert("rank".into(), rank.clone());
             labels.insert("host".into(), host.clone());
         };
-        for mut e in doc.detailed_log {
-            tag(&mut e.labels);
-            out.detailed_log.push(e);
-        }
         for mut s in doc.stages {
             tag(&mut s.labels);
             out.stages.push(s);
@@ -139,8 +452,6 @@ pub fn merge(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
     }
     out.summary.duration_s = out.run.end.unwrap_or(out.run.start) - out.run.start;
     out.run.host = hosts.join(",");
-    out.detailed_log
-        .sort_by(|a, b| a.timestamp.total_cmp(&b.timestamp));
     out.ranks.sort_by_key(|r| natural(&r.rank));
     out.worst_rank = best
         .into_iter()
@@ -249,6 +560,73 @@ mod tests {
         );
         assert_eq!(m.detailed_log.len(), 3);
         assert!(m.detailed_log.iter().all(|e| e.labels.contains_key("rank")));
+    }
+
+    #[test]
+    fn long_unordered_logs_merge_in_the_order_of_a_stable_sort() {
+        // Chunks spill to temporary files; ties and out-of-order entries
+        // must still come out as concatenating and sorting would put them.
+        let ranks: Vec<(String, Document)> = (0..3u64)
+            .map(|r| {
+                let (src, mut d) = rank(&r.to_string(), 1.0, 0.0);
+                d.detailed_log.clear();
+                let mut x = 88172645463325252u64 ^ r;
+                for i in 0..(CHUNK as u64 * 2 + 77 * (r + 1)) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    d.detailed_log.push(crate::model::Entry {
+                        timestamp: (i / 3 + x % 5) as f64,
+                        iteration: Some(i),
+                        ..Default::default()
+                    });
+                }
+                (src, d)
+            })
+            .collect();
+        let mut expected: Vec<(u64, String)> = Vec::new();
+        let mut all: Vec<crate::model::Entry> = Vec::new();
+        for (_, d) in &ranks {
+            all.extend(d.detailed_log.iter().cloned().map(|mut e| {
+                e.labels.insert("rank".into(), d.run.labels["rank"].clone());
+                e
+            }));
+        }
+        all.sort_by(|a, b| a.timestamp.total_cmp(&b.timestamp));
+        expected.extend(
+            all.iter()
+                .map(|e| (e.iteration.unwrap(), e.labels["rank"].clone())),
+        );
+        // Half of them from files, read as streams.
+        let dir = tempfile::tempdir().unwrap();
+        let inputs: Vec<Input> = ranks
+            .into_iter()
+            .enumerate()
+            .map(|(i, (src, d))| {
+                if i % 2 == 0 {
+                    let path = dir.path().join(&src);
+                    std::fs::write(&path, serde_json::to_vec(&d).unwrap()).unwrap();
+                    Input::File(src, path)
+                } else {
+                    Input::Document(src, Box::new(d))
+                }
+            })
+            .collect();
+        let m = merge_inputs(inputs).unwrap();
+        assert!(m.detailed_log.runs.len() > 3, "chunks were spilled");
+        let got: Vec<(u64, String)> = m
+            .detailed_log
+            .collect()
+            .unwrap()
+            .iter()
+            .map(|e| (e.iteration.unwrap(), e.labels["rank"].clone()))
+            .collect();
+        assert_eq!(got.len(), expected.len());
+        assert!(got == expected, "the merged order differs");
+        // Written as JSON, it reads back as the same log.
+        let text = serde_json::to_vec(&m).unwrap();
+        let back: Document = serde_json::from_slice(&text).unwrap();
+        assert_eq!(back.detailed_log.len(), expected.len());
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod compare;
 pub mod leak;
 pub mod merge;
 pub mod plot;
+pub mod read;
 pub mod text;
 
 use std::path::{Path, PathBuf};

@@ -1,9 +1,9 @@
 //! An append-only log whose clone is cheap.
 //!
-//! Event entries are all kept, so a long run's log holds hundreds of
-//! thousands of them. Checkpoints are written off the engine thread from a
-//! clone of the store; cloning a plain `Vec` of that size would itself
-//! stall sampling. Here full chunks are sealed behind an `Arc` and shared
+//! A store without an entries file (see [`super::entries`]) keeps its
+//! event entries here, possibly many thousands. Checkpoints are written
+//! off the engine thread from a clone of the store; cloning a plain `Vec`
+//! of that size would itself stall sampling. Here full chunks are sealed behind an `Arc` and shared
 //! by every clone, so a clone copies at most one open chunk.
 //!
 //! It serializes as a flat sequence, the same JSON as a `Vec`.

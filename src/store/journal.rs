@@ -9,6 +9,9 @@
 //!   record applied;
 //! - `.memtrack/journal.old.jsonl`: the journal before the checkpoint being
 //!   written, removed once that checkpoint is on disk;
+//! - `.memtrack/entries.jsonl`: every event entry of the run, one JSON
+//!   line each (see [`super::entries`]); the state counts how many of its
+//!   bytes it covers;
 //! - `.memtrack/lock`: held (`flock`) while a daemon owns the run.
 //!
 //! Checkpoints are written on a thread of their own from a clone of the
@@ -138,6 +141,13 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
     }
 }
 
+fn entries_err(dir: &Path) -> impl FnOnce(super::entries::EntriesError) -> JournalError + '_ {
+    move |e| JournalError::Corrupt {
+        path: dir.join(super::entries::FILE),
+        message: e.to_string(),
+    }
+}
+
 fn lock(dir: &Path) -> Result<File, JournalError> {
     let path = dir.join("lock");
     let f = crate::files::create(&path, false).map_err(io_err(&path))?;
@@ -158,12 +168,16 @@ pub fn is_live(run_dir: &Path) -> bool {
 }
 
 impl Journal {
-    /// Starts the journal of a new run: takes the lock and writes the
-    /// initial state checkpoint.
-    pub fn create(run_dir: &Path, store: &Store) -> Result<Journal, JournalError> {
+    /// Starts the journal of a new run: takes the lock, moves the store's
+    /// event log into the entries file, and writes the initial state
+    /// checkpoint.
+    pub fn create(run_dir: &Path, store: &mut Store) -> Result<Journal, JournalError> {
         let dir = run_dir.join(DIR);
         crate::files::private_dir(&dir).map_err(io_err(&dir))?;
         let lock = lock(&dir)?;
+        store
+            .keep_entries_in(&dir.join(super::entries::FILE))
+            .map_err(entries_err(&dir))?;
         let path = dir.join(JOURNAL);
         let file = crate::files::create(&path, true).map_err(io_err(&path))?;
         let old = dir.join(OLD_JOURNAL);
@@ -318,12 +332,36 @@ impl Journal {
         // document.
         let _ = self.wait_checkpoint();
         self.flush().map_err(io_err(&self.run_dir))?;
-        write_document(&self.run_dir.join(FILE_NAME), &store.document_view())?;
+        write_final(&self.run_dir, store)?;
         let dir = self.run_dir.join(DIR);
         drop(self);
         fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
         Ok(())
     }
+}
+
+/// The run's final files: `memory_usage.json` and, when its event entries
+/// were thinned, the complete event log beside it (gzip'd JSON lines,
+/// copied from the entries file); a complete log left from an earlier run
+/// in the same directory goes.
+fn write_final(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
+    write_document(&run_dir.join(FILE_NAME), &store.document_view())?;
+    let complete = run_dir.join(super::entries::COMPLETE_LOG);
+    if store.events_thinned() {
+        write_atomic_with(&complete, |w| {
+            let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::fast());
+            store.write_complete_events(&mut gz)?;
+            gz.finish()?;
+            Ok(())
+        })?;
+    } else {
+        match fs::remove_file(&complete) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&complete)(e)),
+        }
+    }
+    Ok(())
 }
 
 fn write_state(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
@@ -338,6 +376,9 @@ fn write_state(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
 /// rotated journal, whose every record the state now holds, goes.
 fn write_checkpoint(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
     write_document(&run_dir.join(FILE_NAME), &store.document_view())?;
+    // The state counts the entries file's bytes: they are on disk first.
+    let entries = run_dir.join(DIR).join(super::entries::FILE);
+    store.sync_entries().map_err(io_err(&entries))?;
     write_state(run_dir, store)?;
     let old = run_dir.join(DIR).join(OLD_JOURNAL);
     match fs::remove_file(&old) {
@@ -359,7 +400,8 @@ pub fn has_journal(run_dir: &Path) -> bool {
     run_dir.join(DIR).join("state.json").is_file()
 }
 
-/// Rebuilds the store of a run whose daemon died, without writing.
+/// Rebuilds the store of a run whose daemon died, without writing its
+/// document (the entries file is cut back to what the state counts).
 pub fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
     let dir = run_dir.join(DIR);
     let state_path = dir.join("state.json");
@@ -371,6 +413,12 @@ pub fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
         path: state_path.clone(),
         message: e.to_string(),
     })?;
+    drop(bytes);
+    // Entries written after the checkpoint are cut off here and come back
+    // with the journal's records.
+    store
+        .reattach_entries(&dir.join(super::entries::FILE))
+        .map_err(entries_err(&dir))?;
     let mut report = Recovered {
         replayed: 0,
         skipped_lines: 0,
@@ -416,7 +464,7 @@ pub fn recover(run_dir: &Path) -> Result<Recovered, JournalError> {
         store.run.end = Some(end);
         store.run.status = "recovered".into();
     }
-    write_document(&run_dir.join(FILE_NAME), &store.document_view())?;
+    write_final(run_dir, &store)?;
     drop(lock);
     fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
     Ok(report)
@@ -487,7 +535,7 @@ mod tests {
     fn killed_daemon_is_recovered_from_checkpoint_and_journal() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
-        let mut journal = Journal::create(dir.path(), &store).unwrap();
+        let mut journal = Journal::create(dir.path(), &mut store).unwrap();
         for i in 0..10u64 {
             let r = sample(i as f64, 100 + i);
             store.apply(&r);
@@ -524,7 +572,7 @@ mod tests {
     fn a_kill_while_a_checkpoint_is_written_loses_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
-        let mut journal = Journal::create(dir.path(), &store).unwrap();
+        let mut journal = Journal::create(dir.path(), &mut store).unwrap();
         let add = |store: &mut Store, journal: &mut Journal, i: u64| {
             let r = sample(i as f64, 100 + i);
             store.apply(&r);
@@ -560,11 +608,102 @@ mod tests {
         assert_eq!(doc.peak_usage.cpu_ram_used_mb, 109.0);
     }
 
+    fn mark(ts: f64, i: u64) -> Record {
+        Record::Mark(crate::store::Mark {
+            timestamp: ts,
+            pid: Some(1),
+            component: format!("c{}", i % 5),
+            operation: "step".into(),
+            iteration: Some(i),
+            labels: Default::default(),
+            allocator: None,
+            kind: crate::model::EntryKind::Event,
+        })
+    }
+
+    #[test]
+    fn marks_after_the_last_checkpoint_are_recovered_once_each() {
+        // The entries file holds marks written after the checkpoint; the
+        // state's count cuts them off and the journal brings them back.
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let mut journal = Journal::create(dir.path(), &mut store).unwrap();
+        for i in 0..3000u64 {
+            let r = mark(i as f64, i);
+            store.apply(&r);
+            journal.append(store.seq, &r).unwrap();
+            if i == 1000 {
+                journal.checkpoint(&store).unwrap();
+            }
+        }
+        journal.flush().unwrap();
+        store.sync_entries().unwrap();
+        drop(journal);
+        let report = recover(dir.path()).unwrap();
+        assert_eq!(report.replayed, 1999);
+        let doc: Document =
+            serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
+        let got: Vec<u64> = doc
+            .detailed_log
+            .iter()
+            .filter_map(|e| e.iteration)
+            .collect();
+        assert!(got.iter().copied().eq(0..3000), "{} marks", got.len());
+    }
+
+    #[test]
+    fn a_thinned_run_keeps_its_complete_log_beside_the_json_and_readers_use_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            max_event_entries: 1024,
+            ..Limits::default()
+        };
+        let mut store = Store::new(RunInfo::default(), limits, Thresholds::default());
+        let mut plain = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let mut journal = Journal::create(dir.path(), &mut store).unwrap();
+        for i in 0..20_000u64 {
+            let t = i as f64 * 0.01;
+            for r in [sample(t, 100 + i % 300), mark(t + 0.005, i)] {
+                if i % 10 == 0 || matches!(r, Record::Mark(_)) {
+                    store.apply(&r);
+                    plain.apply(&r);
+                    journal.append(store.seq, &r).unwrap();
+                }
+            }
+        }
+        let end = Record::Finish {
+            timestamp: 300.0,
+            exit: None,
+        };
+        store.apply(&end);
+        plain.apply(&end);
+        journal.finish(&store).unwrap();
+        let doc: Document =
+            serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
+        assert!(doc.detailed_log.len() < 4000, "{}", doc.detailed_log.len());
+        let complete = dir.path().join(crate::store::entries::COMPLETE_LOG);
+        assert!(complete.is_file());
+        // Readers see the complete log: what an unbounded run writes.
+        let mut log = Vec::new();
+        let back = crate::report::read::read_complete(&dir.path().join(FILE_NAME), |e| log.push(e))
+            .unwrap();
+        let expected = plain.document();
+        assert_eq!(log.len(), expected.detailed_log.len());
+        assert!(log == expected.detailed_log, "the complete logs differ");
+        assert_eq!(back.peak_usage, expected.peak_usage);
+        // A later, short run in the same directory removes it.
+        let mut short = Store::new(RunInfo::default(), limits, Thresholds::default());
+        let journal = Journal::create(dir.path(), &mut short).unwrap();
+        short.apply(&mark(1.0, 1));
+        journal.finish(&short).unwrap();
+        assert!(!complete.exists());
+    }
+
     #[test]
     fn a_live_run_cannot_be_recovered_under_its_daemon() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
-        let _journal = Journal::create(dir.path(), &store).unwrap();
+        let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let _journal = Journal::create(dir.path(), &mut store).unwrap();
         assert!(matches!(recover(dir.path()), Err(JournalError::Locked(_))));
     }
 

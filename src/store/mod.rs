@@ -9,6 +9,7 @@
 //! the records, tested here without I/O.
 
 pub mod chunked;
+pub mod entries;
 pub mod journal;
 pub mod pressure;
 pub mod snapshot;
@@ -129,6 +130,10 @@ pub struct Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     pub max_timer_entries: usize,
+    /// Event entries written to `detailed_log` before they are thinned
+    /// (0: no bound); see [`LogView`].
+    #[serde(default)]
+    pub max_event_entries: usize,
     pub target_series_points: usize,
     pub max_targets: usize,
     pub max_alerts: usize,
@@ -138,6 +143,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_timer_entries: 4096,
+            max_event_entries: 0,
             target_series_points: 512,
             max_targets: 1024,
             max_alerts: 1000,
@@ -204,7 +210,12 @@ pub struct Store {
     pub run: RunInfo,
     limits: Limits,
     thresholds: Thresholds,
-    events: chunked::ChunkLog<Entry>,
+    /// Event entries: in memory, or (a daemon's run) in the run's
+    /// entries file, read back when the document is written.
+    events: entries::EntryLog,
+    /// The leak rule's series over the event entries, bounded.
+    #[serde(default)]
+    leak: crate::report::leak::Series,
     timer: Thinned<Entry>,
     peaks: Peaks,
     by_component: BTreeMap<String, Peaks>,
@@ -250,7 +261,8 @@ impl Store {
             run,
             limits,
             thresholds,
-            events: chunked::ChunkLog::new(),
+            events: entries::EntryLog::new(),
+            leak: crate::report::leak::Series::default(),
             timer: Thinned::new(limits.max_timer_entries),
             peaks: Peaks::default(),
             by_component: BTreeMap::new(),
@@ -487,7 +499,7 @@ impl Store {
             ..self.entry_from(&last)
         };
         self.observe(&entry, 1);
-        self.events.push(entry.clone());
+        self.push_event(&entry);
         self.run.end = Some(timestamp);
         self.run.exit = exit.or(self.run.exit);
         self.run.status = "finished".into();
@@ -542,8 +554,59 @@ impl Store {
             );
         }
         self.observe(&entry, 1);
-        self.events.push(entry.clone());
+        self.push_event(&entry);
         entry
+    }
+
+    /// Keeps an event entry: in the log (memory or file) and in the leak
+    /// rule's bounded series.
+    fn push_event(&mut self, entry: &Entry) {
+        self.leak.push_untimed(entry);
+        if self.events.push(entry).is_err() {
+            // Kept in memory and written with the next batch.
+            self.counters.journal_errors += 1;
+        }
+    }
+
+    /// Keeps the event log in a new file at `path` from now on (the
+    /// entries already recorded move there first), so memory stays flat
+    /// however many marks the run takes.
+    pub fn keep_entries_in(&mut self, path: &std::path::Path) -> Result<(), entries::EntriesError> {
+        self.events.create_file(path)
+    }
+
+    /// Reattaches the entries file of a store read back from a
+    /// checkpoint's state (see [`entries::EntryLog::reattach`]).
+    pub fn reattach_entries(
+        &mut self,
+        path: &std::path::Path,
+    ) -> Result<(), entries::EntriesError> {
+        self.events.reattach(path)
+    }
+
+    /// Writes the event entries not yet in their file and makes it
+    /// durable (before a state that counts them is written).
+    pub fn sync_entries(&self) -> std::io::Result<()> {
+        self.events.sync()
+    }
+
+    /// Event entries recorded (marks, spans, stages, memtrack's own).
+    pub fn event_entries(&self) -> u64 {
+        self.events.len()
+    }
+
+    /// Whether the document's event entries are thinned: more of them than
+    /// `log.max_event_entries`. The complete event log is then written
+    /// beside the document ([`Store::write_complete_events`]).
+    pub fn events_thinned(&self) -> bool {
+        let bound = self.limits.max_event_entries as u64;
+        bound > 0 && self.events.len() > bound
+    }
+
+    /// Writes every event entry, one JSON line each, oldest first: the
+    /// complete event log kept beside a thinned document.
+    pub fn write_complete_events(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+        self.events.copy_lines(w)
     }
 
     fn count_event(&mut self, component: &str, operation: &str) {
@@ -1051,25 +1114,18 @@ impl Store {
         }
     }
 
-    /// The whole `memory_usage.json` as of now, owning its entries.
+    /// The whole `memory_usage.json` as of now, owning its entries (an
+    /// entry that cannot be read back from the entries file is left out,
+    /// with a warning).
     pub fn document(&self) -> Document {
-        self.document_view()
-            .map_log(|view| view.0.into_iter().cloned().collect())
+        self.document_view().map_log(|view| view.entries())
     }
 
-    /// The whole `memory_usage.json` as of now, its log borrowed from the
-    /// store: what checkpoints write, so a long event log is not copied
-    /// (it would double memtrack's memory for the length of a write).
+    /// The whole `memory_usage.json` as of now, its log read from the
+    /// store while it is written: what checkpoints and the final write
+    /// use, so the event log is never held whole (entries come one at a
+    /// time from the entries file, or are borrowed from memory).
     pub fn document_view(&self) -> DocumentOf<LogView<'_>> {
-        let mut log = Vec::with_capacity(self.events.len() + self.timer.len());
-        let mut timer = self.timer.iter().peekable();
-        for e in self.events.iter() {
-            while let Some(t) = timer.next_if(|t| t.timestamp <= e.timestamp) {
-                log.push(t);
-            }
-            log.push(e);
-        }
-        log.extend(timer);
         let mut targets: Vec<Target> = self.gone.clone();
         targets.extend(self.live.values().map(|l| {
             let mut t = l.target.clone();
@@ -1089,8 +1145,9 @@ impl Store {
         if run.status.is_empty() {
             run.status = "running".into();
         }
-        let leak = crate::report::leak::analyze_log(
-            &log,
+        let timers: Vec<&Entry> = self.timer.iter().collect();
+        let leak = self.leak.analyze_beside(
+            &timers,
             &targets,
             SCHEMA_VERSION,
             &crate::report::leak::LeakConfig::default(),
@@ -1098,7 +1155,7 @@ impl Store {
         DocumentOf {
             schema: SCHEMA_VERSION,
             run,
-            detailed_log: LogView(log),
+            detailed_log: LogView { store: self },
             peak_usage: self.peaks,
             peaks_by_component: self.by_component.clone(),
             stages: self.stages.clone(),
@@ -1146,14 +1203,138 @@ impl Store {
     }
 }
 
-/// A document's log borrowed from the store, in time order; serializes as
-/// the entries themselves would.
+/// A document's log read from the store as it is written, in time order:
+/// the event entries (memory or file) with the timer log merged in by
+/// time. Serializes as the entries themselves would.
 #[derive(Debug)]
-pub struct LogView<'a>(pub Vec<&'a Entry>);
+pub struct LogView<'a> {
+    store: &'a Store,
+}
+
+impl LogView<'_> {
+    /// Entries in the view.
+    pub fn len(&self) -> usize {
+        usize::try_from(self.store.events.len()).unwrap_or(usize::MAX) + self.store.timer.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Visits every entry in order; stops at the first error.
+    pub fn try_for_each(
+        &self,
+        mut f: impl FnMut(&Entry) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let events = self.store.events.read().map_err(|e| e.to_string())?;
+        let mut timer = self.store.timer.iter().peekable();
+        let mut emit = |e: &Entry| -> Result<(), String> {
+            while let Some(t) = timer.next_if(|t| t.timestamp <= e.timestamp) {
+                f(t)?;
+            }
+            f(e)
+        };
+        if self.store.events_thinned() {
+            let width = self.chunk_width();
+            let mut chunk = Chunk::default();
+            for e in events {
+                chunk.add(e.map_err(|e| e.to_string())?);
+                if chunk.seen >= width {
+                    chunk.drain(&mut emit)?;
+                }
+            }
+            chunk.drain(&mut emit)?;
+        } else {
+            for e in events {
+                emit(&e.map_err(|e| e.to_string())?)?;
+            }
+        }
+        timer.try_for_each(f)
+    }
+
+    /// Event entries per stretch of a thinned log: the bound shared by the
+    /// (component, operation) pairs seen, each pair keeping one entry per
+    /// stretch.
+    fn chunk_width(&self) -> u64 {
+        let n = self.store.events.len();
+        // Pairs beyond MAX_EVENT_KINDS are not counted apart: a run with
+        // that many may exceed the bound.
+        let kinds = (self.store.event_kinds as u64).max(1) + 2;
+        let stretches = (self.store.limits.max_event_entries as u64 / kinds).max(1);
+        n.div_ceil(stretches).max(1)
+    }
+
+    /// Every entry, owned (the ones that cannot be read are left out).
+    pub fn entries(&self) -> Vec<Entry> {
+        let mut out = Vec::with_capacity(self.len());
+        if let Err(e) = self.try_for_each(|e| {
+            out.push(e.clone());
+            Ok(())
+        }) {
+            tracing::warn!("the log is incomplete: {e}");
+        }
+        out
+    }
+}
+
+/// One stretch of a thinned event log: an entry per (component,
+/// operation, stage, kind), each the first such entry with the maximum of
+/// every figure over the stretch (`samples`: how many it stands for,
+/// `timestamp_end`: the last one's time).
+#[derive(Default)]
+struct Chunk {
+    entries: Vec<Entry>,
+    index: std::collections::HashMap<(String, String, Option<String>, u8), usize>,
+    seen: u64,
+}
+
+impl Chunk {
+    fn add(&mut self, e: Entry) {
+        use thin::Mergeable;
+        self.seen += 1;
+        let key = (
+            e.component.clone(),
+            e.operation.clone(),
+            e.stage.clone(),
+            e.kind as u8,
+        );
+        match self.index.get(&key) {
+            Some(&i) => self.entries[i].absorb(&e),
+            None => {
+                self.index.insert(key, self.entries.len());
+                self.entries.push(e);
+            }
+        }
+    }
+
+    fn drain(&mut self, emit: &mut impl FnMut(&Entry) -> Result<(), String>) -> Result<(), String> {
+        self.index.clear();
+        self.seen = 0;
+        for e in self.entries.drain(..) {
+            emit(&e)?;
+        }
+        Ok(())
+    }
+}
 
 impl Serialize for LogView<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(&self.0)
+        use serde::ser::{Error, SerializeSeq};
+        let len = (!self.store.events_thinned()).then(|| self.len());
+        let mut seq = serializer.serialize_seq(len)?;
+        let mut failed: Option<S::Error> = None;
+        let outcome = self.try_for_each(|e| {
+            seq.serialize_element(e).map_err(|err| {
+                let text = err.to_string();
+                failed = Some(err);
+                text
+            })
+        });
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        outcome.map_err(S::Error::custom)?;
+        seq.end()
     }
 }
 
@@ -1343,6 +1524,186 @@ mod tests {
             serde_json::to_string_pretty(&st.document_view()).unwrap(),
             serde_json::to_string_pretty(&owned).unwrap()
         );
+    }
+
+    /// A run with every kind of entry: samples inside and outside spans,
+    /// a stage, marks with allocator figures, an exit and the finish.
+    fn busy_run(st: &mut Store, marks: u32) {
+        let mut s = sample(101.0, &[(10, 100), (11, 50)], &[(10, 2000)]);
+        join(&mut s, 10);
+        join(&mut s, 11);
+        timer(st, s);
+        st.apply(&Record::StageBegin(stage(101.2, "train", None)));
+        for i in 0..marks {
+            let t = 101.5 + f64::from(i) * 0.013;
+            if i % 97 == 0 {
+                timer(
+                    st,
+                    sample(t, &[(10, 100 + u64::from(i % 50)), (11, 50)], &[(10, 2500)]),
+                );
+            }
+            let mut m = mark(t + 0.001, &format!("c{}", i % 8), "step");
+            m.iteration = Some(u64::from(i));
+            if i % 3 == 0 {
+                m.allocator = Some(Allocator {
+                    allocated: (1024 + u64::from(i % 100)) * M,
+                    reserved: 2048 * M,
+                    max_allocated: 1536 * M,
+                    device: Some(0),
+                });
+            }
+            if i % 100 == 0 {
+                m.labels.insert("split".into(), format!("s{i}"));
+                st.apply(&Record::SpanBegin(Boundary {
+                    mark: m.clone(),
+                    status: None,
+                    message: None,
+                }));
+                st.apply(&Record::SpanEnd(Boundary {
+                    mark: m,
+                    status: None,
+                    message: None,
+                }));
+            } else {
+                st.apply(&Record::Mark(m));
+            }
+        }
+        let end = 102.0 + f64::from(marks) * 0.013;
+        st.apply(&Record::StageEnd(stage(end, "train", Some("SUCCESS"))));
+        st.apply(&Record::Exit {
+            pid: 11,
+            exit: Exit::signal(9),
+            max_rss: None,
+        });
+        st.apply(&Record::Finish {
+            timestamp: end + 1.0,
+            exit: Some(Exit::code(0)),
+        });
+    }
+
+    #[test]
+    fn a_store_whose_entries_live_in_a_file_writes_the_same_document() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut mem = store();
+        let mut file = store();
+        file.keep_entries_in(&dir.path().join(entries::FILE))
+            .unwrap();
+        busy_run(&mut mem, 3000);
+        busy_run(&mut file, 3000);
+        let a = serde_json::to_string_pretty(&mem.document_view()).unwrap();
+        let b = serde_json::to_string_pretty(&file.document_view()).unwrap();
+        assert!(a.len() > 1_000_000, "{}", a.len());
+        assert!(a == b, "the documents differ");
+        assert_eq!(file.document(), mem.document());
+    }
+
+    #[test]
+    fn past_the_bound_event_entries_are_thinned_keeping_every_maximum() {
+        let bounded = |bound: usize| {
+            let mut st = Store::new(
+                RunInfo {
+                    start: 100.0,
+                    ..RunInfo::default()
+                },
+                Limits {
+                    max_event_entries: bound,
+                    ..Limits::default()
+                },
+                Thresholds::default(),
+            );
+            busy_run(&mut st, 20_000);
+            st
+        };
+        let full = bounded(0).document();
+        // Under the bound: the same document as without one.
+        assert_eq!(bounded(50_000).document(), full);
+        let st = bounded(1024);
+        assert!(st.events_thinned());
+        let thin = st.document();
+        let events = |d: &Document| -> Vec<Entry> {
+            d.detailed_log
+                .iter()
+                .filter(|e| e.kind != EntryKind::Timer)
+                .cloned()
+                .collect()
+        };
+        let (all, kept) = (events(&full), events(&thin));
+        assert!(kept.len() <= 1024, "{} entries", kept.len());
+        assert!(
+            kept.len() > 512,
+            "{} entries: the bound is used",
+            kept.len()
+        );
+        let stands_for: u64 = kept.iter().map(|e| u64::from(e.samples.unwrap_or(1))).sum();
+        assert_eq!(stands_for, all.len() as u64, "every entry is accounted for");
+        // Per component and operation, every figure's maximum is kept.
+        let maxima = |v: &[Entry]| {
+            let mut m: BTreeMap<(String, String), [u64; 4]> = BTreeMap::new();
+            for e in v {
+                let x = m
+                    .entry((e.component.clone(), e.operation.clone()))
+                    .or_default();
+                for (slot, f) in x.iter_mut().zip([
+                    e.cpu_ram_used_mb,
+                    e.gpu_ram_used_mb,
+                    e.reserved_gpu_ram_mb,
+                    e.gpu_process_used_mb,
+                ]) {
+                    *slot = (*slot).max(f.to_bits());
+                }
+            }
+            m
+        };
+        assert_eq!(maxima(&kept), maxima(&all));
+        // The timer log, peaks and everything else are untouched.
+        let timers = |d: &Document| {
+            d.detailed_log
+                .iter()
+                .filter(|e| e.kind == EntryKind::Timer)
+                .count()
+        };
+        assert_eq!(timers(&thin), timers(&full));
+        assert_eq!(
+            Document {
+                detailed_log: Vec::new(),
+                ..thin.clone()
+            },
+            Document {
+                detailed_log: Vec::new(),
+                ..full.clone()
+            }
+        );
+        // The complete event log beside it holds every entry.
+        let mut lines = Vec::new();
+        st.write_complete_events(&mut lines).unwrap();
+        let back: Vec<Entry> = lines
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(back, all);
+    }
+
+    #[test]
+    fn a_store_with_an_entries_file_holds_no_entries_in_memory() {
+        // The store's state is everything it holds in memory: with the
+        // entries in a file it stays small however many marks there are.
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = store();
+        st.keep_entries_in(&dir.path().join(entries::FILE)).unwrap();
+        busy_run(&mut st, 100_000);
+        assert_eq!(st.event_entries(), 100_000 + 1000 + 3);
+        let state = serde_json::to_vec(&st).unwrap();
+        assert!(state.len() < 3 << 20, "{} bytes", state.len());
+        let mut n = 0u64;
+        st.document_view()
+            .detailed_log
+            .try_for_each(|e| {
+                n += u64::from(e.kind != EntryKind::Timer);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(n, st.event_entries(), "every entry reads back");
     }
 
     #[test]

@@ -1,0 +1,642 @@
+//! The run's event log (marks, spans, stages, memtrack's own entries),
+//! kept on disk so that memtrack's memory does not grow with the run.
+//!
+//! Every event entry is kept: a job that marks a few spans per step for a
+//! million steps sends millions. Held in memory they cost about 290 bytes
+//! each. With a file attached (every daemon run: `.memtrack/entries.jsonl`
+//! in the run directory), an entry is appended there as one JSON line and
+//! memory holds only the count, the byte length and at most [`BATCH`]
+//! bytes not yet written; writers of `memory_usage.json` read the entries
+//! back one at a time. Without a file (a store built in tests or by a
+//! library user) they stay in memory, in a [`ChunkLog`].
+//!
+//! The file is append-only and every position in it is known, so a clone
+//! of the store (a checkpoint) reads exactly the entries it holds while
+//! the live store goes on appending, and recovery cuts the file back to
+//! what the last checkpoint's state counted before replaying the journal.
+//! A failed write keeps its bytes in memory and is retried at the next
+//! one: memory grows only while the disk refuses, and no entry is lost.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::chunked::ChunkLog;
+use crate::model::Entry;
+
+/// The entries file inside a run's `.memtrack` folder.
+pub const FILE: &str = "entries.jsonl";
+
+/// The complete event log written beside a `memory_usage.json` whose
+/// event entries were thinned (`log.max_event_entries`): one entry per
+/// line, gzip'd. With the document's timer entries it is the complete
+/// `detailed_log`.
+pub const COMPLETE_LOG: &str = "memory_usage.events.jsonl.gz";
+
+/// Bytes gathered before they are written to the file.
+pub const BATCH: usize = 64 * 1024;
+
+/// Problems with the entries file, with its path.
+#[derive(Debug, thiserror::Error)]
+pub enum EntriesError {
+    #[error("cannot use the entries file {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "the entries file {path} holds {found} bytes where the checkpoint counted {expected}; \
+         the entries past byte {found} are lost"
+    )]
+    Short {
+        path: PathBuf,
+        found: u64,
+        expected: u64,
+    },
+    #[error("entry {index} of {path} cannot be read back: {message}")]
+    Corrupt {
+        path: PathBuf,
+        index: u64,
+        message: String,
+    },
+    #[error("the entries file of this store was never attached (a state read back without its run directory)")]
+    Detached,
+}
+
+/// The file and the bytes not yet written to it, shared by the store and
+/// its clones (only the live store appends).
+#[derive(Debug)]
+struct Spill {
+    path: PathBuf,
+    file: File,
+    /// Bytes on disk (every one of them a complete line).
+    written: u64,
+    /// Complete lines not yet written.
+    pending: Vec<u8>,
+    /// A write failed and has not succeeded since (warned once).
+    failing: bool,
+}
+
+impl Spill {
+    fn flush(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        // A failed write may have left part of the batch on disk: the next
+        // try writes the same bytes at the same place.
+        match self.file.write_all_at(&self.pending, self.written) {
+            Ok(()) => {
+                self.written += self.pending.len() as u64;
+                self.pending.clear();
+                if self.pending.capacity() > 2 * BATCH {
+                    self.pending.shrink_to(BATCH + 4096);
+                }
+                if self.failing {
+                    tracing::info!("the entries file {} is written again", self.path.display());
+                }
+                self.failing = false;
+                Ok(())
+            }
+            Err(e) => {
+                if !self.failing {
+                    tracing::warn!(
+                        "cannot write the entries file {} ({e}); its entries are kept in memory \
+                         until it can be written",
+                        self.path.display()
+                    );
+                }
+                self.failing = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Where the entries of a file-backed log are.
+#[derive(Debug, Clone)]
+struct OnDisk {
+    /// `None` in a state read back from `state.json` until recovery
+    /// attaches the file again.
+    spill: Option<Arc<Mutex<Spill>>>,
+    /// Entries in the log (written or pending).
+    len: u64,
+    /// Their bytes in the file.
+    bytes: u64,
+}
+
+/// The event log: in memory, or in a file.
+#[derive(Debug, Clone)]
+pub struct EntryLog {
+    mem: ChunkLog<Entry>,
+    disk: Option<OnDisk>,
+}
+
+impl Default for EntryLog {
+    fn default() -> Self {
+        EntryLog::new()
+    }
+}
+
+fn lock(spill: &Mutex<Spill>) -> MutexGuard<'_, Spill> {
+    // A panic while holding the lock left at worst a partial batch, which
+    // the next write rewrites in full.
+    spill.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl EntryLog {
+    /// A log held in memory.
+    pub fn new() -> Self {
+        EntryLog {
+            mem: ChunkLog::new(),
+            disk: None,
+        }
+    }
+
+    /// Moves the log into a new file at `path` (created or emptied): the
+    /// entries already held go first, every later one is appended.
+    pub fn create_file(&mut self, path: &Path) -> Result<(), EntriesError> {
+        let io_err = |source| EntriesError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io_err)?;
+        let spill = Spill {
+            path: path.to_path_buf(),
+            file,
+            written: 0,
+            pending: Vec::new(),
+            failing: false,
+        };
+        let old = std::mem::replace(&mut self.mem, ChunkLog::new());
+        self.disk = Some(OnDisk {
+            spill: Some(Arc::new(Mutex::new(spill))),
+            len: 0,
+            bytes: 0,
+        });
+        for e in old.iter() {
+            self.push(e).map_err(io_err)?;
+        }
+        self.flush().map_err(io_err)
+    }
+
+    /// Attaches the file of a log read back from a checkpoint's state: the
+    /// file is cut back to the bytes the state counted (later entries come
+    /// back with the journal's records). A state of a log held in memory
+    /// starts a new file instead.
+    pub fn reattach(&mut self, path: &Path) -> Result<(), EntriesError> {
+        let Some(disk) = &mut self.disk else {
+            return self.create_file(path);
+        };
+        let io_err = |source| EntriesError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io_err)?;
+        let found = file.metadata().map_err(io_err)?.len();
+        if found < disk.bytes {
+            return Err(EntriesError::Short {
+                path: path.to_path_buf(),
+                found,
+                expected: disk.bytes,
+            });
+        }
+        file.set_len(disk.bytes).map_err(io_err)?;
+        disk.spill = Some(Arc::new(Mutex::new(Spill {
+            path: path.to_path_buf(),
+            file,
+            written: disk.bytes,
+            pending: Vec::new(),
+            failing: false,
+        })));
+        Ok(())
+    }
+
+    /// Whether the log lives in a file.
+    pub fn in_file(&self) -> bool {
+        self.disk.is_some()
+    }
+
+    /// Appends an entry. An error means the file could not be written; the
+    /// entry is kept (in memory, until a later write succeeds).
+    pub fn push(&mut self, entry: &Entry) -> io::Result<()> {
+        let Some(disk) = &mut self.disk else {
+            self.mem.push(entry.clone());
+            return Ok(());
+        };
+        let Some(spill) = &disk.spill else {
+            return Err(io::Error::other(EntriesError::Detached.to_string()));
+        };
+        let mut s = lock(spill);
+        let before = s.pending.len();
+        serde_json::to_writer(&mut s.pending, entry)?;
+        s.pending.push(b'\n');
+        disk.len += 1;
+        disk.bytes += (s.pending.len() - before) as u64;
+        if s.pending.len() >= BATCH {
+            s.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is pending to the file.
+    pub fn flush(&self) -> io::Result<()> {
+        match self.disk.as_ref().and_then(|d| d.spill.as_ref()) {
+            Some(spill) => lock(spill).flush(),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes what is pending and makes the file durable: done before a
+    /// checkpoint's state, which counts these bytes, is written.
+    pub fn sync(&self) -> io::Result<()> {
+        match self.disk.as_ref().and_then(|d| d.spill.as_ref()) {
+            Some(spill) => {
+                let mut s = lock(spill);
+                s.flush()?;
+                s.file.sync_data()
+            }
+            None => Ok(()),
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        match &self.disk {
+            Some(d) => d.len,
+            None => self.mem.len() as u64,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The entries in memory (a log without a file), oldest first.
+    pub fn in_memory(&self) -> impl Iterator<Item = &Entry> {
+        self.mem.iter()
+    }
+
+    /// Writes every entry as one JSON line, oldest first. From a file the
+    /// lines are copied as they are, without parsing.
+    pub fn copy_lines(&self, w: &mut dyn io::Write) -> io::Result<()> {
+        if self.disk.is_none() {
+            for e in self.mem.iter() {
+                serde_json::to_writer(&mut *w, e)?;
+                w.write_all(b"\n")?;
+            }
+            return Ok(());
+        }
+        let (mut source, _) = self.raw().map_err(io::Error::other)?;
+        io::copy(&mut source, w)?;
+        Ok(())
+    }
+
+    /// The file's bytes of this log, and the file's path.
+    fn raw(&self) -> Result<(impl Read + Send + 'static, PathBuf), EntriesError> {
+        let disk = self.disk.as_ref().ok_or(EntriesError::Detached)?;
+        let spill = disk.spill.as_ref().ok_or(EntriesError::Detached)?;
+        let mut s = lock(spill);
+        let path = s.path.clone();
+        // Best effort: what cannot be written is read from memory.
+        let _ = s.flush();
+        let from_file = s.written.min(disk.bytes);
+        let rest = usize::try_from(disk.bytes - from_file).unwrap_or(usize::MAX);
+        let tail = s.pending[..rest.min(s.pending.len())].to_vec();
+        // A descriptor of its own: reading goes on after the run directory
+        // is removed, and never moves the writer's position.
+        let file = s.file.try_clone().map_err(|source| EntriesError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        drop(s);
+        let source = At {
+            file,
+            pos: 0,
+            end: from_file,
+        }
+        .chain(io::Cursor::new(tail));
+        Ok((source, path))
+    }
+
+    /// Reads the log's entries one at a time, oldest first: the entries of
+    /// this log (a clone reads what it holds, however far the live store
+    /// has gone on since).
+    pub fn read(&self) -> Result<Reader<'_>, EntriesError> {
+        let Some(disk) = &self.disk else {
+            return Ok(Reader {
+                inner: ReaderKind::Memory(Box::new(self.mem.iter())),
+                index: 0,
+            });
+        };
+        let (source, path) = self.raw()?;
+        Ok(Reader {
+            inner: ReaderKind::File {
+                lines: BufReader::with_capacity(BATCH, Box::new(source)),
+                left: disk.len,
+                path,
+                line: Vec::new(),
+            },
+            index: 0,
+        })
+    }
+}
+
+/// A file read from `pos` up to `end` with positioned reads.
+struct At {
+    file: File,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for At {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.end.saturating_sub(self.pos);
+        let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        if n == 0 {
+            return Ok(0);
+        }
+        let got = self.file.read_at(&mut buf[..n], self.pos)?;
+        self.pos += got as u64;
+        Ok(got)
+    }
+}
+
+enum ReaderKind<'a> {
+    Memory(Box<dyn Iterator<Item = &'a Entry> + 'a>),
+    File {
+        lines: BufReader<Box<dyn Read + Send>>,
+        left: u64,
+        path: PathBuf,
+        line: Vec<u8>,
+    },
+}
+
+/// The entries of an [`EntryLog`], oldest first.
+pub struct Reader<'a> {
+    inner: ReaderKind<'a>,
+    index: u64,
+}
+
+impl std::fmt::Debug for Reader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("index", &self.index)
+            .finish()
+    }
+}
+
+impl Iterator for Reader<'_> {
+    type Item = Result<Entry, EntriesError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let index = self.index;
+        self.index += 1;
+        match &mut self.inner {
+            ReaderKind::Memory(it) => it.next().map(|e| Ok(e.clone())),
+            ReaderKind::File {
+                lines,
+                left,
+                path,
+                line,
+            } => {
+                if *left == 0 {
+                    return None;
+                }
+                *left -= 1;
+                line.clear();
+                let corrupt = |message: String| EntriesError::Corrupt {
+                    path: path.clone(),
+                    index,
+                    message,
+                };
+                let result = match lines.read_until(b'\n', line) {
+                    Ok(0) => Err(corrupt("the file ends early".into())),
+                    Ok(_) => serde_json::from_slice(line).map_err(|e| corrupt(e.to_string())),
+                    Err(e) => Err(EntriesError::Io {
+                        path: path.clone(),
+                        source: e,
+                    }),
+                };
+                if result.is_err() {
+                    // One error ends the reading: later lines cannot be
+                    // trusted to line up.
+                    *left = 0;
+                }
+                Some(result)
+            }
+        }
+    }
+}
+
+/// In `state.json`: a log in memory is its entries (as before files);
+/// a log in a file is its count and byte length.
+#[derive(Serialize, Deserialize)]
+struct FileState {
+    file: String,
+    entries: u64,
+    bytes: u64,
+}
+
+impl Serialize for EntryLog {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match &self.disk {
+            None => self.mem.serialize(serializer),
+            Some(d) => FileState {
+                file: FILE.into(),
+                entries: d.len,
+                bytes: d.bytes,
+            }
+            .serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EntryLog {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> Visitor<'de> for Either {
+            type Value = EntryLog;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a sequence of log entries or an entries file's length")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                let mem = ChunkLog::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
+                Ok(EntryLog { mem, disk: None })
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                let f = FileState::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(EntryLog {
+                    mem: ChunkLog::new(),
+                    disk: Some(OnDisk {
+                        spill: None,
+                        len: f.entries,
+                        bytes: f.bytes,
+                    }),
+                })
+            }
+        }
+        deserializer.deserialize_any(Either)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(i: u64) -> Entry {
+        Entry {
+            component: format!("c{}", i % 3),
+            operation: "step".into(),
+            timestamp: 1_700_000_000.0 + i as f64 * 0.001_3,
+            cpu_ram_used_mb: 100.0 + (i % 17) as f64 / 3.0,
+            iteration: Some(i),
+            ..Entry::default()
+        }
+    }
+
+    fn all(log: &EntryLog) -> Vec<Entry> {
+        log.read().unwrap().map(|e| e.unwrap()).collect()
+    }
+
+    #[test]
+    fn a_file_log_reads_back_what_a_memory_log_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut mem = EntryLog::new();
+        let mut file = EntryLog::new();
+        file.create_file(&dir.path().join(FILE)).unwrap();
+        // Enough entries for several batches, and a pending tail.
+        for i in 0..3000 {
+            mem.push(&entry(i)).unwrap();
+            file.push(&entry(i)).unwrap();
+        }
+        assert_eq!((mem.len(), file.len()), (3000, 3000));
+        let (a, b) = (all(&mem), all(&file));
+        assert_eq!(a, b);
+        // Exact figures: what went through the file is bit for bit the same.
+        assert!(a
+            .iter()
+            .zip(&b)
+            .all(|(x, y)| x.timestamp.to_bits() == y.timestamp.to_bits()
+                && x.cpu_ram_used_mb.to_bits() == y.cpu_ram_used_mb.to_bits()));
+    }
+
+    #[test]
+    fn entries_held_before_the_file_is_attached_go_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = EntryLog::new();
+        log.push(&entry(0)).unwrap();
+        log.create_file(&dir.path().join(FILE)).unwrap();
+        log.push(&entry(1)).unwrap();
+        let got: Vec<u64> = all(&log).iter().map(|e| e.iteration.unwrap()).collect();
+        assert_eq!(got, [0, 1]);
+    }
+
+    #[test]
+    fn a_clone_reads_only_what_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = EntryLog::new();
+        log.create_file(&dir.path().join(FILE)).unwrap();
+        for i in 0..10 {
+            log.push(&entry(i)).unwrap();
+        }
+        let copy = log.clone();
+        for i in 10..5000 {
+            log.push(&entry(i)).unwrap();
+        }
+        assert_eq!(all(&copy).len(), 10);
+        assert_eq!(all(&log).len(), 5000);
+        // Reading never disturbs appending.
+        log.push(&entry(5000)).unwrap();
+        assert_eq!(all(&log).last().unwrap().iteration, Some(5000));
+    }
+
+    #[test]
+    fn a_state_is_cut_back_to_its_count_on_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let mut log = EntryLog::new();
+        log.create_file(&path).unwrap();
+        for i in 0..100 {
+            log.push(&entry(i)).unwrap();
+        }
+        log.sync().unwrap();
+        let state = serde_json::to_string(&log).unwrap();
+        assert!(state.starts_with("{\"file\":\"entries.jsonl\""), "{state}");
+        // Entries after the checkpoint reach the file, then the daemon dies.
+        for i in 100..150 {
+            log.push(&entry(i)).unwrap();
+        }
+        log.flush().unwrap();
+        drop(log);
+        let mut back: EntryLog = serde_json::from_str(&state).unwrap();
+        assert!(matches!(back.read(), Err(EntriesError::Detached)));
+        back.reattach(&path).unwrap();
+        assert_eq!(all(&back).len(), 100);
+        // The journal's records come back on top.
+        back.push(&entry(100)).unwrap();
+        let got: Vec<u64> = all(&back).iter().map(|e| e.iteration.unwrap()).collect();
+        assert!(got.iter().copied().eq(0..101));
+    }
+
+    #[test]
+    fn a_file_shorter_than_its_state_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let mut log = EntryLog::new();
+        log.create_file(&path).unwrap();
+        for i in 0..10 {
+            log.push(&entry(i)).unwrap();
+        }
+        log.sync().unwrap();
+        let state = serde_json::to_string(&log).unwrap();
+        std::fs::write(&path, b"{}\n").unwrap();
+        let mut back: EntryLog = serde_json::from_str(&state).unwrap();
+        let err = back.reattach(&path).unwrap_err();
+        assert!(err.to_string().contains("holds 3 bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_line_is_reported_with_its_place_and_ends_the_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let mut log = EntryLog::new();
+        log.create_file(&path).unwrap();
+        for i in 0..3 {
+            log.push(&entry(i)).unwrap();
+        }
+        log.flush().unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let second = bytes.iter().position(|&b| b == b'\n').unwrap() + 1;
+        bytes[second] = b'#';
+        std::fs::write(&path, &bytes).unwrap();
+        let got: Vec<Result<Entry, EntriesError>> = log.read().unwrap().collect();
+        assert_eq!(got.len(), 2);
+        assert!(got[0].is_ok());
+        let err = got[1].as_ref().unwrap_err().to_string();
+        assert!(err.contains("entry 1 of") && err.contains(FILE), "{err}");
+    }
+
+    #[test]
+    fn a_memory_state_reads_as_before_files() {
+        let mut log = EntryLog::new();
+        log.push(&entry(0)).unwrap();
+        let state = serde_json::to_string(&log).unwrap();
+        assert!(state.starts_with('['), "{state}");
+        let back: EntryLog = serde_json::from_str(&state).unwrap();
+        assert_eq!(all(&back), all(&log));
+    }
+}
