@@ -710,8 +710,8 @@ mod tests {
     #[test]
     fn a_superseded_journal_is_kept_and_never_recovered() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
-        let journal = Journal::create(dir.path(), &store).unwrap();
+        let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        let journal = Journal::create(dir.path(), &mut store).unwrap();
         drop(journal);
         assert!(has_journal(dir.path()));
         let elsewhere = dir.path().join("complete.json");
@@ -726,7 +726,7 @@ mod tests {
         assert_eq!(note.trim(), elsewhere.display().to_string());
         assert!(kept.join("journal.jsonl").exists(), "kept for a reader");
         // A second superseded run in the same folder keeps the first.
-        let journal = Journal::create(dir.path(), &store).unwrap();
+        let journal = Journal::create(dir.path(), &mut store).unwrap();
         drop(journal);
         let second = supersede(dir.path(), &elsewhere).unwrap();
         assert_eq!(second, dir.path().join(format!("{SUPERSEDED_DIR}-2")));
@@ -736,13 +736,13 @@ mod tests {
     fn a_linked_journal_folder_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let real = tempfile::tempdir().unwrap();
-        let store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
-        drop(Journal::create(real.path(), &store).unwrap());
+        let mut store = Store::new(RunInfo::default(), Limits::default(), Thresholds::default());
+        drop(Journal::create(real.path(), &mut store).unwrap());
         std::os::unix::fs::symlink(real.path().join(DIR), dir.path().join(DIR)).unwrap();
         let err = recover(dir.path()).unwrap_err();
         assert!(err.to_string().contains("symbolic link"), "{err}");
         assert!(!dir.path().join(FILE_NAME).exists());
-        let err = Journal::create(dir.path(), &store).unwrap_err();
+        let err = Journal::create(dir.path(), &mut store).unwrap_err();
         assert!(err.to_string().contains("symbolic link"), "{err}");
     }
 
