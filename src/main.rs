@@ -207,8 +207,12 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
                             .with_context(|| format!("cannot create {}", dir.display()))
                             .map_err(runtime)?;
                     }
-                    memtrack::export::json::write_document(path, &merged)
-                        .map_err(|e| runtime(e.into()))?;
+                    memtrack::export::json::write_document_within(
+                        path,
+                        &merged,
+                        memtrack::export::json::MAX_DOCUMENT_BYTES,
+                    )
+                    .map_err(|e| runtime(e.into()))?;
                     eprintln!(
                         "memtrack: merged {} ranks into {}",
                         merged.ranks.len(),
@@ -218,6 +222,15 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 None => {
                     let text =
                         serde_json::to_string_pretty(&merged).map_err(|e| runtime(e.into()))?;
+                    let max = memtrack::export::json::MAX_DOCUMENT_BYTES;
+                    if text.len() as u64 > max {
+                        return Err(runtime(anyhow::anyhow!(
+                            "the merged document would be {} MiB, larger than the {} MiB \
+                             memtrack reads back; merge fewer ranks at a time",
+                            text.len() >> 20,
+                            max >> 20
+                        )));
+                    }
                     stdout(&format!("{text}\n")).map_err(|e| runtime(e.into()))?;
                 }
             }

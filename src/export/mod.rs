@@ -4,5 +4,6 @@
 pub mod clearml;
 pub mod http;
 pub mod json;
+pub mod peer;
 pub mod prometheus;
 pub mod s3;
