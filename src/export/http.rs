@@ -326,29 +326,36 @@ impl Slots {
     /// Makes room for one more connection from `peer`: at its share
     /// (`max / 4`), its own oldest idle connection is closed; with all
     /// `max` taken, the oldest idle connection of the client holding the
-    /// most is. `false` when no connection can be closed (every candidate
-    /// is answering a request): the new one is then refused.
+    /// most is (or, all of those answering, anyone's oldest idle one).
+    /// `false` when no connection can be closed (every candidate is
+    /// answering a request): the new one is then refused.
     fn make_room(&mut self, peer: Peer, max: usize, guard: &Guard) -> bool {
         let share = (max / 4).max(1);
         let mut held: BTreeMap<Peer, usize> = BTreeMap::new();
         for s in self.open.values() {
             *held.entry(s.peer).or_default() += 1;
         }
-        let victim_peer = if held.get(&peer).copied().unwrap_or(0) >= share {
-            peer
-        } else if self.open.len() >= max {
-            match held.iter().max_by_key(|(_, n)| **n) {
-                Some((p, _)) => *p,
-                None => return true,
-            }
-        } else {
+        let at_share = held.get(&peer).copied().unwrap_or(0) >= share;
+        if !at_share && self.open.len() < max {
             return true;
+        }
+        let idle = |s: &Slot| !s.busy.load(Ordering::Acquire);
+        let oldest_idle_of = |who: Peer| {
+            self.open
+                .iter()
+                .find(|(_, s)| s.peer == who && idle(s))
+                .map(|(id, _)| *id)
         };
-        let oldest_idle = self
-            .open
-            .iter()
-            .find(|(_, s)| s.peer == victim_peer && !s.busy.load(Ordering::Acquire))
-            .map(|(id, _)| *id);
+        let oldest_idle = if at_share {
+            oldest_idle_of(peer)
+        } else {
+            // All taken: the client holding the most gives way first, then
+            // anyone.
+            held.iter()
+                .max_by_key(|(_, n)| **n)
+                .and_then(|(heaviest, _)| oldest_idle_of(*heaviest))
+                .or_else(|| self.open.iter().find(|(_, s)| idle(s)).map(|(id, _)| *id))
+        };
         match oldest_idle.and_then(|id| self.open.remove(&id)) {
             Some(slot) => {
                 slot.evict.notify_one();
@@ -525,6 +532,71 @@ mod tests {
         assert!(parse_listen("[::1]:0").unwrap().is_some());
         assert!(parse_listen("localhost:9464").is_err());
         assert!(parse_listen("9464").is_err());
+    }
+
+    fn slot(slots: &mut Slots, peer: Peer) -> (u64, Arc<AtomicBool>, Arc<Notify>) {
+        let busy = Arc::new(AtomicBool::new(false));
+        let evict = Arc::new(Notify::new());
+        let id = slots.next;
+        slots.next += 1;
+        slots.open.insert(
+            id,
+            Slot {
+                peer,
+                busy: Arc::clone(&busy),
+                evict: Arc::clone(&evict),
+            },
+        );
+        (id, busy, evict)
+    }
+
+    #[test]
+    fn room_is_made_by_the_client_holding_the_most_and_never_mid_request() {
+        let guard = Guard::default();
+        let (a, b) = (Peer::Uid(65534), Peer::Uid(0));
+        let mut slots = Slots::default();
+        // Up to its share (8 / 4 = 2), a client gets room freely.
+        assert!(slots.make_room(a, 8, &guard));
+        let (a0, a0_busy, _) = slot(&mut slots, a);
+        assert!(slots.make_room(a, 8, &guard));
+        let (a1, _, _) = slot(&mut slots, a);
+        // At its share, its own oldest connection not answering a request
+        // makes room: a0 is answering, so a1 goes.
+        a0_busy.store(true, Ordering::Release);
+        assert!(slots.make_room(a, 8, &guard));
+        assert!(slots.open.contains_key(&a0) && !slots.open.contains_key(&a1));
+        let (_, a2_busy, _) = slot(&mut slots, a);
+        // Every one of its connections answering: the new one is refused.
+        a2_busy.store(true, Ordering::Release);
+        assert!(!slots.make_room(a, 8, &guard));
+        // Six other clients fill the pool; a new one makes room by closing
+        // the oldest idle connection of the client holding the most (`a`,
+        // but both of its are answering), so anyone's oldest idle one.
+        let mut others = Vec::new();
+        for i in 0..6u8 {
+            let p = Peer::Ip(std::net::IpAddr::from([10, 0, 0, i]));
+            assert!(slots.make_room(p, 8, &guard));
+            others.push(slot(&mut slots, p).0);
+        }
+        assert_eq!(slots.open.len(), 8);
+        assert!(slots.make_room(b, 8, &guard));
+        assert!(!slots.open.contains_key(&others[0]));
+        assert_eq!(slots.open.len(), 7);
+        assert_eq!(guard.evicted.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn cleanup_is_throttled_and_says_how_long_to_wait() {
+        let guard = Guard::default();
+        let t0 = Instant::now();
+        assert!(guard.cleanup(t0).is_ok());
+        let wait = guard.cleanup(t0 + Duration::from_secs(2)).unwrap_err();
+        assert_eq!(wait, CLEANUP_MIN_INTERVAL - Duration::from_secs(2));
+        assert!(guard.cleanup(t0 + CLEANUP_MIN_INTERVAL).is_ok());
+        assert_eq!(guard.cleanup_throttled.load(Ordering::Relaxed), 1);
+        let r = too_many(Duration::from_millis(1500));
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[RETRY_AFTER], "2");
     }
 
     #[test]
