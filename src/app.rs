@@ -923,6 +923,10 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         max_event_entries: config.log.max_event_entries,
         target_series_points: config.log.target_series_points,
         max_targets: config.log.max_targets,
+        max_components: config.log.max_components,
+        max_event_kinds: config.log.max_event_kinds,
+        max_open_spans: config.log.max_open_spans,
+        max_stages: config.log.max_stages,
         ..Limits::default()
     };
     let mut store = Store::new(run, limits, config.pressure);

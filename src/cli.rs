@@ -352,8 +352,10 @@ pub struct PlotArgs {
     /// Output image: .svg or .png
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// Width in pixels, 480 to 4096
     #[arg(long, default_value_t = 1400)]
     pub width: u32,
+    /// Height in pixels, 320 to 4096
     #[arg(long, default_value_t = 900)]
     pub height: u32,
     /// Title (default: the run name)

@@ -299,7 +299,23 @@ pub struct LogConfig {
     /// Processes kept in `targets`; beyond it the exited ones with the
     /// smallest peak are dropped (and counted).
     pub max_targets: usize,
+    /// Distinct component names with their own `peaks_by_component` entry
+    /// and metric series; beyond it new names count under `_other`
+    /// (counted). Log entries keep the name the job sent.
+    pub max_components: usize,
+    /// Distinct component/operation pairs counted separately in
+    /// `memtrack_events_total`; beyond it new pairs count under `_other`.
+    pub max_event_kinds: usize,
+    /// Spans open at once; a `span_begin` beyond it is logged, not opened.
+    pub max_open_spans: usize,
+    /// Stages kept in `stages`; beyond it the closed stage with the
+    /// smallest peak is dropped (counted).
+    pub max_stages: usize,
 }
+
+/// The largest value each `log.max_*` cardinality bound accepts: every
+/// bounded name costs memory, a `/metrics` series and `status` bytes.
+pub const MAX_CARDINALITY: usize = 100_000;
 
 impl Default for Config {
     fn default() -> Self {
@@ -349,11 +365,17 @@ impl Default for GpuConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
+        let limits = crate::store::Limits::default();
         LogConfig {
-            max_timer_entries: 4096,
+            max_timer_entries: limits.max_timer_entries,
+            // The store keeps every entry unless told; a run gets a bound.
             max_event_entries: 250_000,
-            target_series_points: 512,
-            max_targets: 1024,
+            target_series_points: limits.target_series_points,
+            max_targets: limits.max_targets,
+            max_components: limits.max_components,
+            max_event_kinds: limits.max_event_kinds,
+            max_open_spans: limits.max_open_spans,
+            max_stages: limits.max_stages,
         }
     }
 }
@@ -659,6 +681,16 @@ impl Config {
         }
         if self.log.max_targets < 1 {
             return bad("log.max_targets", "must be at least 1".into());
+        }
+        for (key, value) in [
+            ("log.max_components", self.log.max_components),
+            ("log.max_event_kinds", self.log.max_event_kinds),
+            ("log.max_open_spans", self.log.max_open_spans),
+            ("log.max_stages", self.log.max_stages),
+        ] {
+            if !(1..=MAX_CARDINALITY).contains(&value) {
+                return bad(key, format!("must be between 1 and {MAX_CARDINALITY}"));
+            }
         }
         if self.host.hwm_interval.is_zero() {
             return bad("host.hwm_interval", "must be positive".into());

@@ -646,6 +646,19 @@ pub struct Counters {
     /// Flight-recorder windows beyond the ones kept.
     #[serde(default)]
     pub flights_dropped: u64,
+    /// Entries whose component counted under `_other` in
+    /// `peaks_by_component` (`log.max_components` others had their own).
+    #[serde(default)]
+    pub components_folded: u64,
+    /// Events counted under `_other`/`_other` (`log.max_event_kinds`).
+    #[serde(default)]
+    pub event_kinds_folded: u64,
+    /// `span_begin`s logged but not opened (`log.max_open_spans` were open).
+    #[serde(default)]
+    pub spans_untracked: u64,
+    /// Stages dropped from `stages[]` (`log.max_stages`).
+    #[serde(default)]
+    pub stages_dropped: u64,
 }
 
 #[cfg(test)]

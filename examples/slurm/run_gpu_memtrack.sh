@@ -32,9 +32,13 @@ OUT="${SLURM_SUBMIT_DIR}/outputs"
 
 # The pipeline marks its stages (SUCCESS or FAILED per stage):
 #   with memtrack.stage("train_small"): ...
+# /metrics stays on each node's loopback (memtrack's default), out of reach
+# of other hosts. For a Prometheus that scrapes the nodes, export
+# MEMTRACK_LISTEN=<the node's address on the monitoring network>:9464 before
+# srun (one address, not 0.0.0.0: the node's other networks stay closed).
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 \
     memtrack run --name "${JOB}" --output "${OUT}" --interval 1s \
-                 --listen 0.0.0.0:9464 --label partition="${SLURM_JOB_PARTITION:-gpu}" \
+                 --label partition="${SLURM_JOB_PARTITION:-gpu}" \
     -- python3 for_klaster_gpu.py
 
 # One job-level file: peaks per node and for the job, the worst node named.

@@ -5,6 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use memtrack::event::protocol::{error_line, parse, Message, MAX_LINE};
+use memtrack::store::MAX_DEVICE_BYTES;
 
 fuzz_target!(|data: &[u8]| {
     match parse(data) {
@@ -20,6 +21,18 @@ fuzz_target!(|data: &[u8]| {
             };
             for n in names {
                 assert!(!n.is_empty() && n.len() <= 128 && !n.chars().any(char::is_control));
+            }
+            let allocator = match &req.message {
+                Message::Mark(m) | Message::SpanBegin(m) | Message::SpanEnd(m) => m.allocator,
+                Message::StageBegin(s) | Message::StageEnd(s) => s.allocator,
+                Message::Oom { allocator, .. } => *allocator,
+                _ => None,
+            };
+            if let Some(a) = allocator {
+                // No figure above the largest device gets in.
+                assert!([a.allocated, a.reserved, a.max_allocated]
+                    .iter()
+                    .all(|b| *b <= MAX_DEVICE_BYTES));
             }
         }
         Err(e) => {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::Entry;
-use crate::store::Allocator;
+use crate::store::{Allocator, MAX_DEVICE_BYTES};
 
 /// Protocol version spoken by this daemon.
 pub const VERSION: u64 = 1;
@@ -303,6 +303,22 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
                 .ok_or_else(|| invalid("iteration", "must be an integer from 0 to 2^63-1"))?,
         ),
     };
+    if let Some(a) = &raw.allocator {
+        for (field, bytes) in [
+            ("allocator.allocated", a.allocated),
+            ("allocator.reserved", a.reserved),
+            ("allocator.max_allocated", a.max_allocated),
+        ] {
+            if bytes > MAX_DEVICE_BYTES {
+                return Err(invalid(
+                    field,
+                    &format!(
+                        "is {bytes} bytes, more than any GPU holds (at most {MAX_DEVICE_BYTES})"
+                    ),
+                ));
+            }
+        }
+    }
     let allocator = raw.allocator.map(|a| Allocator {
         allocated: a.allocated,
         reserved: a.reserved,
@@ -593,6 +609,14 @@ mod tests {
                 "reserved",
             ),
             (r#"{"component":"a","operation":"x","id":{"x":1}}"#, "id"),
+            (
+                r#"{"component":"a","operation":"x","allocator":{"allocated":18446744073709551615,"reserved":0,"max_allocated":0}}"#,
+                "allocator.allocated",
+            ),
+            (
+                r#"{"type":"oom","allocator":{"allocated":0,"reserved":17592186044417,"max_allocated":0}}"#,
+                "allocator.reserved",
+            ),
             (r#"{"type":"stage_end","name":"s","status":""}"#, "status"),
             (r#"{"component":"a","operation":"x","ack":"yes"}"#, "ack"),
         ];
@@ -654,6 +678,17 @@ mod tests {
         }
         let long = format!(r#"{{"type":"clearml_task","task":"{}"}}"#, "a".repeat(65));
         assert!(err(&long).message.contains("task id"));
+    }
+
+    #[test]
+    fn allocator_figures_up_to_the_largest_device_are_accepted() {
+        let at = |bytes: u64| {
+            parse(format!(r#"{{"component":"a","operation":"x","allocator":{{"allocated":{bytes},"reserved":{bytes},"max_allocated":{bytes}}}}}"#).as_bytes())
+        };
+        assert!(at(MAX_DEVICE_BYTES).is_ok());
+        let e = at(MAX_DEVICE_BYTES + 1).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Invalid);
+        assert!(e.message.contains("more than any GPU"), "{}", e.message);
     }
 
     #[test]

@@ -2,25 +2,38 @@
 //! `POST /cleanup-memory`, `GET /healthz`.
 //!
 //! Every handler reads the latest published snapshot (an `Arc` clone), so a
-//! request never reaches the sampler. Hostile clients are bounded: at most
-//! `max_connections` at once (more are closed on accept), request headers
-//! must arrive within 5 s and fit in 16 KiB, bodies are capped at 1 KiB and
-//! must arrive within 5 s. Wrong methods get 405 with `Allow`, unknown
-//! paths 404.
+//! request never reaches the sampler. Hostile clients are bounded, and
+//! cannot lock others out: connections are served concurrently, at most
+//! `max_connections` at once and a quarter of that per client (a local
+//! user, or a remote address: [`super::peer`]). A client at its share, or
+//! a new client finding every connection taken, makes room by closing the
+//! oldest connection that is not in the middle of a request (idle, slow to
+//! send its head, or not reading its reply) — the client's own, or that
+//! of the client holding the most. So a slow or idle client never makes
+//! `/healthz` fail for another user's scraper. Request headers must
+//! arrive within 5 s and fit in 16 KiB, bodies are capped at 1 KiB and must
+//! arrive within 5 s. `POST /cleanup-memory` runs every subscribed client's
+//! cleanup handler, so it is honoured at most once per
+//! [`CLEANUP_MIN_INTERVAL`] (429 with `Retry-After` otherwise, counted).
+//! Wrong methods get 405 with `Allow`, unknown paths 404.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, watch, Semaphore};
+use tokio::sync::{broadcast, watch, Notify};
 
+use super::peer::{self, Peer};
 use super::prometheus;
 use crate::event::protocol::Notice;
 use crate::store::snapshot::Snapshot;
@@ -33,11 +46,53 @@ pub const MAX_HEAD: usize = 16 * 1024;
 /// Largest request body accepted (`/cleanup-memory` takes none).
 pub const MAX_BODY: usize = 1024;
 
+/// `POST /cleanup-memory` is honoured at most once per this long: each
+/// one runs every subscribed client's cleanup handler (`gc.collect()`,
+/// `torch.cuda.empty_cache()`), which the Python client's auto-cleanup
+/// also allows at most once per 5 s.
+pub const CLEANUP_MIN_INTERVAL: Duration = Duration::from_secs(5);
+
 /// What the handlers read.
 #[derive(Debug, Clone)]
 pub struct State {
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
     pub notices: Option<broadcast::Sender<Notice>>,
+}
+
+/// The server's own state beside [`State`]: the cleanup throttle and what
+/// the guards counted.
+#[derive(Debug, Default)]
+struct Guard {
+    last_cleanup: Mutex<Option<Instant>>,
+    cleanup_throttled: AtomicU64,
+    evicted: AtomicU64,
+}
+
+impl Guard {
+    /// `Ok` when a cleanup may run now (and it is then recorded), else how
+    /// long until one may.
+    fn cleanup(&self, now: Instant) -> Result<(), Duration> {
+        let mut last = self
+            .last_cleanup
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = *last {
+            let since = now.saturating_duration_since(at);
+            if since < CLEANUP_MIN_INTERVAL {
+                self.cleanup_throttled.fetch_add(1, Ordering::Relaxed);
+                return Err(CLEANUP_MIN_INTERVAL - since);
+            }
+        }
+        *last = Some(now);
+        Ok(())
+    }
+
+    fn counters(&self) -> prometheus::ServerCounters {
+        prometheus::ServerCounters {
+            cleanup_throttled: self.cleanup_throttled.load(Ordering::Relaxed),
+            connections_evicted: self.evicted.load(Ordering::Relaxed),
+        }
+    }
 }
 
 type Body = Full<Bytes>;
@@ -64,6 +119,23 @@ fn error(status: StatusCode, message: &str) -> Response<Body> {
     json(status, &serde_json::json!({ "error": message }))
 }
 
+/// 429 with `Retry-After` (whole seconds, rounded up).
+fn too_many(wait: Duration) -> Response<Body> {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let mut r = json(
+        StatusCode::TOO_MANY_REQUESTS,
+        &serde_json::json!({
+            "error": format!(
+                "cleanup runs at most once per {} s; retry in {secs} s",
+                CLEANUP_MIN_INTERVAL.as_secs()
+            ),
+            "retry_after_s": secs,
+        }),
+    );
+    r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+    r
+}
+
 const ROUTES: &[(&str, &str)] = &[
     ("/metrics", "GET, HEAD"),
     ("/memory-info", "GET, HEAD"),
@@ -73,7 +145,7 @@ const ROUTES: &[(&str, &str)] = &[
 ];
 
 /// Answers one request.
-pub async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
+async fn handle(state: &State, guard: &Guard, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let Some((_, allow)) = ROUTES.iter().find(|(p, _)| *p == path) else {
         return error(StatusCode::NOT_FOUND, "no such endpoint; see GET /");
@@ -116,23 +188,26 @@ pub async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
         "/metrics" => respond(
             StatusCode::OK,
             prometheus::content_type(),
-            prometheus::render(&snap, prometheus::SelfUsage::read()),
+            prometheus::render_with(&snap, prometheus::SelfUsage::read(), &guard.counters()),
         ),
         "/memory-info" => json(StatusCode::OK, &memory_info(&snap)),
-        "/cleanup-memory" => {
-            let notified = state
-                .notices
-                .as_ref()
-                .and_then(|n| {
-                    n.send(Notice::Cleanup {
-                        reason: "http".into(),
-                        timestamp: unix_now(),
+        "/cleanup-memory" => match guard.cleanup(Instant::now()) {
+            Err(wait) => too_many(wait),
+            Ok(()) => {
+                let notified = state
+                    .notices
+                    .as_ref()
+                    .and_then(|n| {
+                        n.send(Notice::Cleanup {
+                            reason: "http".into(),
+                            timestamp: unix_now(),
+                        })
+                        .ok()
                     })
-                    .ok()
-                })
-                .unwrap_or(0);
-            json(StatusCode::OK, &serde_json::json!({ "notified": notified }))
-        }
+                    .unwrap_or(0);
+                json(StatusCode::OK, &serde_json::json!({ "notified": notified }))
+            }
+        },
         "/healthz" => {
             let age = unix_now() - snap.current.timestamp;
             let limit = (3.0 * snap.run.interval_s).max(5.0);
@@ -231,6 +306,84 @@ pub fn memory_info(snap: &Snapshot) -> serde_json::Value {
     })
 }
 
+/// One open connection, as the accept loop sees it.
+struct Slot {
+    peer: Peer,
+    /// A request is being answered (its handler runs): never evicted.
+    busy: Arc<AtomicBool>,
+    /// Told when the connection must make room for a newer one.
+    evict: Arc<Notify>,
+}
+
+/// The open connections, oldest first (ids grow).
+#[derive(Default)]
+struct Slots {
+    next: u64,
+    open: BTreeMap<u64, Slot>,
+}
+
+impl Slots {
+    /// Makes room for one more connection from `peer`: at its share
+    /// (`max / 4`), its own oldest idle connection is closed; with all
+    /// `max` taken, the oldest idle connection of the client holding the
+    /// most is (or, all of those answering, anyone's oldest idle one).
+    /// `false` when no connection can be closed (every candidate is
+    /// answering a request): the new one is then refused.
+    fn make_room(&mut self, peer: Peer, max: usize, guard: &Guard) -> bool {
+        let share = (max / 4).max(1);
+        let mut held: BTreeMap<Peer, usize> = BTreeMap::new();
+        for s in self.open.values() {
+            *held.entry(s.peer).or_default() += 1;
+        }
+        let at_share = held.get(&peer).copied().unwrap_or(0) >= share;
+        if !at_share && self.open.len() < max {
+            return true;
+        }
+        let idle = |s: &Slot| !s.busy.load(Ordering::Acquire);
+        let oldest_idle_of = |who: Peer| {
+            self.open
+                .iter()
+                .find(|(_, s)| s.peer == who && idle(s))
+                .map(|(id, _)| *id)
+        };
+        let oldest_idle = if at_share {
+            oldest_idle_of(peer)
+        } else {
+            // All taken: the client holding the most gives way first, then
+            // anyone.
+            held.iter()
+                .max_by_key(|(_, n)| **n)
+                .and_then(|(heaviest, _)| oldest_idle_of(*heaviest))
+                .or_else(|| self.open.iter().find(|(_, s)| idle(s)).map(|(id, _)| *id))
+        };
+        match oldest_idle.and_then(|id| self.open.remove(&id)) {
+            Some(slot) => {
+                slot.evict.notify_one();
+                guard.evicted.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Marks a connection busy while a handler runs (also when the handler's
+/// future is dropped half-way).
+struct Busy(Arc<AtomicBool>);
+
+impl Busy {
+    fn new(flag: &Arc<AtomicBool>) -> Busy {
+        flag.store(true, Ordering::Release);
+        Busy(Arc::clone(flag))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// Serves HTTP until `shutdown` turns true.
 pub async fn serve(
     listener: TcpListener,
@@ -238,47 +391,121 @@ pub async fn serve(
     max_connections: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let permits = Arc::new(Semaphore::new(max_connections));
+    let max_connections = max_connections.max(1);
+    let slots = Arc::new(Mutex::new(Slots::default()));
+    let guard = Arc::new(Guard::default());
     let state = Arc::new(state);
     loop {
-        let stream = tokio::select! {
+        let first = tokio::select! {
             _ = shutdown.changed() => break,
             accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
+                Ok(accepted) => accepted,
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
             },
         };
-        // Over the limit: close at once rather than queue.
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            drop(stream);
-            continue;
-        };
-        let state = Arc::clone(&state);
-        let mut stop = shutdown.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(&state, req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(REQUEST_TIMEOUT)
-                .max_buf_size(MAX_HEAD)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
-                }
+        // Whatever else is waiting to be accepted, identified together.
+        let mut batch = vec![first];
+        while batch.len() < ACCEPT_BATCH {
+            match tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+                Ok(Ok(accepted)) => batch.push(accepted),
+                _ => break,
             }
-            drop(permit);
-        });
+        }
+        let ends: Vec<(SocketAddr, SocketAddr)> = batch
+            .iter()
+            .map(|(stream, client)| (*client, stream.local_addr().unwrap_or(*client)))
+            .collect();
+        let peers = peer::identify(Path::new("/proc/net"), &ends);
+        for ((stream, _), peer) in batch.into_iter().zip(peers) {
+            admit(
+                stream,
+                peer,
+                max_connections,
+                &slots,
+                &guard,
+                &state,
+                &shutdown,
+            );
+        }
     }
+}
+
+/// Connections accepted and identified together when they arrive at once.
+const ACCEPT_BATCH: usize = 256;
+
+/// Serves one accepted connection from `peer`, if room can be made.
+fn admit(
+    stream: tokio::net::TcpStream,
+    peer: Peer,
+    max_connections: usize,
+    slots: &Arc<Mutex<Slots>>,
+    guard: &Arc<Guard>,
+    state: &Arc<State>,
+    shutdown: &watch::Receiver<bool>,
+) {
+    let busy = Arc::new(AtomicBool::new(false));
+    let evict = Arc::new(Notify::new());
+    let id = {
+        let mut slots = slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Nothing can be closed to make room: close the new one at once
+        // rather than queue it.
+        if !slots.make_room(peer, max_connections, guard) {
+            drop(stream);
+            return;
+        }
+        let id = slots.next;
+        slots.next += 1;
+        slots.open.insert(
+            id,
+            Slot {
+                peer,
+                busy: Arc::clone(&busy),
+                evict: Arc::clone(&evict),
+            },
+        );
+        id
+    };
+    let state = Arc::clone(state);
+    let guard = Arc::clone(guard);
+    let slots = Arc::clone(slots);
+    let mut stop = shutdown.clone();
+    tokio::spawn(async move {
+        let service = hyper::service::service_fn(move |req| {
+            let state = Arc::clone(&state);
+            let guard = Arc::clone(&guard);
+            let busy = Busy::new(&busy);
+            async move {
+                let response = handle(&state, &guard, req).await;
+                drop(busy);
+                Ok::<_, Infallible>(response)
+            }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(REQUEST_TIMEOUT)
+            .max_buf_size(MAX_HEAD)
+            .serve_connection(TokioIo::new(stream), service);
+        tokio::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            // Made room for a newer connection: close now.
+            _ = evict.notified() => {}
+            _ = stop.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+            }
+        }
+        slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .open
+            .remove(&id);
+    });
 }
 
 /// Parses `--listen`: `off`, or an address (`127.0.0.1:9464`, `[::1]:9464`).
@@ -305,6 +532,71 @@ mod tests {
         assert!(parse_listen("[::1]:0").unwrap().is_some());
         assert!(parse_listen("localhost:9464").is_err());
         assert!(parse_listen("9464").is_err());
+    }
+
+    fn slot(slots: &mut Slots, peer: Peer) -> (u64, Arc<AtomicBool>, Arc<Notify>) {
+        let busy = Arc::new(AtomicBool::new(false));
+        let evict = Arc::new(Notify::new());
+        let id = slots.next;
+        slots.next += 1;
+        slots.open.insert(
+            id,
+            Slot {
+                peer,
+                busy: Arc::clone(&busy),
+                evict: Arc::clone(&evict),
+            },
+        );
+        (id, busy, evict)
+    }
+
+    #[test]
+    fn room_is_made_by_the_client_holding_the_most_and_never_mid_request() {
+        let guard = Guard::default();
+        let (a, b) = (Peer::Uid(65534), Peer::Uid(0));
+        let mut slots = Slots::default();
+        // Up to its share (8 / 4 = 2), a client gets room freely.
+        assert!(slots.make_room(a, 8, &guard));
+        let (a0, a0_busy, _) = slot(&mut slots, a);
+        assert!(slots.make_room(a, 8, &guard));
+        let (a1, _, _) = slot(&mut slots, a);
+        // At its share, its own oldest connection not answering a request
+        // makes room: a0 is answering, so a1 goes.
+        a0_busy.store(true, Ordering::Release);
+        assert!(slots.make_room(a, 8, &guard));
+        assert!(slots.open.contains_key(&a0) && !slots.open.contains_key(&a1));
+        let (_, a2_busy, _) = slot(&mut slots, a);
+        // Every one of its connections answering: the new one is refused.
+        a2_busy.store(true, Ordering::Release);
+        assert!(!slots.make_room(a, 8, &guard));
+        // Six other clients fill the pool; a new one makes room by closing
+        // the oldest idle connection of the client holding the most (`a`,
+        // but both of its are answering), so anyone's oldest idle one.
+        let mut others = Vec::new();
+        for i in 0..6u8 {
+            let p = Peer::Ip(std::net::IpAddr::from([10, 0, 0, i]));
+            assert!(slots.make_room(p, 8, &guard));
+            others.push(slot(&mut slots, p).0);
+        }
+        assert_eq!(slots.open.len(), 8);
+        assert!(slots.make_room(b, 8, &guard));
+        assert!(!slots.open.contains_key(&others[0]));
+        assert_eq!(slots.open.len(), 7);
+        assert_eq!(guard.evicted.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn cleanup_is_throttled_and_says_how_long_to_wait() {
+        let guard = Guard::default();
+        let t0 = Instant::now();
+        assert!(guard.cleanup(t0).is_ok());
+        let wait = guard.cleanup(t0 + Duration::from_secs(2)).unwrap_err();
+        assert_eq!(wait, CLEANUP_MIN_INTERVAL - Duration::from_secs(2));
+        assert!(guard.cleanup(t0 + CLEANUP_MIN_INTERVAL).is_ok());
+        assert_eq!(guard.cleanup_throttled.load(Ordering::Relaxed), 1);
+        let r = too_many(Duration::from_millis(1500));
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[RETRY_AFTER], "2");
     }
 
     #[test]

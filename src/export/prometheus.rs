@@ -110,6 +110,14 @@ pub const METRICS: &[Def] = &[
     def("memtrack_socket_refused_peers_total", C, &[], "Socket peers of another user, refused."),
     def("memtrack_socket_rejected_connections_total", C, &[], "Socket connections beyond the limit, closed."),
     def("memtrack_socket_slow_clients_total", C, &[], "Socket clients disconnected for not reading their replies."),
+    def(
+        "memtrack_folded_total",
+        C,
+        &["dimension"],
+        "Names a job sent beyond a cardinality bound (log.max_*): component (entries counted under _other), event_kind, span (not opened), stage (dropped).",
+    ),
+    def("memtrack_http_cleanup_throttled_total", C, &[], "POST /cleanup-memory refused with 429 (at most one cleanup per 5 s)."),
+    def("memtrack_http_evicted_connections_total", C, &[], "Idle or slow HTTP connections closed to make room for new ones."),
     def("memtrack_nvml_up", G, &[], "1 when NVML answered at the latest sample."),
     def("memtrack_nvml_errors_total", C, &[], "Samples whose GPU figures failed."),
     def("memtrack_export_errors_total", C, &["exporter"], "Failed exports (checkpoint, journal, clearml, s3)."),
@@ -209,10 +217,27 @@ impl SelfUsage {
     }
 }
 
-/// The snapshot as metric families, in [`METRICS`] order. Device-level GPU
-/// series are left out while NVML does not answer: no data rather than the
-/// last values of a lost GPU.
+/// What the HTTP server counted itself, read at scrape time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerCounters {
+    pub cleanup_throttled: u64,
+    pub connections_evicted: u64,
+}
+
+/// The snapshot as metric families, in [`METRICS`] order (the server's
+/// own counters at 0).
 pub fn families(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<MetricFamily> {
+    families_with(snap, me, &ServerCounters::default())
+}
+
+/// The snapshot and the server's counters as metric families, in
+/// [`METRICS`] order. Device-level GPU series are left out while NVML does
+/// not answer: no data rather than the last values of a lost GPU.
+pub fn families_with(
+    snap: &Snapshot,
+    me: Option<SelfUsage>,
+    server: &ServerCounters,
+) -> Vec<MetricFamily> {
     let mut f = Families {
         run_labels: run_labels(snap),
         out: Vec::new(),
@@ -516,6 +541,28 @@ pub fn families(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<MetricFamily> {
         &[],
         c.slow_clients as f64,
     );
+    for (dimension, n) in [
+        ("component", c.components_folded),
+        ("event_kind", c.event_kinds_folded),
+        ("span", c.spans_untracked),
+        ("stage", c.stages_dropped),
+    ] {
+        f.counter(
+            "memtrack_folded_total",
+            &[("dimension", dimension.to_string())],
+            n as f64,
+        );
+    }
+    f.counter(
+        "memtrack_http_cleanup_throttled_total",
+        &[],
+        server.cleanup_throttled as f64,
+    );
+    f.counter(
+        "memtrack_http_evicted_connections_total",
+        &[],
+        server.connections_evicted as f64,
+    );
     f.gauge(
         "memtrack_nvml_up",
         &[],
@@ -540,10 +587,15 @@ pub fn families(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<MetricFamily> {
 
 /// The text exposition of a snapshot.
 pub fn render(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<u8> {
+    render_with(snap, me, &ServerCounters::default())
+}
+
+/// [`render`] with the HTTP server's own counters.
+pub fn render_with(snap: &Snapshot, me: Option<SelfUsage>, server: &ServerCounters) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 * 1024);
     // Encoding our own well-formed families cannot fail; an empty body
     // would still be a valid scrape.
-    let _ = TextEncoder::new().encode(&families(snap, me), &mut out);
+    let _ = TextEncoder::new().encode(&families_with(snap, me, server), &mut out);
     out
 }
 

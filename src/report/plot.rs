@@ -108,7 +108,10 @@ pub struct PlotSummary {
 pub enum PlotError {
     #[error("cannot plot to {}: unknown format, use a .svg or .png file name", path.display())]
     Format { path: PathBuf },
-    #[error("cannot plot a {width}×{height} image: at least 480×320 is needed")]
+    #[error(
+        "cannot plot a {width}×{height} image: the width must be {MIN_WIDTH} to {MAX_SIDE} \
+         pixels and the height {MIN_HEIGHT} to {MAX_SIDE}"
+    )]
     Size { width: u32, height: u32 },
     #[error("nothing to plot: the document has no detailed_log entries and no target series")]
     Empty,
@@ -123,12 +126,7 @@ pub fn plot(doc: &Document, out: &Path, opts: &PlotOptions) -> Result<PlotSummar
     let format = Format::from_path(out).ok_or_else(|| PlotError::Format {
         path: out.to_path_buf(),
     })?;
-    if opts.width < 480 || opts.height < 320 {
-        return Err(PlotError::Size {
-            width: opts.width,
-            height: opts.height,
-        });
-    }
+    check_size(opts.width, opts.height)?;
     register_fonts()?;
     let model = Timeline::from_document(doc).ok_or(PlotError::Empty)?;
     let size = (opts.width, opts.height);
@@ -176,6 +174,24 @@ pub fn plot(doc: &Document, out: &Path, opts: &PlotOptions) -> Result<PlotSummar
 
 /// PNGs are drawn this many times larger, then averaged down.
 const SUPERSAMPLE: u32 = 3;
+
+/// Smallest width and height a readable picture needs, pixels.
+pub const MIN_WIDTH: u32 = 480;
+pub const MIN_HEIGHT: u32 = 320;
+/// Largest width or height drawn, pixels. A PNG is drawn at
+/// [`SUPERSAMPLE`] times its size first: at 4096×4096 that buffer is
+/// 12288×12288 RGB, 432 MiB, the most a plot may cost.
+pub const MAX_SIDE: u32 = 4096;
+
+/// Refuses sizes outside [`MIN_WIDTH`]…[`MAX_SIDE`] × [`MIN_HEIGHT`]…[`MAX_SIDE`]
+/// before anything is allocated or drawn.
+pub fn check_size(width: u32, height: u32) -> Result<(), PlotError> {
+    if (MIN_WIDTH..=MAX_SIDE).contains(&width) && (MIN_HEIGHT..=MAX_SIDE).contains(&height) {
+        Ok(())
+    } else {
+        Err(PlotError::Size { width, height })
+    }
+}
 
 /// Averages `k`×`k` blocks of an RGB image `width` pixels wide.
 fn shrink(rgb: &[u8], width: usize, k: usize) -> Vec<u8> {

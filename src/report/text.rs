@@ -56,9 +56,12 @@ pub struct Report {
 
 const HEADROOM: f64 = 0.10;
 
-/// The smallest class in [`GPU_CLASSES_GIB`] holding `mb` MiB.
+/// The smallest class in [`GPU_CLASSES_GIB`] holding `mb` MiB (beyond the
+/// largest, the GiB rounded up). `None` for nothing used, and for a figure
+/// above [`MAX_DEVICE_BYTES`](crate::store::MAX_DEVICE_BYTES), which no GPU
+/// holds: such a file is corrupt, and no card is named for it.
 pub fn gpu_class(mb: f64) -> Option<f64> {
-    if mb <= 0.0 {
+    if !(mb > 0.0 && mb <= crate::units::mib(crate::store::MAX_DEVICE_BYTES)) {
         return None;
     }
     let gib = mb / 1024.0;
@@ -153,16 +156,60 @@ fn mb(x: f64) -> String {
     }
 }
 
+/// Latest time RFC 3339 can write (9999-12-31T23:59:59Z), Unix seconds.
+const LAST_CLOCK: f64 = 253_402_300_799.0;
+
+/// A Unix time as RFC 3339; `?` for what a file may hold but no clock can
+/// show (negative, NaN, past year 9999).
 fn clock(ts: f64) -> String {
-    if ts <= 0.0 {
+    if !(ts > 0.0 && ts <= LAST_CLOCK) {
         return "?".into();
     }
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(ts);
-    humantime::format_rfc3339_seconds(t).to_string()
+    match std::time::Duration::try_from_secs_f64(ts) {
+        Ok(d) => humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + d).to_string(),
+        Err(_) => "?".into(),
+    }
+}
+
+/// Whether `c` may change what a terminal shows beyond printing a glyph:
+/// C0 and C1 controls (ESC starts colour, cursor and title sequences) and
+/// the bidirectional overrides that reorder a line.
+fn is_terminal_control(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `s` with every terminal control written as a visible escape (`\u{1b}`),
+/// newlines included unless `keep_newlines`. The report prints strings the
+/// job chose (component, operation and stage names, labels, the command
+/// line, the CUDA OOM summary): they are shown, never obeyed.
+pub fn escape_controls(s: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| is_terminal_control(c) && !(keep_newlines && c == '\n');
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if bad(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A job-provided string on one line of the report.
+fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(s, false)
 }
 
 /// A fixed-width table.
 fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| shown(c).into_owned()).collect())
+        .collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -263,7 +310,16 @@ fn host_line(doc: &Document) -> String {
 }
 
 /// The terminal report.
+/// The terminal report. Every string the file holds is shown with its
+/// control characters escaped ([`escape_controls`]).
 pub fn render(doc: &Document) -> String {
+    let out = render_raw(doc);
+    // Fields are escaped where they are written; this pass makes sure no
+    // control character but the report's own newlines reaches the terminal.
+    escape_controls(&out, true).into_owned()
+}
+
+fn render_raw(doc: &Document) -> String {
     let r = build(doc);
     let mut out = String::new();
     let run = &doc.run;
@@ -272,7 +328,7 @@ pub fn render(doc: &Document) -> String {
     } else {
         &run.name
     };
-    let _ = writeln!(out, "memtrack report: {name}");
+    let _ = writeln!(out, "memtrack report: {}", shown(name));
     if doc.schema == 0 {
         let _ = writeln!(out, "  (bare file: only detailed_log and peak_usage)");
     } else {
@@ -296,13 +352,13 @@ pub fn render(doc: &Document) -> String {
             run.status
         );
         if !run.command.is_empty() {
-            let _ = writeln!(out, "  command: {}", run.command.join(" "));
+            let _ = writeln!(out, "  command: {}", shown(&run.command.join(" ")));
         }
         let _ = writeln!(out, "  GPU figures: {}", run.gpu_backend);
         let _ = writeln!(out, "  host figures: {}", host_line(doc));
         if !run.labels.is_empty() {
             let l: Vec<String> = run.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let _ = writeln!(out, "  labels: {}", l.join(" "));
+            let _ = writeln!(out, "  labels: {}", shown(&l.join(" ")));
         }
     }
 
@@ -377,7 +433,7 @@ pub fn render(doc: &Document) -> String {
             &rows,
         );
         for (figure, rank) in &doc.worst_rank {
-            let _ = writeln!(out, "  worst {figure}: rank {rank}");
+            let _ = writeln!(out, "  worst {}: rank {}", shown(figure), shown(rank));
         }
     }
 
@@ -457,7 +513,12 @@ pub fn render(doc: &Document) -> String {
     if !doc.alerts.is_empty() {
         let _ = writeln!(out, "\nAlerts");
         for a in &doc.alerts {
-            let _ = writeln!(out, "  +{:.1} s  {}", a.timestamp - run.start, a.message);
+            let _ = writeln!(
+                out,
+                "  +{:.1} s  {}",
+                a.timestamp - run.start,
+                shown(&a.message)
+            );
         }
     }
 
@@ -480,7 +541,7 @@ pub fn render(doc: &Document) -> String {
     if let Some(components) = r.leak["components"].as_object() {
         for (c, v) in components {
             if v["suspected"] == true {
-                let _ = writeln!(out, "  component {c}: {}", verdict_line(v));
+                let _ = writeln!(out, "  component {}: {}", shown(c), verdict_line(v));
             }
         }
     }
@@ -496,13 +557,13 @@ pub fn render(doc: &Document) -> String {
             ),
             "oom_kill" => "killed by the kernel's OOM killer".into(),
             "cuda_oom" => "hit CUDA out of memory".into(),
-            other => other.to_string(),
+            other => shown(other).into_owned(),
         };
         let _ = writeln!(
             out,
             "\nFlight recorder: PID {} {} {what} at +{:.1} s ({} points, every {:.0} ms)",
             w.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
-            w.name,
+            shown(&w.name),
             w.timestamp - run.start,
             w.points.len(),
             w.interval_s * 1000.0
@@ -532,7 +593,7 @@ pub fn render(doc: &Document) -> String {
         if let Some(s) = &w.cuda_summary {
             let _ = writeln!(out, "  torch.cuda.memory_summary():");
             for line in s.lines().take(40) {
-                let _ = writeln!(out, "    {line}");
+                let _ = writeln!(out, "    {}", shown(line));
             }
         }
     }
@@ -559,6 +620,13 @@ pub fn render(doc: &Document) -> String {
                 per.join(", ")
             );
         }
+        None if n.gpu_needed_mb > 0.0 => {
+            let _ = writeln!(
+                out,
+                "  GPU memory: {} per GPU — more than any GPU holds: the file's GPU figures are not real",
+                mb(n.gpu_needed_mb)
+            );
+        }
         None => {
             let _ = writeln!(out, "  GPU memory: none used");
         }
@@ -576,6 +644,67 @@ mod tests {
         assert_eq!(gpu_class(11_000.0), Some(11.0));
         assert_eq!(gpu_class(12_288.0 * 1.1), Some(16.0));
         assert_eq!(gpu_class(300_000.0), Some(293.0));
+        assert_eq!(gpu_class(f64::NAN), None);
+        let most = crate::units::mib(crate::store::MAX_DEVICE_BYTES);
+        assert_eq!(gpu_class(most), Some(16_384.0));
+        assert_eq!(gpu_class(most * 1.01), None);
+        assert_eq!(gpu_class(crate::units::mib(u64::MAX)), None);
+    }
+
+    #[test]
+    fn job_strings_reach_the_terminal_escaped() {
+        let mut doc = Document {
+            schema: crate::model::SCHEMA_VERSION,
+            ..Document::default()
+        };
+        doc.run.name = "run\u{1b}]0;pwned\u{7}".into();
+        doc.run.command = vec!["python".into(), "x\u{1b}[2J\nfake: line".into()];
+        doc.run.labels.insert("k".into(), "v\u{9b}31m".into());
+        doc.peaks_by_component
+            .insert("\u{1b}[31mred".into(), Peaks::default());
+        doc.flight_recorder.push(crate::model::FlightWindow {
+            name: "py\u{202e}thon".into(),
+            cuda_summary: Some("|===|\n\u{1b}[1mbold\r|".into()),
+            ..Default::default()
+        });
+        let text = render(&doc);
+        assert!(
+            !text.chars().any(|c| is_terminal_control(c) && c != '\n'),
+            "{text:?}"
+        );
+        for shown in [
+            "run\\u{1b}]0;pwned\\u{7}",
+            "x\\u{1b}[2J\\u{a}fake: line",
+            "v\\u{9b}31m",
+            "\\u{1b}[31mred",
+            "py\\u{202e}thon",
+            "\\u{1b}[1mbold\\u{d}|",
+        ] {
+            assert!(text.contains(shown), "{shown} missing from {text}");
+        }
+        assert!(!text.contains("\nfake: line"), "{text}");
+    }
+
+    #[test]
+    fn times_no_clock_can_show_print_as_a_question_mark() {
+        for ts in [
+            f64::NAN,
+            -1.0,
+            f64::INFINITY,
+            253_402_300_800.0,
+            1e15,
+            f64::MAX,
+        ] {
+            assert_eq!(clock(ts), "?", "{ts}");
+        }
+        assert_eq!(clock(253_402_300_799.0), "9999-12-31T23:59:59Z");
+        let mut doc = Document {
+            schema: crate::model::SCHEMA_VERSION,
+            ..Document::default()
+        };
+        doc.run.start = 1e15;
+        doc.run.end = Some(f64::MAX);
+        assert!(render(&doc).contains(", ? — "));
     }
 
     #[test]

@@ -47,6 +47,12 @@ pub enum SampleKind {
     Event,
 }
 
+/// Largest memory figure a job may report for one GPU, bytes (16 TiB:
+/// far above any device made). The protocol refuses allocator figures
+/// above it and the report names no card for a peak above it, so a
+/// corrupt or hostile figure never becomes "a 18897856103 GB card fits".
+pub const MAX_DEVICE_BYTES: u64 = 1 << 44;
+
 /// PyTorch allocator figures sent with a mark (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Allocator {
@@ -128,6 +134,7 @@ pub struct Outcome {
 
 /// Bounds from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Limits {
     pub max_timer_entries: usize,
     /// Event entries written to `detailed_log` before they are thinned
@@ -137,6 +144,20 @@ pub struct Limits {
     pub target_series_points: usize,
     pub max_targets: usize,
     pub max_alerts: usize,
+    /// Distinct components with their own `peaks_by_component` entry (and
+    /// metric series); beyond it new ones count under [`OTHER`].
+    pub max_components: usize,
+    /// Distinct (component, operation) pairs counted separately in
+    /// `memtrack_events_total`; beyond it new pairs count under
+    /// ([`OTHER`], [`OTHER`]).
+    pub max_event_kinds: usize,
+    /// Spans open at once; a `span_begin` beyond it is logged but opens
+    /// nothing.
+    pub max_open_spans: usize,
+    /// Stages kept in `stages[]`; beyond it the closed stage with the
+    /// smallest peak makes room, or, with every stage open, the new one
+    /// is logged but not kept.
+    pub max_stages: usize,
 }
 
 impl Default for Limits {
@@ -147,8 +168,22 @@ impl Default for Limits {
             target_series_points: 512,
             max_targets: 1024,
             max_alerts: 1000,
+            max_components: 256,
+            max_event_kinds: 1000,
+            max_open_spans: 128,
+            max_stages: 1000,
         }
     }
+}
+
+/// The bucket that values beyond a dimension's limit count under.
+pub const OTHER: &str = "_other";
+
+/// Whether a value gets its own key in a map bounded to `max` keys: known
+/// values always, new ones while there is room. One rule for every
+/// dimension a job names (components, event kinds).
+fn admit(known: bool, keys: usize, max: usize) -> bool {
+    known || keys < max
 }
 
 /// The tree's figures after the latest sample (MiB).
@@ -191,10 +226,6 @@ struct LiveTarget {
 
 /// Flight-recorder windows kept in a run; later ones are counted only.
 pub const MAX_FLIGHTS: usize = 8;
-
-/// Distinct (component, operation) pairs counted separately; beyond it
-/// events count under `_other`, keeping metric cardinality bounded.
-pub const MAX_EVENT_KINDS: usize = 1000;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 struct OpenSpan {
@@ -377,12 +408,16 @@ impl Store {
             }
             Record::SpanBegin(b) => {
                 let entry = self.record_mark(&b.mark, format!("before_{}", b.mark.operation), None);
-                self.spans.push(OpenSpan {
-                    pid: b.mark.pid,
-                    component: b.mark.component.clone(),
-                    operation: b.mark.operation.clone(),
-                    started: b.mark.timestamp,
-                });
+                if self.spans.len() < self.limits.max_open_spans {
+                    self.spans.push(OpenSpan {
+                        pid: b.mark.pid,
+                        component: b.mark.component.clone(),
+                        operation: b.mark.operation.clone(),
+                        started: b.mark.timestamp,
+                    });
+                } else {
+                    self.counters.spans_untracked += 1;
+                }
                 Outcome {
                     entry: Some(entry),
                     ..Outcome::default()
@@ -413,14 +448,16 @@ impl Store {
             }
             Record::StageBegin(b) => {
                 let name = b.mark.operation.clone();
-                self.stages.push(Stage {
-                    name: name.clone(),
-                    status: "RUNNING".into(),
-                    start: b.mark.timestamp,
-                    pid: b.mark.pid,
-                    labels: b.mark.labels.clone(),
-                    ..Stage::default()
-                });
+                if self.make_room_for_a_stage() {
+                    self.stages.push(Stage {
+                        name: name.clone(),
+                        status: "RUNNING".into(),
+                        start: b.mark.timestamp,
+                        pid: b.mark.pid,
+                        labels: b.mark.labels.clone(),
+                        ..Stage::default()
+                    });
+                }
                 let entry = self.record_mark(&b.mark, format!("{name}/begin"), Some(name));
                 Outcome {
                     entry: Some(entry),
@@ -609,15 +646,43 @@ impl Store {
         self.events.copy_lines(w)
     }
 
+    /// Whether `stages[]` has room for one more: at the limit, the closed
+    /// stage with the smallest peak goes (counted); with every stage
+    /// open, the new one is not kept (counted).
+    fn make_room_for_a_stage(&mut self) -> bool {
+        if self.stages.len() < self.limits.max_stages {
+            return true;
+        }
+        self.counters.stages_dropped += 1;
+        let smallest = self
+            .stages
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.end.is_some())
+            .min_by(|a, b| {
+                let peak = |s: &Stage| s.peak.cpu_ram_used_mb.max(s.peak.gpu_ram_peak_mb);
+                peak(a.1).total_cmp(&peak(b.1))
+            })
+            .map(|(i, _)| i);
+        match smallest {
+            Some(i) => {
+                self.stages.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn count_event(&mut self, component: &str, operation: &str) {
         let known = self
             .event_counts
             .get(component)
             .is_some_and(|ops| ops.contains_key(operation));
-        let (c, o) = if known || self.event_kinds < MAX_EVENT_KINDS {
+        let (c, o) = if admit(known, self.event_kinds, self.limits.max_event_kinds) {
             (component, operation)
         } else {
-            ("_other", "_other")
+            self.counters.event_kinds_folded += 1;
+            (OTHER, OTHER)
         };
         let n = self
             .event_counts
@@ -640,12 +705,25 @@ impl Store {
     }
 
     /// Folds an entry into the overall, component and open-stage peaks.
+    /// The entry keeps the component the job named; its peaks count under
+    /// [`OTHER`] once `max_components` others have their own.
     fn observe(&mut self, entry: &Entry, n: u64) {
         self.peaks.observe_weighted(entry, n);
-        self.by_component
-            .entry(entry.component.clone())
-            .or_default()
-            .observe_weighted(entry, n);
+        let known = self.by_component.contains_key(&entry.component);
+        let component = if admit(known, self.by_component.len(), self.limits.max_components) {
+            entry.component.as_str()
+        } else {
+            self.counters.components_folded += 1;
+            OTHER
+        };
+        if let Some(p) = self.by_component.get_mut(component) {
+            p.observe_weighted(entry, n);
+        } else {
+            self.by_component
+                .entry(component.to_string())
+                .or_default()
+                .observe_weighted(entry, n);
+        }
         for stage in self.stages.iter_mut().filter(|s| s.end.is_none()) {
             stage.peak.observe_weighted(entry, n);
         }
@@ -1934,6 +2012,72 @@ mod tests {
         assert_eq!(out.alerts.len(), 1, "host back to normal");
         assert_eq!(out.alerts[0].level, "normal");
         assert_eq!(st.document().alerts.len(), 3);
+    }
+
+    #[test]
+    fn invented_names_fold_into_other_and_are_counted() {
+        let mut st = Store::new(
+            RunInfo::default(),
+            Limits {
+                max_components: 4,
+                max_event_kinds: 6,
+                max_open_spans: 3,
+                max_stages: 5,
+                ..Limits::default()
+            },
+            Thresholds::default(),
+        );
+        timer(&mut st, sample(1.0, &[(10, 100)], &[]));
+        for i in 0..50 {
+            let out = st.apply(&Record::Mark(mark(
+                2.0 + f64::from(i),
+                &format!("c{i}"),
+                "op",
+            )));
+            // The log entry keeps what the job sent.
+            assert_eq!(out.entry.unwrap().component, format!("c{i}"));
+        }
+        let doc = st.document();
+        let names: Vec<&str> = doc.peaks_by_component.keys().map(String::as_str).collect();
+        // `system` (the timer) and three of the job's, then the rest as one.
+        assert_eq!(names, ["_other", "c0", "c1", "c2", "system"]);
+        assert_eq!(doc.peaks_by_component["_other"].samples, 47);
+        assert_eq!(doc.counters.components_folded, 47);
+        let snap = st.snapshot();
+        let kinds: usize = snap.events.values().map(BTreeMap::len).sum();
+        assert_eq!(kinds, 7, "six pairs and _other/_other: {:?}", snap.events);
+        assert_eq!(snap.events["_other"]["_other"], 44);
+        assert_eq!(doc.counters.event_kinds_folded, 44);
+        // Known names keep their own series after the limit is reached.
+        st.apply(&Record::Mark(mark(60.0, "c1", "op")));
+        assert_eq!(st.document().peaks_by_component["c1"].samples, 2);
+
+        for i in 0..10 {
+            st.apply(&Record::SpanBegin(Boundary {
+                mark: mark(70.0, &format!("s{i}"), "x"),
+                status: None,
+                message: None,
+            }));
+        }
+        assert_eq!(st.open_spans().count(), 3);
+        assert_eq!(st.counters().spans_untracked, 7);
+
+        // Stages: closed ones with the smallest peaks make room; when all
+        // are open, new ones are not kept.
+        for i in 0..4 {
+            let name = format!("done{i}");
+            st.apply(&Record::StageBegin(stage(80.0, &name, None)));
+            st.apply(&Record::StageEnd(stage(81.0, &name, Some("SUCCESS"))));
+        }
+        for i in 0..8 {
+            st.apply(&Record::StageBegin(stage(90.0, &format!("open{i}"), None)));
+        }
+        let doc = st.document();
+        assert_eq!(doc.stages.len(), 5);
+        assert!(doc.stages.iter().all(|s| s.end.is_none()));
+        assert_eq!(doc.counters.stages_dropped, 7);
+        // Every message is still a log entry.
+        assert_eq!(doc.counters.events, 51 + 10 + 12 + 4);
     }
 
     #[test]

@@ -85,7 +85,11 @@ mount = lambda c: {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
 assert mount(sidecar)["memtrack-socket"] == mount(trainer)["memtrack-socket"] == socket.rsplit("/", 1)[0]
 port = [p for p in sidecar["ports"] if p["name"] == "metrics"][0]["containerPort"]
 assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
-assert any(a == "--listen=0.0.0.0:%d" % port for a in sidecar["args"])
+# Bound to the pod's address, where the scraper and the probe reach it.
+assert any(a == "--listen=$(POD_IP):%d" % port for a in sidecar["args"])
+pod_ip = [e for e in sidecar["env"] if e["name"] == "POD_IP"][0]
+assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+assert not any("0.0.0.0" in a for c in spec["initContainers"] + spec["containers"] for a in c.get("args", []))
 monitor = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d["kind"] == "ServiceMonitor"][0]
 service = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d["kind"] == "Service"][0]
 assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
@@ -103,6 +107,27 @@ print("wired")
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn no_example_serves_metrics_on_every_interface() {
+    // Other users and hosts reach whatever memtrack binds: the examples
+    // bind where a scraper needs (loopback, the pod's address), no wider.
+    for file in [
+        "examples/kubernetes/training-job.yaml",
+        "examples/slurm/run_gpu_memtrack.sh",
+        "examples/torchrun/launch.sh",
+        "systemd/memtrack-attach.service",
+        "systemd/memtrack-run@.service",
+    ] {
+        let text = std::fs::read_to_string(repo(file)).unwrap();
+        for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+            assert!(
+                !line.contains("0.0.0.0") && !line.contains("[::]"),
+                "{file} binds every interface: {line}"
+            );
+        }
+    }
 }
 
 #[test]
