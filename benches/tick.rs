@@ -118,8 +118,9 @@ fn footprint_reader(choice: SourceChoice) -> FootprintReader {
 
 /// The tree's footprint at default settings (1 s interval, so the VmHWM
 /// read falls due every tick): memtrack's sampler tick against the floor of
-/// the same files read by hand — `statm` and `status` per process, plus the
-/// cgroup's four files (cgroup) — and the Pss budget's cost on its own.
+/// the same files read by hand — `statm`, `status` and `cmdline` per
+/// process, plus the cgroup's four files (cgroup) — and the Pss budget's
+/// cost on its own.
 fn footprint_rows(n: usize, root: u32, pids: &[u32]) {
     let statm: Vec<File> = pids
         .iter()
@@ -130,8 +131,12 @@ fn footprint_rows(n: usize, root: u32, pids: &[u32]) {
         for (f, p) in statm.iter().zip(pids) {
             let n = f.read_at(buf, 0).expect("pread");
             std::hint::black_box(&buf[..n]);
+            // memtrack reads status (VmHWM) and cmdline (has it exec'd?)
+            // at the hwm cadence.
             let s = std::fs::read(format!("/proc/{p}/status")).expect("status");
             std::hint::black_box(&s);
+            let c = std::fs::read(format!("/proc/{p}/cmdline")).expect("cmdline");
+            std::hint::black_box(&c);
         }
     };
     let tick = |choice: Option<memtrack::sample::cgroup::Cgroup>| {

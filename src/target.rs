@@ -73,7 +73,7 @@ pub fn parse_pid_file(path: &str, text: &str) -> Result<Vec<u32>, TargetError> {
 /// Reads a PID file, refusing anything that cannot be one. The file is
 /// opened without blocking (a FIFO with no writer would hang), must be a
 /// regular file (`/dev/zero` never ends), and is read up to
-/// [`MAX_PID_FILE`] bytes whatever its size claims.
+/// `MAX_PID_FILE` (4 KiB) whatever its size claims.
 pub fn read_pid_file(path: &Path) -> Result<Vec<u32>, TargetError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;

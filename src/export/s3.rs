@@ -171,7 +171,7 @@ pub struct Uploader {
     client: aws_sdk_s3::Client,
     pub dest: Destination,
     /// For messages: the endpoint and where it came from, or
-    /// "AWS S3 (https://s3.REGION.amazonaws.com)".
+    /// "AWS S3 (`https://s3.REGION.amazonaws.com`)".
     pub endpoint: String,
     /// What was resolved, for messages and the retry command.
     pub resolved: aws::Resolved,

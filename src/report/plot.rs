@@ -179,7 +179,7 @@ const SUPERSAMPLE: u32 = 3;
 pub const MIN_WIDTH: u32 = 480;
 pub const MIN_HEIGHT: u32 = 320;
 /// Largest width or height drawn, pixels. A PNG is drawn at
-/// [`SUPERSAMPLE`] times its size first: at 4096×4096 that buffer is
+/// three times its size first (supersampled): at 4096×4096 that buffer is
 /// 12288×12288 RGB, 432 MiB, the most a plot may cost.
 pub const MAX_SIDE: u32 = 4096;
 

@@ -373,7 +373,7 @@ impl Cgroup {
 
     /// Creates `dir` (a child of memtrack's own v1 memory cgroup) for the
     /// job. The job joins it before it executes (see
-    /// [`crate::sys::spawn_into_cgroup`]), so every page it touches is
+    /// [`crate::sys::join_cgroup_before_exec`]), so every page it touches is
     /// charged there.
     pub fn create_v1(dir: &Path) -> Result<Cgroup, CgroupError> {
         std::fs::create_dir(dir).map_err(io_err("create", dir))?;
