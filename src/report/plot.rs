@@ -1019,7 +1019,7 @@ fn draw<DB: DrawingBackend>(
         legend.push((
             Swatch::Line(HOST.to_rgba(), 3),
             format!(
-                "tree RSS ({} process{})",
+                "tree host memory ({} process{})",
                 m.processes.max(1),
                 if m.processes <= 1 { "" } else { "es" }
             ),
@@ -1027,7 +1027,7 @@ fn draw<DB: DrawingBackend>(
         if !m.hwm.is_empty() {
             legend.push((
                 Swatch::Dashed(MUTED.to_rgba()),
-                "tree Σ VmHWM (high-water marks)".into(),
+                "tree peak between samples".into(),
             ));
         }
         for (i, l) in m.host_targets.iter().enumerate() {

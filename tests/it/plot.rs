@@ -300,8 +300,8 @@ fn plot_draws_series_phases_stages_peaks_and_alerts() {
         "python train.py --batch-size 128",
         "exit 1",
         // series and legend, top processes by peak and the rest
-        "tree RSS (9 processes)",
-        "tree Σ VmHWM",
+        "tree host memory (9 processes)",
+        "tree peak between samples",
         "1000 python",
         "1008 pt_data_worker",
         "others (3 processes)",
@@ -391,7 +391,7 @@ fn plot_reads_a_bare_file() {
     let texts = svg_texts(&std::fs::read_to_string(dir.path().join("bare.svg")).unwrap());
     for wanted in [
         "memtrack · memory timeline",
-        "tree RSS (1 process)",
+        "tree host memory (1 process)",
         "allocated (PyTorch, at marks)",
         "reserved (PyTorch, at marks)",
         "model (12 spans)",
