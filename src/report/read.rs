@@ -300,7 +300,7 @@ mod tests {
         // Deep nesting outside the log is refused by the parser's limit.
         let deep = format!("{{\"run\": {}{}}}", "[".repeat(10_000), "]".repeat(10_000));
         assert!(read_folded_from(deep.as_bytes(), |_| {}).is_err());
-        // A seed-shaped file without a log reads.
+        // A bare file without a log reads.
         let seed = br#"{"peak_usage": {"cpu_ram_used_mb": 1.0}}"#;
         assert_eq!(
             read_folded_from(&seed[..], |_| {})
