@@ -94,6 +94,16 @@ fn spawn_tree(n: usize) -> (Child, Vec<u32>) {
     }
 }
 
+/// Ends a tree [`spawn_tree`] made: the children first (once the shell
+/// is gone they belong to init), then the shell.
+fn stop_tree(mut child: Child) {
+    let _ = Command::new("pkill")
+        .args(["-P", &child.id().to_string()])
+        .status();
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 fn tree(hwm_interval: Duration) -> ProcTree {
     ProcTree::new(ProcOptions {
         root: "/proc".into(),
@@ -286,7 +296,7 @@ fn main() {
     println!("| processes | floor: statm pread | memtrack sample | ratio | sample + VmHWM read | ratio | full tick (sample+store+journal) | ratio | sysinfo, known PIDs | ratio | sysinfo, all processes | ratio |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in [1usize, 16] {
-        let (mut child, pids) = spawn_tree(n);
+        let (child, pids) = spawn_tree(n);
         let root = child.id();
 
         let files: Vec<File> = pids
@@ -373,12 +383,7 @@ fn main() {
             us(sysinfo_all),
             r(sysinfo_all),
         );
-        // The children first: once the shell is gone they belong to init.
-        let _ = Command::new("pkill")
-            .args(["-P", &child.id().to_string()])
-            .status();
-        let _ = child.kill();
-        let _ = child.wait();
+        stop_tree(child);
     }
     println!();
     println!(
@@ -391,13 +396,9 @@ fn main() {
     println!("| processes | host source | floor: same files | memtrack sampler tick | ratio |");
     println!("|---|---|---|---|---|");
     for n in [1usize, 16] {
-        let (mut child, pids) = spawn_tree(n);
+        let (child, pids) = spawn_tree(n);
         footprint_rows(n, child.id(), &pids);
-        let _ = Command::new("pkill")
-            .args(["-P", &child.id().to_string()])
-            .status();
-        let _ = child.kill();
-        let _ = child.wait();
+        stop_tree(child);
     }
     println!();
     println!(

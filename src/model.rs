@@ -92,6 +92,32 @@ impl<L> DocumentOf<L> {
     }
 }
 
+/// Serializes a log whose entries are produced one at a time by
+/// `for_each` (read back from a file, merged from sorted runs), as a JSON
+/// array: an entry the serializer refuses stops the walk with that error,
+/// a failure of the walk itself becomes a custom error.
+pub fn serialize_streamed<S: serde::Serializer>(
+    serializer: S,
+    len: Option<usize>,
+    for_each: impl FnOnce(&mut dyn FnMut(&Entry) -> Result<(), String>) -> Result<(), String>,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::{Error, SerializeSeq};
+    let mut seq = serializer.serialize_seq(len)?;
+    let mut failed: Option<S::Error> = None;
+    let outcome = for_each(&mut |e| {
+        seq.serialize_element(e).map_err(|err| {
+            let text = err.to_string();
+            failed = Some(err);
+            text
+        })
+    });
+    if let Some(err) = failed {
+        return Err(err);
+    }
+    outcome.map_err(S::Error::custom)?;
+    seq.end()
+}
+
 /// The last seconds before a target died, sampled faster than the timer:
 /// what memory looked like on the way to an OOM.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -323,6 +323,24 @@ struct Slots {
 }
 
 impl Slots {
+    /// Opens a slot for a connection of `peer`: its id, the flag it sets
+    /// while answering a request, and the notice that closes it.
+    fn insert(&mut self, peer: Peer) -> (u64, Arc<AtomicBool>, Arc<Notify>) {
+        let busy = Arc::new(AtomicBool::new(false));
+        let evict = Arc::new(Notify::new());
+        let id = self.next;
+        self.next += 1;
+        self.open.insert(
+            id,
+            Slot {
+                peer,
+                busy: Arc::clone(&busy),
+                evict: Arc::clone(&evict),
+            },
+        );
+        (id, busy, evict)
+    }
+
     /// Makes room for one more connection from `peer`: at its share
     /// (`max / 4`), its own oldest idle connection is closed; with all
     /// `max` taken, the oldest idle connection of the client holding the
@@ -446,9 +464,7 @@ fn admit(
     state: &Arc<State>,
     shutdown: &watch::Receiver<bool>,
 ) {
-    let busy = Arc::new(AtomicBool::new(false));
-    let evict = Arc::new(Notify::new());
-    let id = {
+    let (id, busy, evict) = {
         let mut slots = slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -458,17 +474,7 @@ fn admit(
             drop(stream);
             return;
         }
-        let id = slots.next;
-        slots.next += 1;
-        slots.open.insert(
-            id,
-            Slot {
-                peer,
-                busy: Arc::clone(&busy),
-                evict: Arc::clone(&evict),
-            },
-        );
-        id
+        slots.insert(peer)
     };
     let state = Arc::clone(state);
     let guard = Arc::clone(guard);
@@ -535,19 +541,7 @@ mod tests {
     }
 
     fn slot(slots: &mut Slots, peer: Peer) -> (u64, Arc<AtomicBool>, Arc<Notify>) {
-        let busy = Arc::new(AtomicBool::new(false));
-        let evict = Arc::new(Notify::new());
-        let id = slots.next;
-        slots.next += 1;
-        slots.open.insert(
-            id,
-            Slot {
-                peer,
-                busy: Arc::clone(&busy),
-                evict: Arc::clone(&evict),
-            },
-        );
-        (id, busy, evict)
+        slots.insert(peer)
     }
 
     #[test]

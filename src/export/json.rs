@@ -87,59 +87,6 @@ pub fn write_document<L: serde::Serialize>(
     })
 }
 
-/// [`write_document`] for a file that must stay readable: when the
-/// serialized document would exceed `max_bytes` the write stops, the
-/// previous file (if any) is left as it was, and the error says so.
-/// `memtrack merge` writes with [`MAX_DOCUMENT_BYTES`], the readers' limit,
-/// so it never produces a file that `report` refuses.
-pub fn write_document_within<L: serde::Serialize>(
-    path: &Path,
-    doc: &DocumentOf<L>,
-    max_bytes: u64,
-) -> Result<(), WriteError> {
-    write_atomic_with(path, |w| {
-        let mut capped = Capped {
-            inner: w,
-            left: max_bytes,
-            refused: false,
-        };
-        let written = serde_json::to_writer_pretty(&mut capped, doc);
-        match written {
-            Ok(()) => Ok(()),
-            Err(_) if capped.refused => Err(io::Error::other(format!(
-                "the document would be larger than {max_bytes} bytes ({} MiB), \
-                 the most memtrack reads back",
-                max_bytes >> 20
-            ))),
-            // Disk errors keep their OS code (and so their hint).
-            Err(e) => Err(io::Error::from(e)),
-        }
-    })
-}
-
-/// A writer that refuses to go past a size.
-struct Capped<'a> {
-    inner: &'a mut dyn Write,
-    left: u64,
-    refused: bool,
-}
-
-impl Write for Capped<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if buf.len() as u64 > self.left {
-            self.refused = true;
-            return Err(io::Error::other("over the size limit"));
-        }
-        let n = self.inner.write(buf)?;
-        self.left -= n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 /// Reads a document (any schema version, or a bare file: only
 /// `detailed_log` and `peak_usage`).
 pub fn read_document(path: &Path) -> anyhow::Result<Document> {
@@ -186,28 +133,6 @@ mod tests {
             err.to_string().contains("/proc/memtrack-test/x.json"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn a_document_over_the_limit_is_not_written_and_the_old_file_stays() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(FILE_NAME);
-        let mut doc = Document::default();
-        doc.run.name = "x".repeat(4096);
-        write_document_within(&path, &Document::default(), 4096).unwrap();
-        let before = fs::read(&path).unwrap();
-        let err = write_document_within(&path, &doc, 4096).unwrap_err();
-        assert!(err.to_string().contains("larger than"), "{err}");
-        assert_eq!(fs::read(&path).unwrap(), before, "the old file is intact");
-        let names: Vec<_> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names.len(), 1, "no temporary left: {names:?}");
-        // At the limit exactly, it is written.
-        let exact = serde_json::to_vec_pretty(&doc).unwrap().len() as u64;
-        write_document_within(&path, &doc, exact).unwrap();
-        assert_eq!(fs::metadata(&path).unwrap().len(), exact);
     }
 
     #[test]

@@ -172,21 +172,7 @@ impl MergedLog {
 
 impl serde::Serialize for MergedLog {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::{Error, SerializeSeq};
-        let mut seq = serializer.serialize_seq(Some(self.len))?;
-        let mut failed: Option<S::Error> = None;
-        let outcome = self.try_for_each(|e| {
-            seq.serialize_element(e).map_err(|err| {
-                let text = err.to_string();
-                failed = Some(err);
-                text
-            })
-        });
-        if let Some(err) = failed {
-            return Err(err);
-        }
-        outcome.map_err(S::Error::custom)?;
-        seq.end()
+        crate::model::serialize_streamed(serializer, Some(self.len), |f| self.try_for_each(f))
     }
 }
 

@@ -1397,22 +1397,8 @@ impl Chunk {
 
 impl Serialize for LogView<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::{Error, SerializeSeq};
         let len = (!self.store.events_thinned()).then(|| self.len());
-        let mut seq = serializer.serialize_seq(len)?;
-        let mut failed: Option<S::Error> = None;
-        let outcome = self.try_for_each(|e| {
-            seq.serialize_element(e).map_err(|err| {
-                let text = err.to_string();
-                failed = Some(err);
-                text
-            })
-        });
-        if let Some(err) = failed {
-            return Err(err);
-        }
-        outcome.map_err(S::Error::custom)?;
-        seq.end()
+        crate::model::serialize_streamed(serializer, len, |f| self.try_for_each(f))
     }
 }
 

@@ -75,6 +75,18 @@ pub fn read_document(path: &Path) -> Document {
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// A job that holds 400 MiB for 20 ms at 0.3 s, then little until 1.9 s:
+/// a spike no 1 s tick sees.
+pub const SPIKE_JOB: &str = r#"
+import time
+time.sleep(0.3)
+b = bytearray(400 << 20)
+for i in range(0, len(b), 4096): b[i] = 1
+time.sleep(0.02)
+del b
+time.sleep(1.6)
+"#;
+
 /// `python3 -c SCRIPT` as argv, naming the interpreter itself: a version
 /// manager's `python3` is a shell shim whose own helper processes would
 /// join the followed tree for a moment.

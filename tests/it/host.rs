@@ -203,20 +203,11 @@ fn the_rss_sum_is_labelled_when_asked_for() {
 fn a_20ms_spike_shows_through_the_cgroup_peak() {
     needs_cgroup_mode!();
     let out_dir = scratch();
-    let script = r#"
-import time
-time.sleep(0.3)
-b = bytearray(400 << 20)
-for i in range(0, len(b), 4096): b[i] = 1
-time.sleep(0.02)
-del b
-time.sleep(1.6)
-"#;
     let out = run_to_end(
         memtrack()
             .args(["run", "--interval", "1s", "--listen", "off", "--output"])
             .arg(out_dir.path())
-            .args(["--", real_python(), "-c", script]),
+            .args(["--", real_python(), "-c", SPIKE_JOB]),
         Duration::from_secs(30),
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
