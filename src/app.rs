@@ -13,13 +13,14 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use crate::config::Config;
-use crate::engine::{EndWhen, Engine, EngineOptions, EventLink, Input};
+use crate::engine::{EndWhen, Engine, EngineOptions, EventLink};
+use crate::event::inbox::Input;
 use crate::export::finish::Deadline;
 use crate::export::{clearml, http};
 use crate::model::{Exit, RunInfo};
 use crate::sample::footprint::{self, FootprintOptions, FootprintReader, SourceChoice};
 use crate::sample::procfs::{ProcOptions, ProcTree, SmapsOptions};
-use crate::sample::{gpu, Sampler};
+use crate::sample::Sampler;
 use crate::shutdown::SignalThread;
 use crate::store::journal::{self, Journal};
 use crate::store::snapshot::Snapshot;
@@ -305,7 +306,7 @@ struct Io {
     s3_errors: Arc<AtomicU64>,
     clearml: Option<clearml::Reporter>,
     /// The job's announcements of its ClearML task, for the reporter.
-    job_tasks: Option<tokio::sync::mpsc::UnboundedReceiver<clearml::JobTask>>,
+    job_tasks: Option<tokio::sync::mpsc::UnboundedReceiver<crate::event::inbox::JobTask>>,
     /// The checkpoint uploader: its stop switch and its task.
     checkpoint_uploads: Option<(
         tokio::sync::watch::Sender<bool>,
@@ -410,7 +411,9 @@ impl Io {
             });
         }
 
-        if let Some(addr) = http::parse_listen(&config.listen).map_err(anyhow::Error::msg)? {
+        if let Some(addr) =
+            crate::config::parse_listen(&config.listen).map_err(anyhow::Error::msg)?
+        {
             let bound = io.runtime.block_on(tokio::net::TcpListener::bind(addr));
             match bound {
                 Ok(listener) => {
@@ -636,7 +639,7 @@ pub fn clearml_resend(
             report: clearml::FinishReport::default(),
         });
     }
-    let document = run_dir.join(crate::export::json::FILE_NAME);
+    let document = run_dir.join(crate::model::json::FILE_NAME);
     let doc = crate::report::read::without_log(&document).with_context(|| {
         format!(
             "the run's JSON is needed for its name and exit (after a killed memtrack, run              `memtrack recover {}` first)",
@@ -764,7 +767,7 @@ const HTTP_CONNECTIONS: usize = 64;
 fn own_vm_hwm() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|text| crate::sample::procfs::parse_status(&text).ok())
+        .and_then(|text| crate::sample::parse::parse_status(&text).ok())
         .map_or(0, |s| s.vm_hwm)
 }
 
@@ -873,7 +876,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     };
     let run_dir = prepare_run_dir(&config.output, &dir_name, explicit)?;
     let mut cleanup = Cleanup::new(&run_dir);
-    let gpu = gpu::open(
+    let gpu = crate::sample::open_gpu(
         &config.gpu,
         std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
     );
@@ -892,7 +895,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         );
     }
 
-    let document = run_dir.join(crate::export::json::FILE_NAME);
+    let document = run_dir.join(crate::model::json::FILE_NAME);
     let run = RunInfo {
         id: random_id(),
         // A rank's run name is the job's, shared by all its ranks; otherwise
@@ -1092,9 +1095,9 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             let fallback = std::env::temp_dir().join(format!(
                 "memtrack-{}-{}",
                 store.run.id,
-                crate::export::json::FILE_NAME
+                crate::model::json::FILE_NAME
             ));
-            match crate::export::json::write_document(&fallback, &store.document_view()) {
+            match crate::model::json::write_document(&fallback, &store.document_view()) {
                 Ok(()) => {
                     tracing::error!(
                         "{} could not be written ({e}); the run's JSON is in {} instead",

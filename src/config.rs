@@ -17,7 +17,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
+use crate::model::valid_label_name;
 use crate::sample::footprint::SourceChoice;
+pub use crate::sample::gpu::GpuConfig;
 use crate::store::pressure::Thresholds;
 use crate::units::serde_duration;
 
@@ -272,16 +274,6 @@ pub struct HostConfig {
     pub pss_budget: f64,
 }
 
-/// GPU (NVML) sampling.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GpuConfig {
-    /// `false` forces host-only mode.
-    pub enabled: bool,
-    /// NVML shared library to load. Empty: the system's `libnvidia-ml.so.1`.
-    pub nvml_library: PathBuf,
-}
-
 /// Bounds that keep a long run's memory and JSON size flat.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -350,15 +342,6 @@ impl Default for HostConfig {
             smaps_max_rss_mb: 4096,
             source: SourceChoice::Auto,
             pss_budget: 0.02,
-        }
-    }
-}
-
-impl Default for GpuConfig {
-    fn default() -> Self {
-        GpuConfig {
-            enabled: true,
-            nvml_library: PathBuf::new(),
         }
     }
 }
@@ -712,7 +695,7 @@ impl Config {
                 return bad("labels", format!("value of `{k}` is longer than 256 bytes"));
             }
         }
-        if let Err(e) = crate::export::http::parse_listen(&self.listen) {
+        if let Err(e) = parse_listen(&self.listen) {
             return bad("listen", e);
         }
         if self.socket.max_connections == 0 || self.socket.max_connections > 65_536 {
@@ -802,17 +785,31 @@ fn bool_or_word<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Err
     }
 }
 
-/// Prometheus label-name rules, applied to every label memtrack records.
-pub fn valid_label_name(k: &str) -> bool {
-    let mut chars = k.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !k.starts_with("__")
+/// Parses `--listen`: `off`, or an address (`127.0.0.1:9464`, `[::1]:9464`).
+pub fn parse_listen(text: &str) -> Result<Option<std::net::SocketAddr>, String> {
+    if text == "off" {
+        return Ok(None);
+    }
+    text.parse::<std::net::SocketAddr>()
+        .map(Some)
+        .map_err(|_| format!("`{text}` is not an address like 127.0.0.1:9464 (or `off`)"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_values() {
+        assert_eq!(parse_listen("off").unwrap(), None);
+        assert_eq!(
+            parse_listen("127.0.0.1:9464").unwrap().unwrap().port(),
+            9464
+        );
+        assert!(parse_listen("[::1]:0").unwrap().is_some());
+        assert!(parse_listen("localhost:9464").is_err());
+        assert!(parse_listen("9464").is_err());
+    }
 
     fn layer(name: &str, toml_text: &str) -> Layer {
         Layer {

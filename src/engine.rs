@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, oneshot, watch};
 
-use crate::event::protocol::{self, Message, Notice, Request};
+use crate::event::inbox::{ClientRequest, Input};
+use crate::event::protocol::{self, Message, Notice};
 use crate::event::server::Stats;
 use crate::logging::RateLimited;
 use crate::model::{EntryKind, Exit, FlightPoint, FlightWindow};
@@ -28,34 +29,6 @@ use crate::store::snapshot::{Histogram, Snapshot};
 use crate::store::{Boundary, Mark, Outcome, Record, SampleKind, Store, SYSTEM};
 use crate::sys;
 use crate::units::{unix_now, MIB};
-
-/// Messages to the engine.
-#[derive(Debug)]
-pub enum Input {
-    /// The job spawned by `run` ended (reaped by its waiter thread).
-    JobExited { pid: u32, reaped: sys::Reaped },
-    /// Finish the run: a final sample and every flush. `urgent` (a second
-    /// signal) skips the final sample.
-    Stop { urgent: bool },
-    /// A request from the event socket. Boxed: the engine's queue holds
-    /// up to 65,536 inputs and preallocates its slots, so an `Input` must
-    /// stay a few words wide.
-    Client(Box<ClientRequest>),
-    /// Write a checkpoint at the next maintenance instead of waiting for
-    /// the interval (the run must upload the document now).
-    Checkpoint,
-}
-
-/// A request read from a client, with where to send the reply line.
-#[derive(Debug)]
-pub struct ClientRequest {
-    /// The sender (`SO_PEERCRED`).
-    pub pid: Option<u32>,
-    /// When the line arrived (Unix seconds).
-    pub received: f64,
-    pub request: Request,
-    pub reply: Option<oneshot::Sender<Vec<u8>>>,
-}
 
 /// The engine's link to the event socket.
 #[derive(Debug, Clone)]
@@ -708,10 +681,11 @@ impl Engine {
         for input in batch {
             match input {
                 Input::JobExited { pid, reaped } => {
-                    ended.job_exit = Some(reaped.exit);
+                    let exit = Exit::from_wait_status(reaped.status);
+                    ended.job_exit = Some(exit);
                     self.commit(Record::Exit {
                         pid,
-                        exit: reaped.exit,
+                        exit,
                         // 0: not known (the job's peak hid below
                         // memtrack's own, which it inherited).
                         max_rss: (reaped.max_rss_kib > 0).then(|| reaped.max_rss_kib * 1024),

@@ -212,7 +212,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
                             .with_context(|| format!("cannot create {}", dir.display()))
                             .map_err(runtime)?;
                     }
-                    memtrack::export::json::write_document(path, &merged)
+                    memtrack::model::json::write_document(path, &merged)
                         .map_err(|e| runtime(e.into()))?;
                     logging::say(&format!(
                         "memtrack: merged {} ranks into {}",

@@ -27,7 +27,7 @@ use signal_hook::iterator::exfiltrator::WithOrigin;
 use signal_hook::iterator::{Handle, SignalsInfo};
 use signal_hook::low_level::siginfo::Cause;
 
-use crate::engine::Input;
+use crate::event::inbox::Input;
 use crate::sys;
 
 /// The signal-handling thread; dropping it stops the thread.

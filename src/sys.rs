@@ -7,8 +7,6 @@
 
 use std::io;
 
-use crate::model::Exit;
-
 /// Makes this process the reaper of orphaned descendants
 /// (`PR_SET_CHILD_SUBREAPER`), so a worker whose parent dies stays in the
 /// followed tree and its exit status reaches us.
@@ -46,7 +44,8 @@ pub fn join_cgroup_before_exec(cmd: &mut std::process::Command, procs: std::fs::
 /// What `wait4` reports for a reaped child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reaped {
-    pub exit: Exit,
+    /// The raw wait status (`WIFSIGNALED`, `WEXITSTATUS`, …).
+    pub status: i32,
     /// `ru_maxrss` in KiB: the child's own peak RSS, exact even for spikes
     /// shorter than any sampling interval.
     pub max_rss_kib: u64,
@@ -68,7 +67,7 @@ pub fn wait_child(pid: u32, block: bool) -> io::Result<Option<Reaped>> {
         }
         if rc > 0 {
             return Ok(Some(Reaped {
-                exit: Exit::from_wait_status(status),
+                status,
                 max_rss_kib: usage.ru_maxrss.max(0) as u64,
             }));
         }
@@ -294,7 +293,10 @@ mod tests {
             .spawn()
             .unwrap();
         let r = wait_child(child.id(), true).unwrap().unwrap();
-        assert_eq!(r.exit, Exit::code(7));
+        assert_eq!(
+            crate::model::Exit::from_wait_status(r.status),
+            crate::model::Exit::code(7)
+        );
 
         let child = std::process::Command::new("sleep")
             .arg("10")
@@ -303,8 +305,11 @@ mod tests {
         assert_eq!(wait_child(child.id(), false).unwrap(), None);
         kill(child.id(), libc::SIGKILL).unwrap();
         let r = wait_child(child.id(), true).unwrap().unwrap();
-        assert_eq!(r.exit.code, 137);
-        assert_eq!(r.exit.signal, Some(9));
+        assert_eq!(crate::model::Exit::from_wait_status(r.status).code, 137);
+        assert_eq!(
+            crate::model::Exit::from_wait_status(r.status).signal,
+            Some(9)
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use memtrack::event::protocol::{error_line, parse, Message, MAX_LINE};
-use memtrack::store::MAX_DEVICE_BYTES;
+use memtrack::model::MAX_DEVICE_BYTES;
 
 fuzz_target!(|data: &[u8]| {
     match parse(data) {

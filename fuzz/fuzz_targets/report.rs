@@ -7,7 +7,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use memtrack::model::Document;
-use memtrack::report::{leak, merge, plot, text};
+use memtrack::model::leak;
+use memtrack::report::{merge, plot, text};
 
 fuzz_target!(|data: &[u8]| {
     // Any two u32s as a plot size: refused outside the bounds, accepted

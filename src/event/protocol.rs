@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::Entry;
-use crate::store::{Allocator, MAX_DEVICE_BYTES};
+use crate::model::{Allocator, MAX_DEVICE_BYTES};
 
 /// Protocol version spoken by this daemon.
 pub const VERSION: u64 = 1;
@@ -190,7 +190,7 @@ fn labels(
         ));
     }
     for (k, v) in &labels {
-        if k.len() > MAX_LABEL_NAME || !crate::config::valid_label_name(k) {
+        if k.len() > MAX_LABEL_NAME || !crate::model::valid_label_name(k) {
             return Err(invalid(
                 "labels",
                 &format!("has a bad name {:?}: use [a-zA-Z_][a-zA-Z0-9_]*, at most {MAX_LABEL_NAME} bytes", truncated(k)),

@@ -20,8 +20,8 @@ use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+use super::inbox::{ClientRequest, Input};
 use super::protocol::{self, ErrorCode, Message, Notice, ProtocolError, MAX_LINE};
-use crate::engine::{ClientRequest, Input};
 use crate::units::unix_now;
 
 /// Replies waiting for a client that does not read; beyond this it is
@@ -64,7 +64,7 @@ pub struct Shared {
     pub access: Access,
     /// The ClearML reporter's intake for `clearml_task` announcements;
     /// `None` (or closed) when the run does not report to ClearML.
-    pub clearml: Option<mpsc::UnboundedSender<crate::export::clearml::JobTask>>,
+    pub clearml: Option<mpsc::UnboundedSender<crate::event::inbox::JobTask>>,
 }
 
 /// Why the socket could not be set up.
@@ -460,7 +460,7 @@ async fn announce_task(
     id: &Option<protocol::Id>,
     ack: bool,
 ) -> Option<Vec<u8>> {
-    use crate::export::clearml::{JobTask, JobTaskReply};
+    use super::inbox::{JobTask, JobTaskReply};
     let (tx, rx) = oneshot::channel();
     let sent = shared.clearml.as_ref().is_some_and(|c| {
         c.send(JobTask {

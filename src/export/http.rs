@@ -188,7 +188,11 @@ async fn handle(state: &State, guard: &Guard, req: Request<Incoming>) -> Respons
         "/metrics" => respond(
             StatusCode::OK,
             prometheus::content_type(),
-            prometheus::render_with(&snap, prometheus::SelfUsage::read(), &guard.counters()),
+            prometheus::render_with(
+                &snap,
+                crate::sample::procfs::SelfUsage::read(),
+                &guard.counters(),
+            ),
         ),
         "/memory-info" => json(StatusCode::OK, &memory_info(&snap)),
         "/cleanup-memory" => match guard.cleanup(Instant::now()) {
@@ -514,31 +518,9 @@ fn admit(
     });
 }
 
-/// Parses `--listen`: `off`, or an address (`127.0.0.1:9464`, `[::1]:9464`).
-pub fn parse_listen(text: &str) -> Result<Option<SocketAddr>, String> {
-    if text == "off" {
-        return Ok(None);
-    }
-    text.parse::<SocketAddr>()
-        .map(Some)
-        .map_err(|_| format!("`{text}` is not an address like 127.0.0.1:9464 (or `off`)"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn listen_values() {
-        assert_eq!(parse_listen("off").unwrap(), None);
-        assert_eq!(
-            parse_listen("127.0.0.1:9464").unwrap().unwrap().port(),
-            9464
-        );
-        assert!(parse_listen("[::1]:0").unwrap().is_some());
-        assert!(parse_listen("localhost:9464").is_err());
-        assert!(parse_listen("9464").is_err());
-    }
 
     fn slot(slots: &mut Slots, peer: Peer) -> (u64, Arc<AtomicBool>, Arc<Notify>) {
         slots.insert(peer)

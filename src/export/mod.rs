@@ -5,7 +5,6 @@ pub mod aws;
 pub mod clearml;
 pub mod finish;
 pub mod http;
-pub mod json;
 pub mod peer;
 pub mod prometheus;
 pub mod s3;

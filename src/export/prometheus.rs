@@ -12,6 +12,7 @@ use prometheus::proto::{
 };
 use prometheus::{Encoder, TextEncoder};
 
+use crate::sample::procfs::SelfUsage;
 use crate::store::snapshot::Snapshot;
 use crate::units::MIB;
 
@@ -192,31 +193,6 @@ pub fn run_labels(snap: &Snapshot) -> Vec<(String, String)> {
     l
 }
 
-/// memtrack's own footprint, read at scrape time (not by the sampler).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SelfUsage {
-    pub rss_bytes: u64,
-    pub cpu_seconds: f64,
-}
-
-impl SelfUsage {
-    /// Reads `/proc/self`; `None` where procfs is missing.
-    pub fn read() -> Option<SelfUsage> {
-        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-        let rss_bytes = crate::sample::procfs::parse_statm(&statm, crate::sys::page_size()).ok()?;
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        let rest = &stat[stat.rfind(')')? + 1..];
-        let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
-        // utime and stime are fields 14 and 15 of proc(5); `rest` starts at 3.
-        let ticks: f64 =
-            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-        Some(SelfUsage {
-            rss_bytes,
-            cpu_seconds: ticks / crate::sys::clock_ticks() as f64,
-        })
-    }
-}
-
 /// What the HTTP server counted itself, read at scrape time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServerCounters {
@@ -262,7 +238,7 @@ pub fn families_with(
         .labels
         .iter()
         .filter(|(k, _)| {
-            !matches!(k.as_str(), "run" | "host" | "rank") && crate::config::valid_label_name(k)
+            !matches!(k.as_str(), "run" | "host" | "rank") && crate::model::valid_label_name(k)
         })
         .map(|(k, v)| (k.as_str(), v.clone()))
         .collect();

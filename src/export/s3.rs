@@ -121,7 +121,7 @@ pub fn file_name(labels: &std::collections::BTreeMap<String, String>) -> String 
     match (rank, labels.get("host")) {
         (Some(rank), Some(host)) => format!("memory_usage.{}.rank{}.json", safe(host), safe(rank)),
         (Some(rank), None) => format!("memory_usage.rank{}.json", safe(rank)),
-        _ => crate::export::json::FILE_NAME.to_string(),
+        _ => crate::model::json::FILE_NAME.to_string(),
     }
 }
 
@@ -599,7 +599,7 @@ pub fn upload_file(config: &S3Config, file: &Path) -> anyhow::Result<String> {
         !config.url.is_empty(),
         "no destination: pass --s3-url s3://bucket/prefix (or set s3.url)"
     );
-    let doc = crate::export::json::read_document(file)?;
+    let doc = crate::model::json::read_document(file)?;
     let run = if doc.run.name.is_empty() {
         file.canonicalize()
             .ok()
@@ -687,7 +687,7 @@ pub fn download_documents(
             }
             let bytes = uploader.get(&key).await?;
             anyhow::ensure!(
-                bytes.len() as u64 <= crate::export::json::MAX_DOCUMENT_BYTES,
+                bytes.len() as u64 <= crate::model::json::MAX_DOCUMENT_BYTES,
                 "s3://{}/{key} is too large to merge",
                 uploader.dest.bucket
             );

@@ -18,8 +18,8 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
 
+use crate::model::leak;
 use crate::model::{Document, DocumentOf, Entry, Peaks, RankSummary, SCHEMA_VERSION};
-use crate::report::leak;
 use crate::store::entries::EntryLog;
 
 /// Entries sorted in memory at a time; a longer log is sorted in chunks of

@@ -3,7 +3,6 @@
 //! detection.
 
 pub mod compare;
-pub mod leak;
 pub mod merge;
 pub mod plot;
 pub mod read;
@@ -18,7 +17,7 @@ pub fn document_path(path: &Path) -> anyhow::Result<PathBuf> {
     if !path.is_dir() {
         return Ok(path.to_path_buf());
     }
-    let file = path.join(crate::export::json::FILE_NAME);
+    let file = path.join(crate::model::json::FILE_NAME);
     if file.is_file() {
         return Ok(file);
     }
@@ -27,14 +26,14 @@ pub fn document_path(path: &Path) -> anyhow::Result<PathBuf> {
             "{} holds no {} yet: its memtrack is still running, or was killed \
              (`memtrack recover {}` rebuilds the file)",
             path.display(),
-            crate::export::json::FILE_NAME,
+            crate::model::json::FILE_NAME,
             path.display()
         );
     }
     anyhow::bail!(
         "{} is a directory without a {}: give a run directory (outputs/RUN) or the file",
         path.display(),
-        crate::export::json::FILE_NAME
+        crate::model::json::FILE_NAME
     )
 }
 

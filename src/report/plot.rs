@@ -32,8 +32,8 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{FontStyle, RGBAColor};
 use serde::Serialize;
 
+use crate::model::leak::{self, LeakConfig};
 use crate::model::{Document, Entry, EntryKind, GpuSource};
-use crate::report::leak::{self, LeakConfig};
 
 /// Processes drawn one by one; the rest are summed into "others".
 pub const TOP_TARGETS: usize = 6;

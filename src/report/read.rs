@@ -21,10 +21,10 @@ use anyhow::Context;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use crate::model::leak;
+use crate::model::thin::Thinned;
 use crate::model::{Document, Entry, EntryKind};
-use crate::report::leak;
 use crate::store::entries::COMPLETE_LOG;
-use crate::store::thin::Thinned;
 
 /// Reads the document at `path`, handing each `detailed_log` entry to
 /// `each` in file order; the document comes back with an empty log.

@@ -11,8 +11,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::model::leak;
 use crate::model::{Document, Peaks};
-use crate::report::leak;
 
 /// GPU memory sizes sold, GiB: the smallest one a run fits in is the
 /// answer to "what GPU do I need".
@@ -58,10 +58,10 @@ const HEADROOM: f64 = 0.10;
 
 /// The smallest class in [`GPU_CLASSES_GIB`] holding `mb` MiB (beyond the
 /// largest, the GiB rounded up). `None` for nothing used, and for a figure
-/// above [`MAX_DEVICE_BYTES`](crate::store::MAX_DEVICE_BYTES), which no GPU
+/// above [`MAX_DEVICE_BYTES`](crate::model::MAX_DEVICE_BYTES), which no GPU
 /// holds: such a file is corrupt, and no card is named for it.
 pub fn gpu_class(mb: f64) -> Option<f64> {
-    if !(mb > 0.0 && mb <= crate::units::mib(crate::store::MAX_DEVICE_BYTES)) {
+    if !(mb > 0.0 && mb <= crate::units::mib(crate::model::MAX_DEVICE_BYTES)) {
         return None;
     }
     let gib = mb / 1024.0;
@@ -645,7 +645,7 @@ mod tests {
         assert_eq!(gpu_class(12_288.0 * 1.1), Some(16.0));
         assert_eq!(gpu_class(300_000.0), Some(293.0));
         assert_eq!(gpu_class(f64::NAN), None);
-        let most = crate::units::mib(crate::store::MAX_DEVICE_BYTES);
+        let most = crate::units::mib(crate::model::MAX_DEVICE_BYTES);
         assert_eq!(gpu_class(most), Some(16_384.0));
         assert_eq!(gpu_class(most * 1.01), None);
         assert_eq!(gpu_class(crate::units::mib(u64::MAX)), None);

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::procfs::ParseError;
+use super::parse::ParseError;
 
 /// Which cgroup hierarchy a cgroup lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

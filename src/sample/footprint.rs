@@ -26,8 +26,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::cgroup::{self, Cgroup, Hierarchies, Reading};
-use super::procfs::{parse_statm, HostSample, ProcTree, PssBudget};
+use super::cgroup::{self, Cgroup, Hierarchies};
+use super::host::{Footprint, HostSample};
+use super::parse::parse_statm;
+use super::procfs::{ProcTree, PssBudget};
 pub use crate::model::HostSource;
 
 /// Which sources a run may use (`host.source`).
@@ -56,28 +58,6 @@ impl std::str::FromStr for SourceChoice {
             )),
         }
     }
-}
-
-/// The tree's figure in one sample (bytes).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Footprint {
-    pub source: HostSource,
-    /// Resident memory of the tree now, every page once.
-    pub used: u64,
-    /// The highest `used` since the previous sample, as far as the source
-    /// can tell (the kernel's peak; rises of processes' `VmHWM`).
-    pub peak: u64,
-    /// Pss: seconds since the oldest exact read behind `used`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub age_s: Option<f64>,
-    /// Cgroup: the reading behind `used`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroup: Option<Reading>,
-    /// Pss: `smaps_rollup` reads so far and the seconds they took.
-    #[serde(default)]
-    pub pss_reads: u64,
-    #[serde(default)]
-    pub pss_read_s: f64,
 }
 
 /// The source a run uses, why, and (cgroup) which one: what
@@ -498,9 +478,9 @@ fn only_the_tree(
     Ok(())
 }
 
-fn stat_of(proc_root: &Path, pid: u32) -> Option<super::procfs::Stat> {
+fn stat_of(proc_root: &Path, pid: u32) -> Option<super::parse::Stat> {
     let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    super::procfs::parse_stat(&text).ok()
+    super::parse::parse_stat(&text).ok()
 }
 
 /// A process not yet sampled whose ancestors include one of ours.

@@ -4,14 +4,32 @@
 //! The contract: each call either fills a sample, reports "no GPU" (the
 //! reason was logged once when the sampler was chosen), or reports an error
 //! for this sample only. An error degrades that sample to host-only figures
-//! and is counted; it never stops sampling. [`open`] picks the NVML
-//! sampler when it can, else [`NoGpu`] with a one-line reason.
+//! and is counted; it never stops sampling. [`crate::sample::open_gpu`]
+//! picks the NVML sampler when it can, else [`NoGpu`] with a one-line
+//! reason.
 
-use std::path::Path;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::GpuConfig;
+/// GPU (NVML) sampling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// `false` forces host-only mode.
+    pub enabled: bool,
+    /// NVML shared library to load. Empty: the system's `libnvidia-ml.so.1`.
+    pub nvml_library: PathBuf,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            enabled: true,
+            nvml_library: PathBuf::new(),
+        }
+    }
+}
 
 /// A GPU as described once at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,33 +140,6 @@ pub fn is_visible(device: &Device, visible: &Option<Vec<String>>) -> bool {
     }
 }
 
-/// Chooses the GPU sampler for a run. Never fails: every problem becomes
-/// host-only mode with the reason (logged once by the caller).
-pub fn open(config: &GpuConfig, cuda_visible: Option<&str>) -> Box<dyn GpuSampler> {
-    if !config.enabled {
-        return Box::new(NoGpu {
-            reason: "disabled by configuration".into(),
-        });
-    }
-    let visible = visible_devices(cuda_visible);
-    if matches!(&visible, Some(v) if v.is_empty()) {
-        return Box::new(NoGpu {
-            reason: "CUDA_VISIBLE_DEVICES hides every GPU".into(),
-        });
-    }
-    let lib =
-        (!config.nvml_library.as_os_str().is_empty()).then_some(config.nvml_library.as_path());
-    match super::nvml::NvmlSampler::open(lib, &visible) {
-        Ok(s) => Box::new(s),
-        Err(reason) => Box::new(NoGpu { reason }),
-    }
-}
-
-/// The library name memtrack loads when none is configured.
-pub fn default_library() -> &'static Path {
-    Path::new("libnvidia-ml.so.1")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,26 +162,5 @@ mod tests {
         assert!(!is_visible(&d, &visible_devices(Some("0"))));
         assert!(is_visible(&d, &visible_devices(Some("GPU-8f3a"))));
         assert!(is_visible(&d, &None));
-    }
-
-    #[test]
-    fn disabled_and_hidden_mean_host_only() {
-        let mut cfg = GpuConfig {
-            enabled: false,
-            ..GpuConfig::default()
-        };
-        assert!(open(&cfg, None).backend().starts_with("none: disabled"));
-        cfg.enabled = true;
-        assert!(open(&cfg, Some(""))
-            .backend()
-            .contains("CUDA_VISIBLE_DEVICES"));
-        cfg.nvml_library = "/nonexistent/libnvidia-ml.so.1".into();
-        let s = open(&cfg, None);
-        assert!(
-            s.backend().starts_with("none: no NVIDIA driver"),
-            "{}",
-            s.backend()
-        );
-        assert!(s.devices().is_empty());
     }
 }

@@ -9,7 +9,9 @@
 pub mod cgroup;
 pub mod footprint;
 pub mod gpu;
+pub mod host;
 pub mod nvml;
+pub mod parse;
 pub mod procfs;
 
 use std::fs::File;
@@ -19,8 +21,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::units::unix_now;
+use gpu::GpuConfig;
 
-pub use procfs::{HostSample, ProcTree};
+pub use host::HostSample;
+pub use procfs::ProcTree;
 
 /// Host-wide memory (bytes) from `/proc/meminfo`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,6 +176,28 @@ impl Sampler {
     }
 }
 
+/// Chooses the GPU sampler for a run. Never fails: every problem becomes
+/// host-only mode with the reason (logged once by the caller).
+pub fn open_gpu(config: &GpuConfig, cuda_visible: Option<&str>) -> Box<dyn gpu::GpuSampler> {
+    if !config.enabled {
+        return Box::new(gpu::NoGpu {
+            reason: "disabled by configuration".into(),
+        });
+    }
+    let visible = gpu::visible_devices(cuda_visible);
+    if matches!(&visible, Some(v) if v.is_empty()) {
+        return Box::new(gpu::NoGpu {
+            reason: "CUDA_VISIBLE_DEVICES hides every GPU".into(),
+        });
+    }
+    let lib =
+        (!config.nvml_library.as_os_str().is_empty()).then_some(config.nvml_library.as_path());
+    match nvml::NvmlSampler::open(lib, &visible) {
+        Ok(s) => Box::new(s),
+        Err(reason) => Box::new(gpu::NoGpu { reason }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,5 +214,26 @@ mod tests {
             }
         );
         assert_eq!(parse_meminfo("MemTotal: 5 kB\n"), None);
+    }
+
+    #[test]
+    fn disabled_and_hidden_mean_host_only() {
+        let mut cfg = GpuConfig {
+            enabled: false,
+            ..GpuConfig::default()
+        };
+        assert!(open_gpu(&cfg, None).backend().starts_with("none: disabled"));
+        cfg.enabled = true;
+        assert!(open_gpu(&cfg, Some(""))
+            .backend()
+            .contains("CUDA_VISIBLE_DEVICES"));
+        cfg.nvml_library = "/nonexistent/libnvidia-ml.so.1".into();
+        let s = open_gpu(&cfg, None);
+        assert!(
+            s.backend().starts_with("none: no NVIDIA driver"),
+            "{}",
+            s.backend()
+        );
+        assert!(s.devices().is_empty());
     }
 }

@@ -28,324 +28,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
+use super::host::{Described, HostSample, Identity, Joined, Left, Reading};
+use super::parse::{
+    parse_btime, parse_cmdline, parse_loadavg_last_pid, parse_smaps_rollup, parse_stat,
+    parse_statm, parse_status, ParseError, Stat,
+};
 use crate::model::Exit;
 use crate::sys;
-
-/// A procfs file that did not parse: which file and what was wrong.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{file}: {what}")]
-pub struct ParseError {
-    pub file: &'static str,
-    pub what: String,
-}
-
-fn bad(file: &'static str, what: impl Into<String>) -> ParseError {
-    ParseError {
-        file,
-        what: what.into(),
-    }
-}
-
-/// The fields of `/proc/PID/stat` memtrack uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stat {
-    pub pid: u32,
-    pub comm: String,
-    pub state: char,
-    pub ppid: u32,
-    /// Clock ticks after boot.
-    pub start_ticks: u64,
-    /// Field 52 (Linux ≥ 3.5): the wait status of a zombie, when readable.
-    pub exit_code: Option<i32>,
-}
-
-/// Parses `/proc/PID/stat`. The command name sits in parentheses and may
-/// itself contain spaces and parentheses, so fields are counted from the
-/// last `)`.
-pub fn parse_stat(text: &str) -> Result<Stat, ParseError> {
-    let open = text.find('(').ok_or_else(|| bad("stat", "no `(`"))?;
-    let close = text.rfind(')').ok_or_else(|| bad("stat", "no `)`"))?;
-    if close < open {
-        return Err(bad("stat", "`)` before `(`"));
-    }
-    let pid = text[..open]
-        .trim()
-        .parse()
-        .map_err(|_| bad("stat", "pid is not a number"))?;
-    let comm = text[open + 1..close].to_string();
-    // Fields after the comm, numbered from 3 (state) as in proc(5).
-    let rest: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
-    let field = |n: usize| rest.get(n - 3).copied();
-    let state = field(3)
-        .and_then(|s| s.chars().next())
-        .ok_or_else(|| bad("stat", "no state"))?;
-    let ppid = field(4)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("stat", "no ppid"))?;
-    let start_ticks = field(22)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("stat", "no starttime"))?;
-    let exit_code = field(52).and_then(|s| s.parse().ok());
-    Ok(Stat {
-        pid,
-        comm,
-        state,
-        ppid,
-        start_ticks,
-        exit_code,
-    })
-}
-
-/// Parses `/proc/PID/statm` into resident bytes.
-pub fn parse_statm(text: &str, page_size: u64) -> Result<u64, ParseError> {
-    let mut fields = text.split_ascii_whitespace();
-    let _size = fields.next().ok_or_else(|| bad("statm", "empty"))?;
-    let resident: u64 = fields
-        .next()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("statm", "no resident field"))?;
-    Ok(resident * page_size)
-}
-
-/// The fields of `/proc/PID/status` memtrack uses (sizes in bytes).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Status {
-    /// `Name:` (the command name; it changes when the process execs).
-    pub name: String,
-    pub tgid: u32,
-    pub ppid: u32,
-    pub vm_rss: u64,
-    pub vm_hwm: u64,
-}
-
-/// Parses `/proc/PID/status`. A zombie has no `Vm*` lines: they read as 0.
-pub fn parse_status(text: &str) -> Result<Status, ParseError> {
-    let mut s = Status::default();
-    let mut saw_tgid = false;
-    for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        let kib = || -> Result<u64, ParseError> {
-            value
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .map(|v| v * 1024)
-                .map_err(|_| bad("status", format!("{key} is not a size")))
-        };
-        match key {
-            "Name" => s.name = value.to_string(),
-            "Tgid" => {
-                s.tgid = value.parse().map_err(|_| bad("status", "bad Tgid"))?;
-                saw_tgid = true;
-            }
-            "PPid" => s.ppid = value.parse().map_err(|_| bad("status", "bad PPid"))?,
-            "VmRSS" => s.vm_rss = kib()?,
-            "VmHWM" => s.vm_hwm = kib()?,
-            _ => {}
-        }
-    }
-    if !saw_tgid {
-        return Err(bad("status", "no Tgid line"));
-    }
-    Ok(s)
-}
-
-/// The last PID handed out, from `/proc/loadavg`
-/// (`0.00 0.01 0.05 1/76 2103`).
-pub fn parse_loadavg_last_pid(text: &str) -> Result<u32, ParseError> {
-    text.split_ascii_whitespace()
-        .nth(4)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("loadavg", "no last-pid field"))
-}
-
-/// `btime` from `/proc/stat`: boot time in Unix seconds.
-pub fn parse_btime(text: &str) -> Result<u64, ParseError> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("btime "))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| bad("stat", "no btime line"))
-}
-
-/// `(pss, uss)` in bytes from `/proc/PID/smaps_rollup`; USS is the private
-/// (clean + dirty) memory.
-pub fn parse_smaps_rollup(text: &str) -> Result<(u64, u64), ParseError> {
-    let mut pss = None;
-    let mut private = 0u64;
-    for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
-        };
-        let kib = || {
-            value
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .map(|v| v * 1024)
-                .map_err(|_| bad("smaps_rollup", format!("{key} is not a size")))
-        };
-        match key {
-            "Pss" => pss = Some(kib()?),
-            "Private_Clean" | "Private_Dirty" => private += kib()?,
-            _ => {}
-        }
-    }
-    Ok((
-        pss.ok_or_else(|| bad("smaps_rollup", "no Pss line"))?,
-        private,
-    ))
-}
-
-/// `/proc/PID/cmdline`: NUL-separated arguments.
-pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
-    bytes
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect()
-}
-
-/// A process's identity: PIDs are reused, (pid, start time) is not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Identity {
-    pub pid: u32,
-    pub start_ticks: u64,
-}
-
-/// A process that joined the tree, with what is known about it once.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Joined {
-    pub id: Identity,
-    pub ppid: u32,
-    /// Process start as Unix seconds.
-    pub start_time: f64,
-    pub name: String,
-    pub cmdline: Vec<String>,
-    pub root: bool,
-}
-
-/// A member's name and command line, read after it joined (it joined in
-/// the middle of `execve`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Described {
-    pub pid: u32,
-    pub name: String,
-    pub cmdline: Vec<String>,
-}
-
-/// A process that left the tree.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Left {
-    pub id: Identity,
-    /// Known when we reaped it or read a zombie's status.
-    pub exit: Option<Exit>,
-    /// Exact peak RSS from `wait4`, when we reaped it.
-    pub max_rss: Option<u64>,
-}
-
-/// One process's figures in a sample (bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct Reading {
-    pub pid: u32,
-    pub rss: u64,
-    /// The last `VmHWM` read (at most `hwm_interval` old).
-    pub hwm: u64,
-    pub pss: Option<u64>,
-    pub uss: Option<u64>,
-    /// This process's part of the tree's footprint when Pss is the source:
-    /// its last exact Pss carried forward by the RSS change since (RSS
-    /// until its first read).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pss_now: Option<u64>,
-    /// Seconds since `pss_now`'s exact read (absent: never read).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pss_age_s: Option<f64>,
-    /// How far `VmHWM` rose above what was known since the last read: a
-    /// peak this process reached between two samples.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub hwm_rise: u64,
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
-
-/// The host part of one sample.
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
-pub struct HostSample {
-    pub processes: Vec<Reading>,
-    pub joined: Vec<Joined>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub described: Vec<Described>,
-    pub left: Vec<Left>,
-    /// Reads that failed for a reason other than the process being gone.
-    pub errors: u32,
-    /// Processes that joined without a kept-open file because memtrack ran
-    /// out of descriptors: they are followed by path instead.
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub fd_fallbacks: u32,
-    /// Σ Pss: the shared part of processes that left since the last
-    /// complete pass, still resident with the others.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub pss_carry: u64,
-    /// The tree's headline figure (every page once), when computed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub footprint: Option<super::footprint::Footprint>,
-}
-
-fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
-}
-
-impl HostSample {
-    pub fn clear(&mut self) {
-        self.processes.clear();
-        self.joined.clear();
-        self.described.clear();
-        self.left.clear();
-        self.errors = 0;
-        self.fd_fallbacks = 0;
-        self.pss_carry = 0;
-        self.footprint = None;
-    }
-
-    pub fn tree_rss(&self) -> u64 {
-        self.processes.iter().map(|p| p.rss).sum()
-    }
-
-    pub fn tree_hwm(&self) -> u64 {
-        self.processes.iter().map(|p| p.hwm.max(p.rss)).sum()
-    }
-
-    /// Σ Pss carried forward (RSS for processes not read yet), and the age
-    /// of the oldest exact read behind it.
-    pub fn tree_pss(&self) -> (u64, Option<f64>) {
-        let used = self
-            .processes
-            .iter()
-            .map(|p| p.pss_now.unwrap_or(p.rss))
-            .sum::<u64>()
-            + self.pss_carry;
-        let age = self
-            .processes
-            .iter()
-            .map(|p| p.pss_age_s.unwrap_or(f64::INFINITY))
-            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
-        (used, age.filter(|a| a.is_finite()))
-    }
-
-    /// The peaks processes reached between two samples beyond what they
-    /// hold now, summed (as if they coincided: an upper bound).
-    pub fn tree_hwm_rise(&self) -> u64 {
-        self.processes.iter().map(|p| p.hwm_rise).sum()
-    }
-}
 
 /// Why a root could not be followed.
 #[derive(Debug, thiserror::Error)]
@@ -912,7 +601,7 @@ impl ProcTree {
                 left.exit = stat.exit_code.map(Exit::from_wait_status);
                 if Some(stat.ppid) == self.opts.reaper && Some(pid) != self.opts.job {
                     if let Ok(Some(r)) = sys::wait_child(pid, false) {
-                        left.exit = Some(r.exit);
+                        left.exit = Some(Exit::from_wait_status(r.status));
                         left.max_rss = Some(r.max_rss_kib * 1024);
                     }
                 }
@@ -1295,9 +984,36 @@ fn truncate_utf8(s: &mut String, max: usize) {
     }
 }
 
+/// memtrack's own footprint, for the metrics (read at scrape time, not by
+/// the sampler).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SelfUsage {
+    pub rss_bytes: u64,
+    pub cpu_seconds: f64,
+}
+
+impl SelfUsage {
+    /// Reads `/proc/self`; `None` where procfs is missing.
+    pub fn read() -> Option<SelfUsage> {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let rss_bytes = parse_statm(&statm, sys::page_size()).ok()?;
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+        // utime and stime are fields 14 and 15 of proc(5); `rest` starts at 3.
+        let ticks: f64 =
+            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+        Some(SelfUsage {
+            rss_bytes,
+            cpu_seconds: ticks / sys::clock_ticks() as f64,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sample::parse::Status;
 
     const STAT: &str = "1234 (python3 (worker) x) S 1000 1234 1000 0 -1 4194560 100 0 0 0 5 1 0 0 20 0 4 0 98765 123456789 2500 18446744073709551615 1 1 0 0 0 0 0 16781312 134234626 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
 

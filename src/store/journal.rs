@@ -42,7 +42,7 @@ use std::sync::mpsc;
 use serde::{Deserialize, Serialize};
 
 use super::{Record, Store};
-use crate::export::json::{write_atomic_with, write_document, WriteError, FILE_NAME};
+use crate::model::json::{write_atomic_with, write_document, WriteError, FILE_NAME};
 
 /// Folder of the crash-safety files inside a run directory.
 pub const DIR: &str = ".memtrack";
@@ -498,7 +498,7 @@ pub fn supersede(run_dir: &Path, final_doc: &Path) -> Result<PathBuf, JournalErr
         kept = dir;
     }
     let note = format!("{}\n", final_doc.display());
-    if let Err(e) = crate::export::json::write_atomic(&kept.join(FINAL_NOTE), note.as_bytes()) {
+    if let Err(e) = crate::model::json::write_atomic(&kept.join(FINAL_NOTE), note.as_bytes()) {
         tracing::debug!("cannot note where the final document went: {e}");
     }
     Ok(kept)
@@ -508,7 +508,7 @@ pub fn supersede(run_dir: &Path, final_doc: &Path) -> Result<PathBuf, JournalErr
 mod tests {
     use super::*;
     use crate::model::{Document, RunInfo};
-    use crate::sample::procfs::Reading;
+    use crate::sample::host::Reading;
     use crate::sample::Sample;
     use crate::store::pressure::Thresholds;
     use crate::store::{Limits, SampleKind};

@@ -13,22 +13,22 @@ pub mod entries;
 pub mod journal;
 pub mod pressure;
 pub mod snapshot;
-pub mod thin;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::thin::Thinned;
 use crate::model::{
-    Alert, CgroupBreakdown, Counters, Document, DocumentOf, Entry, EntryKind, Exit, FlightWindow,
-    Gpu, GpuSource, HostInfo, HostSource, HostSourceChange, Peaks, RunInfo, Stage, Summary, Target,
-    SCHEMA_VERSION,
+    Alert, Allocator, CgroupBreakdown, Counters, Document, DocumentOf, Entry, EntryKind, Exit,
+    FlightWindow, Gpu, GpuSource, HostInfo, HostSource, HostSourceChange, Peaks, RunInfo, Stage,
+    Summary, Target, SCHEMA_VERSION,
 };
 use crate::sample::gpu::Status as GpuStatus;
 use crate::sample::Sample;
 use crate::units::mib;
 use pressure::{Level, Thresholds};
-use thin::Thinned;
+pub use snapshot::Current;
 
 /// Component of timer samples taken outside any span, and of memtrack's
 /// own entries (`experiment_start` / `experiment_end`).
@@ -45,22 +45,6 @@ pub enum SampleKind {
     Timer,
     /// Taken for the marks that follow it in the record stream.
     Event,
-}
-
-/// Largest memory figure a job may report for one GPU, bytes (16 TiB:
-/// far above any device made). The protocol refuses allocator figures
-/// above it and the report names no card for a peak above it, so a
-/// corrupt or hostile figure never becomes "a 18897856103 GB card fits".
-pub const MAX_DEVICE_BYTES: u64 = 1 << 44;
-
-/// PyTorch allocator figures sent with a mark (bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct Allocator {
-    pub allocated: u64,
-    pub reserved: u64,
-    pub max_allocated: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device: Option<u32>,
 }
 
 /// One annotated measurement point.
@@ -186,27 +170,6 @@ fn admit(known: bool, keys: usize, max: usize) -> bool {
     known || keys < max
 }
 
-/// The tree's figures after the latest sample (MiB).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Current {
-    pub timestamp: f64,
-    /// The tree's host memory, every page once (named for the protocol's
-    /// `status` reply, which has always called it so).
-    #[serde(rename = "cpu_rss_mb")]
-    pub cpu_used_mb: f64,
-    /// The tree's peak since the previous sample.
-    pub cpu_hwm_mb: f64,
-    /// Where `cpu_used_mb` comes from.
-    #[serde(default)]
-    pub host_source: HostSource,
-    pub gpu_tree_mb: f64,
-    /// Highest `gpu_tree_mb` so far: the NVML stand-in for
-    /// `max_memory_allocated`.
-    pub gpu_tree_peak_mb: f64,
-    pub gpu_source: GpuSource,
-    pub processes: usize,
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct LiveTarget {
     target: Target,
@@ -246,7 +209,7 @@ pub struct Store {
     events: entries::EntryLog,
     /// The leak rule's series over the event entries, bounded.
     #[serde(default)]
-    leak: crate::report::leak::Series,
+    leak: crate::model::leak::Series,
     timer: Thinned<Entry>,
     peaks: Peaks,
     by_component: BTreeMap<String, Peaks>,
@@ -293,7 +256,7 @@ impl Store {
             limits,
             thresholds,
             events: entries::EntryLog::new(),
-            leak: crate::report::leak::Series::default(),
+            leak: crate::model::leak::Series::default(),
             timer: Thinned::new(limits.max_timer_entries),
             peaks: Peaks::default(),
             by_component: BTreeMap::new(),
@@ -1010,7 +973,7 @@ impl Store {
         self.peaks.cpu_ram_hwm_mb = self.peaks.cpu_ram_hwm_mb.max(mib(max_rss));
     }
 
-    fn leave(&mut self, left: &crate::sample::procfs::Left, ts: f64) {
+    fn leave(&mut self, left: &crate::sample::host::Left, ts: f64) {
         let Some(live) = self.live.remove(&left.id.pid) else {
             return;
         };
@@ -1228,7 +1191,7 @@ impl Store {
             &timers,
             &targets,
             SCHEMA_VERSION,
-            &crate::report::leak::LeakConfig::default(),
+            &crate::model::leak::LeakConfig::default(),
         );
         DocumentOf {
             schema: SCHEMA_VERSION,
@@ -1368,7 +1331,7 @@ struct Chunk {
 
 impl Chunk {
     fn add(&mut self, e: Entry) {
-        use thin::Mergeable;
+        use crate::model::thin::Mergeable;
         self.seen += 1;
         let key = (
             e.component.clone(),
@@ -1406,7 +1369,7 @@ impl Serialize for LogView<'_> {
 mod tests {
     use super::*;
     use crate::sample::gpu::{DeviceReading, GpuSample, ProcessReading};
-    use crate::sample::procfs::{HostSample, Identity, Joined, Left, Reading};
+    use crate::sample::host::{HostSample, Identity, Joined, Left, Reading};
     use crate::sample::HostMemory;
 
     const M: u64 = 1024 * 1024;

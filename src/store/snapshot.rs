@@ -6,12 +6,32 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::pressure::Level;
-use super::{Allocator, Current};
-use crate::model::{Counters, Gpu, Peaks};
+use crate::model::{Allocator, Counters, Gpu, GpuSource, HostSource, Peaks};
 use crate::sample::HostMemory;
+
+/// The tree's figures after the latest sample (MiB).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Current {
+    pub timestamp: f64,
+    /// The tree's host memory, every page once (named for the protocol's
+    /// `status` reply, which has always called it so).
+    #[serde(rename = "cpu_rss_mb")]
+    pub cpu_used_mb: f64,
+    /// The tree's peak since the previous sample.
+    pub cpu_hwm_mb: f64,
+    /// Where `cpu_used_mb` comes from.
+    #[serde(default)]
+    pub host_source: HostSource,
+    pub gpu_tree_mb: f64,
+    /// Highest `gpu_tree_mb` so far: the NVML stand-in for
+    /// `max_memory_allocated`.
+    pub gpu_tree_peak_mb: f64,
+    pub gpu_source: GpuSource,
+    pub processes: usize,
+}
 
 /// Identity of the run, carried as labels by every metric.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

@@ -179,7 +179,7 @@ fn a_50_mb_document_goes_up_in_parts_and_round_trips() {
     };
     doc.detailed_log = vec![entry; 170_000];
     let file = dir.path().join("memory_usage.json");
-    memtrack::export::json::write_document(&file, &doc).unwrap();
+    memtrack::model::json::write_document(&file, &doc).unwrap();
     let local = std::fs::read(&file).unwrap();
     assert!(local.len() > 50 << 20, "{} bytes", local.len());
 
@@ -638,7 +638,7 @@ fn small_document(dir: &std::path::Path) -> std::path::PathBuf {
     };
     doc.run.name = "small".into();
     let file = dir.join("memory_usage.json");
-    memtrack::export::json::write_document(&file, &doc).unwrap();
+    memtrack::model::json::write_document(&file, &doc).unwrap();
     file
 }
 

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use crate::config::{ClearmlConfig, MAX_CONFIG_BYTES};
 
-pub use reporter::{JobTask, JobTaskReply, Reporter};
+pub use reporter::Reporter;
 
 /// File name of the spool in the run directory.
 pub const SPOOL_FILE: &str = "clearml-spool.jsonl";
@@ -76,7 +76,7 @@ fn write_task_note(path: &Path, task: &TaskRef, created: bool) {
     let written = serde_json::to_vec_pretty(&note)
         .map_err(std::io::Error::other)
         .and_then(|bytes| {
-            crate::export::json::write_atomic(path, &bytes).map_err(std::io::Error::other)
+            crate::model::json::write_atomic(path, &bytes).map_err(std::io::Error::other)
         });
     if let Err(e) = written {
         tracing::warn!("ClearML: cannot note the task in {}: {e}", path.display());

@@ -36,6 +36,7 @@ use super::queue::Queue;
 use super::{
     Artifact, FinishReport, RunEnd, RunInfoLite, Settings, TaskRef, SPOOL_FILE, TASK_FILE,
 };
+use crate::event::inbox::{JobTask, JobTaskReply};
 use crate::logging::RateLimited;
 use crate::model::Entry;
 
@@ -51,26 +52,6 @@ const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 /// Distinct problems kept for the final report.
 const MAX_ERRORS: usize = 32;
-
-/// The job's announcement of its own ClearML task.
-#[derive(Debug)]
-pub struct JobTask {
-    pub id: String,
-    /// Answered once the task is taken up (and the artifact registered,
-    /// when one is expected) or turned down.
-    pub reply: Option<oneshot::Sender<JobTaskReply>>,
-}
-
-/// What became of a [`JobTask`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobTaskReply {
-    /// memtrack reports into the announced task.
-    pub reporting: bool,
-    /// The `memory_usage` artifact is registered on it.
-    pub artifact: bool,
-    /// In words, for the job's log.
-    pub message: String,
-}
 
 /// Handle on the reporter task.
 #[derive(Debug)]

@@ -7,6 +7,14 @@
 //! files from older schema versions and bare files (only `detailed_log` and
 //! `peak_usage`), so every field added by memtrack has a default. The base
 //! keys keep their names and meaning exactly.
+//!
+//! Beside the types: [`json`] reads and writes the file, [`thin`] keeps a
+//! long log bounded while every maximum survives, and [`leak`] is the rule
+//! that calls a growing series a leak.
+
+pub mod json;
+pub mod leak;
+pub mod thin;
 
 use std::collections::BTreeMap;
 
@@ -354,6 +362,22 @@ impl Exit {
     }
 }
 
+/// Largest memory figure a job may report for one GPU, bytes (16 TiB:
+/// far above any device made). The protocol refuses allocator figures
+/// above it and the report names no card for a peak above it, so a
+/// corrupt or hostile figure never becomes "a 18897856103 GB card fits".
+pub const MAX_DEVICE_BYTES: u64 = 1 << 44;
+
+/// PyTorch allocator figures sent with a mark (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Allocator {
+    pub allocated: u64,
+    pub reserved: u64,
+    pub max_allocated: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
+}
+
 /// Which view the base GPU fields of an entry carry.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -685,6 +709,14 @@ pub struct Counters {
     /// Stages dropped from `stages[]` (`log.max_stages`).
     #[serde(default)]
     pub stages_dropped: u64,
+}
+
+/// Prometheus label-name rules, applied to every label memtrack records.
+pub fn valid_label_name(k: &str) -> bool {
+    let mut chars = k.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !k.starts_with("__")
 }
 
 #[cfg(test)]

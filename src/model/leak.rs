@@ -79,8 +79,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::model::thin::{Mergeable, Thinned};
 use crate::model::{Document, Entry, EntryKind, GpuSource, Target};
-use crate::store::thin::{Mergeable, Thinned};
 
 /// The shortest series, in seconds, that is judged at all (see the module
 /// documentation for the reasons).

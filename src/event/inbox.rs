@@ -1,0 +1,58 @@
+//! What reaches the engine and the reporters from other threads: the
+//! engine's inbox ([`Input`]) and a job's announcement of its own ClearML
+//! task ([`JobTask`]). The socket server, the job's waiter and signal
+//! handling send these; they live here, below the engine, so that senders
+//! need not know the engine.
+
+use tokio::sync::oneshot;
+
+use super::protocol::Request;
+use crate::sys;
+
+/// Messages to the engine.
+#[derive(Debug)]
+pub enum Input {
+    /// The job spawned by `run` ended (reaped by its waiter thread).
+    JobExited { pid: u32, reaped: sys::Reaped },
+    /// Finish the run: a final sample and every flush. `urgent` (a second
+    /// signal) skips the final sample.
+    Stop { urgent: bool },
+    /// A request from the event socket. Boxed: the engine's queue holds
+    /// up to 65,536 inputs and preallocates its slots, so an `Input` must
+    /// stay a few words wide.
+    Client(Box<ClientRequest>),
+    /// Write a checkpoint at the next maintenance instead of waiting for
+    /// the interval (the run must upload the document now).
+    Checkpoint,
+}
+
+/// A request read from a client, with where to send the reply line.
+#[derive(Debug)]
+pub struct ClientRequest {
+    /// The sender (`SO_PEERCRED`).
+    pub pid: Option<u32>,
+    /// When the line arrived (Unix seconds).
+    pub received: f64,
+    pub request: Request,
+    pub reply: Option<oneshot::Sender<Vec<u8>>>,
+}
+
+/// The job's announcement of its own ClearML task.
+#[derive(Debug)]
+pub struct JobTask {
+    pub id: String,
+    /// Answered once the task is taken up (and the artifact registered,
+    /// when one is expected) or turned down.
+    pub reply: Option<oneshot::Sender<JobTaskReply>>,
+}
+
+/// What became of a [`JobTask`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobTaskReply {
+    /// memtrack reports into the announced task.
+    pub reporting: bool,
+    /// The `memory_usage` artifact is registered on it.
+    pub artifact: bool,
+    /// In words, for the job's log.
+    pub message: String,
+}

@@ -1,0 +1,167 @@
+//! What one host sample holds: the tree's processes with their figures,
+//! who joined and left since the previous sample, and the tree's headline
+//! figure. Filled by the procfs reader and the footprint reader; folded by
+//! the store. Pure data, kept in the journal as it is.
+
+use serde::{Deserialize, Serialize};
+
+use super::cgroup;
+use crate::model::{Exit, HostSource};
+
+/// A process's identity: PIDs are reused, (pid, start time) is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Identity {
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+/// A process that joined the tree, with what is known about it once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Joined {
+    pub id: Identity,
+    pub ppid: u32,
+    /// Process start as Unix seconds.
+    pub start_time: f64,
+    pub name: String,
+    pub cmdline: Vec<String>,
+    pub root: bool,
+}
+
+/// A member's name and command line, read after it joined (it joined in
+/// the middle of `execve`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Described {
+    pub pid: u32,
+    pub name: String,
+    pub cmdline: Vec<String>,
+}
+
+/// A process that left the tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Left {
+    pub id: Identity,
+    /// Known when we reaped it or read a zombie's status.
+    pub exit: Option<Exit>,
+    /// Exact peak RSS from `wait4`, when we reaped it.
+    pub max_rss: Option<u64>,
+}
+
+/// One process's figures in a sample (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Reading {
+    pub pid: u32,
+    pub rss: u64,
+    /// The last `VmHWM` read (at most `hwm_interval` old).
+    pub hwm: u64,
+    pub pss: Option<u64>,
+    pub uss: Option<u64>,
+    /// This process's part of the tree's footprint when Pss is the source:
+    /// its last exact Pss carried forward by the RSS change since (RSS
+    /// until its first read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_now: Option<u64>,
+    /// Seconds since `pss_now`'s exact read (absent: never read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_age_s: Option<f64>,
+    /// How far `VmHWM` rose above what was known since the last read: a
+    /// peak this process reached between two samples.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hwm_rise: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// The host part of one sample.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct HostSample {
+    pub processes: Vec<Reading>,
+    pub joined: Vec<Joined>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub described: Vec<Described>,
+    pub left: Vec<Left>,
+    /// Reads that failed for a reason other than the process being gone.
+    pub errors: u32,
+    /// Processes that joined without a kept-open file because memtrack ran
+    /// out of descriptors: they are followed by path instead.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub fd_fallbacks: u32,
+    /// Σ Pss: the shared part of processes that left since the last
+    /// complete pass, still resident with the others.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pss_carry: u64,
+    /// The tree's headline figure (every page once), when computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub footprint: Option<Footprint>,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+impl HostSample {
+    pub fn clear(&mut self) {
+        self.processes.clear();
+        self.joined.clear();
+        self.described.clear();
+        self.left.clear();
+        self.errors = 0;
+        self.fd_fallbacks = 0;
+        self.pss_carry = 0;
+        self.footprint = None;
+    }
+
+    pub fn tree_rss(&self) -> u64 {
+        self.processes.iter().map(|p| p.rss).sum()
+    }
+
+    pub fn tree_hwm(&self) -> u64 {
+        self.processes.iter().map(|p| p.hwm.max(p.rss)).sum()
+    }
+
+    /// Σ Pss carried forward (RSS for processes not read yet), and the age
+    /// of the oldest exact read behind it.
+    pub fn tree_pss(&self) -> (u64, Option<f64>) {
+        let used = self
+            .processes
+            .iter()
+            .map(|p| p.pss_now.unwrap_or(p.rss))
+            .sum::<u64>()
+            + self.pss_carry;
+        let age = self
+            .processes
+            .iter()
+            .map(|p| p.pss_age_s.unwrap_or(f64::INFINITY))
+            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
+        (used, age.filter(|a| a.is_finite()))
+    }
+
+    /// The peaks processes reached between two samples beyond what they
+    /// hold now, summed (as if they coincided: an upper bound).
+    pub fn tree_hwm_rise(&self) -> u64 {
+        self.processes.iter().map(|p| p.hwm_rise).sum()
+    }
+}
+
+/// The tree's figure in one sample (bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Footprint {
+    pub source: HostSource,
+    /// Resident memory of the tree now, every page once.
+    pub used: u64,
+    /// The highest `used` since the previous sample, as far as the source
+    /// can tell (the kernel's peak; rises of processes' `VmHWM`).
+    pub peak: u64,
+    /// Pss: seconds since the oldest exact read behind `used`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_s: Option<f64>,
+    /// Cgroup: the reading behind `used`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<cgroup::Reading>,
+    /// Pss: `smaps_rollup` reads so far and the seconds they took.
+    #[serde(default)]
+    pub pss_reads: u64,
+    #[serde(default)]
+    pub pss_read_s: f64,
+}

@@ -1,0 +1,180 @@
+//! Parsers of the kernel's procfs text files: pure functions over `&str`,
+//! each naming the file in its error.
+
+/// A procfs file that did not parse: which file and what was wrong.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{file}: {what}")]
+pub struct ParseError {
+    pub file: &'static str,
+    pub what: String,
+}
+
+pub(crate) fn bad(file: &'static str, what: impl Into<String>) -> ParseError {
+    ParseError {
+        file,
+        what: what.into(),
+    }
+}
+
+/// The fields of `/proc/PID/stat` memtrack uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    pub pid: u32,
+    pub comm: String,
+    pub state: char,
+    pub ppid: u32,
+    /// Clock ticks after boot.
+    pub start_ticks: u64,
+    /// Field 52 (Linux ≥ 3.5): the wait status of a zombie, when readable.
+    pub exit_code: Option<i32>,
+}
+
+/// Parses `/proc/PID/stat`. The command name sits in parentheses and may
+/// itself contain spaces and parentheses, so fields are counted from the
+/// last `)`.
+pub fn parse_stat(text: &str) -> Result<Stat, ParseError> {
+    let open = text.find('(').ok_or_else(|| bad("stat", "no `(`"))?;
+    let close = text.rfind(')').ok_or_else(|| bad("stat", "no `)`"))?;
+    if close < open {
+        return Err(bad("stat", "`)` before `(`"));
+    }
+    let pid = text[..open]
+        .trim()
+        .parse()
+        .map_err(|_| bad("stat", "pid is not a number"))?;
+    let comm = text[open + 1..close].to_string();
+    // Fields after the comm, numbered from 3 (state) as in proc(5).
+    let rest: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
+    let field = |n: usize| rest.get(n - 3).copied();
+    let state = field(3)
+        .and_then(|s| s.chars().next())
+        .ok_or_else(|| bad("stat", "no state"))?;
+    let ppid = field(4)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("stat", "no ppid"))?;
+    let start_ticks = field(22)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("stat", "no starttime"))?;
+    let exit_code = field(52).and_then(|s| s.parse().ok());
+    Ok(Stat {
+        pid,
+        comm,
+        state,
+        ppid,
+        start_ticks,
+        exit_code,
+    })
+}
+
+/// Parses `/proc/PID/statm` into resident bytes.
+pub fn parse_statm(text: &str, page_size: u64) -> Result<u64, ParseError> {
+    let mut fields = text.split_ascii_whitespace();
+    let _size = fields.next().ok_or_else(|| bad("statm", "empty"))?;
+    let resident: u64 = fields
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("statm", "no resident field"))?;
+    Ok(resident * page_size)
+}
+
+/// The fields of `/proc/PID/status` memtrack uses (sizes in bytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    /// `Name:` (the command name; it changes when the process execs).
+    pub name: String,
+    pub tgid: u32,
+    pub ppid: u32,
+    pub vm_rss: u64,
+    pub vm_hwm: u64,
+}
+
+/// Parses `/proc/PID/status`. A zombie has no `Vm*` lines: they read as 0.
+pub fn parse_status(text: &str) -> Result<Status, ParseError> {
+    let mut s = Status::default();
+    let mut saw_tgid = false;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        let kib = || -> Result<u64, ParseError> {
+            value
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .map(|v| v * 1024)
+                .map_err(|_| bad("status", format!("{key} is not a size")))
+        };
+        match key {
+            "Name" => s.name = value.to_string(),
+            "Tgid" => {
+                s.tgid = value.parse().map_err(|_| bad("status", "bad Tgid"))?;
+                saw_tgid = true;
+            }
+            "PPid" => s.ppid = value.parse().map_err(|_| bad("status", "bad PPid"))?,
+            "VmRSS" => s.vm_rss = kib()?,
+            "VmHWM" => s.vm_hwm = kib()?,
+            _ => {}
+        }
+    }
+    if !saw_tgid {
+        return Err(bad("status", "no Tgid line"));
+    }
+    Ok(s)
+}
+
+/// The last PID handed out, from `/proc/loadavg`
+/// (`0.00 0.01 0.05 1/76 2103`).
+pub fn parse_loadavg_last_pid(text: &str) -> Result<u32, ParseError> {
+    text.split_ascii_whitespace()
+        .nth(4)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("loadavg", "no last-pid field"))
+}
+
+/// `btime` from `/proc/stat`: boot time in Unix seconds.
+pub fn parse_btime(text: &str) -> Result<u64, ParseError> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| bad("stat", "no btime line"))
+}
+
+/// `(pss, uss)` in bytes from `/proc/PID/smaps_rollup`; USS is the private
+/// (clean + dirty) memory.
+pub fn parse_smaps_rollup(text: &str) -> Result<(u64, u64), ParseError> {
+    let mut pss = None;
+    let mut private = 0u64;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let kib = || {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .map(|v| v * 1024)
+                .map_err(|_| bad("smaps_rollup", format!("{key} is not a size")))
+        };
+        match key {
+            "Pss" => pss = Some(kib()?),
+            "Private_Clean" | "Private_Dirty" => private += kib()?,
+            _ => {}
+        }
+    }
+    Ok((
+        pss.ok_or_else(|| bad("smaps_rollup", "no Pss line"))?,
+        private,
+    ))
+}
+
+/// `/proc/PID/cmdline`: NUL-separated arguments.
+pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
+    bytes
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
