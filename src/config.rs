@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
+pub use crate::export::s3::S3Config;
 use crate::model::valid_label_name;
 use crate::sample::footprint::SourceChoice;
 pub use crate::sample::gpu::GpuConfig;
@@ -164,52 +165,6 @@ impl Default for ClearmlConfig {
             request_timeout: Duration::from_secs(10),
             api_host: String::new(),
             config_file: PathBuf::new(),
-        }
-    }
-}
-
-/// Uploading `memory_usage.json` to S3 / MinIO. Credentials come from the
-/// standard AWS chain (environment, profile files, …), never from here.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct S3Config {
-    /// Destination `s3://bucket/prefix`. Empty: no upload.
-    pub url: String,
-    /// Endpoint for MinIO and other S3-compatible stores (else, as the AWS
-    /// CLI: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the profile's
-    /// `endpoint_url`).
-    pub endpoint: String,
-    /// Region (else `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's
-    /// `region`; else `us-east-1` with a custom endpoint, which MinIO
-    /// accepts; else the AWS chain).
-    pub region: String,
-    /// `auto` (path-style with a custom endpoint), `true` or `false`.
-    #[serde(deserialize_with = "bool_or_word")]
-    pub path_style: String,
-    /// Also upload at every checkpoint, not only at the end.
-    pub upload_checkpoints: bool,
-    /// Attempts per request, with exponential backoff.
-    pub max_attempts: u32,
-    /// Files larger than this go up in parts.
-    pub multipart_threshold_mb: u64,
-    pub part_size_mb: u64,
-    /// Per-request timeout.
-    #[serde(with = "serde_duration")]
-    pub timeout: Duration,
-}
-
-impl Default for S3Config {
-    fn default() -> Self {
-        S3Config {
-            url: String::new(),
-            endpoint: String::new(),
-            region: String::new(),
-            path_style: "auto".into(),
-            upload_checkpoints: false,
-            max_attempts: 5,
-            multipart_threshold_mb: 16,
-            part_size_mb: 8,
-            timeout: Duration::from_secs(60),
         }
     }
 }
@@ -731,12 +686,6 @@ impl Config {
                 format!("`{}` must look like s3://bucket/prefix", self.s3.url),
             );
         }
-        if !matches!(self.s3.path_style.as_str(), "auto" | "true" | "false") {
-            return bad(
-                "s3.path_style",
-                format!("`{}`: use auto, true or false", self.s3.path_style),
-            );
-        }
         if self.s3.max_attempts == 0 || self.s3.max_attempts > 20 {
             return bad("s3.max_attempts", "must be between 1 and 20".into());
         }
@@ -798,6 +747,7 @@ pub fn parse_listen(text: &str) -> Result<Option<std::net::SocketAddr>, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::switch::Switch;
 
     #[test]
     fn listen_values() {
@@ -891,12 +841,12 @@ mod tests {
             "[s3]\npath_style = false\n[clearml]\nenabled = true",
         )])
         .unwrap();
-        assert_eq!(c.s3.path_style, "false");
+        assert_eq!(c.s3.path_style, Switch::Off);
         assert_eq!(c.clearml.enabled, "true");
         let c = resolve(&[layer("f", "[s3]\npath_style = 'true'")]).unwrap();
-        assert_eq!(c.s3.path_style, "true");
+        assert_eq!(c.s3.path_style, Switch::On);
         let env = Layer::from_env([("MEMTRACK_S3_PATH_STYLE".into(), "false".into())]).unwrap();
-        assert_eq!(resolve(&[env]).unwrap().s3.path_style, "false");
+        assert_eq!(resolve(&[env]).unwrap().s3.path_style, Switch::Off);
         for bad in [
             "[s3]\npath_style = 1",
             "[s3]\npath_style = 'yes'",

@@ -31,6 +31,7 @@ pub mod report;
 pub mod sample;
 pub mod shutdown;
 pub mod store;
+pub mod switch;
 pub mod sys;
 pub mod target;
 pub mod units;

@@ -1,7 +1,6 @@
 //! What leaves memtrack. Exporters read the store's output; none of them
 //! ever calls a sampler.
 
-pub mod aws;
 pub mod clearml;
 pub mod finish;
 pub mod http;

@@ -23,8 +23,10 @@ use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPa
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
-use crate::config::S3Config;
-use crate::export::aws;
+pub mod aws;
+mod settings;
+
+pub use settings::S3Config;
 
 /// Where uploads go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -826,7 +828,7 @@ mod tests {
         );
         // Path style turned off against the endpoint's default is carried too.
         let config = S3Config {
-            path_style: "false".into(),
+            path_style: crate::switch::Switch::Off,
             endpoint: "http://minio:9000".into(),
             ..config
         };

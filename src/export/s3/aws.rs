@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::S3Config;
+use super::settings::S3Config;
 
 /// Profile files larger than this are not read.
 const MAX_PROFILE_FILE_BYTES: u64 = 1 << 20;
@@ -279,10 +279,9 @@ pub fn resolve_from(
             })
     };
 
-    let path_style = match config.path_style.as_str() {
-        "true" => true,
-        "false" => false,
-        _ => match p.get("s3.addressing_style").map(|s| s.to_ascii_lowercase()) {
+    let path_style = match config.path_style.explicit() {
+        Some(explicit) => explicit,
+        None => match p.get("s3.addressing_style").map(|s| s.to_ascii_lowercase()) {
             Some(s) if s == "path" => true,
             Some(s) if s == "virtual" => false,
             _ => endpoint.is_some(),
@@ -506,7 +505,7 @@ s3 =
         let config = S3Config {
             endpoint: "http://flag:2".into(),
             region: "r-1".into(),
-            path_style: "false".into(),
+            path_style: crate::switch::Switch::Off,
             ..S3Config::default()
         };
         let r = resolve_from(&config, &env(&vars), CONFIG, CREDENTIALS);
