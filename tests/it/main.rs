@@ -13,6 +13,7 @@ mod deploy;
 mod events;
 mod host;
 mod http;
+mod layers;
 mod plot;
 mod prometheus;
 mod refs;
