@@ -11,6 +11,7 @@ mod common;
 mod core;
 mod deploy;
 mod events;
+mod golden;
 mod host;
 mod http;
 mod layers;
