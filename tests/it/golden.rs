@@ -30,10 +30,11 @@ use crate::common::*;
 // one line to edit.
 
 use memtrack::app::LABEL_ENV;
-use memtrack::export::json::write_document;
-use memtrack::export::prometheus::{render_with, SelfUsage, ServerCounters};
+use memtrack::export::prometheus::{render_with, ServerCounters};
+use memtrack::model::json::write_document;
 use memtrack::model::RunInfo;
 use memtrack::sample::gpu::Device;
+use memtrack::sample::procfs::SelfUsage;
 use memtrack::store::pressure::Thresholds;
 use memtrack::store::{Limits, Record, Store};
 
