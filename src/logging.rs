@@ -92,6 +92,23 @@ pub fn say(line: &str) {
     let _ = err.write_all(b"\n");
 }
 
+/// An error and its causes on one line, joined by ": ", leaving out a
+/// cause whose text the line already holds (many errors name their cause
+/// in their own message: printed as a chain, it would appear twice).
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = e.source();
+    }
+    line
+}
+
 /// Logs a repeated problem once, then every `every`-th time.
 #[derive(Debug, Default)]
 pub struct RateLimited {
@@ -108,6 +125,23 @@ impl RateLimited {
 
 #[cfg(test)]
 mod tests {
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read x.toml: {source}")]
+    struct Names {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_already_named_is_not_repeated() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = anyhow::Error::new(Names { source: io() });
+        assert_eq!(chain(e.as_ref()), "cannot read x.toml: gone");
+        let e = anyhow::Error::new(io()).context("loading the config");
+        assert_eq!(chain(e.as_ref()), "loading the config: gone");
+        let e = anyhow::Error::new(Names { source: io() }).context("starting");
+        assert_eq!(chain(e.as_ref()), "starting: cannot read x.toml: gone");
+    }
     use super::*;
 
     #[test]

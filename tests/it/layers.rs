@@ -507,9 +507,8 @@ fn no_file_holds_more_than_one_concept() {
     let long: Vec<String> = modules()
         .iter()
         .filter(|m| !LONG_FILES.contains(&m.path.as_str()))
-        .filter_map(|m| {
-            (m.lines > MAX_FILE_LINES).then(|| format!("{}: {} lines", m.path, m.lines))
-        })
+        .filter(|m| m.lines > MAX_FILE_LINES)
+        .map(|m| format!("{}: {} lines", m.path, m.lines))
         .collect();
     assert!(
         long.is_empty(),
