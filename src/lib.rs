@@ -1,22 +1,43 @@
 //! memtrack: a memory telemetry sidecar for machine-learning jobs.
 //!
-//! Data flows one way through the folders:
+//! Data flows one way: [`sample`] → [`store`] → [`export`] for the
+//! figures, [`event`] → [`engine`] → [`store`] for what the job says.
 //!
 //! - [`target`]: which processes — a spawned job or attached PIDs;
 //! - [`event`]: what the job says it is doing — marks, spans and stages
-//!   over a Unix socket;
-//! - [`sample`]: what they hold now — host RSS/high-water marks from procfs,
-//!   GPU memory from NVML (or none);
+//!   over a Unix socket — and the engine's inbox;
+//! - [`sample`]: what they hold now — host memory from procfs and memory
+//!   cgroups, GPU memory from NVML (or none);
 //! - [`engine`]: the one thread that owns the store, turning ticks, marks
 //!   and exits into [`store::Record`]s;
 //! - [`store`]: all run state as a pure fold over records, with a journal
 //!   for crash recovery;
-//! - [`export`]: what leaves memtrack — `memory_usage.json` first.
+//! - [`export`]: what leaves memtrack while it runs — metrics, ClearML,
+//!   S3; [`report`]: what reads a finished run's file.
 //!
-//! [`model`] is the `memory_usage.json` schema shared by writer and
-//! readers; [`config`] and [`cli`] are the user-facing surface; [`app`]
-//! wires a run together; [`files`] creates what memtrack writes, private
-//! and never through a planted link; [`sys`] is the only `unsafe` code.
+//! [`model`] is `memory_usage.json`: its schema, reading and writing it,
+//! keeping its log bounded, and the leak rule. [`config`] embeds each
+//! component's own settings; [`cli`] and [`app`] are the user-facing
+//! surface and the wiring of a run.
+//!
+//! # Layers
+//!
+//! A module imports only modules of its own folder and of lower layers;
+//! modules never import each other in a circle; no function is longer
+//! than 150 lines and no file than 1,000 (the HOCON parser excepted). The
+//! test `tests/it/layers.rs` holds the code to this table, bottom first:
+//!
+//! | layer | modules |
+//! |---|---|
+//! | 0 | [`units`], [`sys`] (the only `unsafe` code), [`logging`], [`switch`] |
+//! | 1 | [`files`]: what memtrack writes, private and never through a planted link |
+//! | 2 | [`model`] |
+//! | 3 | [`target`], [`sample`], [`event`] |
+//! | 4 | [`store`] |
+//! | 5 | [`engine`] |
+//! | 6 | [`export`], [`report`] |
+//! | 7 | [`config`], [`shutdown`] |
+//! | 8 | [`app`], [`cli`] (and the binary, `main.rs`) |
 
 pub mod app;
 pub mod cli;

@@ -2,7 +2,7 @@
 //! with aws-sdk-s3.
 //!
 //! The endpoint, region, addressing style and profile are resolved as the
-//! AWS CLI resolves them ([`super::aws`]): a profile's `endpoint_url` and
+//! AWS CLI resolves them ([`aws`]): a profile's `endpoint_url` and
 //! `region` in `~/.aws/config` work as they do for `aws s3 cp`, and a custom
 //! endpoint turns on path-style addressing unless told otherwise.
 //! Credentials come from the standard AWS chain (environment, profile files,
