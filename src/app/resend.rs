@@ -67,7 +67,8 @@ fn read_run(run_dir: &Path) -> anyhow::Result<Document> {
     let document = run_dir.join(crate::model::json::FILE_NAME);
     crate::report::read::without_log(&document).with_context(|| {
         format!(
-            "the run's JSON is needed for its name and exit (after a killed memtrack, run              `memtrack recover {}` first)",
+            "the run's JSON is needed for its name and exit (after a killed memtrack, run \
+             `memtrack recover {}` first)",
             run_dir.display()
         )
     })
