@@ -2,7 +2,7 @@
 //! daemon flags then become the top [`Layer`] of the configuration, where
 //! they are validated like every other source.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 use toml::Value;
@@ -57,6 +57,15 @@ pub enum Command {
     Watch(WatchArgs),
     /// Print the default or the effective configuration
     Config(ConfigArgs),
+}
+
+/// What a command reads its configuration from, above the defaults and
+/// the environment: its `--config` file and its flags.
+pub trait ConfigSources {
+    /// The `--config` file, if given.
+    fn config_file(&self) -> Option<&Path>;
+    /// The flags as the top configuration layer.
+    fn flags(&self) -> Result<Layer, String>;
 }
 
 /// Options shared by `run` and `attach`.
@@ -177,6 +186,16 @@ impl DaemonArgs {
     }
 }
 
+impl ConfigSources for DaemonArgs {
+    fn config_file(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+
+    fn flags(&self) -> Result<Layer, String> {
+        self.layer()
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -276,6 +295,16 @@ impl UploadArgs {
     }
 }
 
+impl ConfigSources for UploadArgs {
+    fn config_file(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+
+    fn flags(&self) -> Result<Layer, String> {
+        Ok(self.layer())
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ClearmlResendArgs {
     /// The run directory (outputs/RUN) holding clearml-spool.jsonl
@@ -305,6 +334,16 @@ impl ClearmlResendArgs {
             layer.set("clearml.project", Value::String(v.clone()));
         }
         layer
+    }
+}
+
+impl ConfigSources for ClearmlResendArgs {
+    fn config_file(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+
+    fn flags(&self) -> Result<Layer, String> {
+        Ok(self.layer())
     }
 }
 
@@ -342,6 +381,27 @@ pub struct MergeArgs {
     /// S3 endpoint (MinIO), e.g. http://127.0.0.1:9000
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
+}
+
+impl MergeArgs {
+    /// The flags as the top configuration layer.
+    pub fn layer(&self) -> Layer {
+        let mut layer = Layer::new("command line");
+        if let Some(e) = &self.s3_endpoint {
+            layer.set("s3.endpoint", Value::String(e.clone()));
+        }
+        layer
+    }
+}
+
+impl ConfigSources for MergeArgs {
+    fn config_file(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+
+    fn flags(&self) -> Result<Layer, String> {
+        Ok(self.layer())
+    }
 }
 
 #[derive(Debug, Args)]

@@ -6,7 +6,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use memtrack::app::{self, Mode};
-use memtrack::cli::{Cli, Command, DaemonArgs};
+use memtrack::cli::{
+    AttachArgs, ClearmlResendArgs, Cli, Command, CompareArgs, ConfigArgs, ConfigSources, MergeArgs,
+    PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs, StatusArgs, UploadArgs, WatchArgs,
+};
 use memtrack::config::{self, Config, Layer};
 use memtrack::event::client;
 use memtrack::{logging, store, target};
@@ -54,224 +57,260 @@ fn runtime(error: anyhow::Error) -> Failure {
     Failure { code, error }
 }
 
-/// Every configuration layer, resolved.
-fn load_config(args: &DaemonArgs) -> Result<Config, Failure> {
+/// Every configuration layer, resolved: the defaults, the command's
+/// `--config` file, the `MEMTRACK_*` environment, then its flags.
+fn load_config(args: &impl ConfigSources) -> Result<Config, Failure> {
     let mut layers = Vec::new();
-    if let Some(path) = &args.config {
+    if let Some(path) = args.config_file() {
         layers.push(Layer::from_file(path).map_err(usage)?);
     }
     layers.push(Layer::from_env(std::env::vars()).map_err(usage)?);
-    layers.push(args.layer().map_err(|e| usage(anyhow::anyhow!(e)))?);
+    layers.push(args.flags().map_err(|e| usage(anyhow::anyhow!(e)))?);
     config::resolve(&layers).map_err(usage)
 }
 
 fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
-        Command::Run(args) => {
-            let config = load_config(&args.daemon)?;
-            logging::init(&config.log_level);
-            daemon(Mode::Run { argv: args.command }, config)
-        }
-        Command::Attach(args) => {
-            let config = load_config(&args.daemon)?;
-            logging::init(&config.log_level);
-            let mut pids = args.pids.clone();
-            for f in &args.pid_files {
-                pids.extend(target::read_pid_file(f).map_err(|e| runtime(e.into()))?);
-            }
-            if pids.is_empty() && config.socket.is_off() {
-                return Err(usage(anyhow::anyhow!(
-                    "attach needs --pid PID, --pid-file FILE, or the event socket (processes then register themselves)"
-                )));
-            }
-            daemon(Mode::Attach { pids }, config)
-        }
+        Command::Run(args) => run(args),
+        Command::Attach(args) => attach(&args),
         Command::Mark(args) => mark(&args),
-        Command::Status(args) => {
-            let path = client::socket_path(args.socket.socket.as_deref()).map_err(runtime)?;
-            let reply = client::Connection::open(&path, CLIENT_TIMEOUT)
-                .and_then(|mut c| c.call(&serde_json::json!({"type": "status"})))
-                .map_err(runtime)?;
-            let text = if args.json {
-                format!(
-                    "{}\n",
-                    serde_json::to_string_pretty(&reply).unwrap_or_default()
-                )
-            } else {
-                memtrack::event::client::format_status(&reply)
-            };
-            stdout(&text).map_err(|e| runtime(e.into()))?;
-            Ok(0)
-        }
-        Command::Cleanup(args) => {
-            let path = client::socket_path(args.socket.as_deref()).map_err(runtime)?;
-            let reply = client::Connection::open(&path, CLIENT_TIMEOUT)
-                .and_then(|mut c| c.call(&serde_json::json!({"type": "cleanup"})))
-                .map_err(runtime)?;
-            let n = reply["notified"].as_u64().unwrap_or(0);
-            stdout(&format!(
-                "asked {n} subscribed client(s) to free their caches\n"
-            ))
-            .map_err(|e| runtime(e.into()))?;
-            Ok(0)
-        }
-        Command::Upload(args) => {
-            let mut layers = Vec::new();
-            if let Some(path) = &args.config {
-                layers.push(Layer::from_file(path).map_err(usage)?);
-            }
-            layers.push(Layer::from_env(std::env::vars()).map_err(usage)?);
-            layers.push(args.layer());
-            let config = config::resolve(&layers).map_err(usage)?;
-            logging::init(&config.log_level);
-            let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
-            let uri = memtrack::export::s3::upload_file(&config.s3, &file).map_err(runtime)?;
-            stdout(&format!("{uri}\n")).map_err(|e| runtime(e.into()))?;
-            Ok(0)
-        }
-        Command::ClearmlResend(args) => {
-            let mut layers = Vec::new();
-            if let Some(path) = &args.config {
-                layers.push(Layer::from_file(path).map_err(usage)?);
-            }
-            layers.push(Layer::from_env(std::env::vars()).map_err(usage)?);
-            layers.push(args.layer());
-            let config = config::resolve(&layers).map_err(usage)?;
-            logging::init(&config.log_level);
-            let done = app::clearml_resend(&args.dir, &config, args.timeout).map_err(runtime)?;
-            stdout(&format!("{}\n", done.summary)).map_err(|e| runtime(e.into()))?;
-            Ok(if done.complete { 0 } else { 1 })
-        }
-        Command::Report(args) => {
-            let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
-            let doc = memtrack::report::read::for_report(&file).map_err(runtime)?;
-            let text = if args.json {
-                let report = memtrack::report::text::build(&doc);
-                format!(
-                    "{}\n",
-                    serde_json::to_string_pretty(&report).map_err(|e| runtime(e.into()))?
-                )
-            } else {
-                memtrack::report::text::render(&doc)
-            };
-            stdout(&text).map_err(|e| runtime(e.into()))?;
-            Ok(0)
-        }
-        Command::Compare(args) => {
-            let mut runs = Vec::new();
-            for f in &args.files {
-                let f = &memtrack::report::document_path(f).map_err(runtime)?;
-                let doc = memtrack::report::read::without_log(f).map_err(runtime)?;
-                let name = f
-                    .parent()
-                    .and_then(|p| p.file_name())
-                    .map(|n| n.to_string_lossy().into_owned());
-                runs.push((name.unwrap_or_else(|| f.display().to_string()), doc));
-            }
-            stdout(&memtrack::report::compare::render(&runs, args.format))
-                .map_err(|e| runtime(e.into()))?;
-            Ok(0)
-        }
-        Command::Merge(args) => {
-            let mut layers = Vec::new();
-            if let Some(path) = &args.config {
-                layers.push(Layer::from_file(path).map_err(usage)?);
-            }
-            layers.push(Layer::from_env(std::env::vars()).map_err(usage)?);
-            let mut flags = Layer::new("command line");
-            if let Some(e) = &args.s3_endpoint {
-                flags.set("s3.endpoint", toml::Value::String(e.clone()));
-            }
-            layers.push(flags);
-            let config = config::resolve(&layers).map_err(usage)?;
-            logging::init(&config.log_level);
-            use memtrack::report::merge::Input;
-            let mut inputs = Vec::new();
-            for input in &args.inputs {
-                if input.starts_with("s3://") {
-                    inputs.extend(
-                        memtrack::export::s3::download_documents(&config.s3, input)
-                            .map_err(runtime)?
-                            .into_iter()
-                            .map(|(source, doc)| Input::Document(source, Box::new(doc))),
-                    );
-                } else {
-                    // Read as a stream: a rank's log may be millions long.
-                    let path = memtrack::report::document_path(std::path::Path::new(input))
-                        .map_err(runtime)?;
-                    inputs.push(Input::File(input.clone(), path));
-                }
-            }
-            let merged = memtrack::report::merge::merge_inputs(inputs).map_err(runtime)?;
-            match &args.output {
-                Some(path) => {
-                    // The job's folder (outputs/JOB/) may not exist yet:
-                    // each rank wrote into its own JOB.rankN/.
-                    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                        std::fs::create_dir_all(dir)
-                            .with_context(|| format!("cannot create {}", dir.display()))
-                            .map_err(runtime)?;
-                    }
-                    memtrack::model::json::write_document(path, &merged)
-                        .map_err(|e| runtime(e.into()))?;
-                    logging::say(&format!(
-                        "memtrack: merged {} ranks into {}",
-                        merged.ranks.len(),
-                        path.display()
-                    ));
-                }
-                None => {
-                    use std::io::Write;
-                    let out = std::io::stdout().lock();
-                    let mut out = std::io::BufWriter::new(out);
-                    let written = serde_json::to_writer_pretty(&mut out, &merged)
-                        .map_err(std::io::Error::from)
-                        .and_then(|()| out.write_all(b"\n"))
-                        .and_then(|()| out.flush());
-                    match written {
-                        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-                        other => other.map_err(|e| runtime(e.into()))?,
-                    }
-                }
-            }
-            Ok(0)
-        }
-        Command::Plot(args) => {
-            let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
-            let doc = memtrack::report::read::for_plot(&file).map_err(runtime)?;
-            let opts = memtrack::report::plot::PlotOptions {
-                width: args.width,
-                height: args.height,
-                title: args.title.clone(),
-            };
-            memtrack::report::plot::plot(&doc, &args.output, &opts)
-                .map_err(|e| runtime(e.into()))?;
-            logging::say(&format!("memtrack: wrote {}", args.output.display()));
-            Ok(0)
-        }
-        Command::Watch(args) => {
-            let path = client::socket_path(args.socket.socket.as_deref()).map_err(runtime)?;
-            let interval = memtrack::units::parse_duration(&args.interval)
-                .map_err(|e| usage(anyhow::anyhow!("--interval: {e}")))?;
-            let mut out = std::io::stdout().lock();
-            client::watch(&path, interval, args.once, &mut out).map_err(runtime)?;
-            Ok(0)
-        }
-        Command::Recover(args) => {
-            logging::init("info");
-            recover(&args.dir).map_err(runtime)
-        }
-        Command::Config(args) => {
-            let text = if args.defaults {
-                toml::to_string(&Config::default())
-            } else {
-                toml::to_string(&load_config(&args.daemon)?)
-            };
-            let text = text.map_err(|e| runtime(e.into()))?;
-            stdout(&text).map_err(|e| runtime(e.into()))?;
-            Ok(0)
+        Command::Status(args) => status(&args),
+        Command::Cleanup(args) => cleanup(&args),
+        Command::Upload(args) => upload(&args),
+        Command::ClearmlResend(args) => clearml_resend(&args),
+        Command::Report(args) => report(&args),
+        Command::Compare(args) => compare(&args),
+        Command::Merge(args) => merge(&args),
+        Command::Plot(args) => plot(&args),
+        Command::Watch(args) => watch(&args),
+        Command::Recover(args) => recover(&args),
+        Command::Config(args) => show_config(&args),
+    }
+}
+
+/// `memtrack run`.
+fn run(args: RunArgs) -> Result<u8, Failure> {
+    let config = load_config(&args.daemon)?;
+    logging::init(&config.log_level);
+    daemon(Mode::Run { argv: args.command }, config)
+}
+
+/// `memtrack attach`: the PIDs given and those in PID files, or processes
+/// that register themselves over the event socket.
+fn attach(args: &AttachArgs) -> Result<u8, Failure> {
+    let config = load_config(&args.daemon)?;
+    logging::init(&config.log_level);
+    let mut pids = args.pids.clone();
+    for f in &args.pid_files {
+        pids.extend(target::read_pid_file(f).map_err(|e| runtime(e.into()))?);
+    }
+    if pids.is_empty() && config.socket.is_off() {
+        return Err(usage(anyhow::anyhow!(
+            "attach needs --pid PID, --pid-file FILE, or the event socket (processes then register themselves)"
+        )));
+    }
+    daemon(Mode::Attach { pids }, config)
+}
+
+/// `memtrack status`: what the daemon sees now, as text or JSON.
+fn status(args: &StatusArgs) -> Result<u8, Failure> {
+    let path = client::socket_path(args.socket.socket.as_deref()).map_err(runtime)?;
+    let reply = client::Connection::open(&path, CLIENT_TIMEOUT)
+        .and_then(|mut c| c.call(&serde_json::json!({"type": "status"})))
+        .map_err(runtime)?;
+    let text = if args.json {
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&reply).unwrap_or_default()
+        )
+    } else {
+        memtrack::event::client::format_status(&reply)
+    };
+    stdout(&text).map_err(|e| runtime(e.into()))?;
+    Ok(0)
+}
+
+/// `memtrack cleanup`: asks the job's subscribed clients to free caches.
+fn cleanup(args: &SocketArgs) -> Result<u8, Failure> {
+    let path = client::socket_path(args.socket.as_deref()).map_err(runtime)?;
+    let reply = client::Connection::open(&path, CLIENT_TIMEOUT)
+        .and_then(|mut c| c.call(&serde_json::json!({"type": "cleanup"})))
+        .map_err(runtime)?;
+    let n = reply["notified"].as_u64().unwrap_or(0);
+    stdout(&format!(
+        "asked {n} subscribed client(s) to free their caches\n"
+    ))
+    .map_err(|e| runtime(e.into()))?;
+    Ok(0)
+}
+
+/// `memtrack upload`: prints the URI the document went to.
+fn upload(args: &UploadArgs) -> Result<u8, Failure> {
+    let config = load_config(args)?;
+    logging::init(&config.log_level);
+    let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
+    let uri = memtrack::export::s3::upload_file(&config.s3, &file).map_err(runtime)?;
+    stdout(&format!("{uri}\n")).map_err(|e| runtime(e.into()))?;
+    Ok(0)
+}
+
+/// `memtrack clearml-resend`: exits 1 while something is left unsent.
+fn clearml_resend(args: &ClearmlResendArgs) -> Result<u8, Failure> {
+    let config = load_config(args)?;
+    logging::init(&config.log_level);
+    let done = app::clearml_resend(&args.dir, &config, args.timeout).map_err(runtime)?;
+    stdout(&format!("{}\n", done.summary)).map_err(|e| runtime(e.into()))?;
+    Ok(if done.complete { 0 } else { 1 })
+}
+
+/// `memtrack report`, as text or JSON.
+fn report(args: &ReportArgs) -> Result<u8, Failure> {
+    let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
+    let doc = memtrack::report::read::for_report(&file).map_err(runtime)?;
+    let text = if args.json {
+        let report = memtrack::report::text::build(&doc);
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report).map_err(|e| runtime(e.into()))?
+        )
+    } else {
+        memtrack::report::text::render(&doc)
+    };
+    stdout(&text).map_err(|e| runtime(e.into()))?;
+    Ok(0)
+}
+
+/// `memtrack compare`: one row per run, named after its directory.
+fn compare(args: &CompareArgs) -> Result<u8, Failure> {
+    let mut runs = Vec::new();
+    for f in &args.files {
+        let f = &memtrack::report::document_path(f).map_err(runtime)?;
+        let doc = memtrack::report::read::without_log(f).map_err(runtime)?;
+        let name = f
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned());
+        runs.push((name.unwrap_or_else(|| f.display().to_string()), doc));
+    }
+    stdout(&memtrack::report::compare::render(&runs, args.format))
+        .map_err(|e| runtime(e.into()))?;
+    Ok(0)
+}
+
+/// `memtrack merge`: the ranks' files (or an S3 prefix) into one document,
+/// written to `--output` or printed.
+fn merge(args: &MergeArgs) -> Result<u8, Failure> {
+    let config = load_config(args)?;
+    logging::init(&config.log_level);
+    let inputs = merge_inputs(args, &config)?;
+    let merged = memtrack::report::merge::merge_inputs(inputs).map_err(runtime)?;
+    match &args.output {
+        Some(path) => write_merged(path, &merged),
+        None => print_merged(&merged),
+    }
+}
+
+/// What `merge` reads: the documents under an S3 prefix, downloaded, and
+/// local files, streamed.
+fn merge_inputs(
+    args: &MergeArgs,
+    config: &Config,
+) -> Result<Vec<memtrack::report::merge::Input>, Failure> {
+    use memtrack::report::merge::Input;
+    let mut inputs = Vec::new();
+    for input in &args.inputs {
+        if input.starts_with("s3://") {
+            inputs.extend(
+                memtrack::export::s3::download_documents(&config.s3, input)
+                    .map_err(runtime)?
+                    .into_iter()
+                    .map(|(source, doc)| Input::Document(source, Box::new(doc))),
+            );
+        } else {
+            // Read as a stream: a rank's log may be millions long.
+            let path =
+                memtrack::report::document_path(std::path::Path::new(input)).map_err(runtime)?;
+            inputs.push(Input::File(input.clone(), path));
         }
     }
+    Ok(inputs)
+}
+
+fn write_merged(
+    path: &std::path::Path,
+    merged: &memtrack::report::merge::Merged,
+) -> Result<u8, Failure> {
+    // The job's folder (outputs/JOB/) may not exist yet:
+    // each rank wrote into its own JOB.rankN/.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))
+            .map_err(runtime)?;
+    }
+    memtrack::model::json::write_document(path, merged).map_err(|e| runtime(e.into()))?;
+    logging::say(&format!(
+        "memtrack: merged {} ranks into {}",
+        merged.ranks.len(),
+        path.display()
+    ));
+    Ok(0)
+}
+
+fn print_merged(merged: &memtrack::report::merge::Merged) -> Result<u8, Failure> {
+    use std::io::Write;
+    let out = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::new(out);
+    let written = serde_json::to_writer_pretty(&mut out, merged)
+        .map_err(std::io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        other => other.map_err(|e| runtime(e.into()))?,
+    }
+    Ok(0)
+}
+
+/// `memtrack plot`: an SVG or PNG of the run's timeline.
+fn plot(args: &PlotArgs) -> Result<u8, Failure> {
+    let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
+    let doc = memtrack::report::read::for_plot(&file).map_err(runtime)?;
+    let opts = memtrack::report::plot::PlotOptions {
+        width: args.width,
+        height: args.height,
+        title: args.title.clone(),
+    };
+    memtrack::report::plot::plot(&doc, &args.output, &opts).map_err(|e| runtime(e.into()))?;
+    logging::say(&format!("memtrack: wrote {}", args.output.display()));
+    Ok(0)
+}
+
+/// `memtrack watch`: a live view, refreshed every `--interval`.
+fn watch(args: &WatchArgs) -> Result<u8, Failure> {
+    let path = client::socket_path(args.socket.socket.as_deref()).map_err(runtime)?;
+    let interval = memtrack::units::parse_duration(&args.interval)
+        .map_err(|e| usage(anyhow::anyhow!("--interval: {e}")))?;
+    let mut out = std::io::stdout().lock();
+    client::watch(&path, interval, args.once, &mut out).map_err(runtime)?;
+    Ok(0)
+}
+
+/// `memtrack recover`.
+fn recover(args: &RecoverArgs) -> Result<u8, Failure> {
+    logging::init("info");
+    recover_dir(&args.dir).map_err(runtime)
+}
+
+/// `memtrack config`: the defaults, or the configuration every layer makes.
+fn show_config(args: &ConfigArgs) -> Result<u8, Failure> {
+    let text = if args.defaults {
+        toml::to_string(&Config::default())
+    } else {
+        toml::to_string(&load_config(&args.daemon)?)
+    };
+    let text = text.map_err(|e| runtime(e.into()))?;
+    stdout(&text).map_err(|e| runtime(e.into()))?;
+    Ok(0)
 }
 
 /// How long the socket commands wait for the daemon.
@@ -342,7 +381,7 @@ fn daemon(mode: Mode, config: Config) -> Result<u8, Failure> {
     Ok(outcome.exit_code.clamp(0, 255) as u8)
 }
 
-fn recover(dir: &std::path::Path) -> anyhow::Result<u8> {
+fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
     use store::journal;
     if journal::has_journal(dir) {
         let r = journal::recover(dir)?;

@@ -334,3 +334,19 @@ fn a_second_run_in_a_live_run_directory_is_refused_and_harms_nothing() {
     assert_eq!(doc.run.status, "finished");
     assert_eq!(doc.run.exit.map(|e| e.code), Some(0));
 }
+
+#[test]
+fn clearml_resend_without_the_json_says_to_recover_first() {
+    let out = scratch();
+    let run_dir = out.path().join("r");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::fs::write(run_dir.join(memtrack::export::clearml::SPOOL_FILE), "").unwrap();
+    let dir = run_dir.display().to_string();
+    let err = fails(&["clearml-resend", &dir], &[], 1);
+    let advice = format!(
+        "the run's JSON is needed for its name and exit (after a killed memtrack, \
+         run `memtrack recover {dir}` first)"
+    );
+    assert!(err.contains(&advice), "{err}");
+    assert!(!err.contains("  "), "a run of spaces: {err}");
+}

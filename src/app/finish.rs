@@ -1,0 +1,283 @@
+//! The end of a run, once the engine has stopped: the final document kept
+//! somewhere, what goes over the network (the S3 upload, ClearML's last
+//! points) within one deadline, the closing log line, and the exit code.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::io::Io;
+use super::job::own_vm_hwm;
+use super::run_dir::supersede_journal;
+use super::uploads::absolute;
+use crate::config::Config;
+use crate::engine::Ended;
+use crate::export::clearml;
+use crate::export::finish::Deadline;
+use crate::model::{Exit, RunInfo};
+use crate::store::Store;
+
+/// Where the run's document is, and whether it was written at all.
+pub(super) struct Saved {
+    pub document: PathBuf,
+    pub written: bool,
+}
+
+/// A run directory that cannot take the final JSON (a full disk) must
+/// not lose the run: the document goes to the temporary directory.
+pub(super) fn save_document(
+    ended: &Ended,
+    store: &Store,
+    document: PathBuf,
+    run_dir: &Path,
+) -> Saved {
+    let mut document = document;
+    let written = match &ended.write_error {
+        None => true,
+        Some(e) => {
+            let fallback = std::env::temp_dir().join(format!(
+                "memtrack-{}-{}",
+                store.run.id,
+                crate::model::json::FILE_NAME
+            ));
+            match crate::model::json::write_document(&fallback, &store.document_view()) {
+                Ok(()) => {
+                    tracing::error!(
+                        "{} could not be written ({e}); the run's JSON is in {} instead",
+                        document.display(),
+                        fallback.display()
+                    );
+                    supersede_journal(run_dir, &fallback);
+                    document = fallback;
+                    true
+                }
+                Err(e2) => {
+                    tracing::error!("the run's JSON could not be written anywhere: {e}; {e2}");
+                    false
+                }
+            }
+        }
+    };
+    Saved { document, written }
+}
+
+/// The local file is written; now what goes over the network, unless a
+/// second signal asked to stop at once. True when an export failed.
+pub(super) fn flush_exports(
+    io: &mut Io,
+    config: &Config,
+    ended: &Ended,
+    run: &RunInfo,
+    saved: &Saved,
+    run_dir: &Path,
+) -> bool {
+    let clearml = io.clearml.take();
+    if ended.urgent {
+        stop_at_once(io, clearml, ended, &saved.document, run_dir);
+        false
+    } else {
+        flush_within_deadline(io, clearml, config, ended, run, saved, run_dir)
+    }
+}
+
+/// A second signal: no upload, and ClearML's unsent points go to the
+/// spool file without waiting on the network.
+fn stop_at_once(
+    io: &Io,
+    clearml: Option<clearml::Reporter>,
+    ended: &Ended,
+    document: &Path,
+    run_dir: &Path,
+) {
+    if let Some(s3) = &io.s3 {
+        tracing::warn!(
+            "stopping at once: the upload was skipped; to upload it later, run: {}",
+            s3.retry_command(&absolute(document))
+        );
+    }
+    if let Some(reporter) = clearml {
+        // No network wait: what is not sent yet goes to the spool file.
+        let end = clearml::RunEnd {
+            exit: ended.job_exit,
+            artifact: None,
+        };
+        let report = io.runtime.block_on(reporter.finish(end, Duration::ZERO));
+        if report.unsent > 0 {
+            tracing::warn!(
+                "stopping at once: {} points not yet sent to ClearML stay in {}",
+                report.unsent,
+                run_dir.join(clearml::SPOOL_FILE).display()
+            );
+        }
+    }
+}
+
+/// The final upload and ClearML's last points, sharing one deadline.
+/// True when an export failed.
+fn flush_within_deadline(
+    io: &mut Io,
+    clearml: Option<clearml::Reporter>,
+    config: &Config,
+    ended: &Ended,
+    run: &RunInfo,
+    saved: &Saved,
+    run_dir: &Path,
+) -> bool {
+    let mut export_failed = false;
+    // Everything from here on shares one deadline.
+    let deadline = Deadline::start(config.finish_timeout);
+    let task = settled_task(io, clearml.as_ref(), config, &deadline);
+    io.stop_checkpoint_uploads(&deadline);
+    let uploaded = if saved.written {
+        io.upload(&saved.document, run, task.clone(), &deadline)
+    } else {
+        None
+    };
+    let upload_failed = matches!(uploaded, Some(Err(_)));
+    export_failed |= upload_failed;
+    if let Some(reporter) = clearml {
+        export_failed |= finish_clearml(io, reporter, config, ended, uploaded, &deadline);
+    }
+    // A failed upload keeps the task noted, so that `memtrack upload`
+    // later puts the file under the task's key too.
+    if let (true, Some(task)) = (upload_failed, &task) {
+        clearml::note_task(run_dir, task, false);
+    }
+    export_failed
+}
+
+/// The key follows ClearML's layout when the task is known: give a
+/// task still being created a moment.
+fn settled_task(
+    io: &Io,
+    clearml: Option<&clearml::Reporter>,
+    config: &Config,
+    deadline: &Deadline,
+) -> Option<clearml::TaskRef> {
+    match (clearml, &io.s3) {
+        (Some(reporter), Some(_)) => {
+            let wait = config
+                .clearml
+                .final_flush_timeout
+                .min(Duration::from_secs(10))
+                .min(deadline.remaining());
+            io.runtime.block_on(
+                deadline.announce("the ClearML task to be created", reporter.settle(wait)),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// Ends the ClearML reporting with the job's exit and the uploaded
+/// document as its artifact. True when something was lost or left unsent.
+fn finish_clearml(
+    io: &Io,
+    reporter: clearml::Reporter,
+    config: &Config,
+    ended: &Ended,
+    uploaded: Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>>,
+    deadline: &Deadline,
+) -> bool {
+    let artifact = match uploaded {
+        Some(Ok(u)) => Some(clearml::Artifact {
+            uri: u.uri,
+            size: u.size,
+            sha256: u.sha256,
+        }),
+        _ => None,
+    };
+    let end = clearml::RunEnd {
+        exit: ended.job_exit,
+        artifact,
+    };
+    // What the deadline leaves; points not sent by then stay in the
+    // spool, and the log says how to send them.
+    let wait = config.clearml.final_flush_timeout.min(deadline.remaining());
+    let report = io
+        .runtime
+        .block_on(deadline.announce("ClearML's last points", reporter.finish(end, wait)));
+    log_clearml(&report)
+}
+
+/// Logs what the ClearML reporter achieved; true when something was lost
+/// or left unsent.
+fn log_clearml(report: &clearml::FinishReport) -> bool {
+    let task = report
+        .task
+        .as_ref()
+        .map_or_else(|| "no task".to_string(), |t| format!("task {}", t.id));
+    let failed = report.unsent > 0 || report.refused > 0 || report.task.is_none();
+    if failed {
+        tracing::error!(
+            "ClearML ({task}): {} points sent, {} unsent{}, {} refused; {}",
+            report.sent,
+            report.unsent,
+            report
+                .spool
+                .as_ref()
+                .map(|p| format!(
+                    " (kept in {}; `memtrack clearml-resend {}` sends them)",
+                    p.display(),
+                    p.parent().unwrap_or(Path::new(".")).display()
+                ))
+                .unwrap_or_default(),
+            report.refused,
+            report.errors.join("; ")
+        );
+    } else {
+        tracing::info!(
+            "ClearML ({task}): {} points sent{}{}",
+            report.sent,
+            if report.artifact_registered {
+                ", artifact registered"
+            } else {
+                ""
+            },
+            report
+                .final_status
+                .as_ref()
+                .map(|s| format!(", task {s}"))
+                .unwrap_or_default()
+        );
+    }
+    failed
+}
+
+/// The closing line: the run's peaks, where its JSON is, and memtrack's
+/// own peak RSS.
+pub(super) fn log_end(store: &Store, saved: &Saved, export_failed: bool) {
+    let (document, written) = (&saved.document, saved.written);
+    let peaks = store.peaks();
+    // memtrack's own high-water mark, the final write included: what the
+    // monitor itself cost the machine (bench/soak reads this line).
+    let own_peak = crate::units::mib(own_vm_hwm());
+    tracing::info!(
+        "run {} ended: peak host RAM {:.1} MiB, peak GPU {:.1} MiB; {}; memtrack's own peak RSS {own_peak:.1} MiB",
+        store.run.name,
+        peaks.cpu_ram_used_mb.max(peaks.cpu_ram_hwm_mb),
+        peaks.gpu_process_used_mb.max(peaks.reserved_gpu_ram_mb),
+        match (written, export_failed) {
+            (true, false) => format!("wrote {}", document.display()),
+            (true, true) => format!("wrote {}; an export failed (see above)", document.display()),
+            (false, _) => "the JSON could not be written (see above)".to_string(),
+        }
+    );
+}
+
+/// `run` exits as its job did. `attach` ends normally on a signal; a
+/// `run` stopped before its job ended reports the signal, as a shell would.
+/// An export failure never hides the job's status; in `attach` mode it
+/// is the status.
+pub(super) fn exit_code(
+    ended: &Ended,
+    first_signal: Option<i32>,
+    is_run: bool,
+    export_failed: bool,
+) -> i32 {
+    match (ended.job_exit, first_signal) {
+        (Some(exit), _) => exit.code,
+        (None, Some(sig)) if is_run => Exit::signal(sig).code,
+        (None, _) if ended.write_error.is_some() || export_failed => 1,
+        (None, _) => 0,
+    }
+}

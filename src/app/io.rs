@@ -1,0 +1,284 @@
+//! The I/O side of a run: one small tokio runtime serving the event socket
+//! and HTTP, the S3 uploader, the ClearML reporter, and the channel
+//! carrying snapshots to them. The uploads themselves are in
+//! `uploads.rs`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Config;
+use crate::engine::EventLink;
+use crate::event::inbox::Input;
+use crate::export::{clearml, http};
+use crate::model::RunInfo;
+use crate::store::snapshot::Snapshot;
+use crate::sys;
+
+/// HTTP connections served at once; more are closed on accept.
+const HTTP_CONNECTIONS: usize = 64;
+
+/// The I/O side of a run: one small tokio runtime serving the event
+/// socket and HTTP, and the channel carrying snapshots to them.
+pub(super) struct Io {
+    pub runtime: tokio::runtime::Runtime,
+    pub shutdown: watch::Sender<bool>,
+    socket: Option<crate::event::server::SocketFile>,
+    pub link: Option<EventLink>,
+    pub snapshots: watch::Sender<Arc<Snapshot>>,
+    pub s3: Option<crate::export::s3::Uploader>,
+    /// Failed S3 uploads (checkpoints and the final one).
+    pub s3_errors: Arc<AtomicU64>,
+    pub clearml: Option<clearml::Reporter>,
+    /// The job's announcements of its ClearML task, for the reporter.
+    job_tasks: Option<mpsc::UnboundedReceiver<crate::event::inbox::JobTask>>,
+    /// The checkpoint uploader: its stop switch and its task.
+    pub checkpoint_uploads: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+}
+
+/// The run's ClearML settings. A half configuration is refused before
+/// anything starts; an unreadable clearml.conf costs only the ClearML
+/// reporting, not the run.
+pub(super) fn clearml_settings(config: &Config) -> anyhow::Result<Option<clearml::Settings>> {
+    let clearml_settings = match clearml::resolve(
+        &config.clearml,
+        &|v| std::env::var(v).ok(),
+        std::env::var_os("HOME").map(PathBuf::from).as_deref(),
+    ) {
+        Ok(settings) => settings,
+        Err(
+            e @ (clearml::ClearmlError::Conf { .. }
+            | clearml::ClearmlError::ConfRead { .. }
+            | clearml::ClearmlError::ConfTooLarge { .. }),
+        ) => {
+            tracing::error!("ClearML reporting is off for this run: {e}");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(clearml_settings)
+}
+
+impl Io {
+    /// Starts the runtime, then the S3 uploader, the event socket and the
+    /// HTTP server, each when configured.
+    pub fn start(
+        config: &Config,
+        engine: SyncSender<Input>,
+        self_register: bool,
+        first: Snapshot,
+    ) -> anyhow::Result<Io> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("memtrack-io")
+            .enable_all()
+            .build()
+            .context("cannot start the I/O runtime")?;
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        // The run's identity is known before its first sample.
+        let (snapshots, snapshots_rx) = watch::channel(Arc::new(first));
+        let mut io = Io {
+            runtime,
+            shutdown,
+            socket: None,
+            link: None,
+            snapshots,
+            s3: None,
+            s3_errors: Arc::new(AtomicU64::new(0)),
+            clearml: None,
+            job_tasks: None,
+            checkpoint_uploads: None,
+        };
+
+        if !config.s3.url.is_empty() {
+            io.start_s3(config)?;
+        }
+
+        if !config.socket.is_off() {
+            io.serve_socket(config, engine, self_register, shutdown_rx.clone())?;
+        }
+
+        io.serve_http(config, snapshots_rx, shutdown_rx)?;
+        Ok(io)
+    }
+
+    /// The S3 uploader, with a warning now when its credentials will not do.
+    fn start_s3(&mut self, config: &Config) -> anyhow::Result<()> {
+        let uploader = self
+            .runtime
+            .block_on(crate::export::s3::Uploader::new(&config.s3))?;
+        if let Some(why) = self.runtime.block_on(uploader.credentials_problem()) {
+            tracing::warn!(
+                "no usable AWS credentials ({why}): the upload to {} will fail; \
+                 memory_usage.json stays local and `memtrack upload` can send it later",
+                config.s3.url
+            );
+        } else if let Some(unknown) = uploader.resolved.unknown_profile() {
+            tracing::warn!("{unknown}");
+        }
+        self.s3 = Some(uploader);
+        Ok(())
+    }
+
+    /// Binds the event socket (or takes the one systemd passed) and serves
+    /// it; the engine hears its clients through `engine`.
+    fn serve_socket(
+        &mut self,
+        config: &Config,
+        engine: SyncSender<Input>,
+        self_register: bool,
+        shutdown_rx: watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        use crate::event::server;
+        let group = if config.socket.group.is_empty() {
+            None
+        } else {
+            sys::group_id(&config.socket.group)
+        };
+        let mut file = match sys::systemd_listener() {
+            // Socket activation: systemd made the socket and owns its mode.
+            Some(listener) => server::SocketFile::from_systemd(listener)
+                .context("cannot use the socket systemd passed")?,
+            None => {
+                let path = if config.socket.path.as_os_str().is_empty() {
+                    server::default_path().context("cannot choose a socket path")?
+                } else {
+                    config.socket.path.clone()
+                };
+                server::bind(&path, group)?
+            }
+        };
+        let (notices, _) = tokio::sync::broadcast::channel(64);
+        let stats = Arc::new(server::Stats::default());
+        let (job_tasks_tx, job_tasks_rx) = mpsc::unbounded_channel();
+        self.job_tasks = Some(job_tasks_rx);
+        let shared = Arc::new(server::Shared {
+            clearml: Some(job_tasks_tx),
+            engine,
+            notices: notices.clone(),
+            stats: Arc::clone(&stats),
+            access: server::Access {
+                uid: sys::uid(),
+                allow_uids: config.socket.allow_uids.clone(),
+                group,
+                max_connections: config.socket.max_connections,
+            },
+        });
+        let std_listener = file.take_listener().context("socket already taken")?;
+        let listener = {
+            let _guard = self.runtime.enter();
+            tokio::net::UnixListener::from_std(std_listener).context("cannot serve the socket")?
+        };
+        self.runtime
+            .spawn(server::serve(listener, shared, shutdown_rx));
+        self.socket = Some(file);
+        self.link = Some(EventLink {
+            notices,
+            stats,
+            self_register,
+        });
+        Ok(())
+    }
+
+    /// Serves `/metrics` and `/memory-info` on `listen` unless it is off.
+    /// The default address taken by something else only costs the metrics;
+    /// a chosen one is an error.
+    fn serve_http(
+        &mut self,
+        config: &Config,
+        snapshots_rx: watch::Receiver<Arc<Snapshot>>,
+        shutdown_rx: watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        if let Some(addr) =
+            crate::config::parse_listen(&config.listen).map_err(anyhow::Error::msg)?
+        {
+            let bound = self.runtime.block_on(tokio::net::TcpListener::bind(addr));
+            match bound {
+                Ok(listener) => {
+                    let local = listener.local_addr().unwrap_or(addr);
+                    tracing::info!("metrics on http://{local}/metrics");
+                    let state = http::State {
+                        snapshots: snapshots_rx,
+                        notices: self.link.as_ref().map(|l| l.notices.clone()),
+                    };
+                    self.runtime
+                        .spawn(http::serve(listener, state, HTTP_CONNECTIONS, shutdown_rx));
+                }
+                Err(e) if config.listen == crate::config::DEFAULT_LISTEN => {
+                    tracing::warn!(
+                        "cannot listen on {addr} ({e}); going on without /metrics (set --listen)"
+                    );
+                }
+                Err(e) => return Err(anyhow::anyhow!("cannot listen on {addr}: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the ClearML reporter when the run reports to ClearML; it
+    /// hears the job's announcements of its own task. Returns the channel
+    /// the engine forwards its log entries on.
+    pub fn start_clearml(
+        &mut self,
+        clearml_settings: Option<clearml::Settings>,
+        run: &RunInfo,
+        run_dir: &Path,
+    ) -> anyhow::Result<Option<mpsc::UnboundedSender<crate::model::Entry>>> {
+        let Some(mut settings) = clearml_settings else {
+            return Ok(None);
+        };
+        let job_tasks = self.job_tasks.take();
+        // The task memtrack may create is named now: refuse a name the
+        // server would refuse before the job starts.
+        clearml::check_task_name(&settings, &run.name)?;
+        settings.artifact_expected = self.s3.is_some();
+        let (entries_tx, entries_rx) = mpsc::unbounded_channel();
+        let _guard = self.runtime.enter();
+        self.clearml = Some(clearml::Reporter::start(
+            settings,
+            clearml::RunInfoLite {
+                name: run.name.clone(),
+                id: run.id.clone(),
+                host: run.host.clone(),
+            },
+            run_dir.to_path_buf(),
+            entries_rx,
+            job_tasks,
+        ));
+        Ok(Some(entries_tx))
+    }
+
+    /// What the job's environment gains: `MEMTRACK_SOCKET` when the event
+    /// socket is served.
+    pub fn job_env(&self, is_run: bool) -> Vec<(String, String)> {
+        let mut job_env = Vec::new();
+        if let Some(path) = self.socket_path() {
+            job_env.push(("MEMTRACK_SOCKET".to_string(), path.display().to_string()));
+            if is_run {
+                tracing::debug!("event socket {}", path.display());
+            } else {
+                tracing::info!(
+                    "event socket {} (clients: MEMTRACK_SOCKET={})",
+                    path.display(),
+                    path.display()
+                );
+            }
+        }
+        job_env
+    }
+
+    fn socket_path(&self) -> Option<&Path> {
+        self.socket.as_ref().map(|s| s.path.as_path())
+    }
+
+    pub fn stop(self) {
+        let _ = self.shutdown.send(true);
+        self.runtime
+            .shutdown_timeout(std::time::Duration::from_secs(1));
+        // Dropping `socket` removes the socket file.
+    }
+}

@@ -1,0 +1,118 @@
+//! Wiring one run together: the run directory, the sampler, the store and
+//! its journal, the job (or the attached PIDs), signals, and the engine.
+//!
+//! [`run_daemon`] is the sequence of a run's phases; each phase lives in
+//! the file named after it: `naming` (name and labels), `run_dir` (the run
+//! directory), `io` and `uploads` (socket, HTTP, S3, ClearML), `job` (what
+//! is followed), `recorder` (store, journal, engine) and `finish` (what
+//! happens once the engine stops). `resend` is `memtrack clearml-resend`.
+
+mod context;
+mod finish;
+mod io;
+mod job;
+mod naming;
+mod recorder;
+mod resend;
+mod run_dir;
+mod uploads;
+
+use std::sync::mpsc::sync_channel;
+
+use anyhow::Context;
+
+use crate::config::Config;
+use crate::event::inbox::Input;
+use crate::shutdown::SignalThread;
+use crate::sys;
+
+pub use context::{Mode, Outcome};
+pub use naming::{default_run_name, run_labels, LABEL_ENV};
+pub use resend::{clearml_resend, Resent};
+pub use run_dir::{prepare_run_dir, recover_leftovers};
+
+use io::Io;
+use naming::{RunLabels, RunName};
+use run_dir::Cleanup;
+
+/// Runs `memtrack run` or `memtrack attach` to the end.
+pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
+    let name = RunName::choose(&mode, &config);
+    job::check_attach_pids(&mode)?;
+    let clearml_settings = io::clearml_settings(&config)?;
+    let is_run = matches!(mode, Mode::Run { .. });
+    job::adopt_orphans(is_run);
+    let labels = RunLabels::read(&name.name, &config);
+    let run_dir = prepare_run_dir(&config.output, &labels.dir_name, name.explicit)?;
+    let mut cleanup = Cleanup::new(&run_dir);
+    let (gpu, backend) = recorder::open_gpu(&config);
+    let document = run_dir.join(crate::model::json::FILE_NAME);
+    let run = naming::run_info(&mode, &config, name, labels, &run_dir, backend);
+    let (store, journal) = recorder::open_store(&config, run, gpu.as_ref(), &run_dir)?;
+
+    sys::raise_nofile_limit();
+    let (tx, rx) = sync_channel::<Input>(65_536);
+    let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
+    let mut io = Io::start(&config, tx.clone(), self_register, store.snapshot())?;
+    let entries = io.start_clearml(clearml_settings, &store.run, &run_dir)?;
+    let job_env = io.job_env(is_run);
+    let (opts, footprint_opts) = job::options(&config, is_run);
+    // Signals are handled before the job exists, so none can kill
+    // memtrack between the spawn and the handlers.
+    let signals =
+        SignalThread::start(is_run, tx.clone()).context("cannot install signal handlers")?;
+    // Start the job last, once everything that can fail has succeeded.
+    let followed = job::follow(
+        &mode,
+        opts,
+        footprint_opts,
+        &job_env,
+        &store.run.id,
+        &signals,
+        &tx,
+    )?;
+    let mut engine = recorder::start_engine(&config, followed, gpu, store, journal, &io);
+    recorder::hook_exports(&mut engine, &mut io, &config, &document, entries, &tx);
+    drop(tx);
+    cleanup.disarm();
+    let (ended, store) = engine.run(&rx);
+
+    let saved = finish::save_document(&ended, &store, document, &run_dir);
+    let first_signal = signals.stop();
+    let export_failed =
+        finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);
+    io.stop();
+    finish::log_end(&store, &saved, export_failed);
+    Ok(Outcome {
+        exit_code: finish::exit_code(&ended, first_signal, is_run, export_failed),
+        document: saved.document,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_names() {
+        let name = |argv: &[&str]| {
+            default_run_name(&Mode::Run {
+                argv: argv.iter().map(|a| a.to_string()).collect(),
+            })
+        };
+        let n = name(&["/usr/bin/python3", "train.py"]);
+        assert!(n.starts_with("train-2"), "{n}");
+        assert!(name(&["python3.11", "-u", "examples/demo_job.py"]).starts_with("demo_job-2"));
+        assert!(name(&["torchrun", "--nproc-per-node=8", "train.py"]).starts_with("train-2"));
+        assert!(name(&["sh", "-c", "exec python finetune.py --lr 3e-4"]).starts_with("finetune-2"));
+        assert!(name(&["./bin/serve"]).starts_with("serve-2"));
+        assert!(name(&["sh", "-c", "exit 7"]).starts_with("exit-"));
+        assert!(name(&["python3", "-c", "import time"]).starts_with("python3-"));
+        assert!(name(&["/usr/bin/python3.11", "-u", "-c", "x"]).starts_with("python3.11-"));
+        let dir = tempfile::tempdir().unwrap();
+        let a = prepare_run_dir(dir.path(), "x", false).unwrap();
+        let b = prepare_run_dir(dir.path(), "x", false).unwrap();
+        assert_ne!(a, b);
+        assert!(b.ends_with("x-2"));
+    }
+}

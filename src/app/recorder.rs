@@ -1,0 +1,138 @@
+//! What records a run: the GPU backend, the store and its journal, the
+//! sampler, and the engine that folds samples and events into the store,
+//! hooked to the exporters.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::io::Io;
+use super::job::Followed;
+use crate::config::Config;
+use crate::engine::{Engine, EngineOptions};
+use crate::event::inbox::Input;
+use crate::model::RunInfo;
+use crate::sample::gpu::GpuSampler;
+use crate::sample::Sampler;
+use crate::store::journal::Journal;
+use crate::store::{Limits, Store};
+
+/// Opens the GPU backend and says which figures the run will have.
+/// Returns the sampler and the backend's description.
+pub(super) fn open_gpu(config: &Config) -> (Box<dyn GpuSampler>, String) {
+    let gpu = crate::sample::open_gpu(
+        &config.gpu,
+        std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+    );
+    let backend = gpu.backend();
+    if backend == "nvml" {
+        let names: Vec<String> = gpu
+            .devices()
+            .iter()
+            .map(|d| format!("{} {}", d.index, d.name))
+            .collect();
+        tracing::info!("GPU figures from NVML: {}", names.join(", "));
+    } else {
+        tracing::info!(
+            "host-only mode, GPU figures are 0: {}",
+            backend.trim_start_matches("none: ")
+        );
+    }
+    (gpu, backend)
+}
+
+/// The run's store, with its configured bounds and the GPUs it samples,
+/// and the journal that lets a killed run be recovered.
+pub(super) fn open_store(
+    config: &Config,
+    run: RunInfo,
+    gpu: &dyn GpuSampler,
+    run_dir: &Path,
+) -> anyhow::Result<(Store, Journal)> {
+    let limits = Limits {
+        max_timer_entries: config.log.max_timer_entries,
+        max_event_entries: config.log.max_event_entries,
+        target_series_points: config.log.target_series_points,
+        max_targets: config.log.max_targets,
+        max_components: config.log.max_components,
+        max_event_kinds: config.log.max_event_kinds,
+        max_open_spans: config.log.max_open_spans,
+        max_stages: config.log.max_stages,
+        ..Limits::default()
+    };
+    let mut store = Store::new(run, limits, config.pressure);
+    store.describe_gpus(gpu.devices());
+    let journal = Journal::create(run_dir, &mut store)
+        .with_context(|| format!("cannot write to the run directory {}", run_dir.display()))?;
+    Ok((store, journal))
+}
+
+/// The engine over what the run follows, publishing to the I/O side.
+pub(super) fn start_engine(
+    config: &Config,
+    followed: Followed,
+    gpu: Box<dyn GpuSampler>,
+    store: Store,
+    journal: Journal,
+    io: &Io,
+) -> Engine {
+    let Followed {
+        tree,
+        end_when,
+        footprint,
+    } = followed;
+    let meminfo = File::open(config.host.proc_root.join("meminfo")).ok();
+    let sampler = Sampler::new(tree, footprint, gpu, meminfo);
+    Engine::new(
+        sampler,
+        store,
+        Some(journal),
+        EngineOptions {
+            interval: config.interval,
+            checkpoint_interval: config.checkpoint_interval,
+            journal_flush: std::time::Duration::from_secs(1),
+            end_when,
+            flight: config
+                .flight
+                .enabled
+                .then_some((config.flight.interval, config.flight.window)),
+        },
+        io.link.clone(),
+        Some(io.snapshots.clone()),
+    )
+}
+
+/// Hooks the exporters to the engine: checkpoint uploads, the exporters'
+/// error counters, and the log entries ClearML reports.
+pub(super) fn hook_exports(
+    engine: &mut Engine,
+    io: &mut Io,
+    config: &Config,
+    document: &Path,
+    entries: Option<tokio::sync::mpsc::UnboundedSender<crate::model::Entry>>,
+    tx: &SyncSender<Input>,
+) {
+    if config.s3.upload_checkpoints || io.clearml.is_some() {
+        let always = config.s3.upload_checkpoints;
+        if let Some(tx) = io.upload_checkpoints(
+            document.to_path_buf(),
+            &engine.store().run,
+            always,
+            tx.clone(),
+        ) {
+            engine.notify_checkpoints(tx);
+        }
+    }
+    if io.s3.is_some() {
+        engine.count_export_errors("s3", Arc::clone(&io.s3_errors));
+    }
+    if let Some(reporter) = &io.clearml {
+        engine.count_export_errors("clearml", reporter.errors());
+    }
+    if let Some(tx) = entries {
+        engine.forward_entries(tx);
+    }
+}

@@ -1,0 +1,167 @@
+//! Uploading the run's document to S3: after checkpoints while the run
+//! goes on, and once at the end within the finish deadline; and the key
+//! it goes under.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+
+use super::io::Io;
+use crate::event::inbox::Input;
+use crate::export::clearml;
+use crate::export::finish::Deadline;
+use crate::model::RunInfo;
+
+impl Io {
+    /// Uploads the run's document within the deadline; logs the outcome
+    /// and, on failure, the command that uploads it later. `None` when S3
+    /// is off.
+    pub(super) fn upload(
+        &self,
+        document: &Path,
+        run: &RunInfo,
+        task: Option<clearml::TaskRef>,
+        deadline: &Deadline,
+    ) -> Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>> {
+        let s3 = self.s3.as_ref()?;
+        let key = object_key(s3, run, task);
+        let what = format!("the upload to {}", s3.endpoint);
+        let result = self
+            .runtime
+            .block_on(deadline.bound(&what, s3.upload(document, &key)))
+            .unwrap_or_else(|| {
+                Err(crate::export::s3::S3Error::Deadline {
+                    endpoint: s3.endpoint.clone(),
+                    bucket: s3.dest.bucket.clone(),
+                    after: crate::units::format_duration(deadline.limit()),
+                })
+            });
+        if result.is_err() {
+            self.s3_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        match &result {
+            Ok(u) => tracing::info!(
+                "uploaded {} ({} bytes, {} part{})",
+                u.uri,
+                u.size,
+                u.parts,
+                if u.parts == 1 { "" } else { "s" }
+            ),
+            Err(e) => tracing::error!(
+                "upload failed: {e}; {} is intact; to upload it later, run: {}",
+                document.display(),
+                s3.retry_command(&absolute(document))
+            ),
+        }
+        Some(result)
+    }
+
+    /// Uploads the document after every checkpoint: always with
+    /// `s3.upload_checkpoints` (`always`), else once memtrack reports into
+    /// the job's own ClearML task, where each upload is handed to the
+    /// reporter to register as the `memory_usage` artifact while the task
+    /// takes it. When that task becomes known, an early checkpoint is asked
+    /// of the engine, so the artifact is there long before the job's SDK
+    /// closes the task.
+    pub(super) fn upload_checkpoints(
+        &mut self,
+        document: PathBuf,
+        run: &RunInfo,
+        always: bool,
+        engine: SyncSender<Input>,
+    ) -> Option<tokio::sync::watch::Sender<u64>> {
+        let s3 = self.s3.clone()?;
+        let (tx, mut rx) = tokio::sync::watch::channel(0u64);
+        let run = run.clone();
+        let task = self.clearml.as_ref().map(|r| r.task_updates());
+        let mut job_task = self.clearml.as_ref().map(|r| r.job_task());
+        let artifacts = self.clearml.as_ref().and_then(|r| r.artifacts());
+        let mut shutdown = self.shutdown.subscribe();
+        let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
+        let errors = Arc::clone(&self.s3_errors);
+        let handle = self.runtime.spawn(async move {
+            loop {
+                // An upload under way is never cut: stopping waits for it.
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = stop.changed() => return,
+                    changed = rx.changed() => if changed.is_err() { return },
+                    changed = clearml::reporter::job_task_changed(&mut job_task) => {
+                        if changed && clearml::reporter::job_task_known(&job_task) {
+                            let _ = engine.try_send(Input::Checkpoint);
+                        }
+                        continue;
+                    }
+                }
+                let for_job_task = clearml::reporter::job_task_known(&job_task);
+                if !always && !for_job_task {
+                    continue;
+                }
+                let key = object_key(&s3, &run, task.as_ref().and_then(|t| t.borrow().clone()));
+                let uploaded = s3.upload(&document, &key).await;
+                if let Err(e) = &uploaded {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        "checkpoint upload failed (the final upload will try again): {e}"
+                    );
+                }
+                if let (true, Some(a)) = (for_job_task, &artifacts) {
+                    let _ = a.send(
+                        uploaded
+                            .map(|u| clearml::Artifact {
+                                uri: u.uri,
+                                size: u.size,
+                                sha256: u.sha256,
+                            })
+                            .map_err(|e| e.to_string()),
+                    );
+                }
+            }
+        });
+        self.checkpoint_uploads = Some((stop_tx, handle));
+        Some(tx)
+    }
+
+    /// Stops the checkpoint uploader, waiting for an upload under way, so
+    /// that no checkpoint lands on the object after the final document.
+    /// Past the deadline the upload under way is abandoned (the final
+    /// upload then has no time left either).
+    pub(super) fn stop_checkpoint_uploads(&mut self, deadline: &Deadline) {
+        if let Some((stop, mut handle)) = self.checkpoint_uploads.take() {
+            let _ = stop.send(true);
+            let done = self
+                .runtime
+                .block_on(deadline.bound("a checkpoint upload under way", &mut handle));
+            if done.is_none() {
+                handle.abort();
+            }
+        }
+    }
+}
+
+/// `path` made absolute (for a command printed to be run elsewhere).
+pub(super) fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// The document's S3 key: ClearML's artifact layout
+/// (`<project>/<task name>.<task id>/…`) once a ClearML task is known,
+/// else `<run>/…`.
+fn object_key(
+    s3: &crate::export::s3::Uploader,
+    run: &RunInfo,
+    task: Option<clearml::TaskRef>,
+) -> String {
+    let task = task.map(|t| crate::export::s3::TaskKey {
+        project: t.project,
+        name: t.name,
+        id: t.id,
+    });
+    crate::export::s3::object_key(
+        &s3.dest,
+        &run.name,
+        task.as_ref(),
+        &crate::export::s3::file_name(&run.labels),
+    )
+}
