@@ -23,7 +23,10 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),
         Err(Failure { code, error }) => {
-            logging::say(&format!("memtrack: error: {error:#}"));
+            logging::say(&format!(
+                "memtrack: error: {}",
+                logging::chain(error.as_ref())
+            ));
             ExitCode::from(code)
         }
     }

@@ -228,10 +228,13 @@ impl Io {
         run: &RunInfo,
         run_dir: &Path,
     ) -> anyhow::Result<Option<mpsc::UnboundedSender<crate::model::Entry>>> {
+        // Taken first, so that without ClearML the intake closes here and
+        // the socket answers a job's `clearml_task` with "clearml":false at
+        // once instead of waiting for a reporter that does not exist.
+        let job_tasks = self.job_tasks.take();
         let Some(mut settings) = clearml_settings else {
             return Ok(None);
         };
-        let job_tasks = self.job_tasks.take();
         // The task memtrack may create is named now: refuse a name the
         // server would refuse before the job starts.
         clearml::check_task_name(&settings, &run.name)?;

@@ -1373,14 +1373,14 @@ fn the_daemon_answers_a_scripted_conversation_as_its_golden() {
             step(r#"{"type":"stage_begin","name":"eval","ack":true,"id":7}"#),
             step(r#"{"type":"status","id":"s1"}"#),
             step(r#"{"type":"cleanup","id":8}"#),
-            // Without an ack a task announcement is not answered. (With
-            // one, a daemon not reporting to ClearML answers only after
-            // its 30 s timeout, too slow for this test.)
+            // Without an ack a task announcement is not answered; with one,
+            // a daemon not reporting to ClearML says so at once.
             Step {
                 line: br#"{"type":"clearml_task","task":"0123abcd","id":9}"#.to_vec(),
                 shown: None,
                 replies: false,
             },
+            step(r#"{"type":"clearml_task","task":"0123abcd","ack":true,"id":"9a"}"#),
             step(r#"{"type":"register","id":10}"#),
         ],
         &mut t,
