@@ -215,7 +215,7 @@ fn footprint_rows(n: usize, root: u32, pids: &[u32]) {
     }
     let floor = per_call(|| read_status(&mut buf));
     let (d, sampler) = tick(None);
-    let (reads, took) = sampler.tree.pss_cost();
+    let (reads, took) = sampler.pss_cost();
     println!(
         "| {n} | pss (2 % budget) | {:.2} µs | {:.2} µs | {:.2}× |",
         us(floor),

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::context::Mode;
 use crate::config::Config;
-use crate::model::RunInfo;
+use crate::model::{GpuBackend, RunInfo};
 
 /// Environment variables turned into run labels (SLURM and torchrun).
 pub const LABEL_ENV: &[(&str, &str)] = &[
@@ -201,7 +201,7 @@ pub(super) fn run_info(
     name: RunName,
     place: RunLabels,
     run_dir: &Path,
-    gpu_backend: String,
+    gpu_backend: GpuBackend,
 ) -> RunInfo {
     let RunLabels { host, labels, .. } = place;
     let name = name.name;

@@ -14,7 +14,7 @@ use super::job::Followed;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions};
 use crate::event::inbox::Input;
-use crate::model::RunInfo;
+use crate::model::{GpuBackend, RunInfo};
 use crate::sample::gpu::GpuSampler;
 use crate::sample::Sampler;
 use crate::store::journal::Journal;
@@ -22,24 +22,21 @@ use crate::store::{Limits, Store};
 
 /// Opens the GPU backend and says which figures the run will have.
 /// Returns the sampler and the backend's description.
-pub(super) fn open_gpu(config: &Config) -> (Box<dyn GpuSampler>, String) {
+pub(super) fn open_gpu(config: &Config) -> (Box<dyn GpuSampler>, GpuBackend) {
     let gpu = crate::sample::open_gpu(
         &config.gpu,
         std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
     );
     let backend = gpu.backend();
-    if backend == "nvml" {
+    if let GpuBackend::None { reason } = &backend {
+        tracing::info!("host-only mode, GPU figures are 0: {reason}");
+    } else {
         let names: Vec<String> = gpu
             .devices()
             .iter()
             .map(|d| format!("{} {}", d.index, d.name))
             .collect();
         tracing::info!("GPU figures from NVML: {}", names.join(", "));
-    } else {
-        tracing::info!(
-            "host-only mode, GPU figures are 0: {}",
-            backend.trim_start_matches("none: ")
-        );
     }
     (gpu, backend)
 }

@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::unix::OwnedReadHalf;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 
 use super::inbox::{ClientRequest, Input};
 use super::protocol::{self, ErrorCode, Message, Notice, ProtocolError, MAX_LINE};
@@ -280,102 +281,163 @@ async fn read_line(
     }
 }
 
+/// Serves one client: checks who it is, then reads its lines until it
+/// hangs up, answering each through its outgoing queue.
 async fn connection(stream: UnixStream, shared: &Shared) {
+    let (pid, uid) = peer(&stream);
+    let (read, mut write) = stream.into_split();
+    if !may_connect(uid, &shared.access) {
+        refuse(&mut write, uid, &shared.stats).await;
+        return;
+    }
+    let (outbox, writer) = Outbox::spawn(write, &shared.stats);
+    let mut session = Session {
+        pid,
+        shared,
+        outbox,
+        subscription: None,
+    };
+    session.read_lines(read).await;
+    if let Some(s) = session.subscription {
+        s.abort();
+    }
+    drop(session.outbox);
+    let _ = writer.await;
+}
+
+/// The client's PID and uid, from the socket's peer credentials.
+fn peer(stream: &UnixStream) -> (Option<u32>, Option<u32>) {
     let cred = stream.peer_cred().ok();
     let pid = cred
         .as_ref()
         .and_then(|c| c.pid())
         .and_then(|p| u32::try_from(p).ok());
-    let uid = cred.as_ref().map(|c| c.uid());
-    let (read, mut write) = stream.into_split();
-    let allowed = match uid {
-        Some(u) => {
-            u == shared.access.uid
-                || shared.access.allow_uids.contains(&u)
-                || shared.access.group.is_some()
-        }
+    (pid, cred.as_ref().map(|c| c.uid()))
+}
+
+/// Whether a client of this uid may use the socket: our own uid, an
+/// allowed one, or anyone the group's file mode let in.
+fn may_connect(uid: Option<u32>, access: &Access) -> bool {
+    match uid {
+        Some(u) => u == access.uid || access.allow_uids.contains(&u) || access.group.is_some(),
         None => false,
-    };
-    if !allowed {
-        shared.stats.refused.fetch_add(1, Ordering::Relaxed);
-        shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-        let e = ProtocolError::new(
-            ErrorCode::Refused,
-            format!(
-                "user {} may not use this socket (see socket.allow_uids)",
-                uid.map_or("?".into(), |u| u.to_string())
-            ),
-        );
-        let _ =
-            tokio::time::timeout(WRITE_TIMEOUT, write.write_all(&protocol::error_line(&e))).await;
-        return;
+    }
+}
+
+/// Tells a client it may not connect (and counts it).
+async fn refuse(write: &mut OwnedWriteHalf, uid: Option<u32>, stats: &Stats) {
+    stats.refused.fetch_add(1, Ordering::Relaxed);
+    stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+    let e = ProtocolError::new(
+        ErrorCode::Refused,
+        format!(
+            "user {} may not use this socket (see socket.allow_uids)",
+            uid.map_or("?".into(), |u| u.to_string())
+        ),
+    );
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, write.write_all(&protocol::error_line(&e))).await;
+}
+
+/// A connection's bounded queue of outgoing lines, written by its own
+/// task so that a client that does not read never holds up another.
+struct Outbox<'a> {
+    out: mpsc::Sender<Vec<u8>>,
+    stats: &'a Stats,
+}
+
+impl<'a> Outbox<'a> {
+    /// The queue and the task that writes it (each line within
+    /// [`WRITE_TIMEOUT`], else the client is dropped).
+    fn spawn(mut write: OwnedWriteHalf, stats: &'a Stats) -> (Self, JoinHandle<()>) {
+        let (out, mut out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
+        let writer = tokio::spawn(async move {
+            while let Some(line) = out_rx.recv().await {
+                match tokio::time::timeout(WRITE_TIMEOUT, write.write_all(&line)).await {
+                    Ok(Ok(())) => {}
+                    _ => break,
+                }
+            }
+        });
+        (Outbox { out, stats }, writer)
     }
 
-    let (out, mut out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
-    let writer = tokio::spawn(async move {
-        while let Some(line) = out_rx.recv().await {
-            match tokio::time::timeout(WRITE_TIMEOUT, write.write_all(&line)).await {
-                Ok(Ok(())) => {}
-                _ => break,
+    /// Queues a line; false when the client must be dropped (it stopped
+    /// reading and its replies piled up).
+    fn send(&self, line: Vec<u8>) -> bool {
+        match self.out.try_send(line) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.stats.slow_clients.fetch_add(1, Ordering::Relaxed);
+                false
             }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
-    });
-    // Queues a line; false when the client must be dropped (it stopped
-    // reading and its replies piled up).
-    let send = |line: Vec<u8>| match out.try_send(line) {
-        Ok(()) => true,
-        Err(mpsc::error::TrySendError::Full(_)) => {
-            shared.stats.slow_clients.fetch_add(1, Ordering::Relaxed);
-            false
-        }
-        Err(mpsc::error::TrySendError::Closed(_)) => false,
-    };
+    }
+}
 
-    let mut reader = BufReader::with_capacity(16 * 1024, read);
-    let mut buf = Vec::with_capacity(1024);
-    let mut subscription: Option<tokio::task::JoinHandle<()>> = None;
-    loop {
-        match read_line(&mut reader, &mut buf).await {
-            Ok(LineRead::Line) => {}
-            Ok(LineRead::TooLong) => {
-                shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                let e = ProtocolError::new(
-                    ErrorCode::TooLong,
-                    format!("a line may be at most {MAX_LINE} bytes; closing"),
-                );
-                send(protocol::error_line(&e));
-                break;
-            }
-            Ok(LineRead::Eof) | Err(_) => break,
-        }
-        if buf.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let request = match protocol::parse(&buf) {
-            Ok(r) => r,
-            Err(e) => {
-                shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                if !send(protocol::error_line(&e)) {
-                    break;
+/// One admitted client.
+struct Session<'a> {
+    pid: Option<u32>,
+    shared: &'a Shared,
+    outbox: Outbox<'a>,
+    /// Forwards notices once the client subscribed.
+    subscription: Option<JoinHandle<()>>,
+}
+
+impl Session<'_> {
+    /// Reads and answers lines until the client hangs up, sends a line
+    /// that is too long, or stops reading its replies.
+    async fn read_lines(&mut self, read: OwnedReadHalf) {
+        let stats = &self.shared.stats;
+        let mut reader = BufReader::with_capacity(16 * 1024, read);
+        let mut buf = Vec::with_capacity(1024);
+        loop {
+            match read_line(&mut reader, &mut buf).await {
+                Ok(LineRead::Line) => {}
+                Ok(LineRead::TooLong) => {
+                    stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                    let e = ProtocolError::new(
+                        ErrorCode::TooLong,
+                        format!("a line may be at most {MAX_LINE} bytes; closing"),
+                    );
+                    self.outbox.send(protocol::error_line(&e));
+                    return;
                 }
+                Ok(LineRead::Eof) | Err(_) => return,
+            }
+            if buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-        };
+            let keep = match protocol::parse(&buf) {
+                Ok(request) => self.answer(request).await,
+                Err(e) => {
+                    stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                    self.outbox.send(protocol::error_line(&e))
+                }
+            };
+            if !keep {
+                return;
+            }
+        }
+    }
+
+    /// Answers one request; false when the client must be dropped.
+    async fn answer(&mut self, request: protocol::Request) -> bool {
         let id = request.id.clone();
         match request.message {
             Message::Subscribe => {
-                if subscription.is_none() {
-                    subscription = Some(tokio::spawn(forward_notices(
-                        shared.notices.subscribe(),
-                        out.clone(),
+                if self.subscription.is_none() {
+                    self.subscription = Some(tokio::spawn(forward_notices(
+                        self.shared.notices.subscribe(),
+                        self.outbox.out.clone(),
                     )));
                 }
-                if !send(protocol::ok_line("subscribed", &id, Default::default())) {
-                    break;
-                }
+                self.outbox
+                    .send(protocol::ok_line("subscribed", &id, Default::default()))
             }
             Message::Cleanup => {
-                let notified = shared
+                let notified = self
+                    .shared
                     .notices
                     .send(Notice::Cleanup {
                         reason: "socket".into(),
@@ -384,69 +446,59 @@ async fn connection(stream: UnixStream, shared: &Shared) {
                     .unwrap_or(0);
                 let mut fields = serde_json::Map::new();
                 fields.insert("notified".into(), notified.into());
-                if !send(protocol::ok_line("cleanup", &id, fields)) {
-                    break;
-                }
+                self.outbox.send(protocol::ok_line("cleanup", &id, fields))
             }
             Message::ClearmlTask { task } => {
-                let line = announce_task(shared, task, &id, request.ack).await;
-                if let Some(line) = line {
-                    if !send(line) {
-                        break;
-                    }
+                match announce_task(self.shared, task, &id, request.ack).await {
+                    Some(line) => self.outbox.send(line),
+                    None => true,
                 }
             }
-            _ => {
-                let wants_reply =
-                    request.ack || matches!(request.message, Message::Status | Message::Register);
-                let (tx, rx) = if wants_reply {
-                    let (tx, rx) = oneshot::channel();
-                    (Some(tx), Some(rx))
-                } else {
-                    (None, None)
-                };
-                let input = Input::Client(Box::new(ClientRequest {
-                    pid,
-                    received: unix_now(),
-                    request,
-                    reply: tx,
-                }));
-                if !to_engine(&shared.engine, input).await {
-                    shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                    let mut e = ProtocolError::new(
-                        ErrorCode::Overloaded,
-                        "the daemon's queue stayed full; the message was dropped",
-                    );
-                    e.id = id;
-                    if !send(protocol::error_line(&e)) {
-                        break;
-                    }
-                    continue;
-                }
-                if let Some(rx) = rx {
-                    let line = match tokio::time::timeout(ENGINE_TIMEOUT, rx).await {
-                        Ok(Ok(line)) => line,
-                        _ => {
-                            let mut e = ProtocolError::new(
-                                ErrorCode::Overloaded,
-                                "the daemon did not answer in time",
-                            );
-                            e.id = id;
-                            protocol::error_line(&e)
-                        }
-                    };
-                    if !send(line) {
-                        break;
-                    }
-                }
-            }
+            _ => self.forward(request).await,
         }
     }
-    if let Some(s) = subscription {
-        s.abort();
+
+    /// Hands a request to the engine and, when the client waits for one,
+    /// relays the engine's reply; false when the client must be dropped.
+    async fn forward(&self, request: protocol::Request) -> bool {
+        let id = request.id.clone();
+        let wants_reply =
+            request.ack || matches!(request.message, Message::Status | Message::Register);
+        let (tx, rx) = if wants_reply {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let input = Input::Client(Box::new(ClientRequest {
+            pid: self.pid,
+            received: unix_now(),
+            request,
+            reply: tx,
+        }));
+        if !to_engine(&self.shared.engine, input).await {
+            self.shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            let mut e = ProtocolError::new(
+                ErrorCode::Overloaded,
+                "the daemon's queue stayed full; the message was dropped",
+            );
+            e.id = id;
+            return self.outbox.send(protocol::error_line(&e));
+        }
+        let Some(rx) = rx else {
+            return true;
+        };
+        let line = match tokio::time::timeout(ENGINE_TIMEOUT, rx).await {
+            Ok(Ok(line)) => line,
+            _ => {
+                let mut e =
+                    ProtocolError::new(ErrorCode::Overloaded, "the daemon did not answer in time");
+                e.id = id;
+                protocol::error_line(&e)
+            }
+        };
+        self.outbox.send(line)
     }
-    drop(out);
-    let _ = writer.await;
 }
 
 /// Hands the job's ClearML task to the reporter. With `ack`, the reply

@@ -219,13 +219,7 @@ pub fn families_with(
         out: Vec::new(),
     };
     let version = env!("CARGO_PKG_VERSION").to_string();
-    let backend = snap
-        .run
-        .gpu_backend
-        .split(':')
-        .next()
-        .unwrap_or("none")
-        .to_string();
+    let backend = snap.run.gpu_backend.kind().to_string();
     f.gauge(
         "memtrack_build_info",
         &[("version", version), ("gpu_backend", backend)],

@@ -10,11 +10,15 @@
 //!
 //! Beside the types: [`json`] reads and writes the file, [`thin`] keeps a
 //! long log bounded while every maximum survives, and [`leak`] is the rule
-//! that calls a growing series a leak.
+//! that calls a growing series a leak; `run` holds the run's backend and
+//! status vocabularies.
 
 pub mod json;
 pub mod leak;
+mod run;
 pub mod thin;
+
+pub use run::{GpuBackend, RunStatus};
 
 use std::collections::BTreeMap;
 
@@ -202,7 +206,7 @@ pub struct RunInfo {
     /// `running` while checkpointed, `finished` after a clean end,
     /// `recovered` when rebuilt from the journal after memtrack died.
     #[serde(default)]
-    pub status: String,
+    pub status: RunStatus,
     /// User labels plus those taken from SLURM / torchrun variables.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -212,7 +216,7 @@ pub struct RunInfo {
     pub memtrack_version: String,
     /// Where the GPU figures came from: `nvml` or `none` (with the reason).
     #[serde(default)]
-    pub gpu_backend: String,
+    pub gpu_backend: GpuBackend,
 }
 
 /// Where the tree's host figure (`cpu_ram_used_mb`) comes from.

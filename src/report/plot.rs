@@ -688,7 +688,7 @@ fn subtitle(doc: &Document, m: &Timeline) -> String {
             None => format!("exit {}", exit.code),
         });
     } else if !doc.run.status.is_empty() {
-        parts.push(doc.run.status.clone());
+        parts.push(doc.run.status.to_string());
     }
     let host_peak = doc
         .peak_usage
@@ -697,7 +697,7 @@ fn subtitle(doc: &Document, m: &Timeline) -> String {
     parts.push(format!("host peak {}", mib(host_peak)));
     if m.has_gpu() {
         parts.push(format!("GPU peak {}", mib(m.gpu_peak.map_or(0.0, |p| p.1))));
-    } else if doc.run.gpu_backend.starts_with("none") {
+    } else if doc.run.gpu_backend.is_host_only() {
         parts.push("no GPU".into());
     }
     parts.push(match (&m.host_trend, &m.gpu_trend) {

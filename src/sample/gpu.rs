@@ -12,6 +12,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::GpuBackend;
+
 /// GPU (NVML) sampling.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -87,7 +89,7 @@ pub enum Status {
 /// A source of GPU figures.
 pub trait GpuSampler: Send {
     /// `nvml` or `none: <reason>`, recorded in `run.gpu_backend`.
-    fn backend(&self) -> String;
+    fn backend(&self) -> GpuBackend;
     /// The devices this sampler reports on.
     fn devices(&self) -> &[Device];
     /// Fills `out` (cleared first by the caller).
@@ -101,8 +103,10 @@ pub struct NoGpu {
 }
 
 impl GpuSampler for NoGpu {
-    fn backend(&self) -> String {
-        format!("none: {}", self.reason)
+    fn backend(&self) -> GpuBackend {
+        GpuBackend::None {
+            reason: self.reason.clone(),
+        }
     }
 
     fn devices(&self) -> &[Device] {

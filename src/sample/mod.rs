@@ -102,9 +102,9 @@ const MEMINFO_EVERY: Duration = Duration::from_secs(1);
 
 /// Takes samples of one process tree.
 pub struct Sampler {
-    pub tree: ProcTree,
-    pub footprint: footprint::FootprintReader,
-    pub gpu: Box<dyn gpu::GpuSampler>,
+    tree: ProcTree,
+    footprint: footprint::FootprintReader,
+    gpu: Box<dyn gpu::GpuSampler>,
     meminfo: Option<File>,
     meminfo_at: Option<Instant>,
     memory: HostMemory,
@@ -174,6 +174,51 @@ impl Sampler {
         out.memory = self.memory;
         out.took = started.elapsed();
     }
+
+    /// The cheap read between samples (the OOM flight recorder's): each
+    /// followed process's RSS from `statm` and NVML's stateless sample, no
+    /// discovery. `gpu` is cleared first; false when it holds no figures.
+    pub fn peek(&mut self, rss: &mut Vec<(u32, u64)>, gpu: &mut gpu::GpuSample) -> bool {
+        self.tree.peek(rss);
+        gpu.clear();
+        self.gpu.sample(gpu) == gpu::Status::Sampled
+    }
+
+    /// Whether `pid` is one of the followed processes.
+    pub fn follows(&self, pid: u32) -> bool {
+        self.tree.contains(pid)
+    }
+
+    /// Follows `pid` and its descendants from now on.
+    pub fn follow(&mut self, pid: u32) -> Result<(), procfs::RootError> {
+        self.tree.add_root(pid)
+    }
+
+    /// Whether every followed process has exited.
+    pub fn all_gone(&self) -> bool {
+        self.tree.is_empty()
+    }
+
+    /// Re-reads every process's high-water mark (before the last sample).
+    pub fn refresh_high_water_marks(&mut self) {
+        self.tree.refresh_hwm_all();
+    }
+
+    /// The procfs root the tree is read from.
+    pub fn proc_root(&self) -> &std::path::Path {
+        self.tree.root()
+    }
+
+    /// The file with the job's own OOM-kill counter, when the footprint is
+    /// a memory cgroup.
+    pub fn oom_counter(&self) -> Option<std::path::PathBuf> {
+        self.footprint.oom_counter()
+    }
+
+    /// `smaps_rollup` reads done for the footprint and their total time.
+    pub fn pss_cost(&self) -> (u64, Duration) {
+        self.tree.pss_cost()
+    }
 }
 
 /// Chooses the GPU sampler for a run. Never fails: every problem becomes
@@ -222,15 +267,21 @@ mod tests {
             enabled: false,
             ..GpuConfig::default()
         };
-        assert!(open_gpu(&cfg, None).backend().starts_with("none: disabled"));
+        assert!(open_gpu(&cfg, None)
+            .backend()
+            .to_string()
+            .starts_with("none: disabled"));
         cfg.enabled = true;
         assert!(open_gpu(&cfg, Some(""))
             .backend()
+            .to_string()
             .contains("CUDA_VISIBLE_DEVICES"));
         cfg.nvml_library = "/nonexistent/libnvidia-ml.so.1".into();
         let s = open_gpu(&cfg, None);
         assert!(
-            s.backend().starts_with("none: no NVIDIA driver"),
+            s.backend()
+                .to_string()
+                .starts_with("none: no NVIDIA driver"),
             "{}",
             s.backend()
         );

@@ -87,8 +87,8 @@ impl NvmlSampler {
 }
 
 impl GpuSampler for NvmlSampler {
-    fn backend(&self) -> String {
-        "nvml".into()
+    fn backend(&self) -> crate::model::GpuBackend {
+        crate::model::GpuBackend::Nvml
     }
 
     fn devices(&self) -> &[Device] {

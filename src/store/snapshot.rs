@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::pressure::Level;
-use crate::model::{Allocator, Counters, Gpu, GpuSource, HostSource, Peaks};
+use crate::model::{Allocator, Counters, Gpu, GpuBackend, GpuSource, HostSource, Peaks};
 use crate::sample::HostMemory;
 
 /// The tree's figures after the latest sample (MiB).
@@ -42,7 +42,7 @@ pub struct RunMeta {
     pub mode: String,
     pub start: f64,
     pub interval_s: f64,
-    pub gpu_backend: String,
+    pub gpu_backend: GpuBackend,
     pub labels: BTreeMap<String, String>,
 }
 

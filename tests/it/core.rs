@@ -452,7 +452,7 @@ fn without_a_gpu_the_run_is_host_only_with_one_notice() {
         assert_eq!(err.matches("host-only mode").count(), 1, "{err}");
         let (_, doc) = only_document(out_dir.path());
         assert!(
-            doc.run.gpu_backend.starts_with("none: "),
+            doc.run.gpu_backend.to_string().starts_with("none: "),
             "{}",
             doc.run.gpu_backend
         );

@@ -1,0 +1,114 @@
+//! What the engine writes: records appended to the journal, its flushes
+//! (acks wait for them), checkpoints started on their own thread, and the
+//! final document.
+
+use std::time::Instant;
+
+use super::{Ended, Engine};
+use crate::store::journal::JournalError;
+use crate::store::Record;
+
+/// Repeated journal errors are logged once per this many.
+const LOG_EVERY: u64 = 1000;
+
+impl Engine {
+    /// Appends a record the store has just applied.
+    pub(super) fn journal_append(&mut self, record: &Record) {
+        if let Some(j) = &mut self.journal {
+            if let Err(e) = j.append(self.store.seq, record) {
+                self.store.counters_mut().journal_errors += 1;
+                if let Some(n) = self.journal_errors.hit(LOG_EVERY) {
+                    tracing::warn!("cannot append to the journal ({n} times so far): {e}");
+                }
+            }
+            self.unflushed = true;
+        }
+    }
+
+    /// Hands the batch's records to the kernel, then sends the acks that
+    /// waited for them: an ack means recorded.
+    pub(super) fn acknowledge(&mut self) {
+        if !self.replies.is_empty() {
+            self.flush_journal(Instant::now());
+            for (reply, line) in self.replies.drain(..) {
+                let _ = reply.send(line);
+            }
+        }
+    }
+
+    /// Flushes when an event waits, or buffered samples are old enough.
+    pub(super) fn flush_if_due(&mut self, now: Instant) {
+        if self.unflushed_event
+            || self.unflushed && now.duration_since(self.last_flush) >= self.opts.journal_flush
+        {
+            self.flush_journal(now);
+        }
+    }
+
+    fn flush_journal(&mut self, now: Instant) {
+        self.last_flush = now;
+        self.unflushed = false;
+        self.unflushed_event = false;
+        if let Some(j) = &mut self.journal {
+            if let Err(e) = j.flush() {
+                self.store.counters_mut().journal_errors += 1;
+                if let Some(n) = self.journal_errors.hit(LOG_EVERY) {
+                    tracing::warn!("cannot write the journal ({n} times so far): {e}");
+                }
+            }
+        }
+    }
+
+    /// Checkpoints are written on their own thread; here they are only
+    /// started (a clone of the store) and their outcome collected.
+    pub(super) fn checkpoint_if_due(&mut self, now: Instant) {
+        if let Some(done) = self.journal.as_mut().and_then(|j| j.poll_checkpoint()) {
+            self.checkpoint_done(done);
+        }
+        if self.checkpoint_soon
+            || now.duration_since(self.last_checkpoint) >= self.opts.checkpoint_interval
+        {
+            self.checkpoint_soon = false;
+            self.last_checkpoint = now;
+            if let Some(j) = &mut self.journal {
+                match j.start_checkpoint(self.store.clone()) {
+                    Ok(true) => {}
+                    Ok(false) => tracing::debug!(
+                        "the previous checkpoint is still being written; skipping this one"
+                    ),
+                    Err(e @ JournalError::Rotate { .. }) => {
+                        self.store.counters_mut().journal_errors += 1;
+                        if let Some(n) = self.journal_errors.hit(LOG_EVERY) {
+                            tracing::warn!("journal error ({n} so far): {e}");
+                        }
+                    }
+                    Err(e) => self.checkpoint_done(Err(e)),
+                }
+            }
+        }
+    }
+
+    fn checkpoint_done(&mut self, result: Result<(), JournalError>) {
+        match result {
+            Ok(()) => {
+                if let Some(tx) = &self.checkpoints {
+                    tx.send_modify(|n| *n += 1);
+                }
+            }
+            Err(e) => {
+                self.store.counters_mut().checkpoint_errors += 1;
+                tracing::warn!("checkpoint failed (the journal still holds every record): {e}");
+            }
+        }
+    }
+
+    /// Writes the final document and closes the journal.
+    pub(super) fn write_final(&mut self, ended: &mut Ended) {
+        if let Some(j) = self.journal.take() {
+            if let Err(e) = j.finish(&self.store) {
+                tracing::error!("{e}");
+                ended.write_error = Some(e.to_string());
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! What the engine shows the readers beside it: snapshots for exporters
+//! (at most every [`PUBLISH_EVERY`]), pressure notices for socket
+//! subscribers, and the socket server's counters copied into the run's.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::Engine;
+use crate::event::protocol::Notice;
+use crate::store::Outcome;
+
+/// Snapshots for exporters are published at most this often.
+const PUBLISH_EVERY: Duration = Duration::from_millis(100);
+
+impl Engine {
+    /// Publishes a snapshot for exporters, at most every 100 ms unless
+    /// `force`d.
+    pub(super) fn publish(&mut self, now: Instant, force: bool) {
+        let Some(tx) = &self.snapshots else {
+            return;
+        };
+        // Nobody reads snapshots (HTTP off): do not build them.
+        if tx.receiver_count() == 0
+            || !force && now.duration_since(self.last_publish) < PUBLISH_EVERY
+        {
+            return;
+        }
+        self.last_publish = now;
+        let mut snap = self.store.snapshot();
+        snap.tick_seconds = self.tick_seconds.clone();
+        for (name, counter) in &self.export_errors {
+            snap.export_errors
+                .insert(name.clone(), counter.load(Ordering::Relaxed));
+        }
+        tx.send_replace(Arc::new(snap));
+    }
+
+    /// Logs the pressure levels a record crossed and tells subscribers.
+    pub(super) fn announce(&self, outcome: &Outcome) {
+        for alert in &outcome.alerts {
+            tracing::warn!(resource = %alert.resource, level = %alert.level, "{}", alert.message);
+            if let Some(link) = &self.events {
+                let _ = link.notices.send(Notice::Pressure {
+                    resource: alert.resource.clone(),
+                    level: alert.level.clone(),
+                    previous: alert.previous.clone(),
+                    used_ratio: alert.used_ratio,
+                    timestamp: alert.timestamp,
+                    message: alert.message.clone(),
+                });
+            }
+        }
+    }
+
+    /// Copies the socket server's counters into the run's.
+    pub(super) fn sync_counters(&mut self) {
+        if let Some(link) = &self.events {
+            let c = self.store.counters_mut();
+            c.protocol_errors = link.stats.protocol_errors.load(Ordering::Relaxed);
+            c.dropped_events = link.stats.dropped.load(Ordering::Relaxed);
+            c.refused_peers = link.stats.refused.load(Ordering::Relaxed);
+            c.rejected_connections = link.stats.rejected_connections.load(Ordering::Relaxed);
+            c.slow_clients = link.stats.slow_clients.load(Ordering::Relaxed);
+        }
+    }
+}
