@@ -529,3 +529,364 @@ impl Machine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::clearml::outcome::TaskRef;
+    use serde_json::json;
+
+    fn ctx(id: &str, created: bool, adopted: bool) -> TaskCtx {
+        TaskCtx {
+            task: TaskRef {
+                id: id.into(),
+                name: "run".into(),
+                project: "memtrack".into(),
+            },
+            project_id: "p1".into(),
+            created,
+            adopted,
+        }
+    }
+
+    fn transient() -> CallError {
+        CallError::Transient {
+            reason: "HTTP 500".into(),
+            retry_after: None,
+            server_error: true,
+            maybe_applied: false,
+        }
+    }
+
+    fn ready(created: bool, adopted: bool) -> Machine {
+        let mut m = Machine::new(None, false, false);
+        m.setup_done(ctx("t1", created, adopted));
+        m
+    }
+
+    fn facts() -> EndFacts {
+        EndFacts {
+            entries_open: false,
+            drain_passed: false,
+            job_running: false,
+            has_artifact: false,
+            queue_empty: true,
+        }
+    }
+
+    #[test]
+    fn the_first_job_sets_up_the_task() {
+        let m = Machine::new(None, false, false);
+        assert_eq!(m.phase, Phase::Starting);
+        assert_eq!(m.next_job(Due::default()), Some(Plan::Setup));
+        // Even with points due, nothing is sent before the task is known.
+        let due = Due {
+            batch: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), Some(Plan::Setup));
+    }
+
+    #[test]
+    fn waiting_for_the_job_task_starts_nothing_until_decided() {
+        let mut m = Machine::new(None, false, true);
+        assert_eq!(m.phase, Phase::Waiting);
+        assert_eq!(m.next_job(Due::default()), None);
+        assert_eq!(m.answer(), None);
+        assert_eq!(m.decide(None), Some(Decided::Own));
+        assert_eq!(m.phase, Phase::Starting);
+        assert_eq!(m.adopt, None);
+        // Deciding twice does nothing.
+        assert_eq!(m.decide(Some("late".into())), None);
+        assert_eq!(m.adopt, None);
+    }
+
+    #[test]
+    fn the_jobs_own_task_from_the_socket_is_adopted() {
+        let mut m = Machine::new(None, false, true);
+        assert_eq!(m.announced("job-task"), Announce::Adopt);
+        assert_eq!(m.decide(Some("job-task".into())), Some(Decided::Adopt));
+        assert_eq!(m.adopt.as_deref(), Some("job-task"));
+        // A repeat of the same announcement waits for the setup.
+        assert_eq!(m.announced("job-task"), Announce::Hold);
+        assert_eq!(m.answer(), None);
+        m.setup_done(ctx("job-task", false, true));
+        let reply = m.answer().unwrap();
+        assert!(reply.reporting);
+        assert!(!reply.artifact);
+        assert_eq!(reply.message, "memtrack reports into task job-task");
+        // Memtrack never ends a task it did not create.
+        assert!(!m.owns_status());
+    }
+
+    #[test]
+    fn an_adopted_task_waits_for_its_first_artifact_before_answering() {
+        let mut m = Machine::new(None, true, true);
+        m.decide(Some("job-task".into()));
+        m.setup_done(ctx("job-task", false, true));
+        assert_eq!(m.answer(), None);
+        assert_eq!(m.announced("job-task"), Announce::Hold);
+        let due = Due {
+            artifact_pending: true,
+            batch: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), Some(Plan::Artifact));
+        assert_eq!(
+            m.artifact_done(Ok(Registered::Yes)),
+            ArtifactVerdict::Registered { first: true }
+        );
+        let reply = m.answer().unwrap();
+        assert!(reply.reporting && reply.artifact);
+        assert!(reply
+            .message
+            .ends_with("and registered the memory_usage artifact"));
+        assert_eq!(
+            m.artifact_done(Ok(Registered::Yes)),
+            ArtifactVerdict::Registered { first: false }
+        );
+    }
+
+    #[test]
+    fn another_task_announced_later_is_refused_with_the_reason() {
+        let m = ready(true, false);
+        match m.announced("other") {
+            Announce::Answer { reply, warn } => {
+                assert!(warn);
+                assert!(!reply.reporting);
+                assert!(reply.message.contains("already reports into task t1"));
+                assert!(reply.message.contains("the job's task other is left alone"));
+                assert!(reply.message.contains("raise clearml.job_task_wait"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let given = Machine::new(Some("given".into()), false, false);
+        match given.announced("other") {
+            Announce::Answer { reply, .. } => {
+                assert!(reply.message.contains("setting up task given"), "{reply:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stored_batch_counts_what_the_server_refused() {
+        let mut m = ready(true, false);
+        let data = json!({"added": 3, "errors": 2, "errors_info": {"bad": 2}});
+        match m.batch_done(5, Ok(data)) {
+            BatchVerdict::Stored { refused, info } => {
+                assert_eq!(refused, 2);
+                assert_eq!(info, json!({"bad": 2}));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((m.sent, m.refused), (3, 2));
+        assert_eq!(m.problems.len(), 1);
+        // More errors than points cannot count more than the batch.
+        m.batch_done(1, Ok(json!({"errors": 9})));
+        assert_eq!((m.sent, m.refused), (3, 3));
+    }
+
+    #[test]
+    fn a_retryable_failure_keeps_the_points_for_later() {
+        let mut m = ready(true, false);
+        let v = m.batch_done(4, Err(transient()));
+        assert!(matches!(v, BatchVerdict::SetAside(_)), "{v:?}");
+        assert_eq!((m.sent, m.refused), (0, 0));
+        assert!(m.problems.is_empty());
+        assert!(matches!(m.phase, Phase::Ready(_)));
+        // Reporting goes on with the next batch.
+        let due = Due {
+            batch: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), Some(Plan::Batch));
+    }
+
+    #[test]
+    fn a_permanent_failure_stops_reporting() {
+        let mut m = ready(true, false);
+        let v = m.batch_done(4, Err(CallError::Auth("credentials refused".into())));
+        let BatchVerdict::Stop(why) = v else {
+            panic!("{v:?}");
+        };
+        m.disable(why);
+        assert_eq!(m.phase, Phase::Disabled);
+        let due = Due {
+            batch: true,
+            refresh: true,
+            ping: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), None);
+        let reply = m.answer().unwrap();
+        assert!(!reply.reporting);
+        assert_eq!(
+            reply.message,
+            "ClearML reporting is off for this run (credentials refused)"
+        );
+        // A batch rejected as a whole is dropped and counted, not retried.
+        let mut m = ready(true, false);
+        let rejected = CallError::Rejected {
+            status: 400,
+            subcode: 0,
+            message: "bad".into(),
+            error_data: Value::Null,
+        };
+        assert!(matches!(
+            m.batch_done(7, Err(rejected)),
+            BatchVerdict::Dropped(_)
+        ));
+        assert_eq!(m.refused, 7);
+    }
+
+    #[test]
+    fn ready_jobs_come_in_order_of_urgency() {
+        let created = ready(true, false);
+        let all = Due {
+            refresh: true,
+            artifact_pending: true,
+            axis: true,
+            batch: true,
+            ping: true,
+        };
+        assert_eq!(created.next_job(all), Some(Plan::Refresh));
+        let no_refresh = Due {
+            refresh: false,
+            ..all
+        };
+        // A created task has no job axis and no checkpoint artifacts.
+        assert_eq!(created.next_job(no_refresh), Some(Plan::Batch));
+        let idle = Due {
+            ping: true,
+            ..Due::default()
+        };
+        assert_eq!(created.next_job(idle), Some(Plan::Ping));
+        let adopted = ready(false, true);
+        assert_eq!(adopted.next_job(no_refresh), Some(Plan::Artifact));
+        let axis = Due {
+            artifact_pending: false,
+            ..no_refresh
+        };
+        assert_eq!(adopted.next_job(axis), Some(Plan::Axis));
+        // Only a task memtrack created is pinged.
+        assert_eq!(adopted.next_job(idle), None);
+    }
+
+    #[test]
+    fn closing_flushes_every_point_then_ends_a_created_task() {
+        let m = ready(true, false);
+        let mut end = End::new();
+        let open = EndFacts {
+            entries_open: true,
+            ..facts()
+        };
+        assert_eq!(m.end_step(&end, open), EndStep::Stay);
+        assert_eq!(
+            m.end_step(&end, facts()),
+            EndStep::CloseIntake { still_open: false }
+        );
+        end.stage = Stage::Setup;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Artifact));
+        end.stage = Stage::Artifact;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Flush));
+        end.stage = Stage::Flush;
+        assert_eq!(m.end_step(&end, facts()), EndStep::RestoreAside);
+        end.aside_restored = true;
+        let queued = EndFacts {
+            queue_empty: false,
+            ..facts()
+        };
+        assert_eq!(m.end_step(&end, queued), EndStep::StartBatch);
+        let sending = EndFacts {
+            job_running: true,
+            ..queued
+        };
+        assert_eq!(m.end_step(&end, sending), EndStep::Stay);
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Status));
+        end.stage = Stage::Status;
+        assert_eq!(
+            m.end_step(&end, facts()),
+            EndStep::StartStatus { task: "t1".into() }
+        );
+        end.status_started = true;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+    }
+
+    #[test]
+    fn closing_registers_the_artifact_and_leaves_a_given_task_open() {
+        let m = ready(false, false);
+        let mut end = End {
+            stage: Stage::Artifact,
+            ..End::new()
+        };
+        let with = EndFacts {
+            has_artifact: true,
+            ..facts()
+        };
+        assert_eq!(
+            m.end_step(&end, with),
+            EndStep::StartArtifact {
+                task: "t1".into(),
+                check_status: true
+            }
+        );
+        end.artifact_started = true;
+        assert_eq!(m.end_step(&end, with), EndStep::Move(Stage::Flush));
+        end.stage = Stage::Status;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+        assert!(!m.owns_status());
+    }
+
+    #[test]
+    fn closing_while_disabled_keeps_the_points_and_sends_nothing() {
+        let mut m = ready(true, false);
+        m.disable("task locked".into());
+        let mut end = End {
+            stage: Stage::Setup,
+            ..End::new()
+        };
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+        end.stage = Stage::Flush;
+        end.aside_restored = true;
+        let queued = EndFacts {
+            queue_empty: false,
+            ..facts()
+        };
+        assert_eq!(m.end_step(&end, queued), EndStep::Move(Stage::Done));
+    }
+
+    #[test]
+    fn a_closed_job_task_takes_no_more_artifacts() {
+        let mut m = ready(false, true);
+        let v = m.artifact_done(Ok(Registered::Closed("completed".into())));
+        assert_eq!(
+            v,
+            ArtifactVerdict::Closed {
+                status: "completed".into(),
+                registered: false
+            }
+        );
+        assert!(!m.artifact_open);
+        assert!(m.problems[0].contains("`completed` before the memory_usage artifact"));
+        let due = Due {
+            artifact_pending: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), None);
+    }
+
+    #[test]
+    fn problems_are_kept_once_and_bounded() {
+        let mut m = Machine::new(None, false, false);
+        m.problem("same".into());
+        m.problem("same".into());
+        assert_eq!(m.problems.len(), 1);
+        for i in 0..100 {
+            m.problem(format!("p{i}"));
+        }
+        assert_eq!(m.problems.len(), MAX_ERRORS);
+        assert!(m.checkpoint_failed("network down"));
+        assert!(!m.checkpoint_failed("again"));
+    }
+}

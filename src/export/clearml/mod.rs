@@ -18,9 +18,9 @@
 //! - [`api`]: the HTTP client (auth, envelopes, retry classification);
 //! - [`tasks`]: the REST calls on tasks and projects (find, create, end,
 //!   register the artifact);
-//! - [`jobs`]: the network jobs the reporter runs, as futures;
+//! - `jobs`: the network jobs the reporter runs, as futures;
 //! - [`machine`]: the reporter's decisions as a pure state machine, kept
-//!   in [`state`];
+//!   in `state`;
 //! - [`reporter`]: the task that owns the queue and drives the server,
 //!   doing what the machine decides;
 //! - [`outcome`]: what the reporter and the app tell each other.

@@ -33,100 +33,117 @@ pub enum Registered {
 /// A fatal setup error in words (wrong credentials, locked or unknown
 /// task, refused creation); transient ones are retried inside.
 pub async fn setup(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, String> {
-    let fatal = |what: &str, e: CallError| match e {
+    match &s.task {
+        Some(id) => reuse_task(api, s, id).await,
+        None => new_task(api, s, run).await,
+    }
+}
+
+/// A failed call as a fatal setup error: the credentials' own message, or
+/// `what` failed and why.
+fn fatal(what: &str, e: CallError) -> String {
+    match e {
         CallError::Auth(m) => m,
         other => format!("{what}: {other}"),
-    };
-    match &s.task {
-        Some(id) => {
-            let data = api
-                .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": id})))
-                .await
-                .map_err(|e| match e {
-                    CallError::Rejected { subcode: 101, .. } => format!(
-                        "task {id} does not exist on the ClearML server {}",
-                        api.host()
-                    ),
-                    e => fatal(&format!("cannot read task {id}"), e),
-                })?;
-            let task = data.get("task").cloned().unwrap_or(Value::Null);
-            let status = task.get("status").and_then(Value::as_str).unwrap_or("");
-            if status == "published" || status == "publishing" {
-                return Err(format!(
-                    "task {id} is {status} and locked; memtrack cannot report into it"
-                ));
-            }
-            let name = task
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let project_id = task
-                .get("project")
-                .and_then(|p| p.as_str().or_else(|| p.get("id").and_then(Value::as_str)))
-                .unwrap_or_default()
-                .to_string();
-            let project = if project_id.is_empty() {
-                String::new()
-            } else {
-                match api
-                    .call_retrying(
-                        "projects.get_by_id",
-                        &Body::Json(json!({"project": project_id})),
-                    )
-                    .await
-                {
-                    Ok(d) => d
-                        .pointer("/project/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string(),
-                    Err(CallError::Auth(m)) => return Err(m),
-                    Err(e) => {
-                        tracing::warn!("ClearML: cannot read the project of task {id}: {e}");
-                        String::new()
-                    }
-                }
-            };
-            Ok(TaskCtx {
-                task: TaskRef {
-                    id: id.clone(),
-                    name,
-                    project,
-                },
-                project_id,
-                // A task an earlier run created and could not end.
-                created: s.owns_task && status == "in_progress",
-                adopted: false,
-            })
-        }
-        None => {
-            let project_id = project_id(api, &s.project)
-                .await
-                .map_err(|e| fatal(&format!("cannot find or create project `{}`", s.project), e))?;
-            let name = if s.task_name.trim().is_empty() {
-                run.name.clone()
-            } else {
-                s.task_name.clone()
-            };
-            let id = create_task(api, s, run, &name, &project_id)
-                .await
-                .map_err(|e| fatal(&format!("cannot create task `{name}`"), e))?;
-            api.call_retrying("tasks.started", &Body::Json(json!({"task": id})))
-                .await
-                .map_err(|e| fatal(&format!("cannot start task {id}"), e))?;
-            Ok(TaskCtx {
-                task: TaskRef {
-                    id,
-                    name,
-                    project: s.project.clone(),
-                },
-                project_id,
-                created: true,
-                adopted: false,
-            })
+    }
+}
+
+/// Reads the given task `id` (and its project's name); a published task
+/// is refused.
+async fn reuse_task(api: &Api, s: &Settings, id: &str) -> Result<TaskCtx, String> {
+    let data = api
+        .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": id})))
+        .await
+        .map_err(|e| match e {
+            CallError::Rejected { subcode: 101, .. } => format!(
+                "task {id} does not exist on the ClearML server {}",
+                api.host()
+            ),
+            e => fatal(&format!("cannot read task {id}"), e),
+        })?;
+    let task = data.get("task").cloned().unwrap_or(Value::Null);
+    let status = task.get("status").and_then(Value::as_str).unwrap_or("");
+    if status == "published" || status == "publishing" {
+        return Err(format!(
+            "task {id} is {status} and locked; memtrack cannot report into it"
+        ));
+    }
+    let name = task
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let project_id = task
+        .get("project")
+        .and_then(|p| p.as_str().or_else(|| p.get("id").and_then(Value::as_str)))
+        .unwrap_or_default()
+        .to_string();
+    let project = project_name(api, id, &project_id).await?;
+    Ok(TaskCtx {
+        task: TaskRef {
+            id: id.to_string(),
+            name,
+            project,
+        },
+        project_id,
+        // A task an earlier run created and could not end.
+        created: s.owns_task && status == "in_progress",
+        adopted: false,
+    })
+}
+
+/// The name of task `id`'s project (empty when it has none or it cannot
+/// be read; refused credentials are fatal).
+async fn project_name(api: &Api, id: &str, project_id: &str) -> Result<String, String> {
+    if project_id.is_empty() {
+        return Ok(String::new());
+    }
+    match api
+        .call_retrying(
+            "projects.get_by_id",
+            &Body::Json(json!({"project": project_id})),
+        )
+        .await
+    {
+        Ok(d) => Ok(d
+            .pointer("/project/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()),
+        Err(CallError::Auth(m)) => Err(m),
+        Err(e) => {
+            tracing::warn!("ClearML: cannot read the project of task {id}: {e}");
+            Ok(String::new())
         }
     }
+}
+
+/// Finds or creates the project, creates the task and starts it.
+async fn new_task(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, String> {
+    let project_id = project_id(api, &s.project)
+        .await
+        .map_err(|e| fatal(&format!("cannot find or create project `{}`", s.project), e))?;
+    let name = if s.task_name.trim().is_empty() {
+        run.name.clone()
+    } else {
+        s.task_name.clone()
+    };
+    let id = create_task(api, s, run, &name, &project_id)
+        .await
+        .map_err(|e| fatal(&format!("cannot create task `{name}`"), e))?;
+    api.call_retrying("tasks.started", &Body::Json(json!({"task": id})))
+        .await
+        .map_err(|e| fatal(&format!("cannot start task {id}"), e))?;
+    Ok(TaskCtx {
+        task: TaskRef {
+            id,
+            name,
+            project: s.project.clone(),
+        },
+        project_id,
+        created: true,
+        adopted: false,
+    })
 }
 
 /// The comment a created task carries: it names the run, so that a
