@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use memtrack::config::ClearmlConfig;
 use memtrack::export::clearml::points::Converter;
 use memtrack::export::clearml::queue::Queue;
-use memtrack::export::clearml::{resolve, Reporter, RunEnd, RunInfoLite};
-use memtrack::model::{Entry, EntryKind, Exit};
+use memtrack::export::clearml::{resolve, Reporter, RunEnd};
+use memtrack::model::{Entry, EntryKind, Exit, RunInfo};
 
 fn full_run() -> bool {
     std::env::args().any(|a| a == "--bench")
@@ -137,10 +137,11 @@ fn end_to_end(n: u64, dir: &Path) -> (u64, f64, Duration) {
         .build()
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let run = RunInfoLite {
+    let run = RunInfo {
         name: "bench".into(),
         id: "bench".into(),
         host: "bench".into(),
+        ..RunInfo::default()
     };
     let (c0, t0) = (cpu_seconds(), Instant::now());
     let reporter = rt.block_on(async { Reporter::start(settings, run, dir.join("run"), rx, None) });

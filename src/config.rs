@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
+pub use crate::export::clearml::ClearmlConfig;
 pub use crate::export::s3::S3Config;
 use crate::model::valid_label_name;
 use crate::sample::footprint::SourceChoice;
@@ -98,73 +99,6 @@ impl Default for FlightConfig {
             enabled: true,
             interval: Duration::from_millis(100),
             window: Duration::from_secs(10),
-        }
-    }
-}
-
-/// ClearML scalars (docs/clearml.md). Credentials are never set here:
-/// they come from `CLEARML_*` variables or `clearml.conf`, as ClearML users
-/// have them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClearmlConfig {
-    /// `auto`: on when `CLEARML_TASK_ID` or `CLEARML_API_HOST` is set, or a
-    /// task or project is given here; `true`: on; `false`: off.
-    #[serde(deserialize_with = "bool_or_word")]
-    pub enabled: String,
-    /// Report into this task (else `CLEARML_TASK_ID`; else one is created).
-    pub task: String,
-    /// Project of a task memtrack creates (made if missing).
-    pub project: String,
-    /// Name of a task memtrack creates. Empty: the run name.
-    pub task_name: String,
-    /// Type of a task memtrack creates (training, inference, monitor, …).
-    pub task_type: String,
-    /// Without a given task, how long memtrack waits for the job to
-    /// announce the task its ClearML SDK made before creating one.
-    #[serde(with = "serde_duration")]
-    pub job_task_wait: Duration,
-    /// Timer samples are forwarded at most this often (the maxima of the
-    /// window); marks are all forwarded. `0s`: every timer sample.
-    #[serde(with = "serde_duration")]
-    pub timer_every: Duration,
-    /// Points per `events.add_batch` request.
-    pub batch_max: usize,
-    /// A batch is sent at least this often.
-    #[serde(with = "serde_duration")]
-    pub flush_interval: Duration,
-    /// Points kept in memory while the server is unreachable; beyond it
-    /// they spill to `clearml-spool.jsonl` in the run directory.
-    pub queue_max: usize,
-    /// How long the end of the run waits for the last points.
-    #[serde(with = "serde_duration")]
-    pub final_flush_timeout: Duration,
-    #[serde(with = "serde_duration")]
-    pub request_timeout: Duration,
-    /// API server (else `CLEARML_API_HOST`, else `clearml.conf`).
-    pub api_host: String,
-    /// `clearml.conf` to read (else `CLEARML_CONFIG_FILE`, else
-    /// `~/clearml.conf`).
-    pub config_file: PathBuf,
-}
-
-impl Default for ClearmlConfig {
-    fn default() -> Self {
-        ClearmlConfig {
-            enabled: "auto".into(),
-            task: String::new(),
-            project: "memtrack".into(),
-            task_name: String::new(),
-            task_type: "training".into(),
-            job_task_wait: Duration::from_secs(30),
-            timer_every: Duration::from_secs(10),
-            batch_max: 100,
-            flush_interval: Duration::from_secs(5),
-            queue_max: 100_000,
-            final_flush_timeout: Duration::from_secs(30),
-            request_timeout: Duration::from_secs(10),
-            api_host: String::new(),
-            config_file: PathBuf::new(),
         }
     }
 }
@@ -665,12 +599,6 @@ impl Config {
                 format!("no group `{}` on this host", self.socket.group),
             );
         }
-        if !matches!(self.clearml.enabled.as_str(), "auto" | "true" | "false") {
-            return bad(
-                "clearml.enabled",
-                format!("`{}`: use auto, true or false", self.clearml.enabled),
-            );
-        }
         if self.clearml.batch_max == 0 || self.clearml.batch_max > 10_000 {
             return bad("clearml.batch_max", "must be between 1 and 10000".into());
         }
@@ -713,24 +641,6 @@ impl Config {
             );
         }
         Ok(())
-    }
-}
-
-/// A setting spelled `auto`, `true` or `false`: a TOML boolean is read as
-/// the word, so `path_style = false` means what it says.
-fn bool_or_word<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Either {
-        Bool(bool),
-        Word(String),
-    }
-    match Either::deserialize(d) {
-        Ok(Either::Bool(b)) => Ok(b.to_string()),
-        Ok(Either::Word(w)) => Ok(w),
-        Err(_) => Err(serde::de::Error::custom(
-            "expected auto, true or false (a word or a TOML boolean)",
-        )),
     }
 }
 
@@ -842,7 +752,7 @@ mod tests {
         )])
         .unwrap();
         assert_eq!(c.s3.path_style, Switch::Off);
-        assert_eq!(c.clearml.enabled, "true");
+        assert_eq!(c.clearml.enabled, Switch::On);
         let c = resolve(&[layer("f", "[s3]\npath_style = 'true'")]).unwrap();
         assert_eq!(c.s3.path_style, Switch::On);
         let env = Layer::from_env([("MEMTRACK_S3_PATH_STYLE".into(), "false".into())]).unwrap();

@@ -243,11 +243,7 @@ impl Io {
         let _guard = self.runtime.enter();
         self.clearml = Some(clearml::Reporter::start(
             settings,
-            clearml::RunInfoLite {
-                name: run.name.clone(),
-                id: run.id.clone(),
-                host: run.host.clone(),
-            },
+            run.clone(),
             run_dir.to_path_buf(),
             entries_rx,
             job_tasks,

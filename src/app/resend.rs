@@ -79,8 +79,8 @@ fn read_run(run_dir: &Path) -> anyhow::Result<Document> {
 fn resend_settings(config: &Config, task_file: &Path) -> anyhow::Result<clearml::Settings> {
     // Asking for a resend turns ClearML on unless it is turned off.
     let mut cc = config.clearml.clone();
-    if cc.enabled.trim().eq_ignore_ascii_case("auto") || cc.enabled.trim().is_empty() {
-        cc.enabled = "true".into();
+    if cc.enabled == crate::switch::Switch::Auto {
+        cc.enabled = crate::switch::Switch::On;
     }
     let mut settings = clearml::resolve(
         &cc,
@@ -107,11 +107,7 @@ fn send(
     spool: &Path,
     timeout: Duration,
 ) -> anyhow::Result<(clearml::FinishReport, u64)> {
-    let run = clearml::RunInfoLite {
-        name: doc.run.name.clone(),
-        id: doc.run.id.clone(),
-        host: doc.run.host.clone(),
-    };
+    let run = doc.run.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -7,3 +7,4 @@ pub mod http;
 pub mod peer;
 pub mod prometheus;
 pub mod s3;
+pub mod task_note;

@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 
 use memtrack::config::ClearmlConfig;
 use memtrack::export::clearml::{
-    resolve, Artifact, Credentials, FinishReport, Reporter, RunEnd, RunInfoLite, Settings,
-    SPOOL_FILE,
+    resolve, Artifact, Credentials, FinishReport, Reporter, RunEnd, Settings, SPOOL_FILE,
 };
-use memtrack::model::{Entry, EntryKind, Exit};
+use memtrack::model::{Entry, EntryKind, Exit, RunInfo};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -177,11 +176,12 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn run_info(name: &str) -> RunInfoLite {
-    RunInfoLite {
+fn run_info(name: &str) -> RunInfo {
+    RunInfo {
         name: name.into(),
         id: "run-1".into(),
         host: "it-host".into(),
+        ..RunInfo::default()
     }
 }
 
@@ -994,7 +994,7 @@ fn a_malformed_clearml_conf_is_named_with_its_line() {
     )
     .unwrap();
     let config = ClearmlConfig {
-        enabled: "true".into(),
+        enabled: memtrack::switch::Switch::On,
         config_file: conf.clone(),
         ..ClearmlConfig::default()
     };

@@ -24,7 +24,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use super::{Credentials, Settings, API_VERSION};
+use super::settings::{mask, Credentials, Settings};
+
+/// The API version memtrack pins for every call but `auth.login`.
+pub const API_VERSION: &str = "2.23";
 
 /// Attempts for a 500 (or another 5xx that is no gateway or maintenance
 /// reply) before the request is given up.
@@ -358,7 +361,7 @@ impl Api {
             Err((CallError::Auth(m), _)) => {
                 let access = match &self.credentials {
                     Credentials::Keys { access_key, .. } => {
-                        format!(", access key {}", super::mask(access_key))
+                        format!(", access key {}", mask(access_key))
                     }
                     Credentials::Token(_) => String::new(),
                 };

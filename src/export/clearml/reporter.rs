@@ -20,28 +20,29 @@
 //! checkpoint uploads the run hands in, and at the end if the task is still
 //! open). Not announced in time, memtrack creates its own task as before.
 
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::api::{Api, Body, CallError};
+use super::api::{Api, CallError};
+use super::machine::{
+    Announce, ArtifactVerdict, BatchVerdict, Decided, Due, End, EndFacts, EndStep, Machine, Phase,
+    Plan, Stage,
+};
+use super::outcome::{Artifact, FinishReport, RunEnd, TaskRef};
 use super::points::{Converter, Point};
 use super::queue::Queue;
-use super::{
-    Artifact, FinishReport, RunEnd, RunInfoLite, Settings, TaskRef, SPOOL_FILE, TASK_FILE,
-};
-use crate::event::inbox::{JobTask, JobTaskReply};
+use super::settings::Settings;
+use super::state::{Ending, Event, Finish, JobKind, JobOutput, Running, State};
+use super::tasks::{Registered, TaskCtx};
+use crate::event::inbox::JobTask;
+use crate::export::task_note::{self, SPOOL_FILE, TASK_FILE};
 use crate::logging::RateLimited;
-use crate::model::Entry;
-
-/// Largest `events.add_batch` body (the SDK caps at 15 MiB).
-const MAX_BATCH_BYTES: usize = 4 << 20;
+use crate::model::{Entry, RunInfo};
 
 /// A created task is pinged when no request reached the server this long
 /// (the server force-stops an `in_progress` task silent for 2 h).
@@ -49,9 +50,6 @@ const PING_AFTER: Duration = Duration::from_secs(15 * 60);
 
 /// How long the end of the run waits for the engine to close the channel.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
-
-/// Distinct problems kept for the final report.
-const MAX_ERRORS: usize = 32;
 
 /// Handle on the reporter task.
 #[derive(Debug)]
@@ -72,13 +70,6 @@ pub struct Reporter {
     failed: Option<String>,
 }
 
-#[derive(Debug)]
-struct Finish {
-    outcome: RunEnd,
-    timeout: Duration,
-    reply: oneshot::Sender<FinishReport>,
-}
-
 impl Reporter {
     /// Starts the reporter as tokio tasks on the current runtime and
     /// returns at once. It never fails the run: problems are logged,
@@ -88,7 +79,7 @@ impl Reporter {
     /// event socket); `None` when the job cannot make any.
     pub fn start(
         settings: Settings,
-        run: RunInfoLite,
+        run: RunInfo,
         run_dir: PathBuf,
         entries: mpsc::UnboundedReceiver<Entry>,
         job_tasks: Option<mpsc::UnboundedReceiver<JobTask>>,
@@ -111,7 +102,7 @@ impl Reporter {
     /// [`Reporter::finish`] then delivers them.
     pub fn resend(
         settings: Settings,
-        run: RunInfoLite,
+        run: RunInfo,
         run_dir: PathBuf,
     ) -> std::io::Result<(Reporter, u64)> {
         let (queue, bad) = Queue::resume(settings.queue_max, run_dir.join(SPOOL_FILE))?;
@@ -125,7 +116,7 @@ impl Reporter {
 
     fn launch(
         settings: Settings,
-        run: RunInfoLite,
+        run: RunInfo,
         run_dir: &std::path::Path,
         queue: Queue,
         entries: mpsc::UnboundedReceiver<Entry>,
@@ -160,43 +151,45 @@ impl Reporter {
         let (artifacts_tx, artifacts_rx) = mpsc::unbounded_channel();
         let (hurry_tx, hurry_rx) = watch::channel(false);
         // Without a given task, wait a while for the job's own.
-        let phase = match (&settings.task, &job_tasks) {
-            (None, Some(_)) if !settings.job_task_wait.is_zero() => Phase::Waiting,
-            _ => Phase::Starting,
-        };
-        let wait_until = Instant::now() + settings.job_task_wait;
+        let wait =
+            settings.task.is_none() && job_tasks.is_some() && !settings.job_task_wait.is_zero();
         let state = State {
             conv: Converter::new(settings.timer_every),
             queue,
             task_file: run_dir.join(TASK_FILE),
             api,
+            machine: Machine::new(settings.task.clone(), settings.artifact_expected, wait),
+            wait_until: Instant::now() + settings.job_task_wait,
             settings,
             run,
-            phase,
-            wait_until,
-            adopt: None,
             held: Vec::new(),
             announce_replies: Vec::new(),
             pending_artifact: None,
-            artifact_open: true,
-            artifact_settled: false,
             last_axis: Instant::now(),
             job_task_tx,
             announce_logged: RateLimited::default(),
             errors: Arc::clone(&errors),
-            problems: Vec::new(),
             task_tx,
             settled_tx,
-            sent: 0,
-            refused: 0,
             last_send: Instant::now(),
             last_ok: Instant::now(),
             partial_logged: RateLimited::default(),
             set_aside_logged: RateLimited::default(),
-            artifact_registered: false,
-            final_status: None,
         };
-        handle.spawn(state.run(entries, finish_rx, job_tasks, artifacts_rx, hurry_rx));
+        let inputs = Inputs {
+            finish: finish_rx,
+            finish_open: true,
+            entries,
+            entries_open: true,
+            job_tasks_open: job_tasks.is_some(),
+            job_tasks: job_tasks.unwrap_or_else(|| mpsc::unbounded_channel().1),
+            artifacts: artifacts_rx,
+            artifacts_open: true,
+            hurry: hurry_rx,
+            hurry_open: true,
+            ticker: ticker(state.settings.flush_interval),
+        };
+        handle.spawn(state.run(inputs));
         Reporter {
             task: task_rx,
             job_task: job_task_rx,
@@ -305,158 +298,44 @@ pub fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
     rx.as_ref().is_some_and(|r| r.borrow().is_some())
 }
 
-/// Where the reporter stands with the server.
-#[derive(Debug, Clone)]
-enum Phase {
-    /// Waiting for the job to announce its own task (entries are held).
-    Waiting,
-    /// Logging in and finding or creating the task (retrying as needed).
-    Starting,
-    Ready(TaskCtx),
-    /// Reporting is off (wrong credentials, locked task, …).
-    Disabled,
+/// The channels the reporter's loop listens to, and which are still open.
+struct Inputs {
+    finish: oneshot::Receiver<Finish>,
+    finish_open: bool,
+    entries: mpsc::UnboundedReceiver<Entry>,
+    entries_open: bool,
+    job_tasks: mpsc::UnboundedReceiver<JobTask>,
+    job_tasks_open: bool,
+    artifacts: mpsc::UnboundedReceiver<Result<Artifact, String>>,
+    artifacts_open: bool,
+    hurry: watch::Receiver<bool>,
+    hurry_open: bool,
+    ticker: tokio::time::Interval,
 }
 
-#[derive(Debug, Clone)]
-struct TaskCtx {
-    task: TaskRef,
-    project_id: String,
-    /// memtrack created it, so memtrack starts and ends it.
-    created: bool,
-    /// The job announced it: its own task, on its own iteration axis.
-    adopted: bool,
+impl Inputs {
+    /// The next thing to handle: a message, the job's result, a tick, or
+    /// `deadline`.
+    async fn next(&mut self, job: &mut Option<Running>, deadline: Option<Instant>) -> Event {
+        tokio::select! {
+            f = &mut self.finish, if self.finish_open => Event::Finish(f.ok()),
+            e = self.entries.recv(), if self.entries_open => Event::Entry(e),
+            t = self.job_tasks.recv(), if self.job_tasks_open => Event::JobTask(t),
+            a = self.artifacts.recv(), if self.artifacts_open => Event::Checkpoint(a),
+            h = self.hurry.changed(), if self.hurry_open => Event::Hurry(h.is_ok()),
+            out = poll_job(job), if job.is_some() => Event::Job(out),
+            _ = self.ticker.tick() => Event::Tick,
+            _ = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
+        }
+    }
 }
 
-type JobFuture = Pin<Box<dyn Future<Output = JobOutput> + Send>>;
-
-enum JobOutput {
-    Setup(Result<TaskCtx, String>),
-    Batch(Result<Value, CallError>),
-    Artifact(Result<Registered, CallError>),
-    Status(Result<String, String>),
-    /// The task's `last_iteration`.
-    Axis(Result<u64, CallError>),
-    Ping(Result<Value, CallError>),
-    Refresh(Result<(), CallError>),
-}
-
-enum JobKind {
-    Setup,
-    /// The points out for sending (put back if the job is cut short).
-    Batch(Vec<Point>),
-    Artifact,
-    Status,
-    Ping,
-    Refresh,
-    Axis,
-}
-
-/// What an artifact job achieved.
-#[derive(Debug)]
-enum Registered {
-    Yes,
-    /// The task no longer takes artifacts (its owner closed it).
-    Closed(String),
-}
-
-struct Running {
-    kind: JobKind,
-    fut: JobFuture,
-}
-
-/// Stages of the end of the run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    Drain,
-    Setup,
-    Artifact,
-    Flush,
-    Status,
-    Done,
-}
-
-struct Ending {
-    outcome: RunEnd,
-    stage: Stage,
-    drain_until: Instant,
-    /// Points (and the artifact) must be out by then, leaving time for
-    /// the final status.
-    points_until: Instant,
-    until: Instant,
-    reply: oneshot::Sender<FinishReport>,
-    status_started: bool,
-    artifact_started: bool,
-    /// The points set aside during the run went back into the line.
-    aside_restored: bool,
-}
-
-enum Event {
-    Finish(Option<Finish>),
-    Entry(Option<Entry>),
-    JobTask(Option<JobTask>),
-    /// The run ended (`false`: the handle is gone).
-    Hurry(bool),
-    Checkpoint(Option<Result<Artifact, String>>),
-    Job(JobOutput),
-    Tick,
-    Deadline,
-}
-
-struct State {
-    settings: Settings,
-    run: RunInfoLite,
-    api: Api,
-    conv: Converter,
-    queue: Queue,
-    /// Where the task is noted for a later `clearml-resend`.
-    task_file: PathBuf,
-    phase: Phase,
-    errors: Arc<AtomicU64>,
-    problems: Vec<String>,
-    task_tx: watch::Sender<Option<TaskRef>>,
-    settled_tx: watch::Sender<bool>,
-    sent: u64,
-    refused: u64,
-    last_send: Instant,
-    last_ok: Instant,
-    partial_logged: RateLimited,
-    set_aside_logged: RateLimited,
-    artifact_registered: bool,
-    final_status: Option<String>,
-    /// End of [`Phase::Waiting`].
-    wait_until: Instant,
-    /// The job's task to take up (set when announced).
-    adopt: Option<String>,
-    /// Entries held while waiting for the job's task.
-    held: Vec<Entry>,
-    /// Announcements waiting for the outcome.
-    announce_replies: Vec<oneshot::Sender<JobTaskReply>>,
-    /// The latest uploaded checkpoint not yet registered.
-    pending_artifact: Option<Artifact>,
-    /// False once the job's task refused artifacts (closed by its owner).
-    artifact_open: bool,
-    /// The first registration on the job's task was tried (or its upload
-    /// failed): announcements can be answered.
-    artifact_settled: bool,
-    /// When the task's `last_iteration` was last read (job axis).
-    last_axis: Instant,
-    job_task_tx: watch::Sender<Option<TaskRef>>,
-    /// Announcements of another task, logged at most every 100th.
-    announce_logged: RateLimited,
-}
-
-/// One `events.add_batch` line (docs/clearml.md, "The wire").
-#[derive(serde::Serialize)]
-struct Wire<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    task: &'a str,
-    metric: &'a str,
-    variant: &'a str,
-    value: f64,
-    iter: u64,
-    timestamp: i64,
-    model_event: bool,
+/// Ticks at half the flush interval (20 ms to 1 s).
+fn ticker(flush_interval: Duration) -> tokio::time::Interval {
+    let period = (flush_interval / 2).clamp(Duration::from_millis(20), Duration::from_secs(1));
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker
 }
 
 async fn poll_job(job: &mut Option<Running>) -> JobOutput {
@@ -474,112 +353,40 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 impl State {
-    async fn run(
-        mut self,
-        mut entries: mpsc::UnboundedReceiver<Entry>,
-        mut finish_rx: oneshot::Receiver<Finish>,
-        job_tasks: Option<mpsc::UnboundedReceiver<JobTask>>,
-        mut artifacts: mpsc::UnboundedReceiver<Result<Artifact, String>>,
-        mut hurry: watch::Receiver<bool>,
-    ) {
-        let mut hurry_open = true;
-        let mut job_tasks_open = job_tasks.is_some();
-        let mut job_tasks = job_tasks.unwrap_or_else(|| mpsc::unbounded_channel().1);
-        let mut artifacts_open = true;
-        let period = (self.settings.flush_interval / 2)
-            .clamp(Duration::from_millis(20), Duration::from_secs(1));
-        let mut ticker = tokio::time::interval(period);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    /// The loop: move the machine along, wait for the next event, handle
+    /// it; at the end, answer the finish.
+    async fn run(mut self, mut inputs: Inputs) {
         let mut job: Option<Running> = None;
         let mut ending: Option<Ending> = None;
-        let mut entries_open = true;
-        let mut finish_open = true;
         let mut pending: Vec<Point> = Vec::new();
         loop {
-            self.advance(&mut job, &mut ending, entries_open);
-            if ending.as_ref().is_some_and(|e| e.stage == Stage::Done) {
+            self.advance(&mut job, &mut ending, inputs.entries_open);
+            if ending.as_ref().is_some_and(|e| e.end.stage == Stage::Done) {
                 break;
             }
-            let deadline = ending.as_ref().map(|e| match e.stage {
-                Stage::Drain => e.drain_until,
-                Stage::Setup | Stage::Artifact | Stage::Flush => e.points_until,
-                Stage::Status | Stage::Done => e.until,
-            });
-            let deadline = match (&self.phase, deadline) {
-                (Phase::Waiting, None) => Some(self.wait_until),
-                (_, d) => d,
-            };
-            let event = tokio::select! {
-                f = &mut finish_rx, if finish_open => Event::Finish(f.ok()),
-                e = entries.recv(), if entries_open => Event::Entry(e),
-                t = job_tasks.recv(), if job_tasks_open => Event::JobTask(t),
-                a = artifacts.recv(), if artifacts_open => Event::Checkpoint(a),
-                h = hurry.changed(), if hurry_open => Event::Hurry(h.is_ok()),
-                out = poll_job(&mut job), if job.is_some() => Event::Job(out),
-                _ = ticker.tick() => Event::Tick,
-                _ = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
-            };
-            match event {
-                Event::Finish(f) => {
-                    finish_open = false;
-                    match f {
-                        Some(f) => ending = Some(self.begin_end(f)),
-                        None => {
-                            // The handle was dropped without finish(): keep
-                            // the points on disk and stop.
-                            if let Some(r) = job.take() {
-                                self.cancel(r);
-                            }
-                            self.drain_now(&mut entries, &mut pending);
-                            self.decide(None, &mut pending);
-                            self.conv.close_all(&mut pending);
-                            self.queue.extend(pending.drain(..));
-                            let _ = self.persist();
-                            return;
-                        }
-                    }
+            let deadline = self.deadline(ending.as_ref());
+            match inputs.next(&mut job, deadline).await {
+                Event::Finish(Some(f)) => {
+                    inputs.finish_open = false;
+                    ending = Some(self.begin_end(f));
                 }
-                Event::Entry(Some(e)) => {
-                    let now = Instant::now();
-                    self.intake(e, now, &mut pending);
-                    // Take what else is already there in one go.
-                    for _ in 0..1024 {
-                        match entries.try_recv() {
-                            Ok(e) => self.intake(e, now, &mut pending),
-                            Err(_) => break,
-                        }
-                    }
-                    self.accept(&mut pending);
+                Event::Finish(None) => {
+                    self.abandon(job.take(), &mut inputs.entries, &mut pending);
+                    return;
                 }
-                Event::Entry(None) => entries_open = false,
-                Event::JobTask(None) => job_tasks_open = false,
+                Event::Entry(Some(e)) => self.entries_in(e, &mut inputs.entries, &mut pending),
+                Event::Entry(None) => inputs.entries_open = false,
+                Event::JobTask(None) => inputs.job_tasks_open = false,
                 Event::JobTask(Some(t)) => {
                     self.announced(t, &mut pending);
                     self.accept(&mut pending);
                 }
                 Event::Hurry(alive) => {
-                    hurry_open = false;
-                    if alive && matches!(self.phase, Phase::Waiting) {
-                        tracing::info!(
-                            "ClearML: the run ended before the job announced a task of its own; \
-                             memtrack creates one"
-                        );
-                        self.decide(None, &mut pending);
-                        self.accept(&mut pending);
-                    }
+                    inputs.hurry_open = false;
+                    self.hurried(alive, &mut pending);
                 }
-                Event::Checkpoint(None) => artifacts_open = false,
-                Event::Checkpoint(Some(Ok(a))) => self.pending_artifact = Some(a),
-                Event::Checkpoint(Some(Err(why))) => {
-                    if !self.artifact_settled {
-                        self.artifact_settled = true;
-                        self.problem(format!(
-                            "the checkpoint to register as the job's task's artifact could not be \
-                             uploaded: {why}"
-                        ));
-                        self.answer_announcements();
-                    }
-                }
+                Event::Checkpoint(None) => inputs.artifacts_open = false,
+                Event::Checkpoint(Some(c)) => self.checkpoint(c),
                 Event::Job(out) => {
                     let kind = job.take().map(|r| r.kind);
                     self.on_job(kind, out);
@@ -589,54 +396,7 @@ impl State {
                         .close_passed(f64::NEG_INFINITY, Instant::now(), &mut pending);
                     self.accept(&mut pending);
                 }
-                Event::Deadline if matches!(self.phase, Phase::Waiting) && ending.is_none() => {
-                    if Instant::now() >= self.wait_until {
-                        tracing::info!(
-                            "ClearML: the job announced no task of its own within {:?} \
-                             (clearml.job_task_wait); memtrack creates one",
-                            self.settings.job_task_wait
-                        );
-                        self.decide(None, &mut pending);
-                        self.accept(&mut pending);
-                    }
-                }
-                Event::Deadline => {
-                    if let Some(e) = ending.as_mut() {
-                        match e.stage {
-                            Stage::Drain => {} // advance() moves on
-                            Stage::Setup | Stage::Artifact | Stage::Flush => {
-                                if let Some(r) = job.take() {
-                                    self.cancel(r);
-                                }
-                                let left = self.queue.len() + self.queue.aside() as u64;
-                                let m = match (&self.phase, self.api.last_error()) {
-                                    (Phase::Starting, Some(last)) => format!(
-                                        "the ClearML server {} could not be reached before the \
-                                         end of the run ({last}); {left} points stay unsent",
-                                        self.api.host()
-                                    ),
-                                    _ => format!(
-                                        "the final flush ran out of time with {left} points unsent"
-                                    ),
-                                };
-                                self.problem(m);
-                                e.stage = Stage::Status;
-                            }
-                            Stage::Status | Stage::Done => {
-                                if let Some(r) = job.take() {
-                                    self.cancel(r);
-                                }
-                                if e.status_started {
-                                    self.problem(
-                                        "the task's final status could not be set before the timeout"
-                                            .into(),
-                                    );
-                                }
-                                e.stage = Stage::Done;
-                            }
-                        }
-                    }
-                }
+                Event::Deadline => self.on_deadline(&mut job, ending.as_mut(), &mut pending),
             }
         }
         if let Some(r) = job.take() {
@@ -649,9 +409,134 @@ impl State {
         }
     }
 
+    /// When the loop must wake up even if nothing arrives.
+    fn deadline(&self, ending: Option<&Ending>) -> Option<Instant> {
+        let deadline = ending.map(|e| match e.end.stage {
+            Stage::Drain => e.drain_until,
+            Stage::Setup | Stage::Artifact | Stage::Flush => e.points_until,
+            Stage::Status | Stage::Done => e.until,
+        });
+        match (&self.machine.phase, deadline) {
+            (Phase::Waiting, None) => Some(self.wait_until),
+            (_, d) => d,
+        }
+    }
+
+    /// The handle was dropped without finish(): keep the points on disk
+    /// and stop.
+    fn abandon(
+        &mut self,
+        job: Option<Running>,
+        entries: &mut mpsc::UnboundedReceiver<Entry>,
+        pending: &mut Vec<Point>,
+    ) {
+        if let Some(r) = job {
+            self.cancel(r);
+        }
+        self.drain_now(entries, pending);
+        self.decide(None, pending);
+        self.conv.close_all(pending);
+        self.queue.extend(pending.drain(..));
+        let _ = self.persist();
+    }
+
+    /// An entry arrived: take it and what else is already there in one go.
+    fn entries_in(
+        &mut self,
+        e: Entry,
+        entries: &mut mpsc::UnboundedReceiver<Entry>,
+        pending: &mut Vec<Point>,
+    ) {
+        let now = Instant::now();
+        self.intake(e, now, pending);
+        for _ in 0..1024 {
+            match entries.try_recv() {
+                Ok(e) => self.intake(e, now, pending),
+                Err(_) => break,
+            }
+        }
+        self.accept(pending);
+    }
+
+    /// The run ended: stop waiting for the job's task.
+    fn hurried(&mut self, alive: bool, pending: &mut Vec<Point>) {
+        if alive && matches!(self.machine.phase, Phase::Waiting) {
+            tracing::info!(
+                "ClearML: the run ended before the job announced a task of its own; memtrack \
+                 creates one"
+            );
+            self.decide(None, pending);
+            self.accept(pending);
+        }
+    }
+
+    /// An uploaded checkpoint to register, or why its upload failed.
+    fn checkpoint(&mut self, c: Result<Artifact, String>) {
+        match c {
+            Ok(a) => self.pending_artifact = Some(a),
+            Err(why) => {
+                if self.machine.checkpoint_failed(&why) {
+                    self.answer_announcements();
+                }
+            }
+        }
+    }
+
+    /// A deadline passed: the wait for the job's task, or a stage of the
+    /// end of the run.
+    fn on_deadline(
+        &mut self,
+        job: &mut Option<Running>,
+        ending: Option<&mut Ending>,
+        pending: &mut Vec<Point>,
+    ) {
+        let Some(e) = ending else {
+            if matches!(self.machine.phase, Phase::Waiting) && Instant::now() >= self.wait_until {
+                tracing::info!(
+                    "ClearML: the job announced no task of its own within {:?} \
+                     (clearml.job_task_wait); memtrack creates one",
+                    self.settings.job_task_wait
+                );
+                self.decide(None, pending);
+                self.accept(pending);
+            }
+            return;
+        };
+        match e.end.stage {
+            Stage::Drain => {} // advance() moves on
+            Stage::Setup | Stage::Artifact | Stage::Flush => {
+                if let Some(r) = job.take() {
+                    self.cancel(r);
+                }
+                let left = self.queue.len() + self.queue.aside() as u64;
+                let m = match (&self.machine.phase, self.api.last_error()) {
+                    (Phase::Starting, Some(last)) => format!(
+                        "the ClearML server {} could not be reached before the end of the run \
+                         ({last}); {left} points stay unsent",
+                        self.api.host()
+                    ),
+                    _ => format!("the final flush ran out of time with {left} points unsent"),
+                };
+                self.machine.problem(m);
+                e.end.stage = Stage::Status;
+            }
+            Stage::Status | Stage::Done => {
+                if let Some(r) = job.take() {
+                    self.cancel(r);
+                }
+                if e.end.status_started {
+                    self.machine.problem(
+                        "the task's final status could not be set before the timeout".into(),
+                    );
+                }
+                e.end.stage = Stage::Done;
+            }
+        }
+    }
+
     /// An entry in: held while waiting for the job's task, else converted.
     fn intake(&mut self, e: Entry, now: Instant, pending: &mut Vec<Point>) {
-        if matches!(self.phase, Phase::Waiting) {
+        if matches!(self.machine.phase, Phase::Waiting) {
             self.held.push(e);
             if self.held.len() >= self.settings.queue_max {
                 tracing::info!(
@@ -670,14 +555,12 @@ impl State {
     /// create memtrack's own task. The held entries go through the
     /// converter on the axis this decides.
     fn decide(&mut self, adopt: Option<String>, pending: &mut Vec<Point>) {
-        if !matches!(self.phase, Phase::Waiting) {
+        let Some(decided) = self.machine.decide(adopt) else {
             return;
-        }
-        if adopt.is_some() {
+        };
+        if decided == Decided::Adopt {
             self.conv.use_job_axis();
         }
-        self.adopt = adopt;
-        self.phase = Phase::Starting;
         let now = Instant::now();
         for e in std::mem::take(&mut self.held) {
             self.conv.push(e, now, pending);
@@ -686,17 +569,8 @@ impl State {
 
     /// The job announced its own task.
     fn announced(&mut self, t: JobTask, pending: &mut Vec<Point>) {
-        let answer = |reply: Option<oneshot::Sender<JobTaskReply>>, reporting, message: String| {
-            if let Some(r) = reply {
-                let _ = r.send(JobTaskReply {
-                    reporting,
-                    artifact: false,
-                    message,
-                });
-            }
-        };
-        match &self.phase {
-            Phase::Waiting => {
+        match self.machine.announced(&t.id) {
+            Announce::Adopt => {
                 tracing::info!(
                     "ClearML: the job announced its task {}; reporting into it",
                     t.id
@@ -704,75 +578,16 @@ impl State {
                 self.decide(Some(t.id), pending);
                 self.announce_replies.extend(t.reply);
             }
-            Phase::Starting if self.adopt.as_deref() == Some(&t.id) => {
-                self.announce_replies.extend(t.reply);
-            }
-            Phase::Ready(ctx) if ctx.task.id == t.id => {
-                if ctx.adopted && self.artifact_expected() && !self.artifact_settled {
-                    self.announce_replies.extend(t.reply);
-                } else if let Some(r) = t.reply {
-                    let _ = r.send(JobTaskReply {
-                        reporting: true,
-                        artifact: self.artifact_registered,
-                        message: format!("memtrack reports into task {}", t.id),
-                    });
+            Announce::Hold => self.announce_replies.extend(t.reply),
+            Announce::Answer { reply, warn } => {
+                if warn && self.announce_logged.hit(100).is_some() {
+                    tracing::warn!("ClearML: {}", reply.message);
                 }
-            }
-            Phase::Ready(ctx) => {
-                let m = format!(
-                    "memtrack already reports into task {} ({}); the job's task {} is left alone{}",
-                    ctx.task.id,
-                    if ctx.adopted {
-                        "announced earlier"
-                    } else if ctx.created {
-                        "created after waiting clearml.job_task_wait for the job's own"
-                    } else {
-                        "given to memtrack"
-                    },
-                    t.id,
-                    if ctx.created {
-                        "; call Task.init earlier or raise clearml.job_task_wait"
-                    } else {
-                        ""
-                    }
-                );
-                if self.announce_logged.hit(100).is_some() {
-                    tracing::warn!("ClearML: {m}");
+                if let Some(r) = t.reply {
+                    let _ = r.send(reply);
                 }
-                answer(t.reply, false, m);
-            }
-            Phase::Starting => {
-                let m = format!(
-                    "memtrack is already setting up {}; the job's task {} is left alone",
-                    match &self.adopt {
-                        Some(id) => format!("the job's task {id}"),
-                        None => match &self.settings.task {
-                            Some(id) => format!("task {id}"),
-                            None => "a task of its own (clearml.job_task_wait passed)".into(),
-                        },
-                    },
-                    t.id
-                );
-                if self.announce_logged.hit(100).is_some() {
-                    tracing::warn!("ClearML: {m}");
-                }
-                answer(t.reply, false, m);
-            }
-            Phase::Disabled => {
-                let m = format!(
-                    "ClearML reporting is off for this run ({})",
-                    self.problems
-                        .last()
-                        .map_or("see memtrack's log", String::as_str)
-                );
-                answer(t.reply, false, m);
             }
         }
-    }
-
-    /// Whether a `memory_usage` artifact will be registered (S3 is on).
-    fn artifact_expected(&self) -> bool {
-        self.settings.artifact_expected
     }
 
     /// Answers the announcements waiting for the outcome, once it is known.
@@ -780,72 +595,29 @@ impl State {
         if self.announce_replies.is_empty() {
             return;
         }
-        let (reporting, message) = match &self.phase {
-            Phase::Ready(ctx) if ctx.adopted => {
-                if self.artifact_expected() && !self.artifact_settled {
-                    return; // not yet: the first registration is under way
-                }
-                (
-                    true,
-                    format!(
-                        "memtrack reports into task {}{}",
-                        ctx.task.id,
-                        if self.artifact_registered {
-                            " and registered the memory_usage artifact"
-                        } else {
-                            ""
-                        }
-                    ),
-                )
-            }
-            Phase::Waiting | Phase::Starting => return,
-            Phase::Ready(ctx) => (
-                false,
-                format!("memtrack reports into task {} instead", ctx.task.id),
-            ),
-            Phase::Disabled => (
-                false,
-                format!(
-                    "ClearML reporting is off for this run ({})",
-                    self.problems
-                        .last()
-                        .map_or("see memtrack's log", String::as_str)
-                ),
-            ),
+        let Some(reply) = self.machine.answer() else {
+            return;
         };
         for r in self.announce_replies.drain(..) {
-            let _ = r.send(JobTaskReply {
-                reporting,
-                artifact: self.artifact_registered,
-                message: message.clone(),
-            });
+            let _ = r.send(reply.clone());
         }
     }
 
     fn begin_end(&mut self, f: Finish) -> Ending {
         let now = Instant::now();
         let until = now + f.timeout;
-        let owns_status = match &self.phase {
-            Phase::Waiting => true,
-            Phase::Starting => self.settings.task.is_none() && self.adopt.is_none(),
-            Phase::Ready(t) => t.created,
-            Phase::Disabled => false,
-        };
-        let reserve = if owns_status {
+        let reserve = if self.machine.owns_status() {
             self.settings.request_timeout.min(f.timeout / 4)
         } else {
             Duration::ZERO
         };
         Ending {
             outcome: f.outcome,
-            stage: Stage::Drain,
+            end: End::new(),
             drain_until: now + DRAIN_WAIT.min(f.timeout / 4),
             points_until: until - reserve,
             until,
             reply: f.reply,
-            status_started: false,
-            artifact_started: false,
-            aside_restored: false,
         }
     }
 
@@ -866,12 +638,6 @@ impl State {
         self.queue.extend(pending.drain(..));
     }
 
-    fn problem(&mut self, p: String) {
-        if self.problems.len() < MAX_ERRORS && !self.problems.contains(&p) {
-            self.problems.push(p);
-        }
-    }
-
     /// Stops a job early; its batch goes back to the queue.
     fn cancel(&mut self, r: Running) {
         drop(r.fut);
@@ -889,14 +655,8 @@ impl State {
              `memtrack clearml-resend`"
         );
         self.errors.fetch_add(1, Ordering::Relaxed);
-        self.problem(why);
-        self.phase = Phase::Disabled;
+        self.machine.disable(why);
         let _ = self.settled_tx.send(true);
-    }
-
-    /// Notes the task beside the spool, for a later resend.
-    fn write_task_file(&self, ctx: &TaskCtx) {
-        super::write_task_note(&self.task_file, &ctx.task, ctx.created);
     }
 
     /// Starts the next job and moves the end of the run along.
@@ -907,307 +667,103 @@ impl State {
         entries_open: bool,
     ) {
         if let Some(e) = ending.as_mut() {
-            let now = Instant::now();
-            loop {
-                let before = e.stage;
-                match e.stage {
-                    Stage::Drain => {
-                        if !entries_open || now >= e.drain_until {
-                            if entries_open {
-                                tracing::warn!(
-                                    "ClearML: the entry channel is still open at the end of the \
-                                     run; going on without waiting"
-                                );
-                            }
-                            let mut pending = Vec::new();
-                            // No announcement came: memtrack's own task.
-                            self.decide(None, &mut pending);
-                            self.conv.close_all(&mut pending);
-                            self.accept(&mut pending);
-                            e.stage = Stage::Setup;
-                        }
-                    }
-                    Stage::Setup => match &self.phase {
-                        Phase::Waiting | Phase::Starting => {}
-                        Phase::Ready(_) => e.stage = Stage::Artifact,
-                        Phase::Disabled => e.stage = Stage::Done,
-                    },
-                    Stage::Artifact => {
-                        if e.outcome.artifact.is_none()
-                            || !matches!(self.phase, Phase::Ready(_))
-                            || !self.artifact_open
-                        {
-                            e.stage = Stage::Flush;
-                        } else if !e.artifact_started {
-                            if job.is_none() {
-                                if let (Phase::Ready(t), Some(a)) =
-                                    (&self.phase, e.outcome.artifact.as_ref())
-                                {
-                                    *job = Some(self.artifact_job(&t.task.id, !t.created, a));
-                                    e.artifact_started = true;
-                                }
-                            }
-                        } else if job.is_none() {
-                            e.stage = Stage::Flush;
-                        }
-                    }
-                    Stage::Flush => {
-                        if !e.aside_restored {
-                            // One more try for batches the server failed
-                            // with internal errors: it may be back.
-                            self.queue.restore_aside();
-                            e.aside_restored = true;
-                        }
-                        if matches!(self.phase, Phase::Disabled) {
-                            e.stage = Stage::Done;
-                        } else if job.is_none() {
-                            if self.queue.is_empty() {
-                                e.stage = Stage::Status;
-                            } else {
-                                *job = self.batch_job();
-                            }
-                        }
-                    }
-                    Stage::Status => {
-                        if !e.status_started {
-                            match &self.phase {
-                                Phase::Ready(t) if t.created && job.is_none() => {
-                                    *job = Some(self.status_job(&t.task.id, &e.outcome));
-                                    e.status_started = true;
-                                }
-                                Phase::Ready(t) if t.created => {}
-                                _ => e.stage = Stage::Done,
-                            }
-                        } else if job.is_none() {
-                            e.stage = Stage::Done;
-                        }
-                    }
-                    Stage::Done => {}
-                }
-                if e.stage == before {
-                    break;
-                }
-            }
-            if e.stage != Stage::Setup || job.is_some() || !matches!(self.phase, Phase::Starting) {
+            self.advance_end(job, e, entries_open);
+            if e.end.stage != Stage::Setup
+                || job.is_some()
+                || !matches!(self.machine.phase, Phase::Starting)
+            {
                 return;
             }
         }
         if job.is_some() {
             return;
         }
-        match &self.phase {
-            Phase::Waiting => {}
-            Phase::Starting => *job = Some(self.setup_job()),
-            Phase::Ready(t) => {
-                let due = self.queue.len() >= self.settings.batch_max as u64
-                    || (!self.queue.is_empty()
-                        && self.last_send.elapsed() >= self.settings.flush_interval);
-                let (id, created, adopted) = (t.task.id.clone(), t.created, t.adopted);
-                if self.api.refresh_due() {
-                    *job = Some(self.refresh_job());
-                } else if adopted && self.artifact_open && self.pending_artifact.is_some() {
-                    // Registered while the job's task still takes it.
-                    if let Some(a) = self.pending_artifact.take() {
-                        *job = Some(self.artifact_job(&id, true, &a));
+        let due = Due {
+            refresh: self.api.refresh_due(),
+            artifact_pending: self.pending_artifact.is_some(),
+            axis: self.last_axis.elapsed() >= self.settings.flush_interval,
+            batch: self.queue.len() >= self.settings.batch_max as u64
+                || (!self.queue.is_empty()
+                    && self.last_send.elapsed() >= self.settings.flush_interval),
+            ping: self.last_ok.elapsed() >= PING_AFTER,
+        };
+        let Some(plan) = self.machine.next_job(due) else {
+            return;
+        };
+        let Phase::Ready(t) = &self.machine.phase else {
+            *job = Some(self.setup_job());
+            return;
+        };
+        let id = t.task.id.clone();
+        *job = match plan {
+            Plan::Setup => Some(self.setup_job()),
+            Plan::Refresh => Some(self.refresh_job()),
+            Plan::Artifact => self
+                .pending_artifact
+                .take()
+                .map(|a| self.artifact_job(&id, true, &a)),
+            Plan::Axis => Some(self.axis_job(&id)),
+            Plan::Batch => self.batch_job(),
+            Plan::Ping => Some(self.ping_job(&id)),
+        };
+    }
+
+    /// Moves the end of the run along as far as it goes now.
+    fn advance_end(&mut self, job: &mut Option<Running>, e: &mut Ending, entries_open: bool) {
+        let now = Instant::now();
+        loop {
+            let facts = EndFacts {
+                entries_open,
+                drain_passed: now >= e.drain_until,
+                job_running: job.is_some(),
+                has_artifact: e.outcome.artifact.is_some(),
+                queue_empty: self.queue.is_empty(),
+            };
+            match self.machine.end_step(&e.end, facts) {
+                EndStep::Stay => break,
+                EndStep::Move(stage) => e.end.stage = stage,
+                EndStep::CloseIntake { still_open } => {
+                    if still_open {
+                        tracing::warn!(
+                            "ClearML: the entry channel is still open at the end of the run; \
+                             going on without waiting"
+                        );
                     }
-                } else if adopted && self.last_axis.elapsed() >= self.settings.flush_interval {
-                    *job = Some(self.axis_job(&id));
-                } else if due {
+                    let mut pending = Vec::new();
+                    // No announcement came: memtrack's own task.
+                    self.decide(None, &mut pending);
+                    self.conv.close_all(&mut pending);
+                    self.accept(&mut pending);
+                    e.end.stage = Stage::Setup;
+                }
+                EndStep::RestoreAside => {
+                    self.queue.restore_aside();
+                    e.end.aside_restored = true;
+                }
+                EndStep::StartArtifact { task, check_status } => {
+                    if let Some(a) = e.outcome.artifact.as_ref() {
+                        *job = Some(self.artifact_job(&task, check_status, a));
+                    }
+                    e.end.artifact_started = true;
+                    break;
+                }
+                EndStep::StartBatch => {
                     *job = self.batch_job();
-                } else if created && self.last_ok.elapsed() >= PING_AFTER {
-                    *job = Some(self.ping_job(&id));
+                    break;
+                }
+                EndStep::StartStatus { task } => {
+                    *job = Some(self.status_job(&task, &e.outcome));
+                    e.end.status_started = true;
+                    break;
                 }
             }
-            Phase::Disabled => {}
         }
     }
 
-    fn setup_job(&self) -> Running {
-        let api = self.api.clone();
-        let mut settings = self.settings.clone();
-        let adopted = self.adopt.is_some();
-        if let Some(id) = &self.adopt {
-            settings.task = Some(id.clone());
-            settings.owns_task = false;
-        }
-        let run = self.run.clone();
-        Running {
-            kind: JobKind::Setup,
-            fut: Box::pin(async move {
-                JobOutput::Setup(setup(&api, &settings, &run).await.map(|mut ctx| {
-                    ctx.adopted = adopted;
-                    ctx
-                }))
-            }),
-        }
-    }
-
-    /// Reads the job's task's `last_iteration`, the axis memtrack's points
-    /// stay on.
-    fn axis_job(&mut self, task: &str) -> Running {
-        self.last_axis = Instant::now();
-        let api = self.api.clone();
-        let body = json!({"task": task});
-        Running {
-            kind: JobKind::Axis,
-            fut: Box::pin(async move {
-                JobOutput::Axis(
-                    api.call_retrying("tasks.get_by_id", &Body::Json(body))
-                        .await
-                        .map(|d| {
-                            d.pointer("/task/last_iteration")
-                                .and_then(Value::as_u64)
-                                .unwrap_or(0)
-                        }),
-                )
-            }),
-        }
-    }
-
-    fn batch_job(&mut self) -> Option<Running> {
-        let Phase::Ready(t) = &self.phase else {
-            return None;
-        };
-        let task = t.task.id.clone();
-        let points = self.queue.take(self.settings.batch_max);
-        if points.is_empty() {
-            return None;
-        }
-        let mut body: Vec<u8> = Vec::with_capacity(points.len() * 200);
-        let mut used = 0;
-        for p in &points {
-            let start = body.len();
-            let wire = Wire {
-                kind: "training_stats_scalar",
-                task: &task,
-                metric: &p.metric,
-                variant: &p.variant,
-                value: p.value,
-                // Spooled points of older runs may exceed what the server stores.
-                iter: p.iter.min(super::points::MAX_ITER),
-                timestamp: p.timestamp,
-                model_event: false,
-            };
-            // Writing into a Vec cannot fail; stop the batch if it ever does.
-            if serde_json::to_writer(&mut body, &wire).is_err() {
-                body.truncate(start);
-                break;
-            }
-            if used > 0 && body.len() + 1 > MAX_BATCH_BYTES {
-                body.truncate(start);
-                break;
-            }
-            body.push(b'\n');
-            used += 1;
-        }
-        let body = String::from_utf8(body).unwrap_or_default();
-        let mut points = points;
-        if used < points.len() {
-            let rest = points.split_off(used);
-            self.queue.put_back(rest);
-        }
-        self.last_send = Instant::now();
-        let api = self.api.clone();
-        Some(Running {
-            kind: JobKind::Batch(points),
-            fut: Box::pin(async move {
-                JobOutput::Batch(
-                    api.call_retrying("events.add_batch", &Body::Lines(body))
-                        .await,
-                )
-            }),
-        })
-    }
-
-    /// Registers `a` on `task`; a task memtrack did not create is read
-    /// first, and left alone once it no longer takes artifacts.
-    fn artifact_job(&self, task: &str, check_status: bool, a: &Artifact) -> Running {
-        let body = json!({
-            "task": task,
-            "force": true,
-            "artifacts": [{
-                "key": "memory_usage",
-                "type": "custom",
-                "mode": "output",
-                "uri": a.uri,
-                "content_size": a.size,
-                "hash": a.sha256.to_ascii_lowercase(),
-                "timestamp": super::points::now_ms() / 1000,
-                "type_data": {"content_type": "application/json"},
-            }],
-        });
-        let api = self.api.clone();
-        let task = task.to_string();
-        Running {
-            kind: JobKind::Artifact,
-            fut: Box::pin(async move {
-                JobOutput::Artifact(register_artifact(&api, &task, check_status, body).await)
-            }),
-        }
-    }
-
-    fn status_job(&self, task: &str, outcome: &RunEnd) -> Running {
-        let api = self.api.clone();
-        let task = task.to_string();
-        let exit = outcome.exit;
-        Running {
-            kind: JobKind::Status,
-            fut: Box::pin(async move { JobOutput::Status(final_status(&api, &task, exit).await) }),
-        }
-    }
-
-    fn ping_job(&mut self, task: &str) -> Running {
-        self.last_ok = Instant::now();
-        let api = self.api.clone();
-        let body = json!({"task": task});
-        Running {
-            kind: JobKind::Ping,
-            fut: Box::pin(async move {
-                JobOutput::Ping(api.call_retrying("tasks.ping", &Body::Json(body)).await)
-            }),
-        }
-    }
-
-    fn refresh_job(&self) -> Running {
-        let api = self.api.clone();
-        Running {
-            kind: JobKind::Refresh,
-            fut: Box::pin(async move { JobOutput::Refresh(api.refresh().await) }),
-        }
-    }
-
+    /// A job came back: the machine decides, this does what it says.
     fn on_job(&mut self, kind: Option<JobKind>, out: JobOutput) {
         match (kind, out) {
-            (_, JobOutput::Setup(Ok(ctx))) => {
-                self.last_ok = Instant::now();
-                let link = if self.settings.web_host.is_empty() || ctx.project_id.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        ": {}/projects/{}/experiments/{}/output/execution",
-                        self.settings.web_host, ctx.project_id, ctx.task.id
-                    )
-                };
-                tracing::info!(
-                    "ClearML: reporting memory scalars into task `{}` ({}) of project `{}`{}{link}",
-                    ctx.task.name,
-                    ctx.task.id,
-                    ctx.task.project,
-                    if ctx.created {
-                        ", created by memtrack"
-                    } else {
-                        ""
-                    },
-                );
-                self.write_task_file(&ctx);
-                let _ = self.task_tx.send(Some(ctx.task.clone()));
-                if ctx.adopted {
-                    let _ = self.job_task_tx.send(Some(ctx.task.clone()));
-                }
-                let _ = self.settled_tx.send(true);
-                self.phase = Phase::Ready(ctx);
-                self.answer_announcements();
-            }
+            (_, JobOutput::Setup(Ok(ctx))) => self.setup_done(ctx),
             (_, JobOutput::Setup(Err(why))) => {
                 self.disable(why);
                 self.answer_announcements();
@@ -1217,102 +773,13 @@ impl State {
                 Err(CallError::Auth(m)) => self.disable(m),
                 Err(e) => tracing::debug!("ClearML: cannot read the task's iteration: {e}"),
             },
-            (Some(JobKind::Batch(points)), JobOutput::Batch(res)) => {
-                let n = points.len() as u64;
-                match res {
-                    Ok(data) => {
-                        self.last_ok = Instant::now();
-                        let errors = data
-                            .get("errors")
-                            .and_then(Value::as_u64)
-                            .unwrap_or(0)
-                            .min(n);
-                        self.sent += n - errors;
-                        if errors > 0 {
-                            self.refused += errors;
-                            self.errors.fetch_add(errors, Ordering::Relaxed);
-                            let info = data.get("errors_info").cloned().unwrap_or(Value::Null);
-                            if self.partial_logged.hit(100).is_some() {
-                                tracing::warn!(
-                                    "ClearML refused {errors} of {n} points in a batch: {info}"
-                                );
-                            }
-                            self.problem(format!("the server refused points: {info}"));
-                        }
-                        self.queue.settle(points.len());
-                    }
-                    Err(CallError::Auth(m)) => {
-                        self.queue.put_back(points);
-                        self.disable(m);
-                    }
-                    Err(e @ CallError::Transient { .. }) => {
-                        // Internal errors, attempt after attempt: the server
-                        // may choke on this batch, or its storage may be
-                        // down. Later batches go on; this one is kept and
-                        // tried again at the end, then left for a resend.
-                        self.queue.set_aside(points);
-                        if self.set_aside_logged.hit(100).is_some() {
-                            tracing::warn!(
-                                "ClearML failed a batch of {n} points with server errors ({e}); \
-                                 it is kept and tried again at the end of the run"
-                            );
-                        }
-                    }
-                    Err(e) => {
-                        // Rejected as a whole: drop it so later batches go on.
-                        self.refused += n;
-                        self.errors.fetch_add(n, Ordering::Relaxed);
-                        tracing::error!(
-                            "ClearML refused a batch of {n} points; it is dropped: {e}"
-                        );
-                        self.problem(format!("a batch of points was refused: {e}"));
-                        self.queue.settle(points.len());
-                    }
-                }
-            }
-            (_, JobOutput::Artifact(res)) => {
-                self.artifact_settled = true;
-                match res {
-                    Ok(Registered::Yes) => {
-                        if !self.artifact_registered {
-                            tracing::info!("ClearML: registered the memory_usage artifact");
-                        }
-                        self.artifact_registered = true;
-                    }
-                    Ok(Registered::Closed(status)) => {
-                        self.artifact_open = false;
-                        tracing::info!(
-                            "ClearML: the task is `{status}` and takes no more artifacts; {}",
-                            if self.artifact_registered {
-                                "memory_usage stays registered as of its latest checkpoint, and \
-                                 the object it points at is brought up to date by the final \
-                                 upload"
-                            } else {
-                                "memory_usage could not be registered on it"
-                            }
-                        );
-                        if !self.artifact_registered {
-                            self.problem(format!(
-                                "the task was `{status}` before the memory_usage artifact could \
-                                 be registered"
-                            ));
-                        }
-                    }
-                    Err(e) => {
-                        let m = format!("cannot register the memory_usage artifact: {e}");
-                        tracing::error!("ClearML: {m}");
-                        self.problem(m);
-                        // Answer a waiting job rather than keep it waiting.
-                        self.artifact_open = false;
-                    }
-                }
-                self.answer_announcements();
-            }
+            (Some(JobKind::Batch(points)), JobOutput::Batch(res)) => self.batch_done(points, res),
+            (_, JobOutput::Artifact(res)) => self.artifact_done(res),
             (_, JobOutput::Status(res)) => match res {
-                Ok(s) => self.final_status = Some(s),
+                Ok(s) => self.machine.final_status = Some(s),
                 Err(m) => {
                     tracing::error!("ClearML: {m}");
-                    self.problem(m);
+                    self.machine.problem(m);
                 }
             },
             (_, JobOutput::Refresh(res)) => match res {
@@ -1335,6 +802,101 @@ impl State {
         }
     }
 
+    /// The task is known: say so, note it, and tell whoever waits.
+    fn setup_done(&mut self, ctx: TaskCtx) {
+        self.last_ok = Instant::now();
+        let link = if self.settings.web_host.is_empty() || ctx.project_id.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ": {}/projects/{}/experiments/{}/output/execution",
+                self.settings.web_host, ctx.project_id, ctx.task.id
+            )
+        };
+        tracing::info!(
+            "ClearML: reporting memory scalars into task `{}` ({}) of project `{}`{}{link}",
+            ctx.task.name,
+            ctx.task.id,
+            ctx.task.project,
+            if ctx.created {
+                ", created by memtrack"
+            } else {
+                ""
+            },
+        );
+        task_note::write(&self.task_file, &ctx.task.note(ctx.created));
+        let _ = self.task_tx.send(Some(ctx.task.clone()));
+        if ctx.adopted {
+            let _ = self.job_task_tx.send(Some(ctx.task.clone()));
+        }
+        let _ = self.settled_tx.send(true);
+        self.machine.setup_done(ctx);
+        self.answer_announcements();
+    }
+
+    fn batch_done(&mut self, points: Vec<Point>, res: Result<Value, CallError>) {
+        let n = points.len() as u64;
+        match self.machine.batch_done(n, res) {
+            BatchVerdict::Stored { refused, info } => {
+                self.last_ok = Instant::now();
+                if refused > 0 {
+                    self.errors.fetch_add(refused, Ordering::Relaxed);
+                    if self.partial_logged.hit(100).is_some() {
+                        tracing::warn!(
+                            "ClearML refused {refused} of {n} points in a batch: {info}"
+                        );
+                    }
+                }
+                self.queue.settle(points.len());
+            }
+            BatchVerdict::Stop(m) => {
+                self.queue.put_back(points);
+                self.disable(m);
+            }
+            BatchVerdict::SetAside(e) => {
+                // Internal errors, attempt after attempt: the server may
+                // choke on this batch, or its storage may be down. Later
+                // batches go on; this one is kept and tried again at the
+                // end, then left for a resend.
+                self.queue.set_aside(points);
+                if self.set_aside_logged.hit(100).is_some() {
+                    tracing::warn!(
+                        "ClearML failed a batch of {n} points with server errors ({e}); it is \
+                         kept and tried again at the end of the run"
+                    );
+                }
+            }
+            BatchVerdict::Dropped(e) => {
+                self.errors.fetch_add(n, Ordering::Relaxed);
+                tracing::error!("ClearML refused a batch of {n} points; it is dropped: {e}");
+                self.queue.settle(points.len());
+            }
+        }
+    }
+
+    fn artifact_done(&mut self, res: Result<Registered, CallError>) {
+        match self.machine.artifact_done(res) {
+            ArtifactVerdict::Registered { first } => {
+                if first {
+                    tracing::info!("ClearML: registered the memory_usage artifact");
+                }
+            }
+            ArtifactVerdict::Closed { status, registered } => {
+                tracing::info!(
+                    "ClearML: the task is `{status}` and takes no more artifacts; {}",
+                    if registered {
+                        "memory_usage stays registered as of its latest checkpoint, and the \
+                         object it points at is brought up to date by the final upload"
+                    } else {
+                        "memory_usage could not be registered on it"
+                    }
+                );
+            }
+            ArtifactVerdict::Failed(m) => tracing::error!("ClearML: {m}"),
+        }
+        self.answer_announcements();
+    }
+
     fn persist(&mut self) -> u64 {
         match self.queue.persist() {
             Ok(n) => n,
@@ -1344,7 +906,7 @@ impl State {
                     self.queue.path().display()
                 );
                 tracing::error!("ClearML: {m}");
-                self.problem(m);
+                self.machine.problem(m);
                 0
             }
         }
@@ -1367,7 +929,7 @@ impl State {
                 "{} points were lost because the spool file could not be written",
                 self.queue.lost
             );
-            self.problem(m);
+            self.machine.problem(m);
         }
         if self.conv.dropped.duplicates > 0 {
             tracing::info!(
@@ -1376,365 +938,22 @@ impl State {
                 self.conv.dropped.duplicates
             );
         }
-        let task = match &self.phase {
+        let task = match &self.machine.phase {
             Phase::Ready(t) => Some(t.task.clone()),
             _ => None,
         };
         FinishReport {
-            sent: self.sent,
+            sent: self.machine.sent,
             unsent,
             duplicates_skipped: self.conv.dropped.duplicates,
             non_finite_skipped: self.conv.dropped.non_finite,
-            refused: self.refused,
+            refused: self.machine.refused,
             discarded: self.queue.lost,
-            errors: self.problems.clone(),
+            errors: self.machine.problems.clone(),
             task,
             spool: (unsent > 0).then(|| self.queue.path().to_path_buf()),
-            artifact_registered: self.artifact_registered,
-            final_status: self.final_status.clone(),
+            artifact_registered: self.machine.artifact_registered,
+            final_status: self.machine.final_status.clone(),
         }
-    }
-}
-
-/// A fatal setup error in words (wrong credentials, locked or unknown
-/// task, refused creation); transient ones are retried inside.
-async fn setup(api: &Api, s: &Settings, run: &RunInfoLite) -> Result<TaskCtx, String> {
-    let fatal = |what: &str, e: CallError| match e {
-        CallError::Auth(m) => m,
-        other => format!("{what}: {other}"),
-    };
-    match &s.task {
-        Some(id) => {
-            let data = api
-                .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": id})))
-                .await
-                .map_err(|e| match e {
-                    CallError::Rejected { subcode: 101, .. } => format!(
-                        "task {id} does not exist on the ClearML server {}",
-                        api.host()
-                    ),
-                    e => fatal(&format!("cannot read task {id}"), e),
-                })?;
-            let task = data.get("task").cloned().unwrap_or(Value::Null);
-            let status = task.get("status").and_then(Value::as_str).unwrap_or("");
-            if status == "published" || status == "publishing" {
-                return Err(format!(
-                    "task {id} is {status} and locked; memtrack cannot report into it"
-                ));
-            }
-            let name = task
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let project_id = task
-                .get("project")
-                .and_then(|p| p.as_str().or_else(|| p.get("id").and_then(Value::as_str)))
-                .unwrap_or_default()
-                .to_string();
-            let project = if project_id.is_empty() {
-                String::new()
-            } else {
-                match api
-                    .call_retrying(
-                        "projects.get_by_id",
-                        &Body::Json(json!({"project": project_id})),
-                    )
-                    .await
-                {
-                    Ok(d) => d
-                        .pointer("/project/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string(),
-                    Err(CallError::Auth(m)) => return Err(m),
-                    Err(e) => {
-                        tracing::warn!("ClearML: cannot read the project of task {id}: {e}");
-                        String::new()
-                    }
-                }
-            };
-            Ok(TaskCtx {
-                task: TaskRef {
-                    id: id.clone(),
-                    name,
-                    project,
-                },
-                project_id,
-                // A task an earlier run created and could not end.
-                created: s.owns_task && status == "in_progress",
-                adopted: false,
-            })
-        }
-        None => {
-            let project_id = project_id(api, &s.project)
-                .await
-                .map_err(|e| fatal(&format!("cannot find or create project `{}`", s.project), e))?;
-            let name = if s.task_name.trim().is_empty() {
-                run.name.clone()
-            } else {
-                s.task_name.clone()
-            };
-            let id = create_task(api, s, run, &name, &project_id)
-                .await
-                .map_err(|e| fatal(&format!("cannot create task `{name}`"), e))?;
-            api.call_retrying("tasks.started", &Body::Json(json!({"task": id})))
-                .await
-                .map_err(|e| fatal(&format!("cannot start task {id}"), e))?;
-            Ok(TaskCtx {
-                task: TaskRef {
-                    id,
-                    name,
-                    project: s.project.clone(),
-                },
-                project_id,
-                created: true,
-                adopted: false,
-            })
-        }
-    }
-}
-
-/// The comment a created task carries: it names the run, so that a
-/// creation whose reply was lost is found again instead of repeated.
-pub fn task_comment(run: &RunInfoLite) -> String {
-    format!("memtrack run {} on {}", run.id, run.host)
-}
-
-/// `tasks.create`, never repeated blindly: when a try may have reached the
-/// server (a timeout, a 504, a 5xx), the task is looked up by its name,
-/// project and comment before the next try.
-async fn create_task(
-    api: &Api,
-    s: &Settings,
-    run: &RunInfoLite,
-    name: &str,
-    project_id: &str,
-) -> Result<String, CallError> {
-    let comment = task_comment(run);
-    let body = Body::Json(json!({
-        "name": name,
-        "type": s.task_type,
-        "project": project_id,
-        "comment": comment,
-    }));
-    let mut delay = s.backoff_min;
-    loop {
-        match api.call_creating("tasks.create", &body).await {
-            Ok(data) => {
-                return data
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-                    .ok_or_else(|| CallError::Rejected {
-                        status: 200,
-                        subcode: 0,
-                        message: "tasks.create answered without an id".into(),
-                        error_data: Value::Null,
-                    })
-            }
-            Err(CallError::Transient { .. }) => {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(s.backoff_max);
-                let found = api
-                    .call_retrying(
-                        "tasks.get_all",
-                        &Body::Json(json!({
-                            "name": anchored(name),
-                            "project": [project_id],
-                            "only_fields": ["id", "comment"],
-                        })),
-                    )
-                    .await?;
-                let id = found
-                    .get("tasks")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .find(|t| t.get("comment").and_then(Value::as_str) == Some(&comment))
-                    .and_then(|t| t.get("id"))
-                    .and_then(Value::as_str);
-                if let Some(id) = id {
-                    tracing::info!("ClearML: task `{name}` was created by an unanswered try");
-                    return Ok(id.to_string());
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Registers the artifact (`body`); with `check_status`, only while the
-/// task is `created` or `in_progress` (a task closed by its owner refuses
-/// it, and memtrack never changes the status of a task it did not create).
-async fn register_artifact(
-    api: &Api,
-    task: &str,
-    check_status: bool,
-    body: Value,
-) -> Result<Registered, CallError> {
-    if check_status {
-        let data = api
-            .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": task})))
-            .await?;
-        let status = data
-            .pointer("/task/status")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if !matches!(status, "created" | "in_progress") {
-            return Ok(Registered::Closed(status.to_string()));
-        }
-    }
-    api.call_retrying("tasks.add_or_update_artifacts", &Body::Json(body))
-        .await?;
-    Ok(Registered::Yes)
-}
-
-/// `^<name>$` with the regex metacharacters escaped.
-pub fn anchored(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 8);
-    out.push('^');
-    for c in name.chars() {
-        if "\\.^$*+?()[]{}|".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('$');
-    out
-}
-
-async fn project_id(api: &Api, name: &str) -> Result<String, CallError> {
-    let lookup = || async {
-        let data = api
-            .call_retrying(
-                "projects.get_all",
-                &Body::Json(json!({"name": anchored(name), "only_fields": ["id"]})),
-            )
-            .await?;
-        Ok::<_, CallError>(
-            data.get("projects")
-                .and_then(Value::as_array)
-                .and_then(|a| a.first())
-                .and_then(|p| p.get("id"))
-                .and_then(Value::as_str)
-                .map(str::to_string),
-        )
-    };
-    if let Some(id) = lookup().await? {
-        return Ok(id);
-    }
-    let mut delay = api.backoff().0;
-    let created = loop {
-        match api
-            .call_creating("projects.create", &Body::Json(json!({"name": name})))
-            .await
-        {
-            // The try may have created it: look before trying again.
-            Err(CallError::Transient { .. }) => {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(api.backoff().1);
-                if let Some(id) = lookup().await? {
-                    return Ok(id);
-                }
-            }
-            other => break other,
-        }
-    };
-    match created {
-        Ok(data) => data
-            .get("id")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .ok_or_else(|| CallError::Rejected {
-                status: 200,
-                subcode: 0,
-                message: "projects.create answered without an id".into(),
-                error_data: Value::Null,
-            }),
-        // Created by someone else meanwhile.
-        Err(CallError::Rejected { subcode: 801, .. }) => {
-            lookup().await?.ok_or_else(|| CallError::Rejected {
-                status: 400,
-                subcode: 801,
-                message: format!("project `{name}` exists but cannot be found"),
-                error_data: Value::Null,
-            })
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Marks a task memtrack created completed or failed, if it is still
-/// `in_progress` (someone may have stopped it from the UI).
-async fn final_status(
-    api: &Api,
-    task: &str,
-    exit: Option<crate::model::Exit>,
-) -> Result<String, String> {
-    let current = api
-        .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": task})))
-        .await
-        .map_err(|e| format!("cannot read task {task} before ending it: {e}"))?;
-    let status = current
-        .pointer("/task/status")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    if status != "in_progress" {
-        tracing::info!(
-            "ClearML: task {task} is `{status}` (changed outside memtrack); leaving its status"
-        );
-        return Ok(status);
-    }
-    let (endpoint, new, reason, message) = match exit {
-        Some(x) if x.known && x.code == 0 && x.signal.is_none() => (
-            "tasks.completed",
-            "completed",
-            "completed".to_string(),
-            "the job exited with status 0".to_string(),
-        ),
-        Some(x) if x.known => match x.signal {
-            Some(sig) => (
-                "tasks.failed",
-                "failed",
-                format!("killed by signal {sig}"),
-                format!(
-                    "the job was killed by signal {sig} (exit status {})",
-                    x.code
-                ),
-            ),
-            None => (
-                "tasks.failed",
-                "failed",
-                format!("exit code {}", x.code),
-                format!("the job exited with status {}", x.code),
-            ),
-        },
-        _ => (
-            "tasks.failed",
-            "failed",
-            "exit status unknown".to_string(),
-            "memtrack could not learn how the job ended".to_string(),
-        ),
-    };
-    api.call_retrying(
-        endpoint,
-        &Body::Json(json!({"task": task, "status_reason": reason, "status_message": message})),
-    )
-    .await
-    .map_err(|e| format!("cannot mark task {task} {new}: {e}"))?;
-    tracing::info!("ClearML: task {task} marked {new}");
-    Ok(new.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn project_names_are_anchored_and_escaped() {
-        assert_eq!(anchored("memtrack"), "^memtrack$");
-        assert_eq!(anchored("a.b/c (x)+"), r"^a\.b/c \(x\)\+$");
     }
 }

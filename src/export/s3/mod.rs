@@ -623,8 +623,8 @@ pub fn upload_file(config: &S3Config, file: &Path) -> anyhow::Result<String> {
     let note_path = file
         .parent()
         .unwrap_or(Path::new("."))
-        .join(crate::export::clearml::TASK_FILE);
-    let task = crate::export::clearml::read_task_note(&note_path)?.map(|t| {
+        .join(crate::export::task_note::TASK_FILE);
+    let task = crate::export::task_note::read(&note_path)?.map(|t| {
         tracing::info!(
             "the key follows ClearML task {} ({})",
             t.id,
@@ -653,7 +653,7 @@ pub fn upload_file(config: &S3Config, file: &Path) -> anyhow::Result<String> {
             if uploaded.parts == 1 { "" } else { "s" }
         );
         // The note has served unless ClearML points still wait for it.
-        let spool = note_path.with_file_name(crate::export::clearml::SPOOL_FILE);
+        let spool = note_path.with_file_name(crate::export::task_note::SPOOL_FILE);
         if task.is_some() && !spool.exists() {
             let _ = std::fs::remove_file(&note_path);
         }

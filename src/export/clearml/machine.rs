@@ -1,0 +1,892 @@
+//! The reporter's decisions as a pure state machine: given where it stands
+//! and what happened (an announcement, a job's result, the clock's facts),
+//! the next state and what to do, with no I/O. The reporter
+//! ([`super::reporter`]) feeds it events and does what it answers:
+//! starting jobs, moving points in the queue, logging, replying.
+
+use serde_json::Value;
+
+use super::api::CallError;
+use super::tasks::{Registered, TaskCtx};
+use crate::event::inbox::JobTaskReply;
+
+/// Distinct problems kept for the final report.
+pub const MAX_ERRORS: usize = 32;
+
+/// Where the reporter stands with the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the job to announce its own task (entries are held).
+    Waiting,
+    /// Logging in and finding or creating the task (retrying as needed).
+    Starting,
+    Ready(TaskCtx),
+    /// Reporting is off (wrong credentials, locked task, …).
+    Disabled,
+}
+
+/// How the wait for the job's task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// Take up the job's task, on the job's iteration axis.
+    Adopt,
+    /// Set up memtrack's own (or the given) task.
+    Own,
+}
+
+/// What to do with the job's announcement of its own task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Announce {
+    /// The wait is over: take the task up ([`Machine::decide`]); the reply
+    /// waits for the outcome.
+    Adopt,
+    /// The reply waits for the outcome (setup or first artifact).
+    Hold,
+    /// Answer at once; `warn`: also worth a (rate-limited) warning.
+    Answer { reply: JobTaskReply, warn: bool },
+}
+
+/// A network job to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Log in, find or create the task.
+    Setup,
+    /// Refresh the token.
+    Refresh,
+    /// Register the latest uploaded checkpoint on the job's task.
+    Artifact,
+    /// Read the job's task's `last_iteration`.
+    Axis,
+    /// Send a batch of points.
+    Batch,
+    /// Keep a created task alive.
+    Ping,
+}
+
+/// What the clock and the queue say is due, for [`Machine::next_job`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Due {
+    pub refresh: bool,
+    pub artifact_pending: bool,
+    pub axis: bool,
+    pub batch: bool,
+    pub ping: bool,
+}
+
+/// What became of a batch.
+#[derive(Debug)]
+pub enum BatchVerdict {
+    /// The server took it; `refused` points of it were refused (`info`
+    /// says why). The batch is settled.
+    Stored { refused: u64, info: Value },
+    /// The credentials were refused: the points go back, reporting stops.
+    Stop(String),
+    /// Internal errors, attempt after attempt: the batch is set aside and
+    /// tried again at the end.
+    SetAside(CallError),
+    /// Rejected as a whole: dropped so that later batches go on.
+    Dropped(CallError),
+}
+
+/// What became of an artifact registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArtifactVerdict {
+    /// Registered; `first`: the first time in this run.
+    Registered { first: bool },
+    /// The task no longer takes artifacts (`status`).
+    Closed { status: String, registered: bool },
+    /// The registration failed.
+    Failed(String),
+}
+
+/// Stages of the end of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Drain,
+    Setup,
+    Artifact,
+    Flush,
+    Status,
+    Done,
+}
+
+/// Where the end of the run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct End {
+    pub stage: Stage,
+    pub status_started: bool,
+    pub artifact_started: bool,
+    /// The points set aside during the run went back into the line.
+    pub aside_restored: bool,
+}
+
+impl End {
+    pub fn new() -> End {
+        End {
+            stage: Stage::Drain,
+            status_started: false,
+            artifact_started: false,
+            aside_restored: false,
+        }
+    }
+}
+
+impl Default for End {
+    fn default() -> Self {
+        End::new()
+    }
+}
+
+/// What the end of the run finds now, for [`Machine::end_step`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndFacts {
+    pub entries_open: bool,
+    pub drain_passed: bool,
+    pub job_running: bool,
+    pub has_artifact: bool,
+    pub queue_empty: bool,
+}
+
+/// One step of the end of the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndStep {
+    /// Nothing to do until something changes.
+    Stay,
+    /// Move on to this stage.
+    Move(Stage),
+    /// Stop waiting for entries (warn when the channel is still open):
+    /// close the converter's windows, then [`Stage::Setup`].
+    CloseIntake { still_open: bool },
+    /// Put the points set aside back in the line (once).
+    RestoreAside,
+    /// Register the run's artifact on `task` (reading its status first
+    /// when memtrack did not create it).
+    StartArtifact { task: String, check_status: bool },
+    /// Send the next batch.
+    StartBatch,
+    /// Set the final status of the task memtrack created.
+    StartStatus { task: String },
+}
+
+/// The reporter's decisions and what they leave behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Machine {
+    pub phase: Phase,
+    /// The task memtrack was given (config or environment).
+    pub given_task: Option<String>,
+    /// `memory_usage.json` will be uploaded, so an adopted task waits for
+    /// its first registration before the job is answered.
+    pub artifact_expected: bool,
+    /// The job's task to take up (set when announced).
+    pub adopt: Option<String>,
+    /// False once the job's task refused artifacts (closed by its owner).
+    pub artifact_open: bool,
+    /// The first registration on the job's task was tried (or its upload
+    /// failed): announcements can be answered.
+    pub artifact_settled: bool,
+    pub artifact_registered: bool,
+    pub sent: u64,
+    pub refused: u64,
+    pub problems: Vec<String>,
+    pub final_status: Option<String>,
+}
+
+impl Machine {
+    /// `wait`: wait for the job's own task first.
+    pub fn new(given_task: Option<String>, artifact_expected: bool, wait: bool) -> Machine {
+        Machine {
+            phase: if wait {
+                Phase::Waiting
+            } else {
+                Phase::Starting
+            },
+            given_task,
+            artifact_expected,
+            adopt: None,
+            artifact_open: true,
+            artifact_settled: false,
+            artifact_registered: false,
+            sent: 0,
+            refused: 0,
+            problems: Vec::new(),
+            final_status: None,
+        }
+    }
+
+    /// Keeps a problem for the final report (distinct ones, a bounded
+    /// number).
+    pub fn problem(&mut self, p: String) {
+        if self.problems.len() < MAX_ERRORS && !self.problems.contains(&p) {
+            self.problems.push(p);
+        }
+    }
+
+    /// Stops reporting for this run.
+    pub fn disable(&mut self, why: String) {
+        self.problem(why);
+        self.phase = Phase::Disabled;
+    }
+
+    /// Ends the wait for the job's task: take up `adopt`, or (`None`)
+    /// set up memtrack's own. `None` when no longer waiting.
+    pub fn decide(&mut self, adopt: Option<String>) -> Option<Decided> {
+        if self.phase != Phase::Waiting {
+            return None;
+        }
+        let decided = if adopt.is_some() {
+            Decided::Adopt
+        } else {
+            Decided::Own
+        };
+        self.adopt = adopt;
+        self.phase = Phase::Starting;
+        Some(decided)
+    }
+
+    /// The job announced its own task `id`. On [`Announce::Adopt`] the
+    /// caller takes it up with [`Machine::decide`].
+    pub fn announced(&self, id: &str) -> Announce {
+        let refuse = |message: String, warn: bool| Announce::Answer {
+            reply: JobTaskReply {
+                reporting: false,
+                artifact: false,
+                message,
+            },
+            warn,
+        };
+        match &self.phase {
+            Phase::Waiting => Announce::Adopt,
+            Phase::Starting if self.adopt.as_deref() == Some(id) => Announce::Hold,
+            Phase::Ready(ctx) if ctx.task.id == id => {
+                if ctx.adopted && self.artifact_expected && !self.artifact_settled {
+                    Announce::Hold
+                } else {
+                    Announce::Answer {
+                        reply: JobTaskReply {
+                            reporting: true,
+                            artifact: self.artifact_registered,
+                            message: format!("memtrack reports into task {id}"),
+                        },
+                        warn: false,
+                    }
+                }
+            }
+            Phase::Ready(ctx) => refuse(
+                format!(
+                    "memtrack already reports into task {} ({}); the job's task {id} is left \
+                     alone{}",
+                    ctx.task.id,
+                    if ctx.adopted {
+                        "announced earlier"
+                    } else if ctx.created {
+                        "created after waiting clearml.job_task_wait for the job's own"
+                    } else {
+                        "given to memtrack"
+                    },
+                    if ctx.created {
+                        "; call Task.init earlier or raise clearml.job_task_wait"
+                    } else {
+                        ""
+                    }
+                ),
+                true,
+            ),
+            Phase::Starting => refuse(
+                format!(
+                    "memtrack is already setting up {}; the job's task {id} is left alone",
+                    match (&self.adopt, &self.given_task) {
+                        (Some(a), _) => format!("the job's task {a}"),
+                        (None, Some(g)) => format!("task {g}"),
+                        (None, None) => "a task of its own (clearml.job_task_wait passed)".into(),
+                    },
+                ),
+                true,
+            ),
+            Phase::Disabled => refuse(self.off_message(), false),
+        }
+    }
+
+    fn off_message(&self) -> String {
+        format!(
+            "ClearML reporting is off for this run ({})",
+            self.problems
+                .last()
+                .map_or("see memtrack's log", String::as_str)
+        )
+    }
+
+    /// The answer to announcements held for the outcome; `None` while it
+    /// is not known yet.
+    pub fn answer(&self) -> Option<JobTaskReply> {
+        let (reporting, message) = match &self.phase {
+            Phase::Ready(ctx) if ctx.adopted => {
+                if self.artifact_expected && !self.artifact_settled {
+                    return None; // not yet: the first registration is under way
+                }
+                (
+                    true,
+                    format!(
+                        "memtrack reports into task {}{}",
+                        ctx.task.id,
+                        if self.artifact_registered {
+                            " and registered the memory_usage artifact"
+                        } else {
+                            ""
+                        }
+                    ),
+                )
+            }
+            Phase::Waiting | Phase::Starting => return None,
+            Phase::Ready(ctx) => (
+                false,
+                format!("memtrack reports into task {} instead", ctx.task.id),
+            ),
+            Phase::Disabled => (false, self.off_message()),
+        };
+        Some(JobTaskReply {
+            reporting,
+            artifact: self.artifact_registered,
+            message,
+        })
+    }
+
+    /// The next network job, when none is running.
+    pub fn next_job(&self, due: Due) -> Option<Plan> {
+        match &self.phase {
+            Phase::Waiting | Phase::Disabled => None,
+            Phase::Starting => Some(Plan::Setup),
+            Phase::Ready(t) => {
+                if due.refresh {
+                    Some(Plan::Refresh)
+                } else if t.adopted && self.artifact_open && due.artifact_pending {
+                    // Registered while the job's task still takes it.
+                    Some(Plan::Artifact)
+                } else if t.adopted && due.axis {
+                    Some(Plan::Axis)
+                } else if due.batch {
+                    Some(Plan::Batch)
+                } else if t.created && due.ping {
+                    Some(Plan::Ping)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// The setup found or made the task.
+    pub fn setup_done(&mut self, ctx: TaskCtx) {
+        self.phase = Phase::Ready(ctx);
+    }
+
+    /// A batch of `n` points came back.
+    pub fn batch_done(&mut self, n: u64, res: Result<Value, CallError>) -> BatchVerdict {
+        match res {
+            Ok(data) => {
+                let refused = data
+                    .get("errors")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+                    .min(n);
+                self.sent += n - refused;
+                let mut info = Value::Null;
+                if refused > 0 {
+                    info = data.get("errors_info").cloned().unwrap_or(Value::Null);
+                    self.refused += refused;
+                    self.problem(format!("the server refused points: {info}"));
+                }
+                BatchVerdict::Stored { refused, info }
+            }
+            Err(CallError::Auth(m)) => BatchVerdict::Stop(m),
+            Err(e @ CallError::Transient { .. }) => BatchVerdict::SetAside(e),
+            Err(e) => {
+                self.refused += n;
+                self.problem(format!("a batch of points was refused: {e}"));
+                BatchVerdict::Dropped(e)
+            }
+        }
+    }
+
+    /// An artifact registration came back.
+    pub fn artifact_done(&mut self, res: Result<Registered, CallError>) -> ArtifactVerdict {
+        self.artifact_settled = true;
+        match res {
+            Ok(Registered::Yes) => {
+                let first = !self.artifact_registered;
+                self.artifact_registered = true;
+                ArtifactVerdict::Registered { first }
+            }
+            Ok(Registered::Closed(status)) => {
+                self.artifact_open = false;
+                if !self.artifact_registered {
+                    self.problem(format!(
+                        "the task was `{status}` before the memory_usage artifact could be \
+                         registered"
+                    ));
+                }
+                ArtifactVerdict::Closed {
+                    status,
+                    registered: self.artifact_registered,
+                }
+            }
+            Err(e) => {
+                let m = format!("cannot register the memory_usage artifact: {e}");
+                self.problem(m.clone());
+                // Answer a waiting job rather than keep it waiting.
+                self.artifact_open = false;
+                ArtifactVerdict::Failed(m)
+            }
+        }
+    }
+
+    /// The upload of the checkpoint to register failed: the job is
+    /// answered without waiting for a registration. `true` the first time.
+    pub fn checkpoint_failed(&mut self, why: &str) -> bool {
+        if self.artifact_settled {
+            return false;
+        }
+        self.artifact_settled = true;
+        self.problem(format!(
+            "the checkpoint to register as the job's task's artifact could not be uploaded: {why}"
+        ));
+        true
+    }
+
+    /// Whether memtrack sets the task's final status (so the end of the
+    /// run keeps time for it).
+    pub fn owns_status(&self) -> bool {
+        match &self.phase {
+            Phase::Waiting => true,
+            Phase::Starting => self.given_task.is_none() && self.adopt.is_none(),
+            Phase::Ready(t) => t.created,
+            Phase::Disabled => false,
+        }
+    }
+
+    /// The next step of the end of the run.
+    pub fn end_step(&self, end: &End, f: EndFacts) -> EndStep {
+        match end.stage {
+            Stage::Drain if !f.entries_open || f.drain_passed => EndStep::CloseIntake {
+                still_open: f.entries_open,
+            },
+            Stage::Drain | Stage::Done => EndStep::Stay,
+            Stage::Setup => match &self.phase {
+                Phase::Waiting | Phase::Starting => EndStep::Stay,
+                Phase::Ready(_) => EndStep::Move(Stage::Artifact),
+                Phase::Disabled => EndStep::Move(Stage::Done),
+            },
+            Stage::Artifact => match &self.phase {
+                Phase::Ready(t) if f.has_artifact && self.artifact_open => {
+                    if !end.artifact_started {
+                        if f.job_running {
+                            EndStep::Stay
+                        } else {
+                            EndStep::StartArtifact {
+                                task: t.task.id.clone(),
+                                check_status: !t.created,
+                            }
+                        }
+                    } else if f.job_running {
+                        EndStep::Stay
+                    } else {
+                        EndStep::Move(Stage::Flush)
+                    }
+                }
+                _ => EndStep::Move(Stage::Flush),
+            },
+            Stage::Flush => {
+                if !end.aside_restored {
+                    // One more try for batches the server failed with
+                    // internal errors: it may be back.
+                    EndStep::RestoreAside
+                } else if self.phase == Phase::Disabled {
+                    EndStep::Move(Stage::Done)
+                } else if f.job_running {
+                    EndStep::Stay
+                } else if f.queue_empty {
+                    EndStep::Move(Stage::Status)
+                } else {
+                    EndStep::StartBatch
+                }
+            }
+            Stage::Status => {
+                if end.status_started {
+                    if f.job_running {
+                        EndStep::Stay
+                    } else {
+                        EndStep::Move(Stage::Done)
+                    }
+                } else {
+                    match &self.phase {
+                        Phase::Ready(t) if t.created && !f.job_running => EndStep::StartStatus {
+                            task: t.task.id.clone(),
+                        },
+                        Phase::Ready(t) if t.created => EndStep::Stay,
+                        _ => EndStep::Move(Stage::Done),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::clearml::outcome::TaskRef;
+    use serde_json::json;
+
+    fn ctx(id: &str, created: bool, adopted: bool) -> TaskCtx {
+        TaskCtx {
+            task: TaskRef {
+                id: id.into(),
+                name: "run".into(),
+                project: "memtrack".into(),
+            },
+            project_id: "p1".into(),
+            created,
+            adopted,
+        }
+    }
+
+    fn transient() -> CallError {
+        CallError::Transient {
+            reason: "HTTP 500".into(),
+            retry_after: None,
+            server_error: true,
+            maybe_applied: false,
+        }
+    }
+
+    fn ready(created: bool, adopted: bool) -> Machine {
+        let mut m = Machine::new(None, false, false);
+        m.setup_done(ctx("t1", created, adopted));
+        m
+    }
+
+    fn facts() -> EndFacts {
+        EndFacts {
+            entries_open: false,
+            drain_passed: false,
+            job_running: false,
+            has_artifact: false,
+            queue_empty: true,
+        }
+    }
+
+    #[test]
+    fn the_first_job_sets_up_the_task() {
+        let m = Machine::new(None, false, false);
+        assert_eq!(m.phase, Phase::Starting);
+        assert_eq!(m.next_job(Due::default()), Some(Plan::Setup));
+        // Even with points due, nothing is sent before the task is known.
+        let due = Due {
+            batch: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), Some(Plan::Setup));
+    }
+
+    #[test]
+    fn waiting_for_the_job_task_starts_nothing_until_decided() {
+        let mut m = Machine::new(None, false, true);
+        assert_eq!(m.phase, Phase::Waiting);
+        assert_eq!(m.next_job(Due::default()), None);
+        assert_eq!(m.answer(), None);
+        assert_eq!(m.decide(None), Some(Decided::Own));
+        assert_eq!(m.phase, Phase::Starting);
+        assert_eq!(m.adopt, None);
+        // Deciding twice does nothing.
+        assert_eq!(m.decide(Some("late".into())), None);
+        assert_eq!(m.adopt, None);
+    }
+
+    #[test]
+    fn the_jobs_own_task_from_the_socket_is_adopted() {
+        let mut m = Machine::new(None, false, true);
+        assert_eq!(m.announced("job-task"), Announce::Adopt);
+        assert_eq!(m.decide(Some("job-task".into())), Some(Decided::Adopt));
+        assert_eq!(m.adopt.as_deref(), Some("job-task"));
+        // A repeat of the same announcement waits for the setup.
+        assert_eq!(m.announced("job-task"), Announce::Hold);
+        assert_eq!(m.answer(), None);
+        m.setup_done(ctx("job-task", false, true));
+        let reply = m.answer().unwrap();
+        assert!(reply.reporting);
+        assert!(!reply.artifact);
+        assert_eq!(reply.message, "memtrack reports into task job-task");
+        // Memtrack never ends a task it did not create.
+        assert!(!m.owns_status());
+    }
+
+    #[test]
+    fn an_adopted_task_waits_for_its_first_artifact_before_answering() {
+        let mut m = Machine::new(None, true, true);
+        m.decide(Some("job-task".into()));
+        m.setup_done(ctx("job-task", false, true));
+        assert_eq!(m.answer(), None);
+        assert_eq!(m.announced("job-task"), Announce::Hold);
+        let due = Due {
+            artifact_pending: true,
+            batch: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), Some(Plan::Artifact));
+        assert_eq!(
+            m.artifact_done(Ok(Registered::Yes)),
+            ArtifactVerdict::Registered { first: true }
+        );
+        let reply = m.answer().unwrap();
+        assert!(reply.reporting && reply.artifact);
+        assert!(reply
+            .message
+            .ends_with("and registered the memory_usage artifact"));
+        assert_eq!(
+            m.artifact_done(Ok(Registered::Yes)),
+            ArtifactVerdict::Registered { first: false }
+        );
+    }
+
+    #[test]
+    fn another_task_announced_later_is_refused_with_the_reason() {
+        let m = ready(true, false);
+        match m.announced("other") {
+            Announce::Answer { reply, warn } => {
+                assert!(warn);
+                assert!(!reply.reporting);
+                assert!(reply.message.contains("already reports into task t1"));
+                assert!(reply.message.contains("the job's task other is left alone"));
+                assert!(reply.message.contains("raise clearml.job_task_wait"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let given = Machine::new(Some("given".into()), false, false);
+        match given.announced("other") {
+            Announce::Answer { reply, .. } => {
+                assert!(reply.message.contains("setting up task given"), "{reply:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stored_batch_counts_what_the_server_refused() {
+        let mut m = ready(true, false);
+        let data = json!({"added": 3, "errors": 2, "errors_info": {"bad": 2}});
+        match m.batch_done(5, Ok(data)) {
+            BatchVerdict::Stored { refused, info } => {
+                assert_eq!(refused, 2);
+                assert_eq!(info, json!({"bad": 2}));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((m.sent, m.refused), (3, 2));
+        assert_eq!(m.problems.len(), 1);
+        // More errors than points cannot count more than the batch.
+        m.batch_done(1, Ok(json!({"errors": 9})));
+        assert_eq!((m.sent, m.refused), (3, 3));
+    }
+
+    #[test]
+    fn a_retryable_failure_keeps_the_points_for_later() {
+        let mut m = ready(true, false);
+        let v = m.batch_done(4, Err(transient()));
+        assert!(matches!(v, BatchVerdict::SetAside(_)), "{v:?}");
+        assert_eq!((m.sent, m.refused), (0, 0));
+        assert!(m.problems.is_empty());
+        assert!(matches!(m.phase, Phase::Ready(_)));
+        // Reporting goes on with the next batch.
+        let due = Due {
+            batch: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), Some(Plan::Batch));
+    }
+
+    #[test]
+    fn a_permanent_failure_stops_reporting() {
+        let mut m = ready(true, false);
+        let v = m.batch_done(4, Err(CallError::Auth("credentials refused".into())));
+        let BatchVerdict::Stop(why) = v else {
+            panic!("{v:?}");
+        };
+        m.disable(why);
+        assert_eq!(m.phase, Phase::Disabled);
+        let due = Due {
+            batch: true,
+            refresh: true,
+            ping: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), None);
+        let reply = m.answer().unwrap();
+        assert!(!reply.reporting);
+        assert_eq!(
+            reply.message,
+            "ClearML reporting is off for this run (credentials refused)"
+        );
+        // A batch rejected as a whole is dropped and counted, not retried.
+        let mut m = ready(true, false);
+        let rejected = CallError::Rejected {
+            status: 400,
+            subcode: 0,
+            message: "bad".into(),
+            error_data: Value::Null,
+        };
+        assert!(matches!(
+            m.batch_done(7, Err(rejected)),
+            BatchVerdict::Dropped(_)
+        ));
+        assert_eq!(m.refused, 7);
+    }
+
+    #[test]
+    fn ready_jobs_come_in_order_of_urgency() {
+        let created = ready(true, false);
+        let all = Due {
+            refresh: true,
+            artifact_pending: true,
+            axis: true,
+            batch: true,
+            ping: true,
+        };
+        assert_eq!(created.next_job(all), Some(Plan::Refresh));
+        let no_refresh = Due {
+            refresh: false,
+            ..all
+        };
+        // A created task has no job axis and no checkpoint artifacts.
+        assert_eq!(created.next_job(no_refresh), Some(Plan::Batch));
+        let idle = Due {
+            ping: true,
+            ..Due::default()
+        };
+        assert_eq!(created.next_job(idle), Some(Plan::Ping));
+        let adopted = ready(false, true);
+        assert_eq!(adopted.next_job(no_refresh), Some(Plan::Artifact));
+        let axis = Due {
+            artifact_pending: false,
+            ..no_refresh
+        };
+        assert_eq!(adopted.next_job(axis), Some(Plan::Axis));
+        // Only a task memtrack created is pinged.
+        assert_eq!(adopted.next_job(idle), None);
+    }
+
+    #[test]
+    fn closing_flushes_every_point_then_ends_a_created_task() {
+        let m = ready(true, false);
+        let mut end = End::new();
+        let open = EndFacts {
+            entries_open: true,
+            ..facts()
+        };
+        assert_eq!(m.end_step(&end, open), EndStep::Stay);
+        assert_eq!(
+            m.end_step(&end, facts()),
+            EndStep::CloseIntake { still_open: false }
+        );
+        end.stage = Stage::Setup;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Artifact));
+        end.stage = Stage::Artifact;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Flush));
+        end.stage = Stage::Flush;
+        assert_eq!(m.end_step(&end, facts()), EndStep::RestoreAside);
+        end.aside_restored = true;
+        let queued = EndFacts {
+            queue_empty: false,
+            ..facts()
+        };
+        assert_eq!(m.end_step(&end, queued), EndStep::StartBatch);
+        let sending = EndFacts {
+            job_running: true,
+            ..queued
+        };
+        assert_eq!(m.end_step(&end, sending), EndStep::Stay);
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Status));
+        end.stage = Stage::Status;
+        assert_eq!(
+            m.end_step(&end, facts()),
+            EndStep::StartStatus { task: "t1".into() }
+        );
+        end.status_started = true;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+    }
+
+    #[test]
+    fn closing_registers_the_artifact_and_leaves_a_given_task_open() {
+        let m = ready(false, false);
+        let mut end = End {
+            stage: Stage::Artifact,
+            ..End::new()
+        };
+        let with = EndFacts {
+            has_artifact: true,
+            ..facts()
+        };
+        assert_eq!(
+            m.end_step(&end, with),
+            EndStep::StartArtifact {
+                task: "t1".into(),
+                check_status: true
+            }
+        );
+        end.artifact_started = true;
+        assert_eq!(m.end_step(&end, with), EndStep::Move(Stage::Flush));
+        end.stage = Stage::Status;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+        assert!(!m.owns_status());
+    }
+
+    #[test]
+    fn closing_while_disabled_keeps_the_points_and_sends_nothing() {
+        let mut m = ready(true, false);
+        m.disable("task locked".into());
+        let mut end = End {
+            stage: Stage::Setup,
+            ..End::new()
+        };
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+        end.stage = Stage::Flush;
+        end.aside_restored = true;
+        let queued = EndFacts {
+            queue_empty: false,
+            ..facts()
+        };
+        assert_eq!(m.end_step(&end, queued), EndStep::Move(Stage::Done));
+    }
+
+    #[test]
+    fn a_closed_job_task_takes_no_more_artifacts() {
+        let mut m = ready(false, true);
+        let v = m.artifact_done(Ok(Registered::Closed("completed".into())));
+        assert_eq!(
+            v,
+            ArtifactVerdict::Closed {
+                status: "completed".into(),
+                registered: false
+            }
+        );
+        assert!(!m.artifact_open);
+        assert!(m.problems[0].contains("`completed` before the memory_usage artifact"));
+        let due = Due {
+            artifact_pending: true,
+            ..Due::default()
+        };
+        assert_eq!(m.next_job(due), None);
+    }
+
+    #[test]
+    fn problems_are_kept_once_and_bounded() {
+        let mut m = Machine::new(None, false, false);
+        m.problem("same".into());
+        m.problem("same".into());
+        assert_eq!(m.problems.len(), 1);
+        for i in 0..100 {
+            m.problem(format!("p{i}"));
+        }
+        assert_eq!(m.problems.len(), MAX_ERRORS);
+        assert!(m.checkpoint_failed("network down"));
+        assert!(!m.checkpoint_failed("again"));
+    }
+}
