@@ -77,10 +77,13 @@
 //! 130 000 slope evaluations (about a millisecond) however long the run.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+use serde_json::Value;
 
 use crate::model::thin::{Mergeable, Thinned};
 use crate::model::{Document, Entry, EntryKind, GpuSource, Target};
+use crate::units::duration_one_unit;
 
 /// The shortest series, in seconds, that is judged at all (see the module
 /// documentation for the reasons).
@@ -153,8 +156,10 @@ impl Default for LeakConfig {
     }
 }
 
-/// The verdict on one series.
+/// The verdict on one series. Read leniently: a field a file lacks takes
+/// its value of a series not judged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Verdict {
     /// Every condition of the rule holds.
     pub suspected: bool,
@@ -186,6 +191,12 @@ pub struct Verdict {
     pub reason: String,
 }
 
+impl Default for Verdict {
+    fn default() -> Self {
+        Verdict::unjudged(String::new())
+    }
+}
+
 impl Verdict {
     fn unjudged(reason: String) -> Self {
         Verdict {
@@ -204,6 +215,81 @@ impl Verdict {
             step_mib: 0.0,
             reason,
         }
+    }
+}
+
+/// The `leak` block of `memory_usage.json`: one run's verdicts
+/// ([`analyze`]), or a merged job's (`memtrack merge`: the worst rank's
+/// `host` and `gpu`, every rank's block under `ranks`). Fields one of the
+/// two shapes lacks are `None` and not written. Read leniently
+/// ([`LeakReport::from_value`]): a field a file lacks takes its default.
+///
+/// The block is written through [`LeakReport::to_value`], whose objects
+/// keep their keys sorted, as the files have always had them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LeakReport {
+    /// Some verdict is suspected.
+    pub suspected: bool,
+    /// What is suspected: `host`, `gpu`, `target PID (name)[ gpu]`,
+    /// `component NAME`; in a merged job prefixed with `rank R: `.
+    pub suspects: Vec<String>,
+    /// The tree's host memory (timer samples); in a merged job the worst
+    /// rank's, `null` when no rank has one.
+    pub host: Option<Verdict>,
+    /// The tree's GPU memory, where any is non-zero.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Verdict>,
+    /// The targets long enough to judge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<TargetVerdict>>,
+    /// How many targets were too short to judge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub targets_not_judged: Option<usize>,
+    /// Timer samples taken inside each component's spans.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub components: Option<BTreeMap<String, Verdict>>,
+    /// The thresholds the verdicts used (`None` too when a file's table
+    /// does not read as this version's).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "config_or_none"
+    )]
+    pub config: Option<LeakConfig>,
+    /// A merged job: each rank's own block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<BTreeMap<String, LeakReport>>,
+}
+
+/// One target's verdicts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TargetVerdict {
+    pub pid: u32,
+    pub name: String,
+    pub host: Verdict,
+    /// Its GPU memory, where any is non-zero.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Verdict>,
+}
+
+/// A config table that does not read (a key of another version) reads as
+/// `None`, not as an unreadable report.
+fn config_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<LeakConfig>, D::Error> {
+    let v = Value::deserialize(d)?;
+    Ok(LeakConfig::deserialize(&v).ok())
+}
+
+impl LeakReport {
+    /// The block as the document holds it (keys sorted).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// A document's block, read leniently: a field it lacks takes its
+    /// default, and a block of another shape reads as an empty report.
+    pub fn from_value(v: &Value) -> LeakReport {
+        LeakReport::deserialize(v).unwrap_or_default()
     }
 }
 
@@ -235,8 +321,8 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
     if duration < cfg.min_duration_s {
         v.reason = format!(
             "not judged: {} of samples, at least {} are needed",
-            human_duration(duration),
-            human_duration(cfg.min_duration_s)
+            duration_one_unit(duration),
+            duration_one_unit(cfg.min_duration_s)
         );
         return v;
     }
@@ -244,7 +330,7 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
         v.reason = format!(
             "not judged: {} samples after the {} warm-up, at least {} are needed",
             win.len(),
-            human_duration(v.warmup_s),
+            duration_one_unit(v.warmup_s),
             cfg.min_points.max(4)
         );
         return v;
@@ -297,7 +383,7 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
              and +{} MiB)",
             num(v.rate_mib_per_hour),
             num(v.growth_mib),
-            human_duration(v.window_s),
+            duration_one_unit(v.window_s),
             num(cfg.min_rate_mib_per_hour),
             num(needed_growth)
         );
@@ -336,7 +422,7 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
     v.reason = format!(
         "leak suspected: +{} MiB over the last {} ({} MiB/h, {ci}), steadily{aside}",
         num(v.growth_mib),
-        human_duration(v.window_s),
+        duration_one_unit(v.window_s),
         num(v.rate_mib_per_hour)
     );
     v
@@ -484,7 +570,7 @@ impl Series {
         targets: &[Target],
         schema: u32,
         cfg: &LeakConfig,
-    ) -> Value {
+    ) -> LeakReport {
         let points: Vec<TimerPoint> = timers.iter().map(|e| TimerPoint::of(e)).collect();
         let alloc: Vec<Point> = self.alloc.iter().copied().collect();
         let all = || {
@@ -503,7 +589,7 @@ impl Series {
     }
 
     /// The verdicts on a log folded here with [`Series::push`].
-    pub fn analyze(&self, targets: &[Target], schema: u32, cfg: &LeakConfig) -> Value {
+    pub fn analyze(&self, targets: &[Target], schema: u32, cfg: &LeakConfig) -> LeakReport {
         let timers: Vec<TimerPoint> = self.timers.iter().cloned().collect();
         let alloc: Vec<Point> = self.alloc.iter().copied().collect();
         analyze_parts(
@@ -522,7 +608,7 @@ impl Series {
 /// target (each one's `series`; only the targets long enough to judge are
 /// listed, the rest counted), and per component (timer samples taken
 /// inside that component's spans).
-pub fn analyze(doc: &Document, cfg: &LeakConfig) -> Value {
+pub fn analyze(doc: &Document, cfg: &LeakConfig) -> LeakReport {
     let mut series = Series::default();
     for e in &doc.detailed_log {
         series.push(e);
@@ -541,7 +627,7 @@ pub fn analyze_parts(
     targets: &[Target],
     schema: u32,
     cfg: &LeakConfig,
-) -> Value {
+) -> LeakReport {
     let mut suspects: Vec<String> = Vec::new();
     let verdict = |name: String, t: &[f64], y: &[f64], suspects: &mut Vec<String>| {
         let v = detect(t, y, cfg);
@@ -562,7 +648,10 @@ pub fn analyze_parts(
     let t: Vec<f64> = log.iter().map(Point::mid).collect();
     let host: Vec<f64> = log.iter().map(|p| p.cpu).collect();
     let host_v = verdict("host".into(), &t, &host, &mut suspects);
-    let mut out = json!({ "host": to_value(&host_v) });
+    let mut out = LeakReport {
+        host: Some(host_v),
+        ..LeakReport::default()
+    };
 
     // The tree's GPU memory: NVML's per-process figure when there is one;
     // otherwise PyTorch's `memory_allocated` sent with marks (a leak of
@@ -585,7 +674,7 @@ pub fn analyze_parts(
     };
     if gy.iter().any(|&y| y > 0.0) {
         let gpu_v = verdict("gpu".into(), &gt, &gy, &mut suspects);
-        out["gpu"] = to_value(&gpu_v);
+        out.gpu = Some(gpu_v);
     }
 
     let mut judged = Vec::new();
@@ -599,19 +688,23 @@ pub fn analyze_parts(
             unjudged += 1;
             continue;
         }
-        let mut item = json!({"pid": target.pid, "name": target.name, "host": to_value(&v)});
+        let mut item = TargetVerdict {
+            pid: target.pid,
+            name: target.name.clone(),
+            host: v,
+            gpu: None,
+        };
         if target.series.iter().any(|p| p[2] > 0.0) {
             let gpu: Vec<f64> = target.series.iter().map(|p| p[2]).collect();
-            item["gpu"] = to_value(&verdict(format!("{label} gpu"), &t, &gpu, &mut suspects));
+            item.gpu = Some(verdict(format!("{label} gpu"), &t, &gpu, &mut suspects));
         }
         judged.push(item);
     }
-    out["targets"] = Value::Array(judged);
-    out["targets_not_judged"] = json!(unjudged);
+    out.targets = Some(judged);
+    out.targets_not_judged = Some(unjudged);
 
-    let mut components = serde_json::Map::new();
-    let mut by_component: std::collections::BTreeMap<&str, (Vec<f64>, Vec<f64>)> =
-        std::collections::BTreeMap::new();
+    let mut components = BTreeMap::new();
+    let mut by_component: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for tp in timers {
         if let Some(component) = &tp.component {
             let (t, y) = by_component.entry(component).or_default();
@@ -621,17 +714,13 @@ pub fn analyze_parts(
     }
     for (component, (t, y)) in by_component {
         let v = verdict(format!("component {component}"), &t, &y, &mut suspects);
-        components.insert(component.to_string(), to_value(&v));
+        components.insert(component.to_string(), v);
     }
-    out["components"] = Value::Object(components);
-    out["suspected"] = json!(!suspects.is_empty());
-    out["suspects"] = json!(suspects);
-    out["config"] = serde_json::to_value(cfg).unwrap_or_default();
+    out.components = Some(components);
+    out.suspected = !suspects.is_empty();
+    out.suspects = suspects;
+    out.config = Some(*cfg);
     out
-}
-
-fn to_value(v: &Verdict) -> Value {
-    serde_json::to_value(v).unwrap_or_default()
 }
 
 /// Theil–Sen slope with Sen's interval and the Mann–Kendall test.
@@ -891,20 +980,11 @@ fn num(x: f64) -> String {
     }
 }
 
-fn human_duration(s: f64) -> String {
-    if s < 120.0 {
-        format!("{s:.0} s")
-    } else if s < 2.0 * 3600.0 {
-        format!("{:.1} min", s / 60.0)
-    } else {
-        format!("{:.1} h", s / 3600.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::Target;
+    use serde_json::json;
 
     /// A small deterministic generator: SplitMix64 and Box–Muller.
     struct Rng(u64);
@@ -1312,7 +1392,7 @@ mod tests {
         };
         doc.targets = vec![leaky, worker, brief];
 
-        let out = analyze(&doc, &LeakConfig::default());
+        let out = analyze(&doc, &LeakConfig::default()).to_value();
         assert_eq!(out["suspected"], true);
         assert_eq!(out["host"]["suspected"], true, "{out:#}");
         let rate = out["host"]["rate_mib_per_hour"].as_f64().unwrap();
@@ -1359,7 +1439,7 @@ mod tests {
                 ..Entry::default()
             });
         }
-        let out = analyze(&doc, &LeakConfig::default());
+        let out = analyze(&doc, &LeakConfig::default()).to_value();
         assert_eq!(out["host"]["suspected"], false);
         assert_eq!(out["gpu"]["suspected"], true, "{out:#}");
         assert_eq!(out["suspects"], json!(["gpu"]));

@@ -322,7 +322,11 @@ pub fn merge_inputs(inputs: Vec<Input>) -> anyhow::Result<Merged> {
             .finish()
             .map_err(|e| anyhow::anyhow!("cannot keep the sorted log of {source}: {e}"))?;
         if doc.leak.is_none() {
-            doc.leak = Some(series.analyze(&doc.targets, doc.schema, &leak::LeakConfig::default()));
+            doc.leak = Some(
+                series
+                    .analyze(&doc.targets, doc.schema, &leak::LeakConfig::default())
+                    .to_value(),
+            );
         }
         tags.push((rank_of(&doc, i), doc.run.host.clone()));
         docs.push((source, doc));
@@ -356,7 +360,7 @@ fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> 
     out.run.start = f64::INFINITY;
     let mut hosts: Vec<String> = Vec::new();
     let mut best: BTreeMap<&'static str, (f64, String)> = BTreeMap::new();
-    let mut leaks: Vec<(String, serde_json::Value)> = Vec::new();
+    let mut leaks: Vec<(String, leak::LeakReport)> = Vec::new();
 
     for (i, (source, doc)) in inputs.into_iter().enumerate() {
         let rank = rank_of(&doc, i);
@@ -394,10 +398,10 @@ fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> 
         }
         // Each rank's own verdict: the merged log mixes the ranks' samples,
         // so a trend over it would mean nothing.
-        let verdict = doc
-            .leak
-            .clone()
-            .unwrap_or_else(|| leak::analyze(&doc, &leak::LeakConfig::default()));
+        let verdict = match &doc.leak {
+            Some(block) => leak::LeakReport::from_value(block),
+            None => leak::analyze(&doc, &leak::LeakConfig::default()),
+        };
         leaks.push((rank.clone(), verdict));
         let tag = |labels: &mut BTreeMap<String, String>| {
             labels.insert("rank".into(), rank.clone());
@@ -443,7 +447,7 @@ fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> 
         .into_iter()
         .map(|(k, (_, rank))| (k.to_string(), rank))
         .collect();
-    out.leak = Some(merge_leaks(leaks));
+    out.leak = Some(merge_leaks(leaks).to_value());
     Ok(out)
 }
 
@@ -451,47 +455,34 @@ fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> 
 /// suspects named with their rank, `host` and `gpu` the verdicts of the
 /// rank that looks worst (suspected first, then the fastest growth), and
 /// every rank's whole verdict under `ranks`.
-fn merge_leaks(leaks: Vec<(String, serde_json::Value)>) -> serde_json::Value {
-    use serde_json::{json, Value};
-    let worst = |part: &str| -> Value {
+fn merge_leaks(leaks: Vec<(String, leak::LeakReport)>) -> leak::LeakReport {
+    let worst = |part: fn(&leak::LeakReport) -> Option<&leak::Verdict>| {
         leaks
             .iter()
-            .map(|(_, l)| &l[part])
-            .filter(|v| !v.is_null())
+            .filter_map(|(_, l)| part(l))
             .max_by(|a, b| {
-                let key = |v: &Value| {
-                    (
-                        v["suspected"].as_bool().unwrap_or(false),
-                        v["rate_mib_per_hour"].as_f64().unwrap_or(f64::NEG_INFINITY),
-                    )
-                };
-                let (sa, ra) = key(a);
-                let (sb, rb) = key(b);
-                sa.cmp(&sb).then(ra.total_cmp(&rb))
+                a.suspected
+                    .cmp(&b.suspected)
+                    .then(a.rate_mib_per_hour.total_cmp(&b.rate_mib_per_hour))
             })
             .cloned()
-            .unwrap_or(Value::Null)
     };
     let mut suspects = Vec::new();
     for (rank, l) in &leaks {
-        for s in l["suspects"].as_array().into_iter().flatten() {
-            if let Some(s) = s.as_str() {
-                suspects.push(Value::String(format!("rank {rank}: {s}")));
-            }
+        for s in &l.suspects {
+            suspects.push(format!("rank {rank}: {s}"));
         }
     }
-    let host = worst("host");
-    let gpu = worst("gpu");
-    let mut out = json!({
-        "suspected": !suspects.is_empty(),
-        "suspects": suspects,
-        "host": host,
-        "ranks": leaks.into_iter().collect::<serde_json::Map<String, Value>>(),
-    });
-    if !gpu.is_null() {
-        out["gpu"] = gpu;
+    let host = worst(|l| l.host.as_ref());
+    let gpu = worst(|l| l.gpu.as_ref());
+    leak::LeakReport {
+        suspected: !suspects.is_empty(),
+        suspects,
+        host,
+        gpu,
+        ranks: Some(leaks.into_iter().collect()),
+        ..leak::LeakReport::default()
     }
-    out
 }
 
 /// Orders `rank2` before `rank10`.
