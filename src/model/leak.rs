@@ -338,6 +338,17 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
     let mut used = downsample(&win, cfg.max_points.max(16));
     v.points = used.len();
     (v.steps, v.step_mib) = set_aside_steps(&mut used, cfg);
+    let Some(fit) = sen(&used, cfg.alpha) else {
+        v.reason = "not judged: every sample has the same time".into();
+        return v;
+    };
+    judge(&mut v, &fit, &used, cfg);
+    v
+}
+
+/// Applies the rule's conditions to a fitted window, in order: the first
+/// that fails is the reason; when none fails, a leak is suspected.
+fn judge(v: &mut Verdict, fit: &Sen, used: &[(f64, f64)], cfg: &LeakConfig) {
     let aside = if v.steps == 0 {
         String::new()
     } else {
@@ -348,16 +359,12 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
             num(v.step_mib)
         )
     };
-    let Some(fit) = sen(&used, cfg.alpha) else {
-        v.reason = "not judged: every sample has the same time".into();
-        return v;
-    };
     v.judged = true;
     v.rate_mib_per_hour = fit.slope * 3600.0;
     v.ci_mib_per_hour = (fit.lo * 3600.0, fit.hi * 3600.0);
     v.p_value = fit.p_up;
     v.growth_mib = fit.slope * v.window_s;
-    let parts = segments(&used, cfg.segments);
+    let parts = segments(used, cfg.segments);
     v.level_mib = parts.first().map_or(0.0, |p| p.1);
     let needed_growth = cfg
         .min_growth_mib
@@ -375,7 +382,7 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
             num(v.rate_mib_per_hour),
             fit.p_up
         );
-        return v;
+        return;
     }
     if v.rate_mib_per_hour < cfg.min_rate_mib_per_hour || v.growth_mib < needed_growth {
         v.reason = format!(
@@ -387,8 +394,25 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
             num(cfg.min_rate_mib_per_hour),
             num(needed_growth)
         );
-        return v;
+        return;
     }
+    if let Some(reason) = unsteady(&parts, cfg, &aside).or_else(|| levelling_off(used, cfg, &aside))
+    {
+        v.reason = reason;
+        return;
+    }
+    v.suspected = true;
+    v.reason = format!(
+        "leak suspected: +{} MiB over the last {} ({} MiB/h, {ci}), steadily{aside}",
+        num(v.growth_mib),
+        duration_one_unit(v.window_s),
+        num(v.rate_mib_per_hour)
+    );
+}
+
+/// Why the growth between the window's parts is not steady (a step or an
+/// oscillation), if it is not.
+fn unsteady(parts: &[(f64, f64)], cfg: &LeakConfig, aside: &str) -> Option<String> {
     let rates: Vec<f64> = parts
         .windows(2)
         .filter(|w| w[1].0 > w[0].0)
@@ -398,34 +422,31 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
     let slowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
     if rates.is_empty() || slowest <= 0.0 || slowest < cfg.min_segment_ratio * fastest {
         let list: Vec<String> = rates.iter().map(|r| num(r * 3600.0)).collect();
-        v.reason = format!(
+        return Some(format!(
             "not steady{aside}: a step or an oscillation, not a leak (median growth between \
              the window's {} parts: [{}] MiB/h)",
             parts.len(),
             list.join(", ")
-        );
-        return v;
+        ));
     }
+    None
+}
+
+/// Why the growth levels off (a filling cache), if it does: the second
+/// half's slope against the first half's.
+fn levelling_off(used: &[(f64, f64)], cfg: &LeakConfig, aside: &str) -> Option<String> {
     let half = used.len() / 2;
     let first_half = sen_slope(&used[..half]);
     let second_half = sen_slope(&used[half..]);
     if second_half <= 0.0 || second_half < cfg.min_half_ratio * first_half {
-        v.reason = format!(
+        return Some(format!(
             "levelling off{aside}: the second half grows at {} MiB/h against {} MiB/h \
              before (a filling cache, not a leak)",
             num(second_half * 3600.0),
             num(first_half * 3600.0)
-        );
-        return v;
+        ));
     }
-    v.suspected = true;
-    v.reason = format!(
-        "leak suspected: +{} MiB over the last {} ({} MiB/h, {ci}), steadily{aside}",
-        num(v.growth_mib),
-        duration_one_unit(v.window_s),
-        num(v.rate_mib_per_hour)
-    );
-    v
+    None
 }
 
 /// One point of a leak series: an entry's time span and figures, or the
@@ -628,30 +649,61 @@ pub fn analyze_parts(
     schema: u32,
     cfg: &LeakConfig,
 ) -> LeakReport {
-    let mut suspects: Vec<String> = Vec::new();
-    let verdict = |name: String, t: &[f64], y: &[f64], suspects: &mut Vec<String>| {
-        let v = detect(t, y, cfg);
+    let mut judge = Judge {
+        cfg,
+        suspects: Vec::new(),
+    };
+    let (host, gpu) = tree_verdicts(&mut judge, timers, all, alloc, schema);
+    let (targets, targets_not_judged) = target_verdicts(&mut judge, targets);
+    let components = component_verdicts(&mut judge, timers);
+    LeakReport {
+        suspected: !judge.suspects.is_empty(),
+        suspects: judge.suspects,
+        host: Some(host),
+        gpu,
+        targets: Some(targets),
+        targets_not_judged: Some(targets_not_judged),
+        components: Some(components),
+        config: Some(*cfg),
+        ranks: None,
+    }
+}
+
+/// Judges series one after another, naming the suspected ones in order.
+struct Judge<'a> {
+    cfg: &'a LeakConfig,
+    suspects: Vec<String>,
+}
+
+impl Judge<'_> {
+    fn verdict(&mut self, name: String, t: &[f64], y: &[f64]) -> Verdict {
+        let v = detect(t, y, self.cfg);
         if v.suspected {
-            suspects.push(name);
+            self.suspects.push(name);
         }
         v
-    };
+    }
+}
 
+/// The tree's host memory and, where any is non-zero, its GPU memory.
+fn tree_verdicts(
+    judge: &mut Judge<'_>,
+    timers: &[TimerPoint],
+    all: &dyn Fn() -> Vec<Point>,
+    alloc: &[Point],
+    schema: u32,
+) -> (Verdict, Option<Verdict>) {
     // The tree's samples: timer entries (uniformly thinned, maxima kept),
     // or every entry of a log that has too few of them (a bare
     // file).
-    let log: Vec<Point> = if timers.len() >= cfg.min_points {
+    let log: Vec<Point> = if timers.len() >= judge.cfg.min_points {
         timers.iter().map(|t| t.point).collect()
     } else {
         all()
     };
     let t: Vec<f64> = log.iter().map(Point::mid).collect();
     let host: Vec<f64> = log.iter().map(|p| p.cpu).collect();
-    let host_v = verdict("host".into(), &t, &host, &mut suspects);
-    let mut out = LeakReport {
-        host: Some(host_v),
-        ..LeakReport::default()
-    };
+    let host_v = judge.verdict("host".into(), &t, &host);
 
     // The tree's GPU memory: NVML's per-process figure when there is one;
     // otherwise PyTorch's `memory_allocated` sent with marks (a leak of
@@ -672,18 +724,22 @@ pub fn analyze_parts(
             pts.iter().map(|p| p.gpu_used).collect(),
         )
     };
-    if gy.iter().any(|&y| y > 0.0) {
-        let gpu_v = verdict("gpu".into(), &gt, &gy, &mut suspects);
-        out.gpu = Some(gpu_v);
-    }
+    let gpu_v = gy
+        .iter()
+        .any(|&y| y > 0.0)
+        .then(|| judge.verdict("gpu".into(), &gt, &gy));
+    (host_v, gpu_v)
+}
 
+/// The verdicts of the targets long enough to judge, and how many were not.
+fn target_verdicts(judge: &mut Judge<'_>, targets: &[Target]) -> (Vec<TargetVerdict>, usize) {
     let mut judged = Vec::new();
     let mut unjudged = 0usize;
     for target in targets {
         let t: Vec<f64> = target.series.iter().map(|p| p[0]).collect();
         let rss: Vec<f64> = target.series.iter().map(|p| p[1]).collect();
         let label = format!("target {} ({})", target.pid, target.name);
-        let v = verdict(label.clone(), &t, &rss, &mut suspects);
+        let v = judge.verdict(label.clone(), &t, &rss);
         if !v.judged {
             unjudged += 1;
             continue;
@@ -696,13 +752,15 @@ pub fn analyze_parts(
         };
         if target.series.iter().any(|p| p[2] > 0.0) {
             let gpu: Vec<f64> = target.series.iter().map(|p| p[2]).collect();
-            item.gpu = Some(verdict(format!("{label} gpu"), &t, &gpu, &mut suspects));
+            item.gpu = Some(judge.verdict(format!("{label} gpu"), &t, &gpu));
         }
         judged.push(item);
     }
-    out.targets = Some(judged);
-    out.targets_not_judged = Some(unjudged);
+    (judged, unjudged)
+}
 
+/// Per component: the timer samples taken inside its spans.
+fn component_verdicts(judge: &mut Judge<'_>, timers: &[TimerPoint]) -> BTreeMap<String, Verdict> {
     let mut components = BTreeMap::new();
     let mut by_component: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for tp in timers {
@@ -713,14 +771,10 @@ pub fn analyze_parts(
         }
     }
     for (component, (t, y)) in by_component {
-        let v = verdict(format!("component {component}"), &t, &y, &mut suspects);
+        let v = judge.verdict(format!("component {component}"), &t, &y);
         components.insert(component.to_string(), v);
     }
-    out.components = Some(components);
-    out.suspected = !suspects.is_empty();
-    out.suspects = suspects;
-    out.config = Some(*cfg);
-    out
+    components
 }
 
 /// Theil–Sen slope with Sen's interval and the Mann–Kendall test.

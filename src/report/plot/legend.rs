@@ -108,61 +108,75 @@ pub(super) fn draw_legend<DB: DrawingBackend>(
         };
         let mid = y + row / 2;
         let sw = s.px(26.0);
-        match swatch {
-            Swatch::Heading => {
-                if y > s.px(16.0) {
-                    y += s.px(8.0);
-                }
-                area.draw(&Text::new(
-                    text,
-                    (x, y + row / 2),
-                    bold(s.pt(13.0)).pos(Pos::new(HPos::Left, VPos::Center)),
-                ))?;
-                y += row;
-                continue;
+        if let Swatch::Heading = swatch {
+            if y > s.px(16.0) {
+                y += s.px(8.0);
             }
-            Swatch::Line(c, w) => {
-                area.draw(&PathElement::new(
-                    [(x, mid), (x + sw, mid)],
-                    c.stroke_width(s.px(*w as f64).max(1) as u32),
-                ))?;
-            }
-            Swatch::Dashed(c) => {
-                for k in 0..3 {
-                    let a = x + k * s.px(10.0);
-                    area.draw(&PathElement::new(
-                        [(a, mid), (a + s.px(6.0), mid)],
-                        c.stroke_width(s.px(2.0).max(1) as u32),
-                    ))?;
-                }
-            }
-            Swatch::Block(c) => {
-                area.draw(&Rectangle::new(
-                    [(x, mid - s.px(7.0)), (x + sw, mid + s.px(7.0))],
-                    c.filled(),
-                ))?;
-            }
-            Swatch::LineDot(c) => {
-                area.draw(&PathElement::new(
-                    [(x, mid), (x + sw, mid)],
-                    c.stroke_width(s.px(2.0).max(1) as u32),
-                ))?;
-                area.draw(&Circle::new((x + sw / 2, mid), s.px(3.5), c.filled()))?;
-            }
-            Swatch::Marker(c) => {
-                area.draw(&TriangleMarker::new(
-                    (x + sw / 2, mid + s.px(2.0)),
-                    s.px(6.0),
-                    c.filled(),
-                ))?;
-            }
+            area.draw(&Text::new(
+                text,
+                (x, y + row / 2),
+                bold(s.pt(13.0)).pos(Pos::new(HPos::Left, VPos::Center)),
+            ))?;
+            y += row;
+            continue;
         }
+        draw_swatch(area, swatch, (x, mid), sw, s)?;
         area.draw(&Text::new(
             text,
             (x + sw + s.px(10.0), mid),
             font(s.pt(12.5)).pos(Pos::new(HPos::Left, VPos::Center)),
         ))?;
         y += row;
+    }
+    Ok(())
+}
+
+/// A legend entry's swatch, `sw` pixels wide, starting at `x` on the row
+/// whose middle is `mid`.
+fn draw_swatch<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    swatch: &Swatch,
+    (x, mid): (i32, i32),
+    sw: i32,
+    s: Scale,
+) -> DrawResult<(), DB> {
+    match swatch {
+        Swatch::Heading => {}
+        Swatch::Line(c, w) => {
+            area.draw(&PathElement::new(
+                [(x, mid), (x + sw, mid)],
+                c.stroke_width(s.px(*w as f64).max(1) as u32),
+            ))?;
+        }
+        Swatch::Dashed(c) => {
+            for k in 0..3 {
+                let a = x + k * s.px(10.0);
+                area.draw(&PathElement::new(
+                    [(a, mid), (a + s.px(6.0), mid)],
+                    c.stroke_width(s.px(2.0).max(1) as u32),
+                ))?;
+            }
+        }
+        Swatch::Block(c) => {
+            area.draw(&Rectangle::new(
+                [(x, mid - s.px(7.0)), (x + sw, mid + s.px(7.0))],
+                c.filled(),
+            ))?;
+        }
+        Swatch::LineDot(c) => {
+            area.draw(&PathElement::new(
+                [(x, mid), (x + sw, mid)],
+                c.stroke_width(s.px(2.0).max(1) as u32),
+            ))?;
+            area.draw(&Circle::new((x + sw / 2, mid), s.px(3.5), c.filled()))?;
+        }
+        Swatch::Marker(c) => {
+            area.draw(&TriangleMarker::new(
+                (x + sw / 2, mid + s.px(2.0)),
+                s.px(6.0),
+                c.filled(),
+            ))?;
+        }
     }
     Ok(())
 }
