@@ -37,7 +37,7 @@ pub struct Needs {
 }
 
 /// Everything the report says, for `--json`. The blocks copied from the
-/// document are written with their keys sorted ([`sorted_keys`]), as
+/// document are written with their keys sorted (`sorted_keys`), as
 /// `--json` has always written them.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
