@@ -1,7 +1,7 @@
 //! Units and time: the one place that knows a megabyte is a MiB (as in the
 //! trackers' `rss / (1024 * 1024)`, docs/memory_usage.md), how durations
 //! are spelled in config files (`100ms`, `1s`), and how wall-clock time
-//! becomes Unix seconds.
+//! becomes Unix seconds; and how MiB and seconds are written for people.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -77,6 +77,96 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok((value * factor) as u64)
 }
 
+/// MiB for people: `1,234 MiB`, `3.2 MiB` below 10 MiB, and
+/// `12.3 GiB (12,595 MiB)` from 10 GiB on.
+pub fn format_mib(x: f64) -> String {
+    if x >= 10.0 * 1024.0 {
+        format!("{:.1} GiB ({} MiB)", x / 1024.0, group_thousands(x.round()))
+    } else if x >= 10.0 {
+        format!("{} MiB", group_thousands(x.round()))
+    } else {
+        format!("{x:.1} MiB")
+    }
+}
+
+/// [`format_mib`] without the MiB figure beside GiB: `1,234 MiB`, or
+/// `12.3 GiB` from 10 GiB on.
+pub fn format_mib_short(x: f64) -> String {
+    if x >= 10.0 * 1024.0 {
+        format!("{:.1} GiB", x / 1024.0)
+    } else {
+        format_mib(x)
+    }
+}
+
+/// MiB with one decimal, ungrouped: `1234.5 MiB`, or `12.3 GiB` from
+/// 10 GiB on.
+pub fn format_mib_one_decimal(x: f64) -> String {
+    if x >= 10_240.0 {
+        format!("{:.1} GiB", x / 1024.0)
+    } else {
+        format!("{x:.1} MiB")
+    }
+}
+
+/// MiB as the GiB of comparison tables, rounded to a tenth and written
+/// `GB` without a needless `.0`: `2 GB`, `2.5 GB`.
+pub fn format_gb_rounded(mib: f64) -> String {
+    let g = (mib / 1024.0 * 10.0).round() / 10.0;
+    if g.fract() == 0.0 {
+        format!("{g:.0} GB")
+    } else {
+        format!("{g:.1} GB")
+    }
+}
+
+/// A whole number with commas between thousands: `1,234,567`.
+pub fn group_thousands(x: f64) -> String {
+    let neg = x < 0.0;
+    let digits = format!("{:.0}", x.abs());
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if neg {
+        format!("-{out}")
+    } else {
+        out
+    }
+}
+
+/// Seconds in the two largest units, for a run's length: `75.0 s` below
+/// two minutes, `62 min 05 s` below two hours, `3 h 05 min` beyond.
+pub fn duration_two_units(s: f64) -> String {
+    let s = s.max(0.0);
+    if s < 120.0 {
+        format!("{s:.1} s")
+    } else if s < 2.0 * 3600.0 {
+        format!("{} min {:02} s", (s / 60.0).floor(), (s % 60.0).floor())
+    } else {
+        format!(
+            "{} h {:02} min",
+            (s / 3600.0).floor(),
+            ((s % 3600.0) / 60.0).floor()
+        )
+    }
+}
+
+/// Seconds in one unit, for a sentence: `30 s` below two minutes,
+/// `2.5 min` below two hours, `3.1 h` beyond.
+pub fn duration_one_unit(s: f64) -> String {
+    if s < 120.0 {
+        format!("{s:.0} s")
+    } else if s < 2.0 * 3600.0 {
+        format!("{:.1} min", s / 60.0)
+    } else {
+        format!("{:.1} h", s / 3600.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +185,23 @@ mod tests {
         }
         assert!(parse_duration("100").is_err());
         assert!(parse_duration("fast").is_err());
+    }
+
+    #[test]
+    fn mib_and_durations_read_well() {
+        assert_eq!(format_mib(1234.4), "1,234 MiB");
+        assert_eq!(format_mib(20480.0), "20.0 GiB (20,480 MiB)");
+        assert_eq!(format_mib(3.25), "3.2 MiB");
+        assert_eq!(format_mib_short(20480.0), "20.0 GiB");
+        assert_eq!(format_mib_one_decimal(1234.56), "1234.6 MiB");
+        assert_eq!(format_gb_rounded(2048.0), "2 GB");
+        assert_eq!(format_gb_rounded(2560.0), "2.5 GB");
+        assert_eq!(group_thousands(1234567.0), "1,234,567");
+        assert_eq!(group_thousands(-1234.0), "-1,234");
+        assert_eq!(duration_two_units(3725.0), "62 min 05 s");
+        assert_eq!(duration_two_units(7500.0), "2 h 05 min");
+        assert_eq!(duration_one_unit(30.0), "30 s");
+        assert_eq!(duration_one_unit(150.0), "2.5 min");
     }
 
     #[test]

@@ -77,10 +77,13 @@
 //! 130 000 slope evaluations (about a millisecond) however long the run.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+use serde_json::Value;
 
 use crate::model::thin::{Mergeable, Thinned};
 use crate::model::{Document, Entry, EntryKind, GpuSource, Target};
+use crate::units::duration_one_unit;
 
 /// The shortest series, in seconds, that is judged at all (see the module
 /// documentation for the reasons).
@@ -153,8 +156,10 @@ impl Default for LeakConfig {
     }
 }
 
-/// The verdict on one series.
+/// The verdict on one series. Read leniently: a field a file lacks takes
+/// its value of a series not judged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Verdict {
     /// Every condition of the rule holds.
     pub suspected: bool,
@@ -186,6 +191,12 @@ pub struct Verdict {
     pub reason: String,
 }
 
+impl Default for Verdict {
+    fn default() -> Self {
+        Verdict::unjudged(String::new())
+    }
+}
+
 impl Verdict {
     fn unjudged(reason: String) -> Self {
         Verdict {
@@ -204,6 +215,81 @@ impl Verdict {
             step_mib: 0.0,
             reason,
         }
+    }
+}
+
+/// The `leak` block of `memory_usage.json`: one run's verdicts
+/// ([`analyze`]), or a merged job's (`memtrack merge`: the worst rank's
+/// `host` and `gpu`, every rank's block under `ranks`). Fields one of the
+/// two shapes lacks are `None` and not written. Read leniently
+/// ([`LeakReport::from_value`]): a field a file lacks takes its default.
+///
+/// The block is written through [`LeakReport::to_value`], whose objects
+/// keep their keys sorted, as the files have always had them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LeakReport {
+    /// Some verdict is suspected.
+    pub suspected: bool,
+    /// What is suspected: `host`, `gpu`, `target PID (name)[ gpu]`,
+    /// `component NAME`; in a merged job prefixed with `rank R: `.
+    pub suspects: Vec<String>,
+    /// The tree's host memory (timer samples); in a merged job the worst
+    /// rank's, `null` when no rank has one.
+    pub host: Option<Verdict>,
+    /// The tree's GPU memory, where any is non-zero.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Verdict>,
+    /// The targets long enough to judge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<TargetVerdict>>,
+    /// How many targets were too short to judge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub targets_not_judged: Option<usize>,
+    /// Timer samples taken inside each component's spans.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub components: Option<BTreeMap<String, Verdict>>,
+    /// The thresholds the verdicts used (`None` too when a file's table
+    /// does not read as this version's).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "config_or_none"
+    )]
+    pub config: Option<LeakConfig>,
+    /// A merged job: each rank's own block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<BTreeMap<String, LeakReport>>,
+}
+
+/// One target's verdicts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TargetVerdict {
+    pub pid: u32,
+    pub name: String,
+    pub host: Verdict,
+    /// Its GPU memory, where any is non-zero.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Verdict>,
+}
+
+/// A config table that does not read (a key of another version) reads as
+/// `None`, not as an unreadable report.
+fn config_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<LeakConfig>, D::Error> {
+    let v = Value::deserialize(d)?;
+    Ok(LeakConfig::deserialize(&v).ok())
+}
+
+impl LeakReport {
+    /// The block as the document holds it (keys sorted).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// A document's block, read leniently: a field it lacks takes its
+    /// default, and a block of another shape reads as an empty report.
+    pub fn from_value(v: &Value) -> LeakReport {
+        LeakReport::deserialize(v).unwrap_or_default()
     }
 }
 
@@ -235,8 +321,8 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
     if duration < cfg.min_duration_s {
         v.reason = format!(
             "not judged: {} of samples, at least {} are needed",
-            human_duration(duration),
-            human_duration(cfg.min_duration_s)
+            duration_one_unit(duration),
+            duration_one_unit(cfg.min_duration_s)
         );
         return v;
     }
@@ -244,7 +330,7 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
         v.reason = format!(
             "not judged: {} samples after the {} warm-up, at least {} are needed",
             win.len(),
-            human_duration(v.warmup_s),
+            duration_one_unit(v.warmup_s),
             cfg.min_points.max(4)
         );
         return v;
@@ -252,6 +338,17 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
     let mut used = downsample(&win, cfg.max_points.max(16));
     v.points = used.len();
     (v.steps, v.step_mib) = set_aside_steps(&mut used, cfg);
+    let Some(fit) = sen(&used, cfg.alpha) else {
+        v.reason = "not judged: every sample has the same time".into();
+        return v;
+    };
+    judge(&mut v, &fit, &used, cfg);
+    v
+}
+
+/// Applies the rule's conditions to a fitted window, in order: the first
+/// that fails is the reason; when none fails, a leak is suspected.
+fn judge(v: &mut Verdict, fit: &Sen, used: &[(f64, f64)], cfg: &LeakConfig) {
     let aside = if v.steps == 0 {
         String::new()
     } else {
@@ -262,16 +359,12 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
             num(v.step_mib)
         )
     };
-    let Some(fit) = sen(&used, cfg.alpha) else {
-        v.reason = "not judged: every sample has the same time".into();
-        return v;
-    };
     v.judged = true;
     v.rate_mib_per_hour = fit.slope * 3600.0;
     v.ci_mib_per_hour = (fit.lo * 3600.0, fit.hi * 3600.0);
     v.p_value = fit.p_up;
     v.growth_mib = fit.slope * v.window_s;
-    let parts = segments(&used, cfg.segments);
+    let parts = segments(used, cfg.segments);
     v.level_mib = parts.first().map_or(0.0, |p| p.1);
     let needed_growth = cfg
         .min_growth_mib
@@ -289,7 +382,7 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
             num(v.rate_mib_per_hour),
             fit.p_up
         );
-        return v;
+        return;
     }
     if v.rate_mib_per_hour < cfg.min_rate_mib_per_hour || v.growth_mib < needed_growth {
         v.reason = format!(
@@ -297,12 +390,29 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
              and +{} MiB)",
             num(v.rate_mib_per_hour),
             num(v.growth_mib),
-            human_duration(v.window_s),
+            duration_one_unit(v.window_s),
             num(cfg.min_rate_mib_per_hour),
             num(needed_growth)
         );
-        return v;
+        return;
     }
+    if let Some(reason) = unsteady(&parts, cfg, &aside).or_else(|| levelling_off(used, cfg, &aside))
+    {
+        v.reason = reason;
+        return;
+    }
+    v.suspected = true;
+    v.reason = format!(
+        "leak suspected: +{} MiB over the last {} ({} MiB/h, {ci}), steadily{aside}",
+        num(v.growth_mib),
+        duration_one_unit(v.window_s),
+        num(v.rate_mib_per_hour)
+    );
+}
+
+/// Why the growth between the window's parts is not steady (a step or an
+/// oscillation), if it is not.
+fn unsteady(parts: &[(f64, f64)], cfg: &LeakConfig, aside: &str) -> Option<String> {
     let rates: Vec<f64> = parts
         .windows(2)
         .filter(|w| w[1].0 > w[0].0)
@@ -312,34 +422,31 @@ pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
     let slowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
     if rates.is_empty() || slowest <= 0.0 || slowest < cfg.min_segment_ratio * fastest {
         let list: Vec<String> = rates.iter().map(|r| num(r * 3600.0)).collect();
-        v.reason = format!(
+        return Some(format!(
             "not steady{aside}: a step or an oscillation, not a leak (median growth between \
              the window's {} parts: [{}] MiB/h)",
             parts.len(),
             list.join(", ")
-        );
-        return v;
+        ));
     }
+    None
+}
+
+/// Why the growth levels off (a filling cache), if it does: the second
+/// half's slope against the first half's.
+fn levelling_off(used: &[(f64, f64)], cfg: &LeakConfig, aside: &str) -> Option<String> {
     let half = used.len() / 2;
     let first_half = sen_slope(&used[..half]);
     let second_half = sen_slope(&used[half..]);
     if second_half <= 0.0 || second_half < cfg.min_half_ratio * first_half {
-        v.reason = format!(
+        return Some(format!(
             "levelling off{aside}: the second half grows at {} MiB/h against {} MiB/h \
              before (a filling cache, not a leak)",
             num(second_half * 3600.0),
             num(first_half * 3600.0)
-        );
-        return v;
+        ));
     }
-    v.suspected = true;
-    v.reason = format!(
-        "leak suspected: +{} MiB over the last {} ({} MiB/h, {ci}), steadily{aside}",
-        num(v.growth_mib),
-        human_duration(v.window_s),
-        num(v.rate_mib_per_hour)
-    );
-    v
+    None
 }
 
 /// One point of a leak series: an entry's time span and figures, or the
@@ -484,7 +591,7 @@ impl Series {
         targets: &[Target],
         schema: u32,
         cfg: &LeakConfig,
-    ) -> Value {
+    ) -> LeakReport {
         let points: Vec<TimerPoint> = timers.iter().map(|e| TimerPoint::of(e)).collect();
         let alloc: Vec<Point> = self.alloc.iter().copied().collect();
         let all = || {
@@ -503,7 +610,7 @@ impl Series {
     }
 
     /// The verdicts on a log folded here with [`Series::push`].
-    pub fn analyze(&self, targets: &[Target], schema: u32, cfg: &LeakConfig) -> Value {
+    pub fn analyze(&self, targets: &[Target], schema: u32, cfg: &LeakConfig) -> LeakReport {
         let timers: Vec<TimerPoint> = self.timers.iter().cloned().collect();
         let alloc: Vec<Point> = self.alloc.iter().copied().collect();
         analyze_parts(
@@ -522,7 +629,7 @@ impl Series {
 /// target (each one's `series`; only the targets long enough to judge are
 /// listed, the rest counted), and per component (timer samples taken
 /// inside that component's spans).
-pub fn analyze(doc: &Document, cfg: &LeakConfig) -> Value {
+pub fn analyze(doc: &Document, cfg: &LeakConfig) -> LeakReport {
     let mut series = Series::default();
     for e in &doc.detailed_log {
         series.push(e);
@@ -541,28 +648,62 @@ pub fn analyze_parts(
     targets: &[Target],
     schema: u32,
     cfg: &LeakConfig,
-) -> Value {
-    let mut suspects: Vec<String> = Vec::new();
-    let verdict = |name: String, t: &[f64], y: &[f64], suspects: &mut Vec<String>| {
-        let v = detect(t, y, cfg);
+) -> LeakReport {
+    let mut judge = Judge {
+        cfg,
+        suspects: Vec::new(),
+    };
+    let (host, gpu) = tree_verdicts(&mut judge, timers, all, alloc, schema);
+    let (targets, targets_not_judged) = target_verdicts(&mut judge, targets);
+    let components = component_verdicts(&mut judge, timers);
+    LeakReport {
+        suspected: !judge.suspects.is_empty(),
+        suspects: judge.suspects,
+        host: Some(host),
+        gpu,
+        targets: Some(targets),
+        targets_not_judged: Some(targets_not_judged),
+        components: Some(components),
+        config: Some(*cfg),
+        ranks: None,
+    }
+}
+
+/// Judges series one after another, naming the suspected ones in order.
+struct Judge<'a> {
+    cfg: &'a LeakConfig,
+    suspects: Vec<String>,
+}
+
+impl Judge<'_> {
+    fn verdict(&mut self, name: String, t: &[f64], y: &[f64]) -> Verdict {
+        let v = detect(t, y, self.cfg);
         if v.suspected {
-            suspects.push(name);
+            self.suspects.push(name);
         }
         v
-    };
+    }
+}
 
+/// The tree's host memory and, where any is non-zero, its GPU memory.
+fn tree_verdicts(
+    judge: &mut Judge<'_>,
+    timers: &[TimerPoint],
+    all: &dyn Fn() -> Vec<Point>,
+    alloc: &[Point],
+    schema: u32,
+) -> (Verdict, Option<Verdict>) {
     // The tree's samples: timer entries (uniformly thinned, maxima kept),
     // or every entry of a log that has too few of them (a bare
     // file).
-    let log: Vec<Point> = if timers.len() >= cfg.min_points {
+    let log: Vec<Point> = if timers.len() >= judge.cfg.min_points {
         timers.iter().map(|t| t.point).collect()
     } else {
         all()
     };
     let t: Vec<f64> = log.iter().map(Point::mid).collect();
     let host: Vec<f64> = log.iter().map(|p| p.cpu).collect();
-    let host_v = verdict("host".into(), &t, &host, &mut suspects);
-    let mut out = json!({ "host": to_value(&host_v) });
+    let host_v = judge.verdict("host".into(), &t, &host);
 
     // The tree's GPU memory: NVML's per-process figure when there is one;
     // otherwise PyTorch's `memory_allocated` sent with marks (a leak of
@@ -583,35 +724,45 @@ pub fn analyze_parts(
             pts.iter().map(|p| p.gpu_used).collect(),
         )
     };
-    if gy.iter().any(|&y| y > 0.0) {
-        let gpu_v = verdict("gpu".into(), &gt, &gy, &mut suspects);
-        out["gpu"] = to_value(&gpu_v);
-    }
+    let gpu_v = gy
+        .iter()
+        .any(|&y| y > 0.0)
+        .then(|| judge.verdict("gpu".into(), &gt, &gy));
+    (host_v, gpu_v)
+}
 
+/// The verdicts of the targets long enough to judge, and how many were not.
+fn target_verdicts(judge: &mut Judge<'_>, targets: &[Target]) -> (Vec<TargetVerdict>, usize) {
     let mut judged = Vec::new();
     let mut unjudged = 0usize;
     for target in targets {
         let t: Vec<f64> = target.series.iter().map(|p| p[0]).collect();
         let rss: Vec<f64> = target.series.iter().map(|p| p[1]).collect();
         let label = format!("target {} ({})", target.pid, target.name);
-        let v = verdict(label.clone(), &t, &rss, &mut suspects);
+        let v = judge.verdict(label.clone(), &t, &rss);
         if !v.judged {
             unjudged += 1;
             continue;
         }
-        let mut item = json!({"pid": target.pid, "name": target.name, "host": to_value(&v)});
+        let mut item = TargetVerdict {
+            pid: target.pid,
+            name: target.name.clone(),
+            host: v,
+            gpu: None,
+        };
         if target.series.iter().any(|p| p[2] > 0.0) {
             let gpu: Vec<f64> = target.series.iter().map(|p| p[2]).collect();
-            item["gpu"] = to_value(&verdict(format!("{label} gpu"), &t, &gpu, &mut suspects));
+            item.gpu = Some(judge.verdict(format!("{label} gpu"), &t, &gpu));
         }
         judged.push(item);
     }
-    out["targets"] = Value::Array(judged);
-    out["targets_not_judged"] = json!(unjudged);
+    (judged, unjudged)
+}
 
-    let mut components = serde_json::Map::new();
-    let mut by_component: std::collections::BTreeMap<&str, (Vec<f64>, Vec<f64>)> =
-        std::collections::BTreeMap::new();
+/// Per component: the timer samples taken inside its spans.
+fn component_verdicts(judge: &mut Judge<'_>, timers: &[TimerPoint]) -> BTreeMap<String, Verdict> {
+    let mut components = BTreeMap::new();
+    let mut by_component: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for tp in timers {
         if let Some(component) = &tp.component {
             let (t, y) = by_component.entry(component).or_default();
@@ -620,18 +771,10 @@ pub fn analyze_parts(
         }
     }
     for (component, (t, y)) in by_component {
-        let v = verdict(format!("component {component}"), &t, &y, &mut suspects);
-        components.insert(component.to_string(), to_value(&v));
+        let v = judge.verdict(format!("component {component}"), &t, &y);
+        components.insert(component.to_string(), v);
     }
-    out["components"] = Value::Object(components);
-    out["suspected"] = json!(!suspects.is_empty());
-    out["suspects"] = json!(suspects);
-    out["config"] = serde_json::to_value(cfg).unwrap_or_default();
-    out
-}
-
-fn to_value(v: &Verdict) -> Value {
-    serde_json::to_value(v).unwrap_or_default()
+    components
 }
 
 /// Theil–Sen slope with Sen's interval and the Mann–Kendall test.
@@ -891,20 +1034,11 @@ fn num(x: f64) -> String {
     }
 }
 
-fn human_duration(s: f64) -> String {
-    if s < 120.0 {
-        format!("{s:.0} s")
-    } else if s < 2.0 * 3600.0 {
-        format!("{:.1} min", s / 60.0)
-    } else {
-        format!("{:.1} h", s / 3600.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::Target;
+    use serde_json::json;
 
     /// A small deterministic generator: SplitMix64 and Box–Muller.
     struct Rng(u64);
@@ -1312,7 +1446,7 @@ mod tests {
         };
         doc.targets = vec![leaky, worker, brief];
 
-        let out = analyze(&doc, &LeakConfig::default());
+        let out = analyze(&doc, &LeakConfig::default()).to_value();
         assert_eq!(out["suspected"], true);
         assert_eq!(out["host"]["suspected"], true, "{out:#}");
         let rate = out["host"]["rate_mib_per_hour"].as_f64().unwrap();
@@ -1359,7 +1493,7 @@ mod tests {
                 ..Entry::default()
             });
         }
-        let out = analyze(&doc, &LeakConfig::default());
+        let out = analyze(&doc, &LeakConfig::default()).to_value();
         assert_eq!(out["host"]["suspected"], false);
         assert_eq!(out["gpu"]["suspected"], true, "{out:#}");
         assert_eq!(out["suspects"], json!(["gpu"]));

@@ -8,6 +8,7 @@
 //! the table; without them the run name stands in.
 
 use crate::model::Document;
+use crate::units::format_gb_rounded;
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -25,16 +26,6 @@ const HEADER: [&str; 6] = [
     "GPU Peak",
     "Comment",
 ];
-
-/// GiB the way such tables write them: `2 GB`, `2.5 GB`.
-fn gb(mb: f64) -> String {
-    let g = (mb / 1024.0 * 10.0).round() / 10.0;
-    if g.fract() == 0.0 {
-        format!("{g:.0} GB")
-    } else {
-        format!("{g:.1} GB")
-    }
-}
 
 fn label<'a>(doc: &'a Document, keys: &[&str]) -> Option<&'a str> {
     keys.iter()
@@ -55,9 +46,9 @@ pub fn row(doc: &Document, name: &str) -> [String; 6] {
         label(doc, &["precision", "dtype", "quantization"])
             .unwrap_or("-")
             .to_string(),
-        gb(p.cpu_ram_used_mb.max(p.cpu_ram_hwm_mb)),
-        gb(p.gpu_ram_used_mb),
-        gb(p.gpu_ram_peak_mb.max(p.gpu_ram_used_mb)),
+        format_gb_rounded(p.cpu_ram_used_mb.max(p.cpu_ram_hwm_mb)),
+        format_gb_rounded(p.gpu_ram_used_mb),
+        format_gb_rounded(p.gpu_ram_peak_mb.max(p.gpu_ram_used_mb)),
         label(doc, &["comment", "note"]).unwrap_or("").to_string(),
     ]
 }

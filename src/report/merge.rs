@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
 
 use crate::model::leak;
-use crate::model::{Document, DocumentOf, Entry, Peaks, RankSummary, SCHEMA_VERSION};
+use crate::model::{
+    Document, DocumentOf, Entry, Peaks, RankSummary, RunInfo, Summary, SCHEMA_VERSION,
+};
 use crate::store::entries::EntryLog;
 
 /// Entries sorted in memory at a time; a longer log is sorted in chunks of
@@ -322,7 +324,11 @@ pub fn merge_inputs(inputs: Vec<Input>) -> anyhow::Result<Merged> {
             .finish()
             .map_err(|e| anyhow::anyhow!("cannot keep the sorted log of {source}: {e}"))?;
         if doc.leak.is_none() {
-            doc.leak = Some(series.analyze(&doc.targets, doc.schema, &leak::LeakConfig::default()));
+            doc.leak = Some(
+                series
+                    .analyze(&doc.targets, doc.schema, &leak::LeakConfig::default())
+                    .to_value(),
+            );
         }
         tags.push((rank_of(&doc, i), doc.run.host.clone()));
         docs.push((source, doc));
@@ -341,45 +347,20 @@ fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> 
     anyhow::ensure!(!inputs.is_empty(), "nothing to merge");
     let mut out = Document {
         schema: SCHEMA_VERSION,
+        run: merged_run(&inputs[0].1.run),
         ..Document::default()
     };
-    let first = &inputs[0].1.run;
-    out.run.name = first.name.clone();
-    out.run.mode = "merged".into();
-    out.run.status = "merged".into();
-    out.run.memtrack_version = env!("CARGO_PKG_VERSION").into();
-    out.run.interval_s = first.interval_s;
-    out.run.gpu_backend = first.gpu_backend.clone();
-    out.run.command = first.command.clone();
-    // Labels every rank shares (the job's, not a node's).
-    out.run.labels = first.labels.clone();
-    out.run.start = f64::INFINITY;
     let mut hosts: Vec<String> = Vec::new();
     let mut best: BTreeMap<&'static str, (f64, String)> = BTreeMap::new();
-    let mut leaks: Vec<(String, serde_json::Value)> = Vec::new();
+    let mut leaks: Vec<(String, leak::LeakReport)> = Vec::new();
 
-    for (i, (source, doc)) in inputs.into_iter().enumerate() {
+    for (i, (source, mut doc)) in inputs.into_iter().enumerate() {
         let rank = rank_of(&doc, i);
         let host = doc.run.host.clone();
         if !hosts.contains(&host) {
             hosts.push(host.clone());
         }
-        out.run
-            .labels
-            .retain(|k, v| doc.run.labels.get(k) == Some(v));
-        if doc.run.start > 0.0 {
-            out.run.start = out.run.start.min(doc.run.start);
-        }
-        out.run.end = match (out.run.end, doc.run.end) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-        // The job failed if any rank did.
-        if let Some(e) = doc.run.exit {
-            if out.run.exit.is_none_or(|cur| cur.code == 0 && e.code != 0) {
-                out.run.exit = Some(e);
-            }
-        }
+        fold_run(&mut out.run, &doc.run);
         for (figure, value) in figures(&doc.peak_usage) {
             if value > best.get(figure).map_or(0.0, |b| b.0) {
                 best.insert(figure, (value, rank.clone()));
@@ -394,36 +375,13 @@ fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> 
         }
         // Each rank's own verdict: the merged log mixes the ranks' samples,
         // so a trend over it would mean nothing.
-        let verdict = doc
-            .leak
-            .clone()
-            .unwrap_or_else(|| leak::analyze(&doc, &leak::LeakConfig::default()));
-        leaks.push((rank.clone(), verdict));
-        let tag = |labels: &mut BTreeMap<String, String>| {
-            labels.insert("rank".into(), rank.clone());
-            labels.insert("host".into(), host.clone());
+        let verdict = match &doc.leak {
+            Some(block) => leak::LeakReport::from_value(block),
+            None => leak::analyze(&doc, &leak::LeakConfig::default()),
         };
-        for mut s in doc.stages {
-            tag(&mut s.labels);
-            out.stages.push(s);
-        }
-        for mut g in doc.gpus {
-            g.host = Some(host.clone());
-            out.gpus.push(g);
-        }
-        for mut a in doc.alerts {
-            a.resource = format!("{host}:{}", a.resource);
-            out.alerts.push(a);
-        }
-        out.targets.extend(doc.targets);
-        out.flight_recorder.extend(doc.flight_recorder);
-        out.summary.peak_host_ram_mb = out
-            .summary
-            .peak_host_ram_mb
-            .max(doc.summary.peak_host_ram_mb);
-        out.summary.min_host_ram_mb = out.summary.min_host_ram_mb.max(doc.summary.min_host_ram_mb);
-        out.summary.min_gpu_mb = out.summary.min_gpu_mb.max(doc.summary.min_gpu_mb);
-        out.summary.headroom_ratio = doc.summary.headroom_ratio;
+        leaks.push((rank.clone(), verdict));
+        append_rank_parts(&mut out, &mut doc, &rank, &host);
+        fold_summary(&mut out.summary, &doc.summary);
         out.ranks.push(RankSummary {
             rank,
             host,
@@ -443,55 +401,112 @@ fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> 
         .into_iter()
         .map(|(k, (_, rank))| (k.to_string(), rank))
         .collect();
-    out.leak = Some(merge_leaks(leaks));
+    out.leak = Some(merge_leaks(leaks).to_value());
     Ok(out)
+}
+
+/// The merged job's run before any rank is folded in: the first rank's
+/// name, command and labels, mode and status `merged`.
+fn merged_run(first: &RunInfo) -> RunInfo {
+    RunInfo {
+        name: first.name.clone(),
+        mode: "merged".into(),
+        status: "merged".into(),
+        memtrack_version: env!("CARGO_PKG_VERSION").into(),
+        interval_s: first.interval_s,
+        gpu_backend: first.gpu_backend.clone(),
+        command: first.command.clone(),
+        // Labels every rank shares (the job's, not a node's).
+        labels: first.labels.clone(),
+        start: f64::INFINITY,
+        ..RunInfo::default()
+    }
+}
+
+/// Folds a rank's run into the job's: the labels all share, the earliest
+/// start, the latest end, and a failed exit over a clean one.
+fn fold_run(out: &mut RunInfo, run: &RunInfo) {
+    out.labels.retain(|k, v| run.labels.get(k) == Some(v));
+    if run.start > 0.0 {
+        out.start = out.start.min(run.start);
+    }
+    out.end = match (out.end, run.end) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    // The job failed if any rank did.
+    if let Some(e) = run.exit {
+        if out.exit.is_none_or(|cur| cur.code == 0 && e.code != 0) {
+            out.exit = Some(e);
+        }
+    }
+}
+
+/// Moves a rank's stages (labelled with its rank and host), GPUs and
+/// alerts (named with its host), processes and flight-recorder windows
+/// into the job.
+fn append_rank_parts(out: &mut Document, doc: &mut Document, rank: &str, host: &str) {
+    let tag = |labels: &mut BTreeMap<String, String>| {
+        labels.insert("rank".into(), rank.to_string());
+        labels.insert("host".into(), host.to_string());
+    };
+    for mut s in std::mem::take(&mut doc.stages) {
+        tag(&mut s.labels);
+        out.stages.push(s);
+    }
+    for mut g in std::mem::take(&mut doc.gpus) {
+        g.host = Some(host.to_string());
+        out.gpus.push(g);
+    }
+    for mut a in std::mem::take(&mut doc.alerts) {
+        a.resource = format!("{host}:{}", a.resource);
+        out.alerts.push(a);
+    }
+    out.targets.append(&mut doc.targets);
+    out.flight_recorder.append(&mut doc.flight_recorder);
+}
+
+/// Folds a rank's summary into the job's: the largest peak and minimum
+/// needs; the headroom ratio is the last rank's.
+fn fold_summary(out: &mut Summary, rank: &Summary) {
+    out.peak_host_ram_mb = out.peak_host_ram_mb.max(rank.peak_host_ram_mb);
+    out.min_host_ram_mb = out.min_host_ram_mb.max(rank.min_host_ram_mb);
+    out.min_gpu_mb = out.min_gpu_mb.max(rank.min_gpu_mb);
+    out.headroom_ratio = rank.headroom_ratio;
 }
 
 /// The job's leak verdict from its ranks': suspected when any rank is, the
 /// suspects named with their rank, `host` and `gpu` the verdicts of the
 /// rank that looks worst (suspected first, then the fastest growth), and
 /// every rank's whole verdict under `ranks`.
-fn merge_leaks(leaks: Vec<(String, serde_json::Value)>) -> serde_json::Value {
-    use serde_json::{json, Value};
-    let worst = |part: &str| -> Value {
+fn merge_leaks(leaks: Vec<(String, leak::LeakReport)>) -> leak::LeakReport {
+    let worst = |part: fn(&leak::LeakReport) -> Option<&leak::Verdict>| {
         leaks
             .iter()
-            .map(|(_, l)| &l[part])
-            .filter(|v| !v.is_null())
+            .filter_map(|(_, l)| part(l))
             .max_by(|a, b| {
-                let key = |v: &Value| {
-                    (
-                        v["suspected"].as_bool().unwrap_or(false),
-                        v["rate_mib_per_hour"].as_f64().unwrap_or(f64::NEG_INFINITY),
-                    )
-                };
-                let (sa, ra) = key(a);
-                let (sb, rb) = key(b);
-                sa.cmp(&sb).then(ra.total_cmp(&rb))
+                a.suspected
+                    .cmp(&b.suspected)
+                    .then(a.rate_mib_per_hour.total_cmp(&b.rate_mib_per_hour))
             })
             .cloned()
-            .unwrap_or(Value::Null)
     };
     let mut suspects = Vec::new();
     for (rank, l) in &leaks {
-        for s in l["suspects"].as_array().into_iter().flatten() {
-            if let Some(s) = s.as_str() {
-                suspects.push(Value::String(format!("rank {rank}: {s}")));
-            }
+        for s in &l.suspects {
+            suspects.push(format!("rank {rank}: {s}"));
         }
     }
-    let host = worst("host");
-    let gpu = worst("gpu");
-    let mut out = json!({
-        "suspected": !suspects.is_empty(),
-        "suspects": suspects,
-        "host": host,
-        "ranks": leaks.into_iter().collect::<serde_json::Map<String, Value>>(),
-    });
-    if !gpu.is_null() {
-        out["gpu"] = gpu;
+    let host = worst(|l| l.host.as_ref());
+    let gpu = worst(|l| l.gpu.as_ref());
+    leak::LeakReport {
+        suspected: !suspects.is_empty(),
+        suspects,
+        host,
+        gpu,
+        ranks: Some(leaks.into_iter().collect()),
+        ..leak::LeakReport::default()
     }
-    out
 }
 
 /// Orders `rank2` before `rank10`.

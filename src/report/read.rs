@@ -105,7 +105,11 @@ pub fn for_report(path: &Path) -> anyhow::Result<Document> {
             series = leak::Series::default();
             read_complete(path, |e| series.push(&e))?;
         }
-        doc.leak = Some(series.analyze(&doc.targets, doc.schema, &leak::LeakConfig::default()));
+        doc.leak = Some(
+            series
+                .analyze(&doc.targets, doc.schema, &leak::LeakConfig::default())
+                .to_value(),
+        );
     }
     Ok(doc)
 }
@@ -256,7 +260,7 @@ mod tests {
         let got = for_report(&path).unwrap();
         assert_eq!(
             got.leak.unwrap(),
-            leak::analyze(&doc, &leak::LeakConfig::default())
+            leak::analyze(&doc, &leak::LeakConfig::default()).to_value()
         );
     }
 

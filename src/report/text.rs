@@ -11,8 +11,9 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::model::leak;
-use crate::model::{Document, Peaks};
+use crate::model::leak::{self, LeakReport, Verdict};
+use crate::model::{Alert, Document, Exit, FlightWindow, Gpu, Peaks, RankSummary, RunInfo, Stage};
+use crate::units::format_mib_one_decimal;
 
 /// GPU memory sizes sold, GiB: the smallest one a run fits in is the
 /// answer to "what GPU do I need".
@@ -35,23 +36,64 @@ pub struct Needs {
     pub gpu_class_gib: Option<f64>,
 }
 
-/// Everything the report says, for `--json`.
+/// Everything the report says, for `--json`. The blocks copied from the
+/// document are written with their keys sorted (`sorted_keys`), as
+/// `--json` has always written them.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub run: serde_json::Value,
+    #[serde(serialize_with = "sorted_keys")]
+    pub run: RunInfo,
     pub peak_usage: Peaks,
     pub peaks_by_component: BTreeMap<String, Peaks>,
-    pub stages: serde_json::Value,
-    pub targets: serde_json::Value,
-    pub gpus: serde_json::Value,
-    pub alerts: serde_json::Value,
+    #[serde(serialize_with = "sorted_keys")]
+    pub stages: Vec<Stage>,
+    #[serde(serialize_with = "sorted_keys")]
+    pub targets: Vec<TargetRow>,
+    #[serde(serialize_with = "sorted_keys")]
+    pub gpus: Vec<Gpu>,
+    #[serde(serialize_with = "sorted_keys")]
+    pub alerts: Vec<Alert>,
+    /// The document's `leak` block as the file holds it (computed when it
+    /// has none); [`LeakReport::from_value`] reads it.
     pub leak: serde_json::Value,
-    pub flight_recorder: serde_json::Value,
-    pub ranks: serde_json::Value,
+    #[serde(serialize_with = "sorted_keys")]
+    pub flight_recorder: Vec<FlightWindow>,
+    #[serde(serialize_with = "sorted_keys")]
+    pub ranks: Ranks,
     pub needs: Needs,
     /// Where the host figures came from (absent in older files).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<crate::model::HostInfo>,
+}
+
+/// A process in the report: its identity, peaks and end, without its
+/// series.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TargetRow {
+    pub pid: u32,
+    pub name: String,
+    pub root: bool,
+    pub peak_rss_mb: f64,
+    pub hwm_mb: f64,
+    pub peak_gpu_mb: f64,
+    pub exit: Option<Exit>,
+    pub first_seen: f64,
+    pub exited_at: Option<f64>,
+}
+
+/// A merged job's ranks, and which rank reached each figure's peak.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Ranks {
+    pub ranks: Vec<RankSummary>,
+    pub worst: BTreeMap<String, String>,
+}
+
+/// Serializes `v` with every object's keys sorted (through
+/// `serde_json::Value`, whose maps keep keys in order).
+fn sorted_keys<T: Serialize, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    serde_json::to_value(v)
+        .map_err(serde::ser::Error::custom)?
+        .serialize(s)
 }
 
 const HEADROOM: f64 = 0.10;
@@ -111,48 +153,42 @@ pub fn needs(doc: &Document) -> Needs {
     }
 }
 
-fn value<T: Serialize>(v: &T) -> serde_json::Value {
-    serde_json::to_value(v).unwrap_or_default()
-}
-
 /// Builds the report (the leak verdict is computed when the file has none).
 pub fn build(doc: &Document) -> Report {
     let leak = doc
         .leak
         .clone()
-        .unwrap_or_else(|| leak::analyze(doc, &leak::LeakConfig::default()));
+        .unwrap_or_else(|| leak::analyze(doc, &leak::LeakConfig::default()).to_value());
     Report {
-        run: value(&doc.run),
+        run: doc.run.clone(),
         peak_usage: doc.peak_usage,
         peaks_by_component: doc.peaks_by_component.clone(),
-        stages: value(&doc.stages),
-        targets: value(
-            &doc.targets
-                .iter()
-                .map(|t| {
-                    serde_json::json!({
-                        "pid": t.pid, "name": t.name, "root": t.root, "peak_rss_mb": t.peak_rss_mb,
-                        "hwm_mb": t.hwm_mb, "peak_gpu_mb": t.peak_gpu_mb, "exit": t.exit,
-                        "first_seen": t.first_seen, "exited_at": t.exited_at,
-                    })
-                })
-                .collect::<Vec<_>>(),
-        ),
-        gpus: value(&doc.gpus),
-        alerts: value(&doc.alerts),
+        stages: doc.stages.clone(),
+        targets: doc
+            .targets
+            .iter()
+            .map(|t| TargetRow {
+                pid: t.pid,
+                name: t.name.clone(),
+                root: t.root,
+                peak_rss_mb: t.peak_rss_mb,
+                hwm_mb: t.hwm_mb,
+                peak_gpu_mb: t.peak_gpu_mb,
+                exit: t.exit,
+                first_seen: t.first_seen,
+                exited_at: t.exited_at,
+            })
+            .collect(),
+        gpus: doc.gpus.clone(),
+        alerts: doc.alerts.clone(),
         leak,
-        flight_recorder: value(&doc.flight_recorder),
-        ranks: serde_json::json!({ "ranks": doc.ranks, "worst": doc.worst_rank }),
+        flight_recorder: doc.flight_recorder.clone(),
+        ranks: Ranks {
+            ranks: doc.ranks.clone(),
+            worst: doc.worst_rank.clone(),
+        },
         needs: needs(doc),
         host: doc.host.clone(),
-    }
-}
-
-fn mb(x: f64) -> String {
-    if x >= 10_240.0 {
-        format!("{:.1} GiB", x / 1024.0)
-    } else {
-        format!("{x:.1} MiB")
     }
 }
 
@@ -244,37 +280,38 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
 fn peaks_row(name: &str, p: &Peaks) -> Vec<String> {
     vec![
         name.to_string(),
-        mb(p.cpu_ram_used_mb),
-        mb(p.cpu_ram_hwm_mb),
-        mb(p.gpu_ram_used_mb),
-        mb(p.gpu_ram_peak_mb),
-        mb(p.reserved_gpu_ram_mb),
-        mb(p.gpu_process_used_mb),
+        format_mib_one_decimal(p.cpu_ram_used_mb),
+        format_mib_one_decimal(p.cpu_ram_hwm_mb),
+        format_mib_one_decimal(p.gpu_ram_used_mb),
+        format_mib_one_decimal(p.gpu_ram_peak_mb),
+        format_mib_one_decimal(p.reserved_gpu_ram_mb),
+        format_mib_one_decimal(p.gpu_process_used_mb),
         p.samples.to_string(),
     ]
 }
 
-fn verdict_line(v: &serde_json::Value) -> String {
-    if v.is_null() {
+fn verdict_line(v: Option<&Verdict>) -> String {
+    let Some(v) = v else {
         return "not judged".into();
-    }
-    let rate = v["rate_mib_per_hour"].as_f64().unwrap_or(0.0);
-    if v["suspected"] == true {
+    };
+    let rate = v.rate_mib_per_hour;
+    if v.suspected {
         format!(
             "LEAK SUSPECTED: +{rate:.0} MiB/hour over the last {:.0} s",
-            v["window_s"].as_f64().unwrap_or(0.0)
+            v.window_s
         )
-    } else if v["judged"] == false {
-        let reason = v["reason"].as_str().unwrap_or("too short");
+    } else if !v.judged {
+        let reason = if v.reason.is_empty() {
+            "too short"
+        } else {
+            &v.reason
+        };
         format!(
             "not judged ({})",
             reason.strip_prefix("not judged: ").unwrap_or(reason)
         )
     } else {
-        format!(
-            "no leak ({rate:+.0} MiB/hour: {})",
-            v["reason"].as_str().unwrap_or("")
-        )
+        format!("no leak ({rate:+.0} MiB/hour: {})", v.reason)
     }
 }
 
@@ -303,7 +340,7 @@ fn host_line(doc: &Document) -> String {
     if h.source != crate::model::HostSource::Rss && h.rss_sum_peak_mb > 0.0 {
         line.push_str(&format!(
             "; the RSS sum peaked at {}",
-            mb(h.rss_sum_peak_mb)
+            format_mib_one_decimal(h.rss_sum_peak_mb)
         ));
     }
     line
@@ -322,6 +359,22 @@ pub fn render(doc: &Document) -> String {
 fn render_raw(doc: &Document) -> String {
     let r = build(doc);
     let mut out = String::new();
+    write_run(&mut out, doc);
+    write_peaks(&mut out, doc);
+    write_stages(&mut out, doc);
+    write_ranks(&mut out, doc);
+    write_processes(&mut out, doc);
+    write_gpus(&mut out, doc);
+    write_alerts(&mut out, doc);
+    write_leak(&mut out, &LeakReport::from_value(&r.leak));
+    write_flight_recorder(&mut out, doc);
+    write_needs(&mut out, &r.needs);
+    out
+}
+
+/// The run: its name, where and when it ran, how it ended, the command,
+/// where the figures came from and its labels.
+fn write_run(out: &mut String, doc: &Document) {
     let run = &doc.run;
     let name = if run.name.is_empty() {
         "(unnamed run)"
@@ -361,14 +414,17 @@ fn render_raw(doc: &Document) -> String {
             let _ = writeln!(out, "  labels: {}", shown(&l.join(" ")));
         }
     }
+}
 
+/// The run's peaks, then each component's.
+fn write_peaks(out: &mut String, doc: &Document) {
     let _ = writeln!(out, "\nPeaks");
     let mut rows = vec![peaks_row("run", &doc.peak_usage)];
     for (c, p) in &doc.peaks_by_component {
         rows.push(peaks_row(c, p));
     }
     table(
-        &mut out,
+        out,
         &[
             "component",
             "host",
@@ -381,7 +437,10 @@ fn render_raw(doc: &Document) -> String {
         ],
         &rows,
     );
+}
 
+/// Each stage: status, duration and peaks.
+fn write_stages(out: &mut String, doc: &Document) {
     if !doc.stages.is_empty() {
         let _ = writeln!(out, "\nStages");
         let rows: Vec<Vec<String>> = doc
@@ -394,18 +453,21 @@ fn render_raw(doc: &Document) -> String {
                     s.duration_s
                         .map(|d| format!("{d:.1} s"))
                         .unwrap_or_else(|| "-".into()),
-                    mb(s.peak.cpu_ram_used_mb),
-                    mb(s.peak.gpu_ram_peak_mb.max(s.peak.gpu_process_used_mb)),
+                    format_mib_one_decimal(s.peak.cpu_ram_used_mb),
+                    format_mib_one_decimal(s.peak.gpu_ram_peak_mb.max(s.peak.gpu_process_used_mb)),
                 ]
             })
             .collect();
         table(
-            &mut out,
+            out,
             &["stage", "status", "duration", "peak host", "peak GPU"],
             &rows,
         );
     }
+}
 
+/// Each rank of a merged job, and which rank was worst at what.
+fn write_ranks(out: &mut String, doc: &Document) {
     if !doc.ranks.is_empty() {
         let _ = writeln!(out, "\nRanks");
         let rows: Vec<Vec<String>> = doc
@@ -415,12 +477,16 @@ fn render_raw(doc: &Document) -> String {
                 vec![
                     k.rank.clone(),
                     k.host.clone(),
-                    mb(k.peak_usage
-                        .cpu_ram_used_mb
-                        .max(k.peak_usage.cpu_ram_hwm_mb)),
-                    mb(k.peak_usage
-                        .gpu_process_used_mb
-                        .max(k.peak_usage.gpu_ram_peak_mb)),
+                    format_mib_one_decimal(
+                        k.peak_usage
+                            .cpu_ram_used_mb
+                            .max(k.peak_usage.cpu_ram_hwm_mb),
+                    ),
+                    format_mib_one_decimal(
+                        k.peak_usage
+                            .gpu_process_used_mb
+                            .max(k.peak_usage.gpu_ram_peak_mb),
+                    ),
                     k.exit
                         .map(|e| e.code.to_string())
                         .unwrap_or_else(|| "?".into()),
@@ -428,7 +494,7 @@ fn render_raw(doc: &Document) -> String {
             })
             .collect();
         table(
-            &mut out,
+            out,
             &["rank", "host", "peak host", "peak GPU", "exit"],
             &rows,
         );
@@ -436,7 +502,10 @@ fn render_raw(doc: &Document) -> String {
             let _ = writeln!(out, "  worst {}: rank {}", shown(figure), shown(rank));
         }
     }
+}
 
+/// The largest processes (at most 20), largest first.
+fn write_processes(out: &mut String, doc: &Document) {
     if !doc.targets.is_empty() {
         let _ = writeln!(out, "\nProcesses ({})", doc.targets.len());
         let mut targets: Vec<&crate::model::Target> = doc.targets.iter().collect();
@@ -455,15 +524,15 @@ fn render_raw(doc: &Document) -> String {
                 vec![
                     t.pid.to_string(),
                     format!("{}{}", t.name, if t.root { " (root)" } else { "" }),
-                    mb(t.peak_rss_mb),
-                    mb(t.hwm_mb),
-                    mb(t.peak_gpu_mb),
+                    format_mib_one_decimal(t.peak_rss_mb),
+                    format_mib_one_decimal(t.hwm_mb),
+                    format_mib_one_decimal(t.peak_gpu_mb),
                     exit,
                 ]
             })
             .collect();
         table(
-            &mut out,
+            out,
             &["pid", "name", "peak RSS", "HWM", "peak GPU", "end"],
             &rows,
         );
@@ -475,7 +544,10 @@ fn render_raw(doc: &Document) -> String {
             );
         }
     }
+}
 
+/// Each GPU: its size and the peaks of this run and of the device.
+fn write_gpus(out: &mut String, doc: &Document) {
     if !doc.gpus.is_empty() {
         let _ = writeln!(out, "\nGPUs");
         let rows: Vec<Vec<String>> = doc
@@ -487,16 +559,16 @@ fn render_raw(doc: &Document) -> String {
                         .as_ref()
                         .map_or_else(|| g.index.to_string(), |h| format!("{h}:{}", g.index)),
                     g.name.clone(),
-                    mb(g.total_mb),
-                    mb(g.peak_tree_used_mb),
-                    mb(g.peak_used_mb),
+                    format_mib_one_decimal(g.total_mb),
+                    format_mib_one_decimal(g.peak_tree_used_mb),
+                    format_mib_one_decimal(g.peak_used_mb),
                     format!("{:.0} %", g.peak_utilization_pct),
                     format!("{:.0} °C", g.peak_temperature_c),
                 ]
             })
             .collect();
         table(
-            &mut out,
+            out,
             &[
                 "gpu",
                 "name",
@@ -509,43 +581,52 @@ fn render_raw(doc: &Document) -> String {
             &rows,
         );
     }
+}
 
+/// The pressure alerts, in seconds since the start.
+fn write_alerts(out: &mut String, doc: &Document) {
     if !doc.alerts.is_empty() {
         let _ = writeln!(out, "\nAlerts");
         for a in &doc.alerts {
             let _ = writeln!(
                 out,
                 "  +{:.1} s  {}",
-                a.timestamp - run.start,
+                a.timestamp - doc.run.start,
                 shown(&a.message)
             );
         }
     }
+}
 
+/// The leak verdicts: the tree's host and GPU memory, then each
+/// suspected process and component.
+fn write_leak(out: &mut String, leak: &LeakReport) {
     let _ = writeln!(out, "\nLeak check");
-    let _ = writeln!(out, "  host: {}", verdict_line(&r.leak["host"]));
-    if !r.leak["gpu"].is_null() {
-        let _ = writeln!(out, "  GPU:  {}", verdict_line(&r.leak["gpu"]));
+    let _ = writeln!(out, "  host: {}", verdict_line(leak.host.as_ref()));
+    if let Some(gpu) = &leak.gpu {
+        let _ = writeln!(out, "  GPU:  {}", verdict_line(Some(gpu)));
     }
-    for t in r.leak["targets"].as_array().into_iter().flatten() {
-        if t["host"]["suspected"] == true {
+    for t in leak.targets.iter().flatten() {
+        if t.host.suspected {
             let _ = writeln!(
                 out,
                 "  PID {} {}: {}",
-                t["pid"],
-                t["name"].as_str().unwrap_or(""),
-                verdict_line(&t["host"])
+                t.pid,
+                t.name,
+                verdict_line(Some(&t.host))
             );
         }
     }
-    if let Some(components) = r.leak["components"].as_object() {
-        for (c, v) in components {
-            if v["suspected"] == true {
-                let _ = writeln!(out, "  component {}: {}", shown(c), verdict_line(v));
-            }
+    for (c, v) in leak.components.iter().flatten() {
+        if v.suspected {
+            let _ = writeln!(out, "  component {}: {}", shown(c), verdict_line(Some(v)));
         }
     }
+}
 
+/// What the flight recorder kept around each death: the points
+/// (sparse far from the event) and PyTorch's memory summary.
+fn write_flight_recorder(out: &mut String, doc: &Document) {
     for w in &doc.flight_recorder {
         let what = match w.reason.as_str() {
             "signal" => format!(
@@ -564,7 +645,7 @@ fn render_raw(doc: &Document) -> String {
             "\nFlight recorder: PID {} {} {what} at +{:.1} s ({} points, every {:.0} ms)",
             w.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
             shown(&w.name),
-            w.timestamp - run.start,
+            w.timestamp - doc.run.start,
             w.points.len(),
             w.interval_s * 1000.0
         );
@@ -579,17 +660,13 @@ fn render_raw(doc: &Document) -> String {
             .map(|(_, p)| {
                 vec![
                     format!("{:+.2} s", p.t - w.timestamp),
-                    mb(p.cpu_mb),
-                    mb(p.gpu_mb),
+                    format_mib_one_decimal(p.cpu_mb),
+                    format_mib_one_decimal(p.gpu_mb),
                     p.processes.len().to_string(),
                 ]
             })
             .collect();
-        table(
-            &mut out,
-            &["vs the event", "host", "GPU", "processes"],
-            &rows,
-        );
+        table(out, &["vs the event", "host", "GPU", "processes"], &rows);
         if let Some(s) = &w.cuda_summary {
             let _ = writeln!(out, "  torch.cuda.memory_summary():");
             for line in s.lines().take(40) {
@@ -597,26 +674,29 @@ fn render_raw(doc: &Document) -> String {
             }
         }
     }
+}
 
-    let n = &r.needs;
+/// What a re-run needs: host RAM and the GPU card that fits.
+fn write_needs(out: &mut String, needs: &Needs) {
+    let n = needs;
     let _ = writeln!(out, "\nWhat a re-run needs (peak + 10 %)");
     let _ = writeln!(
         out,
         "  host RAM: {} (peak {})",
-        mb(n.host_needed_mb),
-        mb(n.host_peak_mb)
+        format_mib_one_decimal(n.host_needed_mb),
+        format_mib_one_decimal(n.host_peak_mb)
     );
     match n.gpu_class_gib {
         Some(class) => {
             let per: Vec<String> = n
                 .gpu_peak_mb
                 .iter()
-                .map(|(g, v)| format!("GPU {g}: {}", mb(*v)))
+                .map(|(g, v)| format!("GPU {g}: {}", format_mib_one_decimal(*v)))
                 .collect();
             let _ = writeln!(
                 out,
                 "  GPU memory: {} per GPU — a {class:.0} GB card fits ({})",
-                mb(n.gpu_needed_mb),
+                format_mib_one_decimal(n.gpu_needed_mb),
                 per.join(", ")
             );
         }
@@ -624,14 +704,13 @@ fn render_raw(doc: &Document) -> String {
             let _ = writeln!(
                 out,
                 "  GPU memory: {} per GPU — more than any GPU holds: the file's GPU figures are not real",
-                mb(n.gpu_needed_mb)
+                format_mib_one_decimal(n.gpu_needed_mb)
             );
         }
         None => {
             let _ = writeln!(out, "  GPU memory: none used");
         }
     }
-    out
 }
 
 #[cfg(test)]

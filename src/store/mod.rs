@@ -1203,7 +1203,7 @@ impl Store {
             targets,
             gpus: self.gpus.values().cloned().collect(),
             alerts: self.alerts.clone(),
-            leak: Some(leak),
+            leak: Some(leak.to_value()),
             flight_recorder: self.flights.clone(),
             summary: self.summary(),
             counters,

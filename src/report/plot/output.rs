@@ -1,0 +1,108 @@
+//! Writing the picture: SVG as plotters draws it, PNG drawn at
+//! [`SUPERSAMPLE`] times the size and averaged down, and the embedded
+//! fonts both need.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+use super::draw::draw;
+use super::options::{PlotError, PlotOptions, PlotSummary};
+use super::timeline::Timeline;
+
+/// PNGs are drawn this many times larger, then averaged down.
+const SUPERSAMPLE: u32 = 3;
+
+fn draw_error(out: &Path) -> impl Fn(String) -> PlotError + '_ {
+    move |message: String| PlotError::Draw {
+        path: out.to_path_buf(),
+        message,
+    }
+}
+
+/// Draws `model` into the SVG file `out`.
+pub(super) fn render_svg(
+    out: &Path,
+    model: &Timeline,
+    opts: &PlotOptions,
+) -> Result<PlotSummary, PlotError> {
+    let draw_err = draw_error(out);
+    let root = SVGBackend::new(out, (opts.width, opts.height)).into_drawing_area();
+    let s = draw(&root, model, opts).map_err(|e| draw_err(e.to_string()))?;
+    root.present().map_err(|e| draw_err(e.to_string()))?;
+    Ok(s)
+}
+
+/// Draws `model` into the PNG file `out`: drawn at SUPERSAMPLE times the
+/// size and averaged down, for smooth lines and even glyphs from a backend
+/// that draws neither.
+pub(super) fn render_png(
+    out: &Path,
+    model: &Timeline,
+    opts: &PlotOptions,
+) -> Result<PlotSummary, PlotError> {
+    let draw_err = draw_error(out);
+    let size = (opts.width, opts.height);
+    let big = PlotOptions {
+        width: opts.width * SUPERSAMPLE,
+        height: opts.height * SUPERSAMPLE,
+        title: opts.title.clone(),
+    };
+    let mut pixels = vec![0u8; big.width as usize * big.height as usize * 3];
+    let mut s = {
+        let root =
+            BitMapBackend::with_buffer(&mut pixels, (big.width, big.height)).into_drawing_area();
+        let s = draw(&root, model, &big).map_err(|e| draw_err(e.to_string()))?;
+        root.present().map_err(|e| draw_err(e.to_string()))?;
+        s
+    };
+    s.width = opts.width;
+    s.height = opts.height;
+    let small = shrink(&pixels, big.width as usize, SUPERSAMPLE as usize);
+    let mut png = BitMapBackend::new(out, size);
+    png.blit_bitmap((0, 0), size, &small)
+        .and_then(|()| png.present())
+        .map_err(|e| draw_err(e.to_string()))?;
+    Ok(s)
+}
+
+/// Averages `k`×`k` blocks of an RGB image `width` pixels wide.
+fn shrink(rgb: &[u8], width: usize, k: usize) -> Vec<u8> {
+    let height = rgb.len() / 3 / width;
+    let (w, h) = (width / k, height / k);
+    let mut out = vec![0u8; w * h * 3];
+    let n = (k * k) as u32;
+    for y in 0..h {
+        for x in 0..w {
+            for c in 0..3 {
+                let mut sum = 0u32;
+                for dy in 0..k {
+                    let row = (y * k + dy) * width;
+                    for dx in 0..k {
+                        sum += u32::from(rgb[(row + x * k + dx) * 3 + c]);
+                    }
+                }
+                out[(y * w + x) * 3 + c] = ((sum + n / 2) / n) as u8;
+            }
+        }
+    }
+    out
+}
+
+static REGULAR: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
+static BOLD: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans-Bold.ttf");
+
+/// Registers the embedded fonts as plotters' `sans-serif`, once.
+pub(super) fn register_fonts() -> Result<(), PlotError> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let bad = |_| "DejaVu Sans is not a valid font".to_string();
+        plotters::style::register_font("sans-serif", FontStyle::Normal, REGULAR).map_err(bad)?;
+        plotters::style::register_font("sans-serif", FontStyle::Bold, BOLD).map_err(bad)?;
+        Ok(())
+    })
+    .clone()
+    .map_err(PlotError::Font)
+}
