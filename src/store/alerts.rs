@@ -76,4 +76,27 @@ mod tests {
         assert_eq!(out.alerts[0].level, "normal");
         assert_eq!(st.document().alerts.len(), 3);
     }
+
+    #[test]
+    fn alerts_past_the_bound_are_returned_but_not_kept() {
+        let mut st = Store::new(
+            RunInfo::default(),
+            Limits {
+                max_alerts: 1,
+                ..Limits::default()
+            },
+            Thresholds::default(),
+        );
+        let mut s = sample(101.0, &[(10, 1)], &[(10, 70_000)]);
+        s.memory.available = 100 * M;
+        let out = timer(&mut st, s);
+        assert_eq!(out.alerts.len(), 2);
+        assert_eq!(st.document().alerts.len(), 1);
+        assert_eq!(st.levels()["gpu0"], crate::store::pressure::Level::Critical);
+        assert!(
+            out.alerts[1].message.starts_with("GPU 0 at 87.5% used"),
+            "{}",
+            out.alerts[1].message
+        );
+    }
 }

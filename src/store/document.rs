@@ -155,4 +155,26 @@ mod tests {
             serde_json::to_string_pretty(&owned).unwrap()
         );
     }
+
+    #[test]
+    fn without_nvml_the_summary_sizes_the_gpu_from_the_allocator_pool() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 1000)], &[]);
+        s.gpu_status = crate::sample::gpu::Status::Unavailable;
+        s.gpu.devices.clear();
+        timer(&mut st, s);
+        let mut m = mark(102.0, "model", "step");
+        m.allocator = Some(Allocator {
+            allocated: 1000 * M,
+            reserved: 2000 * M,
+            max_allocated: 1200 * M,
+            device: Some(0),
+        });
+        st.apply(&Record::Mark(m));
+        let summary = st.document().summary;
+        assert_eq!(summary.peak_gpu_mb_by_device[&0], 2000.0);
+        assert_eq!(summary.min_gpu_mb, 2200.0);
+        assert_eq!(summary.min_host_ram_mb, 1100.0);
+        assert_eq!(summary.duration_s, 1.0, "to the latest sample, not mark");
+    }
 }

@@ -87,3 +87,52 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use crate::sample::gpu::{Device, Status};
+
+    #[test]
+    fn devices_keep_their_description_figures_and_peaks() {
+        let mut st = store();
+        st.describe_gpus(&[Device {
+            index: 0,
+            uuid: "GPU-1".into(),
+            name: "H100".into(),
+        }]);
+        let mut s = sample(101.0, &[(10, 100)], &[(10, 3000)]);
+        join(&mut s, 10);
+        s.gpu.devices[0].utilization_pct = Some(90);
+        s.gpu.devices[0].temperature_c = Some(70);
+        timer(&mut st, s);
+        let mut s = sample(102.0, &[(10, 100)], &[(10, 1000)]);
+        s.gpu.devices[0].utilization_pct = Some(20);
+        timer(&mut st, s);
+        let g = st.gpus().next().unwrap();
+        assert_eq!((g.uuid.as_str(), g.name.as_str()), ("GPU-1", "H100"));
+        assert_eq!((g.used_mb, g.peak_used_mb), (1000.0, 3000.0));
+        assert_eq!((g.tree_used_mb, g.peak_tree_used_mb), (1000.0, 3000.0));
+        assert_eq!((g.utilization_pct, g.peak_utilization_pct), (20.0, 90.0));
+        assert_eq!(
+            (g.temperature_c, g.peak_temperature_c),
+            (70.0, 70.0),
+            "no reading keeps the last"
+        );
+        let t = &st.document().targets[0];
+        assert_eq!((t.last_gpu_mb, t.peak_gpu_mb), (1000.0, 3000.0));
+        assert_eq!(t.peak_gpu_mb_by_device[&0], 3000.0);
+    }
+
+    #[test]
+    fn an_nvml_error_is_counted_and_leaves_the_tree_without_gpu_figures() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100)], &[]);
+        s.gpu_status = Status::Error("busy".into());
+        s.gpu.processes.clear();
+        timer(&mut st, s);
+        assert_eq!(st.counters().nvml_errors, 1);
+        assert_eq!(st.current().gpu_source, crate::model::GpuSource::None);
+        assert!(!st.snapshot().nvml_up);
+    }
+}

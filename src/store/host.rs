@@ -109,3 +109,65 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+
+    use crate::model::HostSource;
+    use crate::sample::footprint::SourceInfo;
+    use crate::sample::host::Footprint;
+
+    fn source(source: HostSource, reason: &str, since: f64) -> SourceInfo {
+        SourceInfo {
+            source,
+            reason: reason.into(),
+            since,
+            ..SourceInfo::default()
+        }
+    }
+
+    #[test]
+    fn a_changed_host_source_keeps_the_earlier_one() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100), (11, 50)], &[]);
+        s.host_source = Some(source(HostSource::Pss, "no cgroup", 100.0));
+        timer(&mut st, s);
+        let mut s = sample(102.0, &[(10, 100)], &[]);
+        s.host_source = Some(source(HostSource::Rss, "PSS too slow", 102.0));
+        timer(&mut st, s);
+        let host = st.document().host.unwrap();
+        assert_eq!(host.source, HostSource::Rss);
+        assert_eq!(host.reason, "PSS too slow");
+        assert_eq!(host.earlier.len(), 1);
+        assert_eq!(host.earlier[0].source, HostSource::Pss);
+        assert_eq!(host.earlier[0].since, 100.0);
+        assert_eq!(
+            host.rss_sum_peak_mb, 100.0,
+            "the new source's figures start afresh"
+        );
+    }
+
+    #[test]
+    fn the_footprint_gives_the_current_figures_and_its_pss_age_at_the_peak() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100), (11, 100)], &[]);
+        s.host_source = Some(source(HostSource::Pss, "", 100.0));
+        s.host.footprint = Some(Footprint {
+            source: HostSource::Pss,
+            used: 120 * M,
+            peak: 130 * M,
+            age_s: Some(0.5),
+            pss_reads: 4,
+            ..Footprint::default()
+        });
+        timer(&mut st, s);
+        let c = st.current();
+        assert_eq!((c.cpu_used_mb, c.cpu_hwm_mb), (120.0, 130.0));
+        assert_eq!(c.host_source, HostSource::Pss);
+        assert_eq!(st.peaks().cpu_ram_used_mb, 120.0, "not the RSS sum");
+        let host = st.document().host.unwrap();
+        assert_eq!(host.pss_reads, Some(4));
+        assert_eq!(host.pss_age_at_peak_s, Some(0.5));
+    }
+}

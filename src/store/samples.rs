@@ -130,4 +130,20 @@ mod tests {
         let json = serde_json::to_vec(&doc).unwrap();
         assert!(json.len() < 200_000, "{} bytes", json.len());
     }
+
+    #[test]
+    fn an_event_sample_updates_the_figures_but_logs_nothing() {
+        let mut st = store();
+        let out = st.apply(&Record::Sample {
+            kind: SampleKind::Event,
+            sample: sample(101.0, &[(10, 400)], &[]),
+        });
+        assert_eq!(out.entry, None);
+        assert_eq!(st.current().cpu_used_mb, 400.0);
+        assert_eq!(st.counters().event_samples, 1);
+        assert_eq!(st.counters().ticks, 0);
+        assert_eq!(st.peaks().samples, 0, "no entry, no peak");
+        let e = st.apply(&Record::Mark(mark(101.1, "data", "load")));
+        assert_eq!(e.entry.unwrap().cpu_ram_used_mb, 400.0, "the mark takes it");
+    }
 }

@@ -142,4 +142,28 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn a_span_end_closes_the_same_process_span_first() {
+        let mut st = store();
+        let boundary = |t: f64, pid: u32| {
+            let mut m = mark(t, "model", "step");
+            m.pid = Some(pid);
+            Boundary {
+                mark: m,
+                status: None,
+                message: None,
+            }
+        };
+        st.apply(&Record::SpanBegin(boundary(1.0, 10)));
+        st.apply(&Record::SpanBegin(boundary(2.0, 11)));
+        let out = st.apply(&Record::SpanEnd(boundary(3.0, 10)));
+        assert!(!out.unmatched);
+        assert_eq!(out.entry.unwrap().operation, "after_step");
+        assert_eq!(st.spans.len(), 1);
+        assert_eq!(st.spans[0].pid, Some(11), "pid 11's span is still open");
+        // No span of that pid: the innermost of the same name closes.
+        assert!(!st.apply(&Record::SpanEnd(boundary(4.0, 12))).unmatched);
+        assert!(st.apply(&Record::SpanEnd(boundary(5.0, 11))).unmatched);
+    }
 }

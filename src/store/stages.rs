@@ -141,4 +141,32 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn an_end_without_a_begin_is_unmatched_and_logged_in_its_stage() {
+        let mut st = store();
+        timer(&mut st, sample(101.0, &[(10, 100)], &[]));
+        let out = st.apply(&Record::StageEnd(stage(102.0, "ghost", Some("FAILED"))));
+        assert!(out.unmatched);
+        let e = out.entry.unwrap();
+        assert_eq!(
+            (e.operation.as_str(), e.stage.as_deref()),
+            ("ghost/end", Some("ghost"))
+        );
+        assert!(st.stages().is_empty());
+    }
+
+    #[test]
+    fn entries_while_a_stage_is_open_carry_its_name() {
+        let mut st = store();
+        st.apply(&Record::StageBegin(stage(101.0, "train", None)));
+        let e = st.apply(&Record::Mark(mark(101.5, "data", "batch")));
+        assert_eq!(e.entry.unwrap().stage.as_deref(), Some("train"));
+        let t = timer(&mut st, sample(102.0, &[(10, 100)], &[]));
+        assert_eq!(t.entry.unwrap().stage.as_deref(), Some("train"));
+        st.apply(&Record::StageEnd(stage(103.0, "train", None)));
+        assert_eq!(st.stages()[0].status, "SUCCESS", "the default status");
+        let e = st.apply(&Record::Mark(mark(104.0, "data", "batch")));
+        assert_eq!(e.entry.unwrap().stage, None);
+    }
 }

@@ -215,3 +215,46 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::limits::MAX_FLIGHTS;
+    use super::super::testkit::*;
+
+    #[test]
+    fn flight_windows_past_the_bound_are_counted_only() {
+        let mut st = store();
+        for _ in 0..MAX_FLIGHTS + 2 {
+            st.apply(&Record::Flight(Box::default()));
+        }
+        assert_eq!(st.document().flight_recorder.len(), MAX_FLIGHTS);
+        assert_eq!(st.counters().flights_dropped, 2);
+        assert_eq!(st.seq, MAX_FLIGHTS as u64 + 2, "every record counted");
+    }
+
+    #[test]
+    fn finish_abandons_stages_drops_spans_and_keeps_an_earlier_exit() {
+        let mut st = store();
+        st.run.exit = Some(Exit::signal(15));
+        st.apply(&Record::StageBegin(stage(101.0, "train", None)));
+        st.apply(&Record::SpanBegin(Boundary {
+            mark: mark(101.0, "model", "step"),
+            status: None,
+            message: None,
+        }));
+        let out = st.apply(&Record::Finish {
+            timestamp: 103.0,
+            exit: None,
+        });
+        let e = out.entry.unwrap();
+        assert_eq!(
+            (e.component.as_str(), e.kind),
+            ("system", EntryKind::System)
+        );
+        assert_eq!(st.open_spans().count(), 0);
+        assert_eq!(st.stages()[0].status, "ABANDONED");
+        assert_eq!(st.stages()[0].duration_s, Some(2.0));
+        assert!(st.is_finished());
+        assert_eq!(st.run.exit, Some(Exit::signal(15)));
+    }
+}

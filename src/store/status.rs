@@ -112,3 +112,28 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::pressure::Level;
+    use super::super::testkit::*;
+
+    #[test]
+    fn every_resource_seen_has_a_level_from_the_start() {
+        let mut st = store();
+        assert!(st.all_levels().is_empty());
+        timer(&mut st, sample(101.0, &[(10, 100)], &[(10, 10)]));
+        let levels: Vec<(String, Level)> = st.all_levels().into_iter().collect();
+        assert_eq!(
+            levels,
+            [
+                ("gpu0".to_string(), Level::Normal),
+                ("host".to_string(), Level::Normal)
+            ]
+        );
+        assert!(st.levels().is_empty(), "no level crossed");
+        let status = st.status();
+        assert_eq!(status["current"]["cpu_rss_mb"], 100.0);
+        assert_eq!(status["open_stages"], serde_json::json!([]));
+    }
+}

@@ -198,9 +198,13 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use super::super::limits::Limits;
+    use super::super::pressure::Thresholds;
+    use super::super::state::Store;
     use super::super::testkit::*;
     use super::super::{Boundary, Record};
     use crate::model::Exit;
+    use crate::model::RunInfo;
     use crate::sample::host::{Identity, Left};
 
     #[test]
@@ -249,5 +253,124 @@ mod tests {
             "system",
             "span closed"
         );
+    }
+
+    #[test]
+    fn a_process_seen_again_comes_back_to_its_one_row() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100), (11, 300)], &[]);
+        join(&mut s, 10);
+        join(&mut s, 11);
+        timer(&mut st, s);
+        let mut s = sample(102.0, &[(10, 100)], &[]);
+        s.host.left.push(Left {
+            id: Identity {
+                pid: 11,
+                start_ticks: 11,
+            },
+            exit: None,
+            max_rss: None,
+        });
+        timer(&mut st, s);
+        assert_eq!(st.live_targets().count(), 1);
+        // A later scan finds the same process (PID and start time).
+        let mut s = sample(103.0, &[(10, 100), (11, 200)], &[]);
+        join(&mut s, 11);
+        timer(&mut st, s);
+        let doc = st.document();
+        let rows: Vec<&crate::model::Target> = doc.targets.iter().filter(|t| t.pid == 11).collect();
+        assert_eq!(rows.len(), 1, "one row");
+        assert_eq!(rows[0].exited_at, None);
+        assert_eq!(rows[0].peak_rss_mb, 300.0, "its peak kept");
+        assert_eq!(rows[0].series.len(), 2, "its series kept and extended");
+        assert_eq!(st.counters().targets_seen, 2);
+    }
+
+    #[test]
+    fn a_description_renames_a_live_process() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100)], &[]);
+        join(&mut s, 10);
+        timer(&mut st, s);
+        let mut s = sample(102.0, &[(10, 100)], &[]);
+        s.host.described.push(crate::sample::host::Described {
+            pid: 10,
+            name: "python".into(),
+            cmdline: vec!["python".into(), "train.py".into()],
+        });
+        timer(&mut st, s);
+        assert_eq!(st.target_name(10).as_deref(), Some("python"));
+        assert_eq!(st.document().targets[0].cmdline, ["python", "train.py"]);
+    }
+
+    #[test]
+    fn gone_rows_beyond_the_bound_are_pruned_smallest_first_never_the_root() {
+        let mut st = Store::new(
+            RunInfo::default(),
+            Limits {
+                max_targets: 3,
+                ..Limits::default()
+            },
+            Thresholds::default(),
+        );
+        let left = |s: &mut Sample, pid: u32| {
+            s.host.left.push(Left {
+                id: Identity {
+                    pid,
+                    start_ticks: u64::from(pid),
+                },
+                exit: None,
+                max_rss: None,
+            });
+        };
+        let mut s = sample(1.0, &[(10, 5), (11, 300), (12, 100)], &[]);
+        for pid in [10, 11, 12] {
+            join(&mut s, pid);
+        }
+        timer(&mut st, s);
+        let mut s = sample(2.0, &[(10, 5)], &[]);
+        left(&mut s, 11);
+        left(&mut s, 12);
+        timer(&mut st, s);
+        assert_eq!(st.counters().targets_pruned, 0, "three rows fit");
+        let mut s = sample(3.0, &[(10, 5), (13, 200)], &[]);
+        join(&mut s, 13);
+        timer(&mut st, s);
+        let mut s = sample(4.0, &[(10, 5)], &[]);
+        left(&mut s, 13);
+        timer(&mut st, s);
+        let pids: Vec<u32> = st.document().targets.iter().map(|t| t.pid).collect();
+        assert_eq!(pids, [10, 11, 13], "12, the smallest gone row, made room");
+        assert_eq!(st.counters().targets_pruned, 1);
+        assert_eq!(st.target_name(12), None);
+    }
+
+    #[test]
+    fn an_exit_of_a_gone_process_sets_its_status_and_the_runs_exact_peak() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100), (11, 100)], &[]);
+        join(&mut s, 10);
+        join(&mut s, 11);
+        timer(&mut st, s);
+        let mut s = sample(102.0, &[(10, 100)], &[]);
+        s.host.left.push(Left {
+            id: Identity {
+                pid: 11,
+                start_ticks: 11,
+            },
+            exit: None,
+            max_rss: None,
+        });
+        timer(&mut st, s);
+        st.apply(&Record::Exit {
+            pid: 11,
+            exit: Exit::code(3),
+            max_rss: Some(700 * M),
+        });
+        let doc = st.document();
+        let t11 = doc.targets.iter().find(|t| t.pid == 11).unwrap();
+        assert_eq!(t11.exit, Some(Exit::code(3)));
+        assert_eq!(t11.hwm_mb, 700.0);
+        assert_eq!(doc.peak_usage.cpu_ram_hwm_mb, 700.0);
     }
 }
