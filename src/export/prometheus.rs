@@ -12,6 +12,7 @@ use prometheus::proto::{
 };
 use prometheus::{Encoder, TextEncoder};
 
+use crate::model::Gpu;
 use crate::sample::procfs::SelfUsage;
 use crate::store::snapshot::Snapshot;
 use crate::units::MIB;
@@ -218,6 +219,32 @@ pub fn families_with(
         run_labels: run_labels(snap),
         out: Vec::new(),
     };
+    // Device-level GPU series only while NVML answers.
+    let gpus: &[Gpu] = if snap.nvml_up { &snap.gpus } else { &[] };
+    info(&mut f, snap);
+    processes(&mut f, snap);
+    tree(&mut f, snap, gpus);
+    devices(&mut f, gpus);
+    allocator(&mut f, snap);
+    host_memory(&mut f, snap);
+    peaks(&mut f, snap);
+    events(&mut f, snap);
+    run_state(&mut f, snap);
+    if let Some(me) = me {
+        self_usage(&mut f, me);
+    }
+    tick_histogram(&mut f, snap);
+    collector_counters(&mut f, snap);
+    server_counters(&mut f, server);
+    nvml(&mut f, snap);
+    export_errors(&mut f, snap);
+    f.out.retain(|fam| !fam.get_metric().is_empty());
+    f.out
+}
+
+/// Build and run identity: `memtrack_build_info`, and every run label on one
+/// `memtrack_run_info` series.
+fn info(f: &mut Families, snap: &Snapshot) {
     let version = env!("CARGO_PKG_VERSION").to_string();
     let backend = snap.run.gpu_backend.kind().to_string();
     f.gauge(
@@ -237,7 +264,11 @@ pub fn families_with(
         .map(|(k, v)| (k.as_str(), v.clone()))
         .collect();
     f.gauge("memtrack_run_info", &info, 1.0);
+}
 
+/// Per-process figures of the live tree: resident memory, its high water, GPU
+/// memory per device, PSS and USS.
+fn processes(f: &mut Families, snap: &Snapshot) {
     let proc_labels = |p: &crate::store::snapshot::ProcessNow| {
         [("pid", p.pid.to_string()), ("name", p.name.clone())]
     };
@@ -291,6 +322,11 @@ pub fn families_with(
             );
         }
     }
+}
+
+/// The tree as a whole: its footprint, peak, source, GPU memory per device and
+/// process count.
+fn tree(f: &mut Families, snap: &Snapshot, gpus: &[Gpu]) {
     f.gauge(
         "memtrack_tree_resident_memory_bytes",
         &[],
@@ -306,7 +342,6 @@ pub fn families_with(
         &[("source", snap.current.host_source.as_str().to_string())],
         1.0,
     );
-    let gpus: &[crate::model::Gpu] = if snap.nvml_up { &snap.gpus } else { &[] };
     for g in gpus {
         f.gauge(
             "memtrack_tree_gpu_memory_bytes",
@@ -315,8 +350,12 @@ pub fn families_with(
         );
     }
     f.gauge("memtrack_tree_processes", &[], snap.processes.len() as f64);
+}
 
-    let dev = |g: &crate::model::Gpu| {
+/// Device-level GPU figures: memory used, total and free, utilization,
+/// temperature.
+fn devices(f: &mut Families, gpus: &[Gpu]) {
+    let dev = |g: &Gpu| {
         [
             ("gpu", g.index.to_string()),
             ("gpu_uuid", g.uuid.clone()),
@@ -346,7 +385,10 @@ pub fn families_with(
     for g in gpus {
         f.gauge("memtrack_gpu_temperature_celsius", &dev(g), g.temperature_c);
     }
+}
 
+/// The allocator figures each process sent last.
+fn allocator(f: &mut Families, snap: &Snapshot) {
     let alloc = |a: &crate::store::snapshot::AllocatorNow| {
         [
             ("pid", a.pid.to_string()),
@@ -377,6 +419,10 @@ pub fn families_with(
             a.figures.max_allocated as f64,
         );
     }
+}
+
+/// The host's memory, once read.
+fn host_memory(f: &mut Families, snap: &Snapshot) {
     if snap.host_memory.total > 0 {
         f.gauge(
             "memtrack_host_memory_total_bytes",
@@ -389,7 +435,10 @@ pub fn families_with(
             snap.host_memory.available as f64,
         );
     }
+}
 
+/// Peaks of the run and of each component, per figure.
+fn peaks(f: &mut Families, snap: &Snapshot) {
     let figures = |p: &crate::model::Peaks| {
         [
             ("cpu_ram_used", p.cpu_ram_used_mb),
@@ -419,6 +468,10 @@ pub fn families_with(
             );
         }
     }
+}
+
+/// Events per component and operation (0 before the first).
+fn events(f: &mut Families, snap: &Snapshot) {
     if snap.events.is_empty() {
         // Served from the start, so that a dashboard reads 0, not "No data",
         // before the first event.
@@ -436,6 +489,10 @@ pub fn families_with(
             );
         }
     }
+}
+
+/// Pressure levels, open spans and stages, and the run's clock.
+fn run_state(f: &mut Families, snap: &Snapshot) {
     for (resource, level) in &snap.levels {
         f.gauge(
             "memtrack_pressure_level",
@@ -452,15 +509,20 @@ pub fn families_with(
     );
     f.gauge("memtrack_run_start_timestamp_seconds", &[], snap.run.start);
     f.gauge("memtrack_interval_seconds", &[], snap.run.interval_s);
-    if let Some(me) = me {
-        f.gauge(
-            "memtrack_self_resident_memory_bytes",
-            &[],
-            me.rss_bytes as f64,
-        );
-        f.counter("memtrack_self_cpu_seconds_total", &[], me.cpu_seconds);
-    }
+}
 
+/// memtrack's own memory and CPU time.
+fn self_usage(f: &mut Families, me: SelfUsage) {
+    f.gauge(
+        "memtrack_self_resident_memory_bytes",
+        &[],
+        me.rss_bytes as f64,
+    );
+    f.counter("memtrack_self_cpu_seconds_total", &[], me.cpu_seconds);
+}
+
+/// How long ticks took.
+fn tick_histogram(f: &mut Families, snap: &Snapshot) {
     let h = &snap.tick_seconds;
     let mut hist = Histogram::default();
     hist.set_sample_count(h.count);
@@ -482,7 +544,11 @@ pub fn families_with(
     f.family("memtrack_tick_duration_seconds")
         .mut_metric()
         .push(m);
+}
 
+/// What the daemon counted: ticks, dropped and refused messages, folded
+/// dimensions.
+fn collector_counters(f: &mut Families, snap: &Snapshot) {
     let c = &snap.counters;
     f.counter("memtrack_ticks_total", &[], c.ticks as f64);
     f.counter("memtrack_missed_ticks_total", &[], c.missed_ticks as f64);
@@ -523,6 +589,10 @@ pub fn families_with(
             n as f64,
         );
     }
+}
+
+/// The HTTP server's own counters.
+fn server_counters(f: &mut Families, server: &ServerCounters) {
     f.counter(
         "memtrack_http_cleanup_throttled_total",
         &[],
@@ -533,12 +603,25 @@ pub fn families_with(
         &[],
         server.connections_evicted as f64,
     );
+}
+
+/// Whether NVML answers, and its errors.
+fn nvml(f: &mut Families, snap: &Snapshot) {
     f.gauge(
         "memtrack_nvml_up",
         &[],
         if snap.nvml_up { 1.0 } else { 0.0 },
     );
-    f.counter("memtrack_nvml_errors_total", &[], c.nvml_errors as f64);
+    f.counter(
+        "memtrack_nvml_errors_total",
+        &[],
+        snap.counters.nvml_errors as f64,
+    );
+}
+
+/// Errors per exporter, checkpoint and journal included.
+fn export_errors(f: &mut Families, snap: &Snapshot) {
+    let c = &snap.counters;
     let mut errors = snap.export_errors.clone();
     errors
         .entry("checkpoint".into())
@@ -551,8 +634,6 @@ pub fn families_with(
             n as f64,
         );
     }
-    f.out.retain(|fam| !fam.get_metric().is_empty());
-    f.out
 }
 
 /// The text exposition of a snapshot.

@@ -491,24 +491,79 @@ impl Peaks {
 
     /// As [`Peaks::observe`] for an entry standing for `n` samples.
     pub fn observe_weighted(&mut self, e: &Entry, n: u64) {
-        self.cpu_ram_used_mb = self.cpu_ram_used_mb.max(e.cpu_ram_used_mb);
-        self.gpu_ram_used_mb = self.gpu_ram_used_mb.max(e.gpu_ram_used_mb);
-        self.gpu_ram_peak_mb = self.gpu_ram_peak_mb.max(e.gpu_ram_peak_mb);
-        self.reserved_gpu_ram_mb = self.reserved_gpu_ram_mb.max(e.reserved_gpu_ram_mb);
-        self.gpu_process_used_mb = self.gpu_process_used_mb.max(e.gpu_process_used_mb);
-        self.cpu_ram_hwm_mb = self.cpu_ram_hwm_mb.max(e.cpu_ram_hwm_mb);
+        keep_max(self.figures_mut(), e.figures());
         self.samples += n;
     }
 
     /// The element-wise maximum of two peak sets.
     pub fn merge(&mut self, other: &Peaks) {
-        self.cpu_ram_used_mb = self.cpu_ram_used_mb.max(other.cpu_ram_used_mb);
-        self.gpu_ram_used_mb = self.gpu_ram_used_mb.max(other.gpu_ram_used_mb);
-        self.gpu_ram_peak_mb = self.gpu_ram_peak_mb.max(other.gpu_ram_peak_mb);
-        self.reserved_gpu_ram_mb = self.reserved_gpu_ram_mb.max(other.reserved_gpu_ram_mb);
-        self.gpu_process_used_mb = self.gpu_process_used_mb.max(other.gpu_process_used_mb);
-        self.cpu_ram_hwm_mb = self.cpu_ram_hwm_mb.max(other.cpu_ram_hwm_mb);
+        keep_max(self.figures_mut(), other.figures());
         self.samples += other.samples;
+    }
+
+    /// The six figures, in [`Entry::figures`] order.
+    pub fn figures(&self) -> [f64; 6] {
+        [
+            self.cpu_ram_used_mb,
+            self.gpu_ram_used_mb,
+            self.gpu_ram_peak_mb,
+            self.reserved_gpu_ram_mb,
+            self.gpu_process_used_mb,
+            self.cpu_ram_hwm_mb,
+        ]
+    }
+
+    fn figures_mut(&mut self) -> [&mut f64; 6] {
+        [
+            &mut self.cpu_ram_used_mb,
+            &mut self.gpu_ram_used_mb,
+            &mut self.gpu_ram_peak_mb,
+            &mut self.reserved_gpu_ram_mb,
+            &mut self.gpu_process_used_mb,
+            &mut self.cpu_ram_hwm_mb,
+        ]
+    }
+}
+
+impl Entry {
+    /// The six memory figures an entry and a set of [`Peaks`] share:
+    /// `cpu_ram_used`, `gpu_ram_used`, `gpu_ram_peak`, `reserved_gpu_ram`,
+    /// `gpu_process_used`, `cpu_ram_hwm` (MiB).
+    pub fn figures(&self) -> [f64; 6] {
+        [
+            self.cpu_ram_used_mb,
+            self.gpu_ram_used_mb,
+            self.gpu_ram_peak_mb,
+            self.reserved_gpu_ram_mb,
+            self.gpu_process_used_mb,
+            self.cpu_ram_hwm_mb,
+        ]
+    }
+
+    fn figures_mut(&mut self) -> [&mut f64; 6] {
+        [
+            &mut self.cpu_ram_used_mb,
+            &mut self.gpu_ram_used_mb,
+            &mut self.gpu_ram_peak_mb,
+            &mut self.reserved_gpu_ram_mb,
+            &mut self.gpu_process_used_mb,
+            &mut self.cpu_ram_hwm_mb,
+        ]
+    }
+
+    /// Keeps in `self` the maximum of each of the six figures of `self`
+    /// and `other`; nothing else changes. One rule for thinning a log,
+    /// folding a window of samples and keeping peaks.
+    pub fn absorb_max(&mut self, other: &Entry) {
+        keep_max(self.figures_mut(), other.figures());
+    }
+}
+
+/// Raises each figure to its counterpart in `from` (NaN-safe: `f64::max`
+/// ignores a NaN operand).
+fn keep_max(into: [&mut f64; 6], from: [f64; 6]) {
+    for (slot, f) in into.into_iter().zip(from) {
+        *slot = slot.max(f);
     }
 }
 
@@ -772,5 +827,46 @@ mod tests {
         assert_eq!(Exit::signal(9).code, 137);
         assert_eq!(Exit::from_wait_status(7 << 8), Exit::code(7));
         assert_eq!(Exit::from_wait_status(libc::SIGKILL), Exit::signal(9));
+    }
+
+    #[test]
+    fn absorb_max_keeps_each_figures_maximum_and_nothing_else() {
+        let mut a = Entry {
+            operation: "a".into(),
+            cpu_ram_used_mb: 10.0,
+            gpu_ram_used_mb: 5.0,
+            gpu_ram_peak_mb: f64::NAN,
+            reserved_gpu_ram_mb: 7.0,
+            gpu_process_used_mb: 1.0,
+            cpu_ram_hwm_mb: 30.0,
+            ..Entry::default()
+        };
+        let b = Entry {
+            operation: "b".into(),
+            timestamp: 9.0,
+            cpu_ram_used_mb: 20.0,
+            gpu_ram_used_mb: 1.0,
+            gpu_ram_peak_mb: 3.0,
+            reserved_gpu_ram_mb: 7.0,
+            gpu_process_used_mb: 2.0,
+            cpu_ram_hwm_mb: 25.0,
+            ..Entry::default()
+        };
+        a.absorb_max(&b);
+        assert_eq!(a.figures(), [20.0, 5.0, 3.0, 7.0, 2.0, 30.0]);
+        assert_eq!((a.operation.as_str(), a.timestamp), ("a", 0.0));
+        let mut p = Peaks::default();
+        p.observe(&a);
+        p.observe_weighted(&b, 4);
+        assert_eq!(p.figures(), a.figures());
+        assert_eq!(p.samples, 5);
+        let mut q = Peaks {
+            cpu_ram_used_mb: 99.0,
+            samples: 1,
+            ..Peaks::default()
+        };
+        q.merge(&p);
+        assert_eq!(q.figures(), [99.0, 5.0, 3.0, 7.0, 2.0, 30.0]);
+        assert_eq!(q.samples, 6);
     }
 }

@@ -43,12 +43,7 @@ impl Entry {
 
 impl Mergeable for Entry {
     fn absorb(&mut self, later: &Entry) {
-        self.cpu_ram_used_mb = self.cpu_ram_used_mb.max(later.cpu_ram_used_mb);
-        self.gpu_ram_used_mb = self.gpu_ram_used_mb.max(later.gpu_ram_used_mb);
-        self.gpu_ram_peak_mb = self.gpu_ram_peak_mb.max(later.gpu_ram_peak_mb);
-        self.reserved_gpu_ram_mb = self.reserved_gpu_ram_mb.max(later.reserved_gpu_ram_mb);
-        self.gpu_process_used_mb = self.gpu_process_used_mb.max(later.gpu_process_used_mb);
-        self.cpu_ram_hwm_mb = self.cpu_ram_hwm_mb.max(later.cpu_ram_hwm_mb);
+        self.absorb_max(later);
         if later.gpu_source != crate::model::GpuSource::None {
             self.gpu_source = later.gpu_source;
         }

@@ -75,12 +75,7 @@ fn figures(e: &Entry) -> [f64; 6] {
 /// Folds `e` into `acc`, keeping the maximum of each figure (NaN-safe:
 /// `f64::max` ignores a NaN operand).
 fn fold_max(acc: &mut Entry, e: &Entry) {
-    acc.cpu_ram_used_mb = acc.cpu_ram_used_mb.max(e.cpu_ram_used_mb);
-    acc.gpu_ram_used_mb = acc.gpu_ram_used_mb.max(e.gpu_ram_used_mb);
-    acc.gpu_ram_peak_mb = acc.gpu_ram_peak_mb.max(e.gpu_ram_peak_mb);
-    acc.reserved_gpu_ram_mb = acc.reserved_gpu_ram_mb.max(e.reserved_gpu_ram_mb);
-    acc.gpu_process_used_mb = acc.gpu_process_used_mb.max(e.gpu_process_used_mb);
-    acc.cpu_ram_hwm_mb = acc.cpu_ram_hwm_mb.max(e.cpu_ram_hwm_mb);
+    acc.absorb_max(e);
     acc.timestamp_end = Some(e.timestamp);
     acc.samples = Some(acc.samples.unwrap_or(1) + e.samples.unwrap_or(1));
 }

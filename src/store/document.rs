@@ -1,0 +1,180 @@
+//! The document: `memory_usage.json` built from the state — targets in
+//! the order they were first seen, the leak rule's verdict, and the
+//! summary of what a re-run needs (peaks plus [`HEADROOM`]).
+
+use std::collections::BTreeMap;
+
+use super::log_view::LogView;
+use super::state::Store;
+use crate::model::leak::LeakConfig;
+use crate::model::{Document, DocumentOf, Entry, Summary, Target, SCHEMA_VERSION};
+
+/// Headroom added to peaks in the "what a re-run needs" summary.
+pub const HEADROOM: f64 = 0.10;
+
+impl Store {
+    /// with a warning).
+    pub fn document(&self) -> Document {
+        self.document_view().map_log(|view| view.entries())
+    }
+
+    /// The whole `memory_usage.json` as of now, its log read from the
+    /// store while it is written: what checkpoints and the final write
+    /// use, so the event log is never held whole (entries come one at a
+    /// time from the entries file, or are borrowed from memory).
+    pub fn document_view(&self) -> DocumentOf<LogView<'_>> {
+        let mut targets: Vec<Target> = self.gone.clone();
+        targets.extend(self.live.values().map(|l| {
+            let mut t = l.target.clone();
+            t.series = l.series.iter().copied().collect();
+            t
+        }));
+        targets.sort_by(|a, b| {
+            a.first_seen
+                .total_cmp(&b.first_seen)
+                .then(a.pid.cmp(&b.pid))
+        });
+
+        let mut counters = self.counters.clone();
+        counters.timer_samples_merged = self.timer.merged();
+
+        let mut run = self.run.clone();
+        if run.status.is_empty() {
+            run.status = "running".into();
+        }
+        let timers: Vec<&Entry> = self.timer.iter().collect();
+        let leak =
+            self.leak
+                .analyze_beside(&timers, &targets, SCHEMA_VERSION, &LeakConfig::default());
+        DocumentOf {
+            schema: SCHEMA_VERSION,
+            run,
+            detailed_log: LogView::new(self),
+            peak_usage: self.peaks,
+            peaks_by_component: self.by_component.clone(),
+            stages: self.stages.clone(),
+            targets,
+            gpus: self.gpus.values().cloned().collect(),
+            alerts: self.alerts.clone(),
+            leak: Some(leak.to_value()),
+            flight_recorder: self.flights.clone(),
+            summary: self.summary(),
+            counters,
+            ranks: Vec::new(),
+            worst_rank: BTreeMap::new(),
+            host: self.host.clone(),
+        }
+    }
+
+    fn summary(&self) -> Summary {
+        let peak_host = self.peaks.cpu_ram_used_mb.max(self.peaks.cpu_ram_hwm_mb);
+        let mut by_device: BTreeMap<u32, f64> = self
+            .gpus
+            .values()
+            .filter(|g| g.peak_tree_used_mb > 0.0)
+            .map(|g| (g.index, g.peak_tree_used_mb))
+            .collect();
+        if by_device.is_empty() && self.peaks.reserved_gpu_ram_mb > 0.0 {
+            // Allocator figures only (NVML unavailable): PyTorch's reserved
+            // pool, which leaves out the CUDA context.
+            by_device.insert(0, self.peaks.reserved_gpu_ram_mb);
+        }
+        let max_gpu = by_device.values().copied().fold(0.0, f64::max);
+        let round_up = |mb: f64| (mb * (1.0 + HEADROOM)).ceil();
+        Summary {
+            peak_host_ram_mb: peak_host,
+            peak_gpu_mb_by_device: by_device,
+            min_gpu_mb: round_up(max_gpu),
+            min_host_ram_mb: round_up(peak_host),
+            headroom_ratio: HEADROOM,
+            duration_s: self
+                .run
+                .end
+                .unwrap_or(self.current.timestamp)
+                .max(self.run.start)
+                - self.run.start,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::super::{Boundary, Record};
+    use crate::model::{Allocator, Exit};
+
+    #[test]
+    fn the_borrowed_view_writes_the_same_document_as_the_owned_one() {
+        // Checkpoints write `document_view()`; readers and tests use
+        // `document()`. Every part a run can have is present here, so a
+        // field the view got wrong (or lost) shows as a difference.
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100), (11, 50)], &[(10, 2000)]);
+        join(&mut s, 10);
+        join(&mut s, 11);
+        timer(&mut st, s);
+        st.apply(&Record::StageBegin(stage(101.2, "train", None)));
+        let mut m = mark(101.5, "model", "before_generate");
+        m.iteration = Some(7);
+        m.labels.insert("split".into(), "train".into());
+        m.allocator = Some(Allocator {
+            allocated: 1024 * M,
+            reserved: 2048 * M,
+            max_allocated: 1536 * M,
+            device: Some(0),
+        });
+        st.apply(&Record::Mark(m));
+        st.apply(&Record::SpanBegin(Boundary {
+            mark: mark(101.6, "model", "generate"),
+            status: None,
+            message: None,
+        }));
+        for i in 0..40u32 {
+            let t = 102.0 + f64::from(i) * 0.5;
+            timer(
+                &mut st,
+                sample(t, &[(10, 100 + 10 * u64::from(i)), (11, 50)], &[(10, 2500)]),
+            );
+            st.apply(&Record::Mark(mark(t + 0.1, "data", "batch")));
+        }
+        st.apply(&Record::StageEnd(stage(123.0, "train", Some("SUCCESS"))));
+        st.apply(&Record::Exit {
+            pid: 11,
+            exit: Exit::signal(9),
+            max_rss: None,
+        });
+        st.apply(&Record::Finish {
+            timestamp: 124.0,
+            exit: Some(Exit::code(0)),
+        });
+        let owned = st.document();
+        assert!(owned.detailed_log.len() > 80 && !owned.stages.is_empty());
+        assert!(owned.targets.iter().any(|t| t.exit.is_some()));
+        assert_eq!(
+            serde_json::to_string_pretty(&st.document_view()).unwrap(),
+            serde_json::to_string_pretty(&owned).unwrap()
+        );
+    }
+
+    #[test]
+    fn without_nvml_the_summary_sizes_the_gpu_from_the_allocator_pool() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 1000)], &[]);
+        s.gpu_status = crate::sample::gpu::Status::Unavailable;
+        s.gpu.devices.clear();
+        timer(&mut st, s);
+        let mut m = mark(102.0, "model", "step");
+        m.allocator = Some(Allocator {
+            allocated: 1000 * M,
+            reserved: 2000 * M,
+            max_allocated: 1200 * M,
+            device: Some(0),
+        });
+        st.apply(&Record::Mark(m));
+        let summary = st.document().summary;
+        assert_eq!(summary.peak_gpu_mb_by_device[&0], 2000.0);
+        assert_eq!(summary.min_gpu_mb, 2200.0);
+        assert_eq!(summary.min_host_ram_mb, 1100.0);
+        assert_eq!(summary.duration_s, 1.0, "to the latest sample, not mark");
+    }
+}

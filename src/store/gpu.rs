@@ -1,0 +1,138 @@
+//! GPUs: each device's static description, its figures and peaks, and
+//! the GPU memory of the tree's own processes, per process and per device
+//! (other processes on the same GPU never count).
+
+use std::collections::BTreeMap;
+
+use super::state::Store;
+use crate::model::Gpu;
+use crate::sample::gpu::{Device, Status as GpuStatus};
+use crate::sample::Sample;
+use crate::units::mib;
+
+/// GPU memory of the tree in one sample, in bytes.
+#[derive(Debug, Default)]
+pub(super) struct TreeGpu {
+    pub(super) by_device: BTreeMap<u32, u64>,
+    pub(super) by_pid: BTreeMap<u32, u64>,
+}
+
+impl Store {
+    /// Records the GPUs' static description (index, UUID, name). Called
+    /// before the first checkpoint, so the journal's state holds it.
+    pub fn describe_gpus(&mut self, devices: &[Device]) {
+        for d in devices {
+            let g = self.gpus.entry(d.index).or_insert_with(|| Gpu {
+                index: d.index,
+                ..Gpu::default()
+            });
+            g.uuid.clone_from(&d.uuid);
+            g.name.clone_from(&d.name);
+        }
+    }
+
+    /// Folds the GPU memory of the tree's processes into their rows and
+    /// sums it per device and per process; counts NVML errors.
+    pub(super) fn fold_gpu_processes(&mut self, sample: &Sample) -> TreeGpu {
+        if let GpuStatus::Error(_) = sample.gpu_status {
+            self.counters.nvml_errors += 1;
+        }
+        let mut tree = TreeGpu::default();
+        for live in self.live.values_mut() {
+            live.gpu.clear();
+        }
+        for p in &sample.gpu.processes {
+            let Some(live) = self.live.get_mut(&p.pid) else {
+                continue;
+            };
+            let used = p.used.unwrap_or(0);
+            *live.gpu.entry(p.device).or_default() += used;
+            *tree.by_device.entry(p.device).or_default() += used;
+            *tree.by_pid.entry(p.pid).or_default() += used;
+            let peak = live
+                .target
+                .peak_gpu_mb_by_device
+                .entry(p.device)
+                .or_default();
+            *peak = peak.max(mib(used));
+        }
+        tree
+    }
+
+    /// Folds each device's reading (and the tree's share of it,
+    /// `tree_by_device`) into its row and peaks.
+    pub(super) fn fold_gpu_devices(
+        &mut self,
+        sample: &Sample,
+        tree_by_device: &BTreeMap<u32, u64>,
+    ) {
+        for d in &sample.gpu.devices {
+            let g = self.gpus.entry(d.index).or_insert_with(|| Gpu {
+                index: d.index,
+                ..Gpu::default()
+            });
+            g.total_mb = mib(d.total);
+            g.used_mb = mib(d.used);
+            g.peak_used_mb = g.peak_used_mb.max(g.used_mb);
+            g.tree_used_mb = mib(tree_by_device.get(&d.index).copied().unwrap_or(0));
+            g.peak_tree_used_mb = g.peak_tree_used_mb.max(g.tree_used_mb);
+            if let Some(u) = d.utilization_pct {
+                g.utilization_pct = f64::from(u);
+                g.peak_utilization_pct = g.peak_utilization_pct.max(g.utilization_pct);
+            }
+            if let Some(t) = d.temperature_c {
+                g.temperature_c = f64::from(t);
+                g.peak_temperature_c = g.peak_temperature_c.max(g.temperature_c);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use crate::sample::gpu::{Device, Status};
+
+    #[test]
+    fn devices_keep_their_description_figures_and_peaks() {
+        let mut st = store();
+        st.describe_gpus(&[Device {
+            index: 0,
+            uuid: "GPU-1".into(),
+            name: "H100".into(),
+        }]);
+        let mut s = sample(101.0, &[(10, 100)], &[(10, 3000)]);
+        join(&mut s, 10);
+        s.gpu.devices[0].utilization_pct = Some(90);
+        s.gpu.devices[0].temperature_c = Some(70);
+        timer(&mut st, s);
+        let mut s = sample(102.0, &[(10, 100)], &[(10, 1000)]);
+        s.gpu.devices[0].utilization_pct = Some(20);
+        timer(&mut st, s);
+        let g = st.gpus().next().unwrap();
+        assert_eq!((g.uuid.as_str(), g.name.as_str()), ("GPU-1", "H100"));
+        assert_eq!((g.used_mb, g.peak_used_mb), (1000.0, 3000.0));
+        assert_eq!((g.tree_used_mb, g.peak_tree_used_mb), (1000.0, 3000.0));
+        assert_eq!((g.utilization_pct, g.peak_utilization_pct), (20.0, 90.0));
+        assert_eq!(
+            (g.temperature_c, g.peak_temperature_c),
+            (70.0, 70.0),
+            "no reading keeps the last"
+        );
+        let t = &st.document().targets[0];
+        assert_eq!((t.last_gpu_mb, t.peak_gpu_mb), (1000.0, 3000.0));
+        assert_eq!(t.peak_gpu_mb_by_device[&0], 3000.0);
+    }
+
+    #[test]
+    fn an_nvml_error_is_counted_and_leaves_the_tree_without_gpu_figures() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100)], &[]);
+        s.gpu_status = Status::Error("busy".into());
+        s.gpu.processes.clear();
+        timer(&mut st, s);
+        assert_eq!(st.counters().nvml_errors, 1);
+        assert_eq!(st.current().gpu_source, crate::model::GpuSource::None);
+        assert!(!st.snapshot().nvml_up);
+    }
+}

@@ -1,0 +1,200 @@
+//! Marks: a mark (or a span or stage boundary) becomes an event entry with
+//! the tree's latest figures, the allocator's figures when the job sent
+//! them, and a count per (component, operation) bounded by
+//! [`Limits::max_event_kinds`](super::limits::Limits::max_event_kinds).
+
+use super::limits::{admit, OTHER};
+use super::record::Mark;
+use super::snapshot::{AllocatorNow, Current};
+use super::state::Store;
+use crate::model::{Entry, EntryKind, GpuSource};
+use crate::units::mib;
+
+impl Store {
+    /// An entry with the tree's figures; GPU fields from NVML (or none).
+    pub(super) fn entry_from(&self, c: &Current) -> Entry {
+        Entry {
+            timestamp: c.timestamp,
+            cpu_ram_used_mb: c.cpu_used_mb,
+            gpu_ram_used_mb: c.gpu_tree_mb,
+            gpu_ram_peak_mb: c.gpu_tree_peak_mb,
+            reserved_gpu_ram_mb: c.gpu_tree_mb,
+            gpu_source: c.gpu_source,
+            gpu_process_used_mb: c.gpu_tree_mb,
+            cpu_ram_hwm_mb: c.cpu_hwm_mb,
+            ..Entry::default()
+        }
+    }
+
+    pub(super) fn record_mark(
+        &mut self,
+        mark: &Mark,
+        operation: String,
+        stage: Option<String>,
+    ) -> Entry {
+        let mut entry = Entry {
+            component: mark.component.clone(),
+            operation,
+            timestamp: mark.timestamp,
+            kind: mark.kind,
+            pid: mark.pid,
+            iteration: mark.iteration,
+            labels: mark.labels.clone(),
+            stage: stage.or_else(|| self.open_stage()),
+            ..self.entry_from(&self.current.clone())
+        };
+        if let Some(a) = mark.allocator {
+            entry.gpu_ram_used_mb = mib(a.allocated);
+            entry.reserved_gpu_ram_mb = mib(a.reserved);
+            entry.gpu_ram_peak_mb = mib(a.max_allocated);
+            entry.gpu_source = GpuSource::Allocator;
+        }
+        if mark.kind == EntryKind::Event {
+            self.counters.events += 1;
+            self.count_event(&entry.component, &entry.operation);
+        }
+        if let (Some(a), Some(pid)) = (mark.allocator, mark.pid) {
+            self.allocator_now.insert(
+                pid,
+                AllocatorNow {
+                    pid,
+                    timestamp: mark.timestamp,
+                    figures: a,
+                },
+            );
+        }
+        self.observe(&entry, 1);
+        self.push_event(&entry);
+        entry
+    }
+
+    /// Keeps an event entry: in the log (memory or file) and in the leak
+    /// rule's bounded series.
+    pub(super) fn push_event(&mut self, entry: &Entry) {
+        self.leak.push_untimed(entry);
+        if self.events.push(entry).is_err() {
+            // Kept in memory and written with the next batch.
+            self.counters.journal_errors += 1;
+        }
+    }
+
+    pub(super) fn count_event(&mut self, component: &str, operation: &str) {
+        let known = self
+            .event_counts
+            .get(component)
+            .is_some_and(|ops| ops.contains_key(operation));
+        let (c, o) = if admit(known, self.event_kinds, self.limits.max_event_kinds) {
+            (component, operation)
+        } else {
+            self.counters.event_kinds_folded += 1;
+            (OTHER, OTHER)
+        };
+        let n = self
+            .event_counts
+            .entry(c.to_string())
+            .or_default()
+            .entry(o.to_string())
+            .or_insert(0);
+        if *n == 0 {
+            self.event_kinds += 1;
+        }
+        *n += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::super::Record;
+    use crate::model::{Allocator, GpuSource};
+
+    #[test]
+    fn allocator_figures_take_the_base_fields() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100)], &[(10, 3000)]);
+        join(&mut s, 10);
+        timer(&mut st, s);
+        let mut m = mark(101.5, "model", "before_generate");
+        m.allocator = Some(Allocator {
+            allocated: 1024 * M,
+            reserved: 2048 * M,
+            max_allocated: 1536 * M,
+            device: Some(0),
+        });
+        let out = st.apply(&Record::Mark(m));
+        let e = out.entry.unwrap();
+        assert_eq!(e.gpu_source, GpuSource::Allocator);
+        assert_eq!(
+            (e.gpu_ram_used_mb, e.reserved_gpu_ram_mb, e.gpu_ram_peak_mb),
+            (1024.0, 2048.0, 1536.0)
+        );
+        assert_eq!(e.gpu_process_used_mb, 3000.0, "NVML view kept beside");
+        assert_eq!(e.cpu_ram_used_mb, 100.0);
+    }
+
+    #[test]
+    fn invented_names_fold_into_other_and_are_counted() {
+        let mut st = Store::new(
+            RunInfo::default(),
+            Limits {
+                max_components: 4,
+                max_event_kinds: 6,
+                max_open_spans: 3,
+                max_stages: 5,
+                ..Limits::default()
+            },
+            Thresholds::default(),
+        );
+        timer(&mut st, sample(1.0, &[(10, 100)], &[]));
+        for i in 0..50 {
+            let out = st.apply(&Record::Mark(mark(
+                2.0 + f64::from(i),
+                &format!("c{i}"),
+                "op",
+            )));
+            // The log entry keeps what the job sent.
+            assert_eq!(out.entry.unwrap().component, format!("c{i}"));
+        }
+        let doc = st.document();
+        let names: Vec<&str> = doc.peaks_by_component.keys().map(String::as_str).collect();
+        // `system` (the timer) and three of the job's, then the rest as one.
+        assert_eq!(names, ["_other", "c0", "c1", "c2", "system"]);
+        assert_eq!(doc.peaks_by_component["_other"].samples, 47);
+        assert_eq!(doc.counters.components_folded, 47);
+        let snap = st.snapshot();
+        let kinds: usize = snap.events.values().map(BTreeMap::len).sum();
+        assert_eq!(kinds, 7, "six pairs and _other/_other: {:?}", snap.events);
+        assert_eq!(snap.events["_other"]["_other"], 44);
+        assert_eq!(doc.counters.event_kinds_folded, 44);
+        // Known names keep their own series after the limit is reached.
+        st.apply(&Record::Mark(mark(60.0, "c1", "op")));
+        assert_eq!(st.document().peaks_by_component["c1"].samples, 2);
+
+        for i in 0..10 {
+            st.apply(&Record::SpanBegin(Boundary {
+                mark: mark(70.0, &format!("s{i}"), "x"),
+                status: None,
+                message: None,
+            }));
+        }
+        assert_eq!(st.open_spans().count(), 3);
+        assert_eq!(st.counters().spans_untracked, 7);
+
+        // Stages: closed ones with the smallest peaks make room; when all
+        // are open, new ones are not kept.
+        for i in 0..4 {
+            let name = format!("done{i}");
+            st.apply(&Record::StageBegin(stage(80.0, &name, None)));
+            st.apply(&Record::StageEnd(stage(81.0, &name, Some("SUCCESS"))));
+        }
+        for i in 0..8 {
+            st.apply(&Record::StageBegin(stage(90.0, &format!("open{i}"), None)));
+        }
+        let doc = st.document();
+        assert_eq!(doc.stages.len(), 5);
+        assert!(doc.stages.iter().all(|s| s.end.is_none()));
+        assert_eq!(doc.counters.stages_dropped, 7);
+        // Every message is still a log entry.
+        assert_eq!(doc.counters.events, 51 + 10 + 12 + 4);
+    }
+}

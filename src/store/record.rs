@@ -1,0 +1,60 @@
+//! What records carry and what applying one gives: the kind of a sample,
+//! a mark, a span or stage boundary, and the [`Outcome`] of applying a
+//! [`Record`](super::Record).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Alert, Allocator, Entry, EntryKind};
+
+/// Why a sample was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SampleKind {
+    /// The periodic timer: becomes a timer entry of the log.
+    Timer,
+    /// Taken for the marks that follow it in the record stream.
+    Event,
+}
+
+/// One annotated measurement point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mark {
+    /// When the mark arrived (Unix seconds).
+    pub timestamp: f64,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    pub component: String,
+    pub operation: String,
+    #[serde(default)]
+    pub iteration: Option<u64>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub allocator: Option<Allocator>,
+    #[serde(default)]
+    pub kind: EntryKind,
+}
+
+/// A span or stage boundary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Boundary {
+    pub mark: Mark,
+    /// Stage end only: `SUCCESS`, `FAILED`, …
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// What applying a record produced, for those who react to it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    /// The log entry recorded, if any.
+    pub entry: Option<Entry>,
+    /// Pressure levels crossed.
+    pub alerts: Vec<Alert>,
+    /// Span or stage ends that matched nothing open.
+    pub unmatched: bool,
+}

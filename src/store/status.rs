@@ -1,0 +1,139 @@
+//! Views of the state as it is now: the `status` answer (socket and CLI),
+//! every resource's pressure level, and the [`Snapshot`] exporters read.
+
+use std::collections::BTreeMap;
+
+use super::pressure::Level;
+use super::snapshot::{ProcessNow, RunMeta, Snapshot};
+use super::state::Store;
+
+impl Store {
+    /// What the daemon sees now, for `status` (socket and CLI) and live
+    /// views: run identity, current figures, peaks, live processes, open
+    /// spans and stages, pressure levels, GPUs, counters.
+    pub fn status(&self) -> serde_json::Value {
+        let processes: Vec<serde_json::Value> = self
+            .live
+            .values()
+            .map(|l| {
+                let t = &l.target;
+                serde_json::json!({
+                    "pid": t.pid, "ppid": t.ppid, "name": t.name, "root": t.root,
+                    "rss_mb": t.last_rss_mb, "peak_rss_mb": t.peak_rss_mb, "hwm_mb": t.hwm_mb,
+                    "gpu_mb": t.last_gpu_mb, "peak_gpu_mb": t.peak_gpu_mb,
+                })
+            })
+            .collect();
+        let open_stages: Vec<&str> = self
+            .stages
+            .iter()
+            .filter(|s| s.end.is_none())
+            .map(|s| s.name.as_str())
+            .collect();
+        serde_json::json!({
+            "run": {
+                "id": self.run.id, "name": self.run.name, "mode": self.run.mode, "host": self.run.host,
+                "start": self.run.start, "labels": self.run.labels, "gpu_backend": self.run.gpu_backend,
+            },
+            "current": self.current,
+            "peak_usage": self.peaks,
+            "peaks_by_component": self.by_component,
+            "processes": processes,
+            "open_spans": self.open_spans().collect::<Vec<_>>(),
+            "open_stages": open_stages,
+            "levels": self.levels,
+            "gpus": self.gpus.values().collect::<Vec<_>>(),
+            "counters": self.counters,
+        })
+    }
+
+    /// The level of every resource seen (host RAM and each GPU), normal
+    /// included, so exporters have a series from the start.
+    pub fn all_levels(&self) -> BTreeMap<String, Level> {
+        let mut levels = self.levels.clone();
+        if self.host_memory.total > 0 {
+            levels.entry("host".into()).or_default();
+        }
+        for g in self.gpus.values() {
+            levels.entry(format!("gpu{}", g.index)).or_default();
+        }
+        levels
+    }
+
+    /// The picture exporters read (see [`Snapshot`]).
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            seq: self.seq,
+            run: RunMeta {
+                id: self.run.id.clone(),
+                name: self.run.name.clone(),
+                host: self.run.host.clone(),
+                mode: self.run.mode.clone(),
+                start: self.run.start,
+                interval_s: self.run.interval_s,
+                gpu_backend: self.run.gpu_backend.clone(),
+                labels: self.run.labels.clone(),
+            },
+            current: self.current.clone(),
+            peaks: self.peaks,
+            by_component: self.by_component.clone(),
+            processes: self
+                .live
+                .values()
+                .map(|l| ProcessNow {
+                    pid: l.target.pid,
+                    ppid: l.target.ppid,
+                    name: l.target.name.clone(),
+                    root: l.target.root,
+                    rss_bytes: l.rss,
+                    hwm_bytes: l.hwm,
+                    peak_rss_bytes: (l.target.peak_rss_mb * crate::units::MIB) as u64,
+                    gpu_bytes: l.gpu.clone(),
+                    pss_bytes: l.pss,
+                    uss_bytes: l.uss,
+                })
+                .collect(),
+            gpus: self.gpus.values().cloned().collect(),
+            allocator: self.allocator_now.values().copied().collect(),
+            events: self.event_counts.clone(),
+            levels: self.all_levels(),
+            open_spans: self.open_spans().collect(),
+            open_stages: self
+                .stages
+                .iter()
+                .filter(|s| s.end.is_none())
+                .map(|s| s.name.clone())
+                .collect(),
+            host_memory: self.host_memory,
+            counters: self.counters.clone(),
+            nvml_up: self.nvml_up,
+            finished: self.is_finished(),
+            ..Snapshot::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pressure::Level;
+    use super::super::testkit::*;
+
+    #[test]
+    fn every_resource_seen_has_a_level_from_the_start() {
+        let mut st = store();
+        assert!(st.all_levels().is_empty());
+        timer(&mut st, sample(101.0, &[(10, 100)], &[(10, 10)]));
+        let levels: Vec<(String, Level)> = st.all_levels().into_iter().collect();
+        assert_eq!(
+            levels,
+            [
+                ("gpu0".to_string(), Level::Normal),
+                ("host".to_string(), Level::Normal)
+            ]
+        );
+        assert!(st.levels().is_empty(), "no level crossed");
+        let status = st.status();
+        assert_eq!(status["current"]["cpu_rss_mb"], 100.0);
+        assert_eq!(status["open_stages"], serde_json::json!([]));
+    }
+}
