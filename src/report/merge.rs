@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
 
 use crate::model::leak;
+use crate::model::RunStatus;
 use crate::model::{
     Document, DocumentOf, Entry, Peaks, RankSummary, RunInfo, Summary, SCHEMA_VERSION,
 };
@@ -411,7 +412,7 @@ fn merged_run(first: &RunInfo) -> RunInfo {
     RunInfo {
         name: first.name.clone(),
         mode: "merged".into(),
-        status: "merged".into(),
+        status: RunStatus::Merged,
         memtrack_version: env!("CARGO_PKG_VERSION").into(),
         interval_s: first.interval_s,
         gpu_backend: first.gpu_backend.clone(),

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::log_view::LogView;
 use super::state::Store;
 use crate::model::leak::LeakConfig;
-use crate::model::{Document, DocumentOf, Entry, Summary, Target, SCHEMA_VERSION};
+use crate::model::{Document, DocumentOf, Entry, RunStatus, Summary, Target, SCHEMA_VERSION};
 
 /// Headroom added to peaks in the "what a re-run needs" summary.
 pub const HEADROOM: f64 = 0.10;
@@ -40,7 +40,7 @@ impl Store {
 
         let mut run = self.run.clone();
         if run.status.is_empty() {
-            run.status = "running".into();
+            run.status = RunStatus::Running;
         }
         let timers: Vec<&Entry> = self.timer.iter().collect();
         let leak =

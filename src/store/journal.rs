@@ -43,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Record, Store};
 use crate::model::json::{write_atomic_with, write_document, WriteError, FILE_NAME};
+use crate::model::RunStatus;
 
 /// Folder of the crash-safety files inside a run directory.
 pub const DIR: &str = ".memtrack";
@@ -462,7 +463,7 @@ pub fn recover(run_dir: &Path) -> Result<Recovered, JournalError> {
     if !store.is_finished() {
         let end = store.current().timestamp.max(store.run.start);
         store.run.end = Some(end);
-        store.run.status = "recovered".into();
+        store.run.status = RunStatus::Recovered;
     }
     write_final(run_dir, &store)?;
     drop(lock);

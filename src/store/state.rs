@@ -13,6 +13,7 @@ use super::pressure::{Level, Thresholds};
 use super::snapshot::{AllocatorNow, Current};
 use crate::model::leak::Series;
 use crate::model::thin::Thinned;
+use crate::model::RunStatus;
 use crate::model::{
     Alert, Counters, Entry, EntryKind, Exit, FlightWindow, Gpu, HostInfo, Peaks, RunInfo, Stage,
     Target,
@@ -202,7 +203,7 @@ impl Store {
         self.push_event(&entry);
         self.run.end = Some(timestamp);
         self.run.exit = exit.or(self.run.exit);
-        self.run.status = "finished".into();
+        self.run.status = RunStatus::Finished;
         entry
     }
 

@@ -61,17 +61,6 @@ pub struct Point {
     pub timestamp: i64,
 }
 
-fn figures(e: &Entry) -> [f64; 6] {
-    [
-        e.cpu_ram_used_mb,
-        e.gpu_ram_used_mb,
-        e.gpu_ram_peak_mb,
-        e.reserved_gpu_ram_mb,
-        e.gpu_process_used_mb,
-        e.cpu_ram_hwm_mb,
-    ]
-}
-
 /// Folds `e` into `acc`, keeping the maximum of each figure (NaN-safe:
 /// `f64::max` ignores a NaN operand).
 fn fold_max(acc: &mut Entry, e: &Entry) {
@@ -264,7 +253,7 @@ impl Converter {
             if self.taken.insert((title, op.saturating_add(1), iter)) {
                 Some(e.operation.as_str())
             } else {
-                let n = figures(e).iter().filter(|v| v.is_finite()).count() as u64;
+                let n = e.figures().iter().filter(|v| v.is_finite()).count() as u64;
                 self.dropped.duplicates += n;
                 if !self.duplicate_logged {
                     self.duplicate_logged = true;
@@ -286,7 +275,7 @@ impl Converter {
         } else {
             now_ms()
         };
-        for (field, value) in FIELDS.iter().zip(figures(e)) {
+        for (field, value) in FIELDS.iter().zip(e.figures()) {
             if !value.is_finite() {
                 self.dropped.non_finite += 1;
                 continue;
