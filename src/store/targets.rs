@@ -263,14 +263,7 @@ mod tests {
         join(&mut s, 11);
         timer(&mut st, s);
         let mut s = sample(102.0, &[(10, 100)], &[]);
-        s.host.left.push(Left {
-            id: Identity {
-                pid: 11,
-                start_ticks: 11,
-            },
-            exit: None,
-            max_rss: None,
-        });
+        leave(&mut s, 11);
         timer(&mut st, s);
         assert_eq!(st.live_targets().count(), 1);
         // A later scan finds the same process (PID and start time).
@@ -313,31 +306,21 @@ mod tests {
             },
             Thresholds::default(),
         );
-        let left = |s: &mut Sample, pid: u32| {
-            s.host.left.push(Left {
-                id: Identity {
-                    pid,
-                    start_ticks: u64::from(pid),
-                },
-                exit: None,
-                max_rss: None,
-            });
-        };
         let mut s = sample(1.0, &[(10, 5), (11, 300), (12, 100)], &[]);
         for pid in [10, 11, 12] {
             join(&mut s, pid);
         }
         timer(&mut st, s);
         let mut s = sample(2.0, &[(10, 5)], &[]);
-        left(&mut s, 11);
-        left(&mut s, 12);
+        leave(&mut s, 11);
+        leave(&mut s, 12);
         timer(&mut st, s);
         assert_eq!(st.counters().targets_pruned, 0, "three rows fit");
         let mut s = sample(3.0, &[(10, 5), (13, 200)], &[]);
         join(&mut s, 13);
         timer(&mut st, s);
         let mut s = sample(4.0, &[(10, 5)], &[]);
-        left(&mut s, 13);
+        leave(&mut s, 13);
         timer(&mut st, s);
         let pids: Vec<u32> = st.document().targets.iter().map(|t| t.pid).collect();
         assert_eq!(pids, [10, 11, 13], "12, the smallest gone row, made room");
@@ -353,14 +336,7 @@ mod tests {
         join(&mut s, 11);
         timer(&mut st, s);
         let mut s = sample(102.0, &[(10, 100)], &[]);
-        s.host.left.push(Left {
-            id: Identity {
-                pid: 11,
-                start_ticks: 11,
-            },
-            exit: None,
-            max_rss: None,
-        });
+        leave(&mut s, 11);
         timer(&mut st, s);
         st.apply(&Record::Exit {
             pid: 11,

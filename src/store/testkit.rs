@@ -10,7 +10,7 @@ pub(super) use super::state::Store;
 pub(super) use super::Record;
 pub(super) use crate::model::{Allocator, EntryKind, Exit, RunInfo};
 use crate::sample::gpu::{DeviceReading, GpuSample, ProcessReading, Status as GpuStatus};
-use crate::sample::host::{HostSample, Identity, Joined, Reading};
+use crate::sample::host::{HostSample, Identity, Joined, Left, Reading};
 pub(super) use crate::sample::{HostMemory, Sample};
 
 pub(super) const M: u64 = 1024 * 1024;
@@ -80,6 +80,18 @@ pub(super) fn join(s: &mut Sample, pid: u32) {
         name: format!("p{pid}"),
         cmdline: vec![],
         root: pid == 10,
+    });
+}
+
+/// `pid` (started at tick `pid`, as [`join`] has it) is gone from the tree.
+pub(super) fn leave(s: &mut Sample, pid: u32) {
+    s.host.left.push(Left {
+        id: Identity {
+            pid,
+            start_ticks: u64::from(pid),
+        },
+        exit: None,
+        max_rss: None,
     });
 }
 

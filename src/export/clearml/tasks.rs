@@ -172,18 +172,7 @@ pub async fn create_task(
     let mut delay = s.backoff_min;
     loop {
         match api.call_creating("tasks.create", &body).await {
-            Ok(data) => {
-                return data
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-                    .ok_or_else(|| CallError::Rejected {
-                        status: 200,
-                        subcode: 0,
-                        message: "tasks.create answered without an id".into(),
-                        error_data: Value::Null,
-                    })
-            }
+            Ok(data) => return created_id(&data, "tasks.create"),
             Err(CallError::Transient { .. }) => {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(s.backoff_max);
@@ -293,16 +282,7 @@ pub async fn project_id(api: &Api, name: &str) -> Result<String, CallError> {
         }
     };
     match created {
-        Ok(data) => data
-            .get("id")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .ok_or_else(|| CallError::Rejected {
-                status: 200,
-                subcode: 0,
-                message: "projects.create answered without an id".into(),
-                error_data: Value::Null,
-            }),
+        Ok(data) => created_id(&data, "projects.create"),
         // Created by someone else meanwhile.
         Err(CallError::Rejected { subcode: 801, .. }) => {
             lookup().await?.ok_or_else(|| CallError::Rejected {
@@ -314,6 +294,20 @@ pub async fn project_id(api: &Api, name: &str) -> Result<String, CallError> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// The id a `*.create` call answered with; an answer without one is a
+/// rejection, not a retry.
+fn created_id(data: &Value, call: &str) -> Result<String, CallError> {
+    data.get("id")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| CallError::Rejected {
+            status: 200,
+            subcode: 0,
+            message: format!("{call} answered without an id"),
+            error_data: Value::Null,
+        })
 }
 
 /// Marks a task memtrack created completed or failed, if it is still
