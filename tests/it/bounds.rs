@@ -211,18 +211,20 @@ impl Drop for Holder {
 
 #[test]
 fn another_users_slow_and_idle_clients_never_make_healthz_fail() {
-    if !std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .any(|l| l.starts_with("Uid:\t0\t"))
-    {
-        eprintln!("skipped: needs root to run the other user's client (setpriv)");
+    if !can_run(
+        "root",
+        is_root(),
+        "needs root to run the other user's client (setpriv)",
+    ) {
         return;
     }
     // The other user cannot run this user's (pyenv) interpreter.
     let python = Path::new("/usr/bin/python3");
-    if !python.exists() {
-        eprintln!("skipped: no /usr/bin/python3 for the other user");
+    if !can_run(
+        "system-python",
+        python.exists(),
+        "no /usr/bin/python3 for the other user",
+    ) {
         return;
     }
     let dir = scratch();

@@ -366,3 +366,26 @@ pub fn largest_timer_gap(doc: &Document) -> f64 {
         .collect();
     t.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max)
 }
+
+/// Whether a test that needs `need` (a short name: `root`, `cgroup`,
+/// `setpriv`, …) may go on. When it cannot, the test fails — a skipped test
+/// would show as passed — unless `MEMTRACK_ALLOW_SKIP` (comma-separated)
+/// names `need`: then it says why and the caller returns. CI leaves the
+/// variable unset, so every test runs there.
+#[must_use]
+pub fn can_run(need: &str, available: bool, why: &str) -> bool {
+    if available {
+        return true;
+    }
+    let allowed = std::env::var("MEMTRACK_ALLOW_SKIP").unwrap_or_default();
+    if allowed.split(',').any(|n| n.trim() == need) {
+        eprintln!("skipped, as MEMTRACK_ALLOW_SKIP names `{need}`: {why}");
+        return false;
+    }
+    panic!("cannot run here: {why} (set MEMTRACK_ALLOW_SKIP={need} to skip knowingly)");
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    memtrack::sys::uid() == 0
+}

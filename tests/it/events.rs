@@ -211,13 +211,15 @@ fn hostile_clients_never_stop_sampling() {
 
 #[test]
 fn a_peer_of_another_user_is_refused() {
-    if memtrack::sys::uid() != 0
-        || std::process::Command::new("setpriv")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipped: needs root and setpriv to run a daemon as another user");
+    let setpriv = std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !can_run(
+        "root",
+        is_root() && setpriv,
+        "needs root and setpriv to run a daemon as another user",
+    ) {
         return;
     }
     // The daemon runs as `nobody`; root can still open its 0600 socket

@@ -34,8 +34,15 @@ fn no_cgroup_mode() -> Option<String> {
 
 macro_rules! needs_cgroup_mode {
     () => {
-        if let Some(why) = no_cgroup_mode() {
-            println!("SKIPPED: cgroup mode needs a writable cgroup v1 memory controller: {why}");
+        let why = no_cgroup_mode();
+        if !can_run(
+            "cgroup",
+            why.is_none(),
+            &format!(
+                "cgroup mode needs a writable cgroup v1 memory controller: {}",
+                why.unwrap_or_default()
+            ),
+        ) {
             return;
         }
     };

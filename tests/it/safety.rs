@@ -5,18 +5,12 @@
 //! mount, a second uid) say so and return when not root.
 
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-
-fn is_root() -> bool {
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid() == 0)
-        .unwrap_or(false)
-}
 
 fn sh(script: &str) {
     let ok = Command::new("sh")
@@ -192,8 +186,11 @@ fn a_journal_rotation_failed_for_want_of_descriptors_loses_no_acknowledged_mark(
 /// shared output root, and recovered that user's folders.
 #[test]
 fn links_planted_by_another_user_are_never_followed() {
-    if !is_root() {
-        eprintln!("skipped: needs root to plant files as a second uid");
+    if !can_run(
+        "root",
+        is_root(),
+        "needs root to plant files as a second uid",
+    ) {
         return;
     }
     const OTHER: u32 = 4242;
@@ -264,8 +261,11 @@ fn links_planted_by_another_user_are_never_followed() {
 /// the leftover runs of other users.
 #[test]
 fn another_users_leftover_run_is_neither_opened_nor_recovered() {
-    if !is_root() {
-        eprintln!("skipped: needs root to leave a run as a second uid");
+    if !can_run(
+        "root",
+        is_root(),
+        "needs root to leave a run as a second uid",
+    ) {
         return;
     }
     const OTHER: u32 = 4243;
@@ -428,8 +428,7 @@ fn a_closed_stderr_changes_neither_the_exit_status_nor_the_json() {
 /// left in the run directory into the normal path.
 #[test]
 fn after_a_full_disk_the_partial_journal_is_never_recovered() {
-    if !is_root() {
-        eprintln!("skipped: needs root to mount a small tmpfs");
+    if !can_run("root", is_root(), "needs root to mount a small tmpfs") {
         return;
     }
     let top = scratch();

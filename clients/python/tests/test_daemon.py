@@ -3,7 +3,7 @@
 the memory_usage.json it writes.
 
 The binary is $MEMTRACK_BIN, default <repo>/target/debug/memtrack; these
-tests are skipped when it is missing or has no event socket yet."""
+tests fail (they never skip) when it is missing or has no event socket."""
 
 import glob
 import json
