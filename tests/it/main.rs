@@ -20,4 +20,5 @@ mod prometheus;
 mod refs;
 mod report;
 mod s3;
+mod s3_moto;
 mod safety;
