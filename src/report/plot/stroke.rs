@@ -70,9 +70,9 @@ pub(super) fn wide_line<DB: DrawingBackend>(
 fn cut_at_sharp_turns(points: &[(f64, f64)], pixels: &[(i32, i32)]) -> Vec<Vec<(f64, f64)>> {
     let mut pieces = Vec::new();
     let mut piece: Vec<(f64, f64)> = Vec::new();
-    // The last two distinct pixels of the piece, and the last point's data.
-    let (mut before, mut last): (Option<(i32, i32)>, Option<((i32, i32), (f64, f64))>) =
-        (None, None);
+    // The last two distinct pixels of the piece, the last with its point.
+    let mut before: Option<(i32, i32)> = None;
+    let mut last: Option<((i32, i32), (f64, f64))> = None;
     for (&p, &q) in points.iter().zip(pixels) {
         if last.is_some_and(|(l, _)| l == q) {
             continue;
