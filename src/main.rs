@@ -339,7 +339,7 @@ fn socket_of(args: &SocketArgs) -> anyhow::Result<std::path::PathBuf> {
         return client::socket_path(args.socket.as_deref()).map_err(|e| {
             let live = app::registry::live_runs();
             if live.is_empty() {
-                e
+                anyhow::anyhow!("{e}; or --run NAME for a live run (`memtrack ls`: none now)")
             } else {
                 let names: Vec<&str> = live.iter().map(|r| r.name.as_str()).collect();
                 anyhow::anyhow!(
