@@ -134,15 +134,18 @@ pub fn format_runs(runs: &[LiveRun], now: f64) -> String {
     let rows: Vec<[String; 5]> = runs
         .iter()
         .map(|r| {
+            // Names come from the job's command line and labels: shown,
+            // never obeyed by the terminal.
+            let shown = |s: &str| crate::report::text::escape_controls(s, false).into_owned();
             [
-                r.name.clone(),
+                shown(&r.name),
                 r.pid.to_string(),
                 crate::units::duration_one_unit((now - r.start).max(0.0)),
                 r.metrics
                     .map_or("-".into(), |a| format!("http://{a}/metrics")),
                 r.socket
                     .as_ref()
-                    .map_or("-".into(), |p| p.display().to_string()),
+                    .map_or("-".into(), |p| shown(&p.display().to_string())),
             ]
         })
         .collect();
@@ -333,6 +336,23 @@ fn write_sd_file(path: &Path, run: &RunInfo, addr: SocketAddr) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_shows_names_without_obeying_them() {
+        let run = LiveRun {
+            name: "a\u{1b}[2Jb".into(),
+            pid: 42,
+            socket: Some("/tmp/m.sock".into()),
+            metrics: Some("127.0.0.1:9465".parse().unwrap()),
+            dir: "/out/a".into(),
+            start: 100.0,
+            sd_file: None,
+        };
+        let text = format_runs(&[run], 130.0);
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert!(text.contains("42") && text.contains("30 s"), "{text}");
+        assert!(text.contains("http://127.0.0.1:9465/metrics"), "{text}");
+    }
 
     #[test]
     fn sd_file_is_a_target_group_with_the_run_label() {

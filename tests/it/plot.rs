@@ -657,3 +657,29 @@ fn png_draws_no_spike_above_the_data() {
         &above[..above.len().min(5)]
     );
 }
+
+#[test]
+fn plot_without_output_writes_beside_the_document_and_says_where() {
+    let dir = scratch();
+    let run = dir.path().join("train");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/it/fixtures/golden/train/memory_usage.json"),
+        run.join("memory_usage.json"),
+    )
+    .unwrap();
+    let done = run_to_end(memtrack().arg("plot").arg(&run), Duration::from_secs(60));
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    let svg = run.join("memory_timeline.svg");
+    assert!(
+        std::fs::read_to_string(&svg).unwrap().contains("<svg"),
+        "{}",
+        svg.display()
+    );
+    assert!(
+        stderr(&done).contains(&svg.display().to_string()),
+        "{}",
+        stderr(&done)
+    );
+}
