@@ -5,7 +5,11 @@ with a DataLoader-style worker process), so `memtrack run` has something
 real to show.
 
 Standard library only. When PyTorch with CUDA is importable, the model and
-activations also go to the GPU; otherwise the job is host-only.
+activations also go to the GPU; otherwise the job is host-only. Each phase
+is a span sent through memtrack's Python client (components data, model,
+generate and worker), so the report has a peak per phase and the plot a
+lane per phase; the client is imported from clients/python/src when it is
+not installed.
 
     memtrack run -- python3 examples/demo_job.py [--scale 1.0] [--steps 6]
 
@@ -18,6 +22,13 @@ import argparse
 import os
 import sys
 import time
+
+try:
+    import memtrack
+except ImportError:
+    # Run from a checkout without `pip install ./clients/python`.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python", "src"))
+    import memtrack
 
 MIB = 1 << 20
 
@@ -50,28 +61,34 @@ def main():
     print(f"demo job (pid {os.getpid()}): scale {s}, {args.steps} steps, device {device}", flush=True)
 
     # Phase 1: data.
-    dataset = touched(200 * s)
-    time.sleep(pause)
+    with memtrack.span("data", "load"):
+        dataset = touched(200 * s)
+        time.sleep(pause)
 
     # Phase 2: model weights (and on the GPU when there is one).
-    weights = touched(300 * s)
-    gpu_weights = torch.empty(int(512 * s * MIB), dtype=torch.uint8, device="cuda") if torch else None
-    time.sleep(pause)
+    with memtrack.span("model", "build"):
+        weights = touched(300 * s)
+        gpu_weights = torch.empty(int(512 * s * MIB), dtype=torch.uint8, device="cuda") if torch else None
+        time.sleep(pause)
 
-    # A DataLoader-style worker: a child process holding its own batch.
+    # A DataLoader-style worker: a child process holding its own batch. The
+    # client reconnects in the child by itself after fork().
     worker = os.fork()
     if worker == 0:
-        batch = touched(100 * s)
-        time.sleep(pause * 3)
-        del batch
+        with memtrack.span("worker", "batch"):
+            batch = touched(100 * s)
+            time.sleep(pause * 3)
+            del batch
+        memtrack.get_client().flush(timeout=1.0)
         os._exit(0)
 
     # Phase 3: generation steps, each allocating and freeing activations.
     for step in range(args.steps):
-        activations = touched(150 * s)
-        gpu_act = torch.empty(int(256 * s * MIB), dtype=torch.uint8, device="cuda") if torch else None
-        time.sleep(pause / 2)
-        del activations, gpu_act
+        with memtrack.span("generate", "step", iteration=step):
+            activations = touched(150 * s)
+            gpu_act = torch.empty(int(256 * s * MIB), dtype=torch.uint8, device="cuda") if torch else None
+            time.sleep(pause / 2)
+            del activations, gpu_act
         time.sleep(pause / 4)
 
     os.waitpid(worker, 0)
@@ -79,6 +96,7 @@ def main():
     if torch:
         torch.cuda.empty_cache()
     time.sleep(pause)
+    memtrack.get_client().flush(timeout=1.0)
     print("demo job done", flush=True)
     return 0
 

@@ -43,11 +43,12 @@ pub enum Command {
     ClearmlResend(ClearmlResendArgs),
     /// Peaks, stages, processes, alerts, leaks and what a re-run needs, from a memory_usage.json
     Report(ReportArgs),
-    /// Compare runs side by side: model, precision, CPU RAM, GPU RAM and GPU peak per run
+    /// Compare runs side by side: duration, exit, peaks by run, stage and component, differences
     ///
-    /// One row per run. Model, precision and comment come from the run's labels
-    /// (`memtrack run --label model=… --label precision=… --label comment=…`);
-    /// without a model label the run name stands in.
+    /// One column (or row) per run, named after the run; differences are against the
+    /// first run given. `--format markdown` / `csv` print the configuration table
+    /// (model, precision, CPU RAM, GPU RAM, GPU peak, comment, from the run labels
+    /// `model`, `precision` and `comment`); `--plot FILE` draws the runs over each other.
     Compare(CompareArgs),
     /// Combine the per-rank files of a multi-node job (or an S3 prefix) into one
     Merge(MergeArgs),
@@ -55,6 +56,8 @@ pub enum Command {
     Plot(PlotArgs),
     /// A live view of a running memtrack, refreshed in place
     Watch(WatchArgs),
+    /// List this user's live runs on this machine: name, pid, socket, metrics address
+    Ls(LsArgs),
     /// Print the default or the effective configuration
     Config(ConfigArgs),
 }
@@ -74,13 +77,13 @@ pub struct DaemonArgs {
     /// TOML configuration file
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Timer period between samples, e.g. 100ms, 1s (default 1s)
+    /// Timer period between samples, e.g. 100ms, 1s (default: 1s)
     #[arg(long, value_name = "DURATION")]
     pub interval: Option<String>,
     /// Run name: the output folder outputs/NAME/ (default: script name and time)
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
-    /// Directory holding one folder per run (default ./outputs)
+    /// Directory holding one folder per run (default: ./outputs)
     #[arg(long, value_name = "DIR")]
     pub output: Option<PathBuf>,
     /// Extra label for the run and its metrics (repeatable)
@@ -92,21 +95,25 @@ pub struct DaemonArgs {
     /// NVML library to load instead of libnvidia-ml.so.1
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
-    /// Also read PSS/USS from smaps_rollup (costly; rate limited)
+    /// Also read each process's proportional and unique memory (PSS, USS:
+    /// shared pages split between their users, pages only it holds); slow
+    /// for large processes, so rate limited
     #[arg(long)]
     pub smaps: bool,
-    /// Source of the tree's host figure: auto (a memory cgroup holding only
-    /// the job, else the Pss sum), pss, or rss (counts shared pages once
-    /// per process)
+    /// Where the tree's host memory figure comes from: auto (the job's own
+    /// memory cgroup when there is one, else pss), pss (each shared page
+    /// counted once, split between the processes sharing it), or rss (the
+    /// plain sum, counting a shared page once per process) (default: auto)
     #[arg(long, value_name = "SOURCE")]
     pub host_source: Option<String>,
-    /// How often memory_usage.json is rewritten during the run (default 30s)
+    /// How often memory_usage.json is rewritten during the run (default: 30s)
     #[arg(long, value_name = "DURATION")]
     pub checkpoint_interval: Option<String>,
-    /// Log level or tracing filter (default info)
+    /// Log level: error, warn, info, debug or trace (default: info)
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
-    /// HTTP address for /metrics and /memory-info (default 127.0.0.1:9464; `off`: none)
+    /// HTTP address for /metrics and /memory-info; `off`: none (default:
+    /// 127.0.0.1:9464, or a free port when another run holds it)
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Option<String>,
     /// Report into this ClearML task (default: $CLEARML_TASK_ID, else a new task)
@@ -124,7 +131,19 @@ pub struct DaemonArgs {
     /// S3 endpoint (MinIO), e.g. http://127.0.0.1:9000
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
-    /// Event socket path (`off`: none). The job gets it as MEMTRACK_SOCKET
+    /// Region to sign for (default: AWS_REGION, the profile's, us-east-1 with an endpoint)
+    #[arg(long, value_name = "REGION")]
+    pub s3_region: Option<String>,
+    /// Path-style addressing: auto (on with an endpoint), true or false (default: auto)
+    #[arg(long, value_name = "auto|true|false")]
+    pub s3_path_style: Option<String>,
+    /// How long the end of the run may wait on the network (the S3 upload,
+    /// ClearML's last points) before it gives up and says how to finish
+    /// later (default: 1m)
+    #[arg(long, value_name = "DURATION")]
+    pub finish_timeout: Option<String>,
+    /// Event socket path; `off`: none. The job gets it as MEMTRACK_SOCKET
+    /// (default: $XDG_RUNTIME_DIR/memtrack-PID.sock, else /tmp/memtrack-UID/)
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
 }
@@ -143,6 +162,7 @@ impl DaemonArgs {
         set_str("checkpoint_interval", &self.checkpoint_interval);
         set_str("log_level", &self.log_level);
         set_str("listen", &self.listen);
+        set_str("finish_timeout", &self.finish_timeout);
         let mut set = |key: &str, v: &Option<String>| {
             if let Some(v) = v {
                 layer.set(key, Value::String(v.clone()));
@@ -152,6 +172,8 @@ impl DaemonArgs {
         set("clearml.project", &self.clearml_project);
         set("s3.url", &self.s3_url);
         set("s3.endpoint", &self.s3_endpoint);
+        set("s3.region", &self.s3_region);
+        set("s3.path_style", &self.s3_path_style);
         // Naming a task or project asks for ClearML; --no-clearml wins.
         if self.no_clearml {
             layer.set("clearml.enabled", Value::String("false".into()));
@@ -217,12 +239,15 @@ pub struct AttachArgs {
     pub pid_files: Vec<PathBuf>,
 }
 
-/// Where the daemon's socket is.
+/// Which running memtrack to talk to.
 #[derive(Debug, Args)]
 pub struct SocketArgs {
     /// The daemon's socket (default: $MEMTRACK_SOCKET)
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "run")]
     pub socket: Option<PathBuf>,
+    /// The live run of this name or memtrack pid, as `memtrack ls` lists it
+    #[arg(long, value_name = "NAME")]
+    pub run: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -318,8 +343,8 @@ pub struct ClearmlResendArgs {
     /// Project of the task to create when the run never got one
     #[arg(long, value_name = "NAME")]
     pub clearml_project: Option<String>,
-    /// Give up after this long; what is left stays in the spool
-    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration)]
+    /// Give up after this long; what is left stays in the spool (default: 2m)
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration, hide_default_value = true)]
     pub timeout: std::time::Duration,
 }
 
@@ -359,12 +384,21 @@ pub struct ReportArgs {
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// memory_usage.json files or run directories, one row each
+    /// memory_usage.json files or run directories, the first being the reference
     #[arg(required = true, value_name = "FILE|RUN_DIR")]
     pub files: Vec<PathBuf>,
-    /// A terminal table, Markdown or CSV
-    #[arg(long, value_enum, default_value = "table")]
+    /// What to print (default: table)
+    #[arg(long, value_enum, default_value = "table", hide_default_value = true)]
     pub format: crate::report::compare::Format,
+    /// Print JSON (as --format json)
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
+    /// Also draw the runs' memory over each other into FILE (.svg or .png)
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// The plot's x axis: time since each start, iteration, or stage (default: time)
+    #[arg(long, value_enum, default_value = "time", hide_default_value = true)]
+    pub align: crate::report::plot::Align,
 }
 
 #[derive(Debug, Args)]
@@ -372,7 +406,7 @@ pub struct MergeArgs {
     /// Per-rank memory_usage*.json files, or one s3://bucket/prefix/ holding them
     #[arg(required = true, value_name = "FILE|S3_PREFIX")]
     pub inputs: Vec<String>,
-    /// Where to write the merged file (default: print it)
+    /// Where to write the merged file (default: print it to stdout)
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// TOML configuration file (its s3 section, for an S3 prefix)
@@ -409,14 +443,15 @@ pub struct PlotArgs {
     /// A memory_usage.json, or a run directory
     #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
-    /// Output image: .svg or .png
+    /// Output image: .svg or .png (default: memory_timeline.svg beside the
+    /// memory_usage.json)
     #[arg(short, long, value_name = "FILE")]
-    pub output: PathBuf,
-    /// Width in pixels, 480 to 4096
-    #[arg(long, default_value_t = 1400)]
+    pub output: Option<PathBuf>,
+    /// Width in pixels, 480 to 4096 (default: 1400)
+    #[arg(long, default_value_t = 1400, hide_default_value = true)]
     pub width: u32,
-    /// Height in pixels, 320 to 4096
-    #[arg(long, default_value_t = 900)]
+    /// Height in pixels, 320 to 4096 (default: 900)
+    #[arg(long, default_value_t = 900, hide_default_value = true)]
     pub height: u32,
     /// Title (default: the run name)
     #[arg(long)]
@@ -427,12 +462,24 @@ pub struct PlotArgs {
 pub struct WatchArgs {
     #[command(flatten)]
     pub socket: SocketArgs,
-    /// Refresh period
-    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    /// Refresh period (default: 1s)
+    #[arg(
+        long,
+        default_value = "1s",
+        value_name = "DURATION",
+        hide_default_value = true
+    )]
     pub interval: String,
     /// Print one frame and exit (no screen control)
     #[arg(long)]
     pub once: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

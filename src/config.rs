@@ -37,6 +37,11 @@ pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(60);
 /// Config files larger than this are refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
+/// Every setting with its default and a comment saying what it is, as
+/// `memtrack config --defaults` prints it (`memtrack.example.toml`; a test
+/// keeps it equal to [`Config::default`]).
+pub const EXAMPLE: &str = include_str!("../memtrack.example.toml");
+
 /// Prefix of every environment variable that maps onto a config key.
 pub const ENV_PREFIX: &str = "MEMTRACK_";
 
@@ -57,8 +62,9 @@ pub struct Config {
     /// `error`, `warn`, `info`, `debug` or `trace` (or a tracing filter).
     pub log_level: String,
     /// HTTP address for `/metrics`, `/memory-info`, `/cleanup-memory`,
-    /// `/healthz`; `off` disables. When the default address is taken the
-    /// run goes on without HTTP (warned); a chosen address must bind.
+    /// `/healthz`; `off` disables. When the default address is taken (by
+    /// another run) a free port is used instead, said at the start and in
+    /// the discovery file; a chosen address must bind.
     pub listen: String,
     /// How long memtrack may spend after the job has ended on what goes
     /// over the network (the S3 upload, ClearML's last points); then it
@@ -76,6 +82,17 @@ pub struct Config {
     pub clearml: ClearmlConfig,
     pub s3: S3Config,
     pub flight: FlightConfig,
+    pub discovery: DiscoveryConfig,
+}
+
+/// How Prometheus finds a run: a file-based service-discovery file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    /// The folder of the runs' discovery files (`file_sd_configs`). Empty:
+    /// `$XDG_RUNTIME_DIR/memtrack/sd`, `/run/memtrack/sd` for root, else
+    /// `/tmp/memtrack-<uid>/sd`. `off`: none.
+    pub sd_dir: PathBuf,
 }
 
 /// The OOM flight recorder: the last seconds before a target dies, sampled
@@ -217,6 +234,7 @@ impl Default for Config {
             clearml: ClearmlConfig::default(),
             s3: S3Config::default(),
             flight: FlightConfig::default(),
+            discovery: DiscoveryConfig::default(),
         }
     }
 }
@@ -359,6 +377,20 @@ impl Layer {
             if CLIENT_ONLY_ENV.contains(&name.as_str()) {
                 continue;
             }
+            // `MEMTRACK_LABELS_TEAM=cv` is `labels.team = "cv"`: label names
+            // are free-form, so they follow the key path in lower case.
+            if let Some(label) = rest
+                .get(..LABELS_ENV.len())
+                .filter(|p| p.eq_ignore_ascii_case(LABELS_ENV))
+                .and_then(|_| rest.get(LABELS_ENV.len()..))
+                .filter(|l| !l.is_empty())
+            {
+                layer.set(
+                    &format!("labels.{}", label.to_ascii_lowercase()),
+                    Value::String(raw),
+                );
+                continue;
+            }
             let Some((key, default)) = keys
                 .iter()
                 .find(|(k, _)| k.replace('.', "_").eq_ignore_ascii_case(rest))
@@ -376,8 +408,17 @@ impl Layer {
 }
 
 /// Variables read by clients (`memtrack mark`, the Python client) rather
-/// than by the daemon's config.
-const CLIENT_ONLY_ENV: &[&str] = &["MEMTRACK_SOCKET", "MEMTRACK_TIMEOUT", "MEMTRACK_DISABLE"];
+/// than by the daemon's config: the daemon passes them over. `BIN` is the
+/// memtrack binary the Python client starts.
+pub const CLIENT_ONLY_ENV: &[&str] = &[
+    "MEMTRACK_SOCKET",
+    "MEMTRACK_TIMEOUT",
+    "MEMTRACK_DISABLE",
+    "MEMTRACK_BIN",
+];
+
+/// `MEMTRACK_LABELS_<NAME>` sets one label.
+const LABELS_ENV: &str = "LABELS_";
 
 /// A string from the environment, typed like the default it overrides:
 /// strings stay strings, anything else is read as a TOML literal
@@ -479,10 +520,13 @@ fn deserialize(layer: &str, table: Table) -> Result<Config, ConfigError> {
         .map_err(|e: toml::de::Error| {
             // toml reports "…\nin `host.smaps`"; lift the key into our message.
             let text = e.to_string();
-            let (message, key) = match text.trim_end().rsplit_once("\nin `") {
+            let (mut message, key) = match text.trim_end().rsplit_once("\nin `") {
                 Some((m, k)) => (m.to_string(), k.trim_end_matches('`').to_string()),
                 None => (text.trim_end().to_string(), String::from("?")),
             };
+            if let Some(hint) = what_to_write(&key).filter(|_| !message.contains("write ")) {
+                message = format!("{message}; {hint}");
+            }
             ConfigError::Invalid {
                 layer: layer.to_string(),
                 key,
@@ -491,10 +535,59 @@ fn deserialize(layer: &str, table: Table) -> Result<Config, ConfigError> {
         })
 }
 
+/// What a value of `key` looks like, judged from its default: said after
+/// a type error, so the user learns what to write instead.
+fn what_to_write(key: &str) -> Option<&'static str> {
+    let defaults = Value::Table(default_table());
+    let default = key.split('.').try_fold(&defaults, |v, k| v.get(k))?;
+    match default {
+        Value::String(s) if !s.is_empty() && crate::units::parse_duration(s).is_ok() => {
+            Some("write a duration such as \"5s\", \"500ms\" or \"2m\"")
+        }
+        Value::Float(_) => Some("write a number such as 0.8, or a percentage such as \"80%\""),
+        Value::Integer(_) => Some("write a whole number such as 64"),
+        Value::Boolean(_) => Some("write true or false"),
+        _ => None,
+    }
+}
+
+/// A percentage (`"80%"`) where the default is a number becomes the
+/// ratio (0.8), in every layer alike.
+fn read_percentages(defaults: &Table, table: &mut Table) {
+    for (k, v) in table.iter_mut() {
+        match defaults.get(k) {
+            Some(Value::Table(d)) => {
+                if let Value::Table(t) = v {
+                    read_percentages(d, t);
+                }
+            }
+            Some(Value::Float(_)) => {
+                let ratio = v
+                    .as_str()
+                    .and_then(|text| text.trim().strip_suffix('%'))
+                    .and_then(|n| n.trim().parse::<f64>().ok())
+                    .filter(|n| n.is_finite());
+                if let Some(n) = ratio {
+                    *v = Value::Float(n / 100.0);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Merges the layers over the defaults and validates the result.
 pub fn resolve(layers: &[Layer]) -> Result<Config, ConfigError> {
     let defaults = default_table();
-    for layer in layers {
+    let layers: Vec<Layer> = layers
+        .iter()
+        .cloned()
+        .map(|mut l| {
+            read_percentages(&defaults, &mut l.table);
+            l
+        })
+        .collect();
+    for layer in &layers {
         check_unknown(&layer.name, &defaults, &layer.table, "")?;
         // Deserialize each layer alone first so a type error names its source.
         let mut alone = defaults.clone();
@@ -502,7 +595,7 @@ pub fn resolve(layers: &[Layer]) -> Result<Config, ConfigError> {
         deserialize(&layer.name, alone)?.validate(&layer.name)?;
     }
     let mut all = defaults;
-    for layer in layers {
+    for layer in &layers {
         merge_into(&mut all, &layer.table);
     }
     let config = deserialize("configuration", all)?;
@@ -790,6 +883,37 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn env_labels_percentages_and_client_variables() {
+        let env = Layer::from_env([
+            ("MEMTRACK_LABELS_TEAM".into(), "cv".into()),
+            ("MEMTRACK_PRESSURE_HIGH".into(), "80%".into()),
+            ("MEMTRACK_BIN".into(), "/x".into()),
+        ])
+        .unwrap();
+        let c = resolve(&[env]).unwrap();
+        assert_eq!(c.labels["team"], "cv");
+        assert!((c.pressure.high - 0.8).abs() < 1e-9);
+        let c = resolve(&[layer("f", "[pressure]\ncritical = '88 %'")]).unwrap();
+        assert!((c.pressure.critical - 0.88).abs() < 1e-9);
+    }
+
+    #[test]
+    fn type_errors_say_what_to_write() {
+        let err = resolve(&[layer("f", "interval = 5")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write a duration such as \"5s\""), "{err}");
+        let err = resolve(&[layer("f", "[pressure]\nhigh = 'lots'")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("0.8") && err.contains("80%"), "{err}");
+        let err = resolve(&[layer("f", "[host]\nsmaps = 'on'")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("true or false"), "{err}");
     }
 
     #[test]

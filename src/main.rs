@@ -7,8 +7,9 @@ use anyhow::Context;
 use clap::Parser;
 use memtrack::app::{self, Mode};
 use memtrack::cli::{
-    AttachArgs, ClearmlResendArgs, Cli, Command, CompareArgs, ConfigArgs, ConfigSources, MergeArgs,
-    PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs, StatusArgs, UploadArgs, WatchArgs,
+    AttachArgs, ClearmlResendArgs, Cli, Command, CompareArgs, ConfigArgs, ConfigSources, LsArgs,
+    MergeArgs, PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs, StatusArgs, UploadArgs,
+    WatchArgs,
 };
 use memtrack::config::{self, Config, Layer};
 use memtrack::event::client;
@@ -86,6 +87,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Merge(args) => merge(&args),
         Command::Plot(args) => plot(&args),
         Command::Watch(args) => watch(&args),
+        Command::Ls(args) => ls(&args),
         Command::Recover(args) => recover(&args),
         Command::Config(args) => show_config(&args),
     }
@@ -117,7 +119,7 @@ fn attach(args: &AttachArgs) -> Result<u8, Failure> {
 
 /// `memtrack status`: what the daemon sees now, as text or JSON.
 fn status(args: &StatusArgs) -> Result<u8, Failure> {
-    let path = client::socket_path(args.socket.socket.as_deref()).map_err(runtime)?;
+    let path = socket_of(&args.socket).map_err(runtime)?;
     let reply = client::Connection::open(&path, CLIENT_TIMEOUT)
         .and_then(|mut c| c.call(&serde_json::json!({"type": "status"})))
         .map_err(runtime)?;
@@ -135,7 +137,7 @@ fn status(args: &StatusArgs) -> Result<u8, Failure> {
 
 /// `memtrack cleanup`: asks the job's subscribed clients to free caches.
 fn cleanup(args: &SocketArgs) -> Result<u8, Failure> {
-    let path = client::socket_path(args.socket.as_deref()).map_err(runtime)?;
+    let path = socket_of(args).map_err(runtime)?;
     let reply = client::Connection::open(&path, CLIENT_TIMEOUT)
         .and_then(|mut c| c.call(&serde_json::json!({"type": "cleanup"})))
         .map_err(runtime)?;
@@ -183,20 +185,47 @@ fn report(args: &ReportArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// `memtrack compare`: one row per run, named after its directory.
+/// `memtrack compare`: the runs side by side, named after themselves (or
+/// their directories), and their overlay plot when asked.
 fn compare(args: &CompareArgs) -> Result<u8, Failure> {
     let mut runs = Vec::new();
     for f in &args.files {
         let f = &memtrack::report::document_path(f).map_err(runtime)?;
-        let doc = memtrack::report::read::without_log(f).map_err(runtime)?;
+        // The overlay needs the samples; the tables only the summaries.
+        let doc = if args.plot.is_some() {
+            memtrack::report::read::for_plot(f)
+        } else {
+            memtrack::report::read::without_log(f)
+        }
+        .map_err(runtime)?;
         let name = f
             .parent()
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().into_owned());
         runs.push((name.unwrap_or_else(|| f.display().to_string()), doc));
     }
-    stdout(&memtrack::report::compare::render(&runs, args.format))
+    let format = if args.json {
+        memtrack::report::compare::Format::Json
+    } else {
+        args.format
+    };
+    stdout(&memtrack::report::compare::render(&runs, format)).map_err(|e| runtime(e.into()))?;
+    if let Some(out) = &args.plot {
+        let names: Vec<String> = memtrack::report::compare::build(&runs)
+            .runs
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        memtrack::report::plot::overlay(
+            &runs,
+            &names,
+            args.align,
+            out,
+            &memtrack::report::plot::PlotOptions::default(),
+        )
         .map_err(|e| runtime(e.into()))?;
+        logging::say(&format!("memtrack: wrote {}", out.display()));
+    }
     Ok(0)
 }
 
@@ -283,18 +312,60 @@ fn plot(args: &PlotArgs) -> Result<u8, Failure> {
         height: args.height,
         title: args.title.clone(),
     };
-    memtrack::report::plot::plot(&doc, &args.output, &opts).map_err(|e| runtime(e.into()))?;
-    logging::say(&format!("memtrack: wrote {}", args.output.display()));
+    // By default the picture goes beside the document it shows.
+    let out = args.output.clone().unwrap_or_else(|| {
+        file.parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("memory_timeline.svg")
+    });
+    memtrack::report::plot::plot(&doc, &out, &opts).map_err(|e| runtime(e.into()))?;
+    logging::say(&format!("memtrack: wrote {}", out.display()));
     Ok(0)
 }
 
 /// `memtrack watch`: a live view, refreshed every `--interval`.
 fn watch(args: &WatchArgs) -> Result<u8, Failure> {
-    let path = client::socket_path(args.socket.socket.as_deref()).map_err(runtime)?;
+    let path = socket_of(&args.socket).map_err(runtime)?;
     let interval = memtrack::units::parse_duration(&args.interval)
         .map_err(|e| usage(anyhow::anyhow!("--interval: {e}")))?;
     let mut out = std::io::stdout().lock();
     client::watch(&path, interval, args.once, &mut out).map_err(runtime)?;
+    Ok(0)
+}
+
+/// The socket `--run NAME` names, else `--socket`, else `$MEMTRACK_SOCKET`.
+fn socket_of(args: &SocketArgs) -> anyhow::Result<std::path::PathBuf> {
+    let Some(wanted) = &args.run else {
+        return client::socket_path(args.socket.as_deref()).map_err(|e| {
+            let live = app::registry::live_runs();
+            if live.is_empty() {
+                anyhow::anyhow!("{e}; or --run NAME for a live run (`memtrack ls`: none now)")
+            } else {
+                let names: Vec<&str> = live.iter().map(|r| r.name.as_str()).collect();
+                anyhow::anyhow!(
+                    "{e}; or pass --run NAME for one of the live runs: {}",
+                    names.join(", ")
+                )
+            }
+        });
+    };
+    let run = app::registry::find_run(wanted)?;
+    run.socket
+        .ok_or_else(|| anyhow::anyhow!("run `{}` serves no event socket", run.name))
+}
+
+/// `memtrack ls`: the live runs, as a table or JSON.
+fn ls(args: &LsArgs) -> Result<u8, Failure> {
+    let runs = app::registry::live_runs();
+    let text = if args.json {
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&runs).map_err(|e| runtime(e.into()))?
+        )
+    } else {
+        app::registry::format_runs(&runs, memtrack::units::unix_now())
+    };
+    stdout(&text).map_err(|e| runtime(e.into()))?;
     Ok(0)
 }
 
@@ -306,12 +377,13 @@ fn recover(args: &RecoverArgs) -> Result<u8, Failure> {
 
 /// `memtrack config`: the defaults, or the configuration every layer makes.
 fn show_config(args: &ConfigArgs) -> Result<u8, Failure> {
+    // The defaults with a comment on each setting: the example file, which
+    // a test keeps equal to the built-in defaults.
     let text = if args.defaults {
-        toml::to_string(&Config::default())
+        config::EXAMPLE.to_string()
     } else {
-        toml::to_string(&load_config(&args.daemon)?)
+        toml::to_string(&load_config(&args.daemon)?).map_err(|e| runtime(e.into()))?
     };
-    let text = text.map_err(|e| runtime(e.into()))?;
     stdout(&text).map_err(|e| runtime(e.into()))?;
     Ok(0)
 }
@@ -339,7 +411,7 @@ fn mark(args: &memtrack::cli::MarkArgs) -> Result<u8, Failure> {
     if let Some(i) = args.iteration {
         message["iteration"] = i.into();
     }
-    let sent = client::socket_path(args.socket.socket.as_deref()).and_then(|path| {
+    let sent = socket_of(&args.socket).and_then(|path| {
         let mut c = client::Connection::open(&path, CLIENT_TIMEOUT)?;
         if args.wait {
             c.call(&message).map(Some)

@@ -38,6 +38,8 @@ pub(super) struct Io {
     job_tasks: Option<mpsc::UnboundedReceiver<crate::event::inbox::JobTask>>,
     /// The checkpoint uploader: its stop switch and its task.
     pub checkpoint_uploads: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+    /// Where `/metrics` is served.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// The run's ClearML settings. A half configuration is refused before
@@ -92,6 +94,7 @@ impl Io {
             clearml: None,
             job_tasks: None,
             checkpoint_uploads: None,
+            metrics: None,
         };
 
         if !config.s3.url.is_empty() {
@@ -185,37 +188,50 @@ impl Io {
     }
 
     /// Serves `/metrics` and `/memory-info` on `listen` unless it is off.
-    /// The default address taken by something else only costs the metrics;
-    /// a chosen one is an error.
+    /// The default address taken (by another run on this machine) gives way
+    /// to a free port on the same interface; a chosen address is an error.
     fn serve_http(
         &mut self,
         config: &Config,
         snapshots_rx: watch::Receiver<Arc<Snapshot>>,
         shutdown_rx: watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
-        if let Some(addr) =
-            crate::config::parse_listen(&config.listen).map_err(anyhow::Error::msg)?
-        {
-            let bound = self.runtime.block_on(tokio::net::TcpListener::bind(addr));
-            match bound {
-                Ok(listener) => {
-                    let local = listener.local_addr().unwrap_or(addr);
-                    tracing::info!("metrics on http://{local}/metrics");
-                    let state = http::State {
-                        snapshots: snapshots_rx,
-                        notices: self.link.as_ref().map(|l| l.notices.clone()),
-                    };
-                    self.runtime
-                        .spawn(http::serve(listener, state, HTTP_CONNECTIONS, shutdown_rx));
+        let Some(addr) = crate::config::parse_listen(&config.listen).map_err(anyhow::Error::msg)?
+        else {
+            return Ok(());
+        };
+        let bind = |a| self.runtime.block_on(tokio::net::TcpListener::bind(a));
+        let listener = match bind(addr) {
+            Ok(listener) => listener,
+            Err(e) if config.listen == crate::config::DEFAULT_LISTEN => {
+                let any = std::net::SocketAddr::new(addr.ip(), 0);
+                match bind(any) {
+                    Ok(listener) => {
+                        tracing::info!(
+                            "{addr} is taken ({e}; another run?): metrics on a free port instead"
+                        );
+                        listener
+                    }
+                    Err(e2) => {
+                        tracing::warn!(
+                            "cannot listen on {addr} ({e}) nor on a free port ({e2}); \
+                             going on without /metrics (set --listen)"
+                        );
+                        return Ok(());
+                    }
                 }
-                Err(e) if config.listen == crate::config::DEFAULT_LISTEN => {
-                    tracing::warn!(
-                        "cannot listen on {addr} ({e}); going on without /metrics (set --listen)"
-                    );
-                }
-                Err(e) => return Err(anyhow::anyhow!("cannot listen on {addr}: {e}")),
             }
-        }
+            Err(e) => return Err(anyhow::anyhow!("cannot listen on {addr}: {e}")),
+        };
+        let local = listener.local_addr().unwrap_or(addr);
+        tracing::debug!("metrics on http://{local}/metrics");
+        self.metrics = Some(local);
+        let state = http::State {
+            snapshots: snapshots_rx,
+            notices: self.link.as_ref().map(|l| l.notices.clone()),
+        };
+        self.runtime
+            .spawn(http::serve(listener, state, HTTP_CONNECTIONS, shutdown_rx));
         Ok(())
     }
 
@@ -270,7 +286,7 @@ impl Io {
         job_env
     }
 
-    fn socket_path(&self) -> Option<&Path> {
+    pub fn socket_path(&self) -> Option<&Path> {
         self.socket.as_ref().map(|s| s.path.as_path())
     }
 

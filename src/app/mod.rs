@@ -13,6 +13,7 @@ mod io;
 mod job;
 mod naming;
 mod recorder;
+pub mod registry;
 mod resend;
 mod run_dir;
 mod uploads;
@@ -56,6 +57,14 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let mut io = Io::start(&config, tx.clone(), self_register, store.snapshot())?;
     let entries = io.start_clearml(clearml_settings, &store.run, &run_dir)?;
     let job_env = io.job_env(is_run);
+    let registration = registry::Registration::register(
+        &store.run,
+        &run_dir,
+        io.socket_path(),
+        io.metrics,
+        &config.discovery.sd_dir,
+    );
+    say_where(&store.run.name, &io, &registration);
     let (opts, footprint_opts) = job::options(&config, is_run);
     // Signals are handled before the job exists, so none can kill
     // memtrack between the spawn and the handlers.
@@ -82,11 +91,31 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let export_failed =
         finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);
     io.stop();
+    drop(registration);
     finish::log_end(&store, &saved, export_failed);
     Ok(Outcome {
         exit_code: finish::exit_code(&ended, first_signal, is_run, export_failed),
         document: saved.document,
     })
+}
+
+/// The start line: the run's name, where its socket is (for `status`,
+/// `mark`, `watch` and `cleanup` from another shell), its discovery file
+/// and where its metrics are served.
+fn say_where(name: &str, io: &Io, registration: &registry::Registration) {
+    let mut parts = vec![format!("run {name} (memtrack pid {})", std::process::id())];
+    parts.push(match io.socket_path() {
+        Some(p) => format!("socket {}", p.display()),
+        None => "no event socket".into(),
+    });
+    if let Some(sd) = registration.sd_file() {
+        parts.push(format!("Prometheus file_sd {}", sd.display()));
+    }
+    parts.push(match io.metrics {
+        Some(addr) => format!("metrics on http://{addr}/metrics"),
+        None => "no metrics".into(),
+    });
+    tracing::info!("{}", parts.join("; "));
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! tested on generated data and the same verdicts appear in the JSON, the
 //! report and the plot.
 //!
+//! docs/leak.md says the same for users: change both together.
+//!
 //! # The rule
 //!
 //! A series is judged only when it spans at least

@@ -463,6 +463,18 @@ fn write_stages(out: &mut String, doc: &Document) {
             &["stage", "status", "duration", "peak host", "peak GPU"],
             &rows,
         );
+        // What a failed stage said (the exception), under the table.
+        for s in &doc.stages {
+            if let Some(m) = s.message.as_deref().filter(|m| !m.trim().is_empty()) {
+                let _ = writeln!(
+                    out,
+                    "  {} {}: {}",
+                    shown(&s.name),
+                    shown(&s.status),
+                    shown(m.trim())
+                );
+            }
+        }
     }
 }
 

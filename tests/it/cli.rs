@@ -350,3 +350,92 @@ fn clearml_resend_without_the_json_says_to_recover_first() {
     assert!(err.contains(&advice), "{err}");
     assert!(!err.contains("  "), "a run of spaces: {err}");
 }
+
+/// `memtrack config --show` under `env`, expecting success; returns stdout.
+fn shown_config(env: &[(&str, &str)], extra: &[&str]) -> String {
+    let mut cmd = memtrack();
+    cmd.args(["config", "--show"]).args(extra);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run_to_end(&mut cmd, Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(0), "{env:?}: {}", stderr(&out));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn settings_read_as_the_readme_writes_them() {
+    // The Python client's own variable is not a daemon setting.
+    let out = scratch();
+    let o = out.path().to_str().unwrap();
+    let mut cmd = memtrack();
+    cmd.args(["run", "--listen", "off", "--output", o, "--", "true"])
+        .env("MEMTRACK_BIN", "/x");
+    let done = run_to_end(&mut cmd, Duration::from_secs(30));
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+
+    // A label through its key path, and a percentage for a ratio.
+    let shown = shown_config(
+        &[
+            ("MEMTRACK_LABELS_TEAM", "cv"),
+            ("MEMTRACK_PRESSURE_HIGH", "80%"),
+        ],
+        &[],
+    );
+    let config: memtrack::config::Config = toml::from_str(&shown).unwrap();
+    assert_eq!(config.labels.get("team").map(String::as_str), Some("cv"));
+    assert!((config.pressure.high - 0.8).abs() < 1e-9, "{shown}");
+
+    // A value of the wrong type says what to write.
+    let err = fails(
+        &["config", "--show"],
+        &[("MEMTRACK_PRESSURE_HIGH", "high")],
+        2,
+    );
+    assert!(
+        err.contains("pressure.high") && err.contains("80%"),
+        "{err}"
+    );
+    let dir = scratch();
+    let file = dir.path().join("m.toml");
+    std::fs::write(&file, "interval = 5\n").unwrap();
+    let err = fails(
+        &["config", "--show", "--config", file.to_str().unwrap()],
+        &[],
+        2,
+    );
+    assert!(
+        err.contains("`interval`") && err.contains("\"5s\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_defaults_say_what_each_setting_is() {
+    let out = run_to_end(
+        memtrack().args(["config", "--defaults"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    // Every `key = value` line sits in a block of lines opened by a
+    // comment: a key never stands without a word about it.
+    let mut commented = false;
+    let mut keys = 0;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('[') {
+            commented = false;
+        } else if t.starts_with('#') {
+            commented = true;
+        } else {
+            keys += 1;
+            assert!(commented, "`{t}` has no comment above it:\n{text}");
+        }
+    }
+    let all = memtrack::config::leaf_keys(&memtrack::config::default_table()).len();
+    assert!(
+        keys + 1 >= all,
+        "{keys} keys printed, {all} settings (labels has none)"
+    );
+}

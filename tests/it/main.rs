@@ -10,6 +10,7 @@ mod cli;
 mod common;
 mod core;
 mod deploy;
+mod discovery;
 mod events;
 mod golden;
 mod host;

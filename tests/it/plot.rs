@@ -499,3 +499,187 @@ memtrack.mark("system", "experiment_end", ack=True)
     }
     assert_eq!(png_size(&std::fs::read(&png).unwrap()), (1400, 900));
 }
+
+/// A PNG's pixels as RGB rows: the IDAT chunks inflated and unfiltered
+/// (8-bit RGB, not interlaced, as plotters writes it).
+fn png_pixels(bytes: &[u8]) -> (usize, usize, Vec<u8>) {
+    use std::io::Read;
+    let (w, h) = png_size(bytes);
+    assert_eq!(
+        &bytes[24..29],
+        &[8, 2, 0, 0, 0],
+        "8-bit RGB, not interlaced"
+    );
+    let (w, h) = (w as usize, h as usize);
+    let mut data = Vec::new();
+    let mut at = 8;
+    while at + 8 <= bytes.len() {
+        let len = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        if &bytes[at + 4..at + 8] == b"IDAT" {
+            data.extend_from_slice(&bytes[at + 8..at + 8 + len]);
+        }
+        at += 12 + len;
+    }
+    let mut raw = Vec::new();
+    flate2::read::ZlibDecoder::new(&data[..])
+        .read_to_end(&mut raw)
+        .unwrap();
+    let stride = w * 3;
+    assert_eq!(raw.len(), h * (stride + 1), "one filter byte per row");
+    let mut out = vec![0u8; h * stride];
+    for y in 0..h {
+        let filter = raw[y * (stride + 1)];
+        let row = &raw[y * (stride + 1) + 1..(y + 1) * (stride + 1)];
+        for x in 0..stride {
+            let a = if x >= 3 { out[y * stride + x - 3] } else { 0 };
+            let b = if y > 0 { out[(y - 1) * stride + x] } else { 0 };
+            let c = if x >= 3 && y > 0 {
+                out[(y - 1) * stride + x - 3]
+            } else {
+                0
+            };
+            let predicted = match filter {
+                0 => 0,
+                1 => a,
+                2 => b,
+                3 => ((u16::from(a) + u16::from(b)) / 2) as u8,
+                4 => {
+                    let p = i16::from(a) + i16::from(b) - i16::from(c);
+                    let (pa, pb, pc) = (
+                        (p - i16::from(a)).abs(),
+                        (p - i16::from(b)).abs(),
+                        (p - i16::from(c)).abs(),
+                    );
+                    if pa <= pb && pa <= pc {
+                        a
+                    } else if pb <= pc {
+                        b
+                    } else {
+                        c
+                    }
+                }
+                f => panic!("PNG filter {f}"),
+            };
+            out[y * stride + x] = row[x].wrapping_add(predicted);
+        }
+    }
+    (w, h, out)
+}
+
+#[test]
+fn png_draws_no_spike_above_the_data() {
+    // Regression: a series that turns sharply at every sample (up and back
+    // down within a pixel) drew thin spikes far above its maximum in the
+    // PNG — through the lanes, off the image — while the SVG was clean.
+    let peak = 1194.9;
+    let mut doc = Document {
+        schema: 1,
+        run: RunInfo {
+            id: "5p1ke5".into(),
+            name: "zigzag".into(),
+            start: T0,
+            end: Some(T0 + 150.0),
+            exit: Some(Exit::code(0)),
+            status: "finished".into(),
+            interval_s: 0.1,
+            gpu_backend: "none".into(),
+            ..RunInfo::default()
+        },
+        ..Document::default()
+    };
+    for i in 0..1500 {
+        let mut e = entry(EntryKind::Timer, "system", "timer", i as f64 * 0.1);
+        e.cpu_ram_used_mb = if i % 2 == 1 {
+            peak - (i % 7) as f64
+        } else {
+            600.0 + (i % 5) as f64 * 20.0
+        };
+        doc.peak_usage.observe(&e);
+        doc.detailed_log.push(e);
+    }
+    let dir = scratch();
+    let run = dir.path().join("zigzag");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::write(
+        run.join("memory_usage.json"),
+        serde_json::to_vec(&doc).unwrap(),
+    )
+    .unwrap();
+    let draw = |name: &str| {
+        let out = dir.path().join(name);
+        let done = run_to_end(
+            memtrack().args(["plot", run.to_str().unwrap(), "-o", out.to_str().unwrap()]),
+            Duration::from_secs(60),
+        );
+        assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+        keep(&out);
+        out
+    };
+    let svg = std::fs::read_to_string(draw("zigzag.svg")).unwrap();
+    let png = std::fs::read(draw("zigzag.png")).unwrap();
+
+    // Where the SVG draws the series' maximum: the highest point of the
+    // host line (#1F4E8C, wider than a pixel) left of the legend.
+    let (w, h, pixels) = png_pixels(&png);
+    let legend_x = w as i32 - 300;
+    let mut top: Option<(i32, i32)> = None;
+    for tag in svg.split("<polyline").skip(1) {
+        let line = &tag[..tag.find('>').unwrap()];
+        if !line.contains(r##"stroke="#1F4E8C""##) || line.contains(r#"stroke-width="1""#) {
+            continue;
+        }
+        let points = line.split("points=\"").nth(1).unwrap();
+        for p in points[..points.find('"').unwrap()].split_whitespace() {
+            let (x, y) = p.split_once(',').unwrap();
+            let (x, y): (i32, i32) = (x.parse().unwrap(), y.parse().unwrap());
+            if x < legend_x && top.is_none_or(|t| y < t.1) {
+                top = Some((x, y));
+            }
+        }
+    }
+    let (_, peak_y) = top.expect("the SVG draws the host line");
+
+    // No pixel of the host line's blue above that in the PNG, but for the
+    // peak's own label just above it (45 pixels at this size).
+    let mut above = Vec::new();
+    for y in 0..(peak_y - 45).max(0) as usize {
+        for x in 0..legend_x as usize {
+            let p = &pixels[(y * w + x) * 3..(y * w + x) * 3 + 3];
+            if i32::from(p[2]) - i32::from(p[0]) >= 30 {
+                above.push((x, y));
+            }
+        }
+    }
+    assert!(
+        above.is_empty(),
+        "{} host-line pixels above the data's maximum (y {peak_y} of {h}), e.g. {:?}",
+        above.len(),
+        &above[..above.len().min(5)]
+    );
+}
+
+#[test]
+fn plot_without_output_writes_beside_the_document_and_says_where() {
+    let dir = scratch();
+    let run = dir.path().join("train");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/it/fixtures/golden/train/memory_usage.json"),
+        run.join("memory_usage.json"),
+    )
+    .unwrap();
+    let done = run_to_end(memtrack().arg("plot").arg(&run), Duration::from_secs(60));
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    let svg = run.join("memory_timeline.svg");
+    assert!(
+        std::fs::read_to_string(&svg).unwrap().contains("<svg"),
+        "{}",
+        svg.display()
+    );
+    assert!(
+        stderr(&done).contains(&svg.display().to_string()),
+        "{}",
+        stderr(&done)
+    );
+}

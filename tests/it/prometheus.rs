@@ -40,7 +40,7 @@ fn repo(path: &str) -> PathBuf {
 }
 
 /// `prometheus` or `promtool` from PATH, or a failure saying how to get it.
-fn tool(name: &str) -> PathBuf {
+pub(crate) fn tool(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
@@ -593,7 +593,7 @@ impl Drop for Rig {
 }
 
 /// SIGTERM, a few seconds' grace, then SIGKILL; always reaped.
-fn stop_child(child: Option<Child>, what: &str) {
+pub(crate) fn stop_child(child: Option<Child>, what: &str) {
     let Some(mut child) = child else { return };
     if child.try_wait().ok().flatten().is_some() {
         return;
@@ -754,7 +754,7 @@ fn a_fresh_daemon_serves_every_metric_the_dashboard_queries() {
 
 // ---------------------------------------------------------------- a real Prometheus
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -764,7 +764,7 @@ fn free_port() -> u16 {
 
 /// GET over HTTP/1.0 (so Prometheus neither chunks nor keeps the
 /// connection): (status, body).
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
         return (0, String::new());
     };
@@ -785,7 +785,7 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
-fn url_encode(s: &str) -> String {
+pub(crate) fn url_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
@@ -797,7 +797,7 @@ fn url_encode(s: &str) -> String {
 }
 
 /// `/api/v1/<path>`'s `data`, requiring `status: success`.
-fn api(prom: SocketAddr, path: &str) -> Value {
+pub(crate) fn api(prom: SocketAddr, path: &str) -> Value {
     let (code, body) = get(prom, &format!("/api/v1/{path}"));
     let v: Value = serde_json::from_str(&body)
         .unwrap_or_else(|e| panic!("GET /api/v1/{path}: HTTP {code}: {e}: {body}"));
@@ -809,7 +809,7 @@ fn api(prom: SocketAddr, path: &str) -> Value {
 }
 
 /// An instant query's result vector.
-fn query(prom: SocketAddr, expr: &str) -> Vec<Value> {
+pub(crate) fn query(prom: SocketAddr, expr: &str) -> Vec<Value> {
     let data = api(prom, &format!("query?query={}", url_encode(expr)));
     assert_eq!(data["resultType"], "vector", "{expr}: {data}");
     data["result"].as_array().unwrap().clone()

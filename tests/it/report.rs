@@ -383,3 +383,139 @@ fn report_plot_and_compare_take_run_directories() {
         );
     }
 }
+
+#[test]
+fn the_readme_demo_marks_its_phases_through_the_client() {
+    // The README's first command, as written there, made short: the demo
+    // must show per-phase peaks (and so the plot's phase lanes), with the
+    // forked worker marking its own phase, using the client from the
+    // checkout (no pip install).
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let line = readme
+        .lines()
+        .find(|l| l.contains("examples/demo_job.py") && l.starts_with("cargo run --release -- "))
+        .expect("the README's demo command");
+    let args: Vec<&str> = line["cargo run --release -- ".len()..]
+        .split_whitespace()
+        .collect();
+    let dash = args.iter().position(|a| *a == "--").unwrap();
+    assert_eq!(args[dash + 1], "python3", "{line}");
+    let out = scratch();
+    let mut cmd = memtrack();
+    cmd.current_dir(root)
+        .args(&args[..dash])
+        .args(["--listen", "off", "--name", "demo", "--output"])
+        .arg(out.path())
+        .arg("--")
+        .arg(python3())
+        .args(&args[dash + 2..])
+        .args(["--scale", "0.1", "--steps", "2", "--pause", "0.1"])
+        .env_remove("PYTHONPATH");
+    let done = run_to_end(&mut cmd, Duration::from_secs(120));
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    let doc = read_document(&out.path().join("demo/memory_usage.json"));
+    for phase in ["data", "model", "generate", "worker"] {
+        let peak = doc.peaks_by_component.get(phase);
+        assert!(
+            peak.is_some_and(|p| p.cpu_ram_used_mb > 0.0),
+            "no peak for `{phase}`: {:?}",
+            doc.peaks_by_component.keys().collect::<Vec<_>>()
+        );
+    }
+    let root_pid = doc.targets.iter().find(|t| t.root).map(|t| t.pid);
+    assert!(
+        doc.detailed_log
+            .iter()
+            .any(|e| e.component == "worker" && e.pid.is_some() && e.pid != root_pid),
+        "the worker's marks come from the forked process"
+    );
+}
+
+#[test]
+fn compare_names_every_run_and_gives_durations_exits_parts_and_differences() {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures/golden");
+    let runs = ["train", "train-rank1", "leaky", "bare"];
+    let compare = |extra: &[&str]| {
+        let out = run_to_end(
+            memtrack()
+                .current_dir(&fixtures)
+                .arg("compare")
+                .args(runs)
+                .args(extra),
+            Duration::from_secs(60),
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&compare(&["--json"])).unwrap();
+    let columns = json["runs"].as_array().unwrap();
+    // Two ranks of one model named "train" are two runs, by directory.
+    let names: Vec<&str> = columns
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, runs);
+    assert_eq!(columns[0]["exit"], "1");
+    assert!(columns[0]["duration_s"].as_f64().unwrap() > 0.0);
+    let host = |i: usize| columns[i]["peak"]["host_mib"].as_f64().unwrap();
+    let diff = columns[1]["diff"]["host_mib"].as_f64().unwrap();
+    assert!((diff - (host(1) - host(0))).abs() < 1e-6, "{json}");
+    let stages: Vec<&str> = json["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages, ["load", "train", "eval"]);
+    let train_stage = &json["stages"][1];
+    assert!(train_stage["peaks"][0]["host_mib"].as_f64().unwrap() > 0.0);
+    assert!(train_stage["peaks"][2].is_null(), "leaky has no stages");
+    let components: Vec<&str> = json["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        components.contains(&"model") && components.contains(&"server"),
+        "{components:?}"
+    );
+
+    // The table: the same, sizes in MiB / GiB, never "0 GB".
+    let table = compare(&[]);
+    for needle in [
+        "train-rank1",
+        "Host peak by stage",
+        "Host peak by component",
+        "MiB",
+    ] {
+        assert!(table.contains(needle), "{needle}:\n{table}");
+    }
+    assert!(!table.contains(" GB"), "{table}");
+    // `--format json` is `--json`.
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&compare(&["--format", "json"])).unwrap(),
+        json
+    );
+
+    // The overlay plot, in both formats and every alignment.
+    let dir = scratch();
+    for (file, align) in [
+        ("t.svg", "time"),
+        ("i.png", "iteration"),
+        ("s.svg", "stage"),
+    ] {
+        let path = dir.path().join(file);
+        compare(&["--plot", path.to_str().unwrap(), "--align", align]);
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.len() > 1000, "{file}");
+        if file.ends_with(".svg") {
+            let svg = String::from_utf8(bytes).unwrap();
+            for run in ["train-rank1", "leaky"] {
+                assert!(svg.contains(run), "{file} names {run}");
+            }
+        }
+    }
+}

@@ -11,11 +11,13 @@ use super::style::{bold, font, time_ticks, Scale, Swatch, MUTED};
 use super::timeline::Timeline;
 use super::{lanes, legend, panels};
 
-/// Draws the whole picture on `root` and says what was drawn.
+/// Draws the whole picture on `root` (a bitmap when `bitmap`) and says
+/// what was drawn.
 pub(super) fn draw<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     m: &Timeline,
     opts: &PlotOptions,
+    bitmap: bool,
 ) -> DrawResult<PlotSummary, DB> {
     let s = Scale(
         (opts.width as f64 / 1400.0)
@@ -36,6 +38,7 @@ pub(super) fn draw<DB: DrawingBackend>(
         y_area: s.px(92.0),
         right: s.px(26.0),
         ticks: time_ticks(m.duration),
+        bitmap,
     };
     if !lane_names.is_empty() {
         lanes::draw_lanes(root, &lanes_area, &f, &lane_names)?;

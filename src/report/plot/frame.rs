@@ -25,6 +25,9 @@ pub(super) struct Frame<'a> {
     pub(super) right: i32,
     /// Round times at which the panels have grid lines.
     pub(super) ticks: Vec<f64>,
+    /// Drawn on a bitmap, whose wide lines are cut at sharp turns
+    /// ([`super::stroke`]).
+    pub(super) bitmap: bool,
 }
 
 impl Frame<'_> {

@@ -25,7 +25,9 @@
 //! document into what to draw (seconds and MiB, no pixels); `draw` lays
 //! the picture out and hands each part to its painter (`lanes`, `panels`,
 //! `axes`, `marks`, `legend`), all styled by `style`; `output` writes SVG,
-//! or PNG drawn larger and averaged down.
+//! or PNG drawn larger and averaged down; `stroke` draws wide lines that a
+//! bitmap draws where the data is. `overlay` is `compare --plot`: runs
+//! drawn over each other.
 
 mod axes;
 mod draw;
@@ -35,7 +37,9 @@ mod legend;
 mod marks;
 mod options;
 mod output;
+mod overlay;
 mod panels;
+mod stroke;
 mod style;
 mod timeline;
 
@@ -45,6 +49,7 @@ pub use self::options::{
     check_size, Format, PlotError, PlotOptions, PlotSummary, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH,
     TOP_TARGETS,
 };
+pub use self::overlay::{overlay, Align};
 use self::timeline::Timeline;
 use crate::model::Document;
 

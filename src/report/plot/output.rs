@@ -30,7 +30,7 @@ pub(super) fn render_svg(
 ) -> Result<PlotSummary, PlotError> {
     let draw_err = draw_error(out);
     let root = SVGBackend::new(out, (opts.width, opts.height)).into_drawing_area();
-    let s = draw(&root, model, opts).map_err(|e| draw_err(e.to_string()))?;
+    let s = draw(&root, model, opts, false).map_err(|e| draw_err(e.to_string()))?;
     root.present().map_err(|e| draw_err(e.to_string()))?;
     Ok(s)
 }
@@ -54,7 +54,7 @@ pub(super) fn render_png(
     let mut s = {
         let root =
             BitMapBackend::with_buffer(&mut pixels, (big.width, big.height)).into_drawing_area();
-        let s = draw(&root, model, &big).map_err(|e| draw_err(e.to_string()))?;
+        let s = draw(&root, model, &big, true).map_err(|e| draw_err(e.to_string()))?;
         root.present().map_err(|e| draw_err(e.to_string()))?;
         s
     };

@@ -11,6 +11,7 @@ use super::axes::{panel_title, shade, time_axis};
 use super::frame::{Chart, DrawResult, Frame, Notes};
 use super::marks::{draw_alerts, draw_marks, draw_peak, draw_trend};
 use super::options::TOP_TARGETS;
+use super::stroke::{wide_line, Pattern};
 use super::style::{
     clock, clock_unit, font, format_axis, unit_for, Scale, Swatch, ALLOC, GPU, GRID, HOST, LEAK,
     MUTED, TARGET_COLOURS,
@@ -108,7 +109,7 @@ pub(super) fn draw_host_panel<DB: DrawingBackend>(
     panel_title(&chart, &format!("Host memory ({unit})"), s)?;
     time_axis(&chart, &f.ticks, m.duration, top, s, !gpu)?;
     shade(&chart, m, top)?;
-    draw_host_lines(&mut chart, m, div, s)?;
+    draw_host_lines(&mut chart, m, div, s, f.bitmap)?;
     host_legend(m, &mut notes.legend);
     if let Some(tr) = &m.host_trend {
         notes.annotations.push(draw_trend(&chart, tr, div, s)?);
@@ -131,38 +132,46 @@ fn draw_host_lines<DB: DrawingBackend>(
     m: &Timeline,
     div: f64,
     s: Scale,
+    bitmap: bool,
 ) -> DrawResult<(), DB> {
     chart.draw_series(
         AreaSeries::new(scaled(&m.host, div), 0.0, HOST.mix(0.10)).border_style(TRANSPARENT),
     )?;
     if !m.hwm.is_empty() {
-        chart.draw_series(DashedLineSeries::new(
+        wide_line(
+            chart,
             scaled(&m.hwm, div),
-            s.px(6.0),
-            s.px(4.0),
             MUTED.mix(0.8).stroke_width(stroke(s, 1.4)),
-        ))?;
+            Pattern::Dashed(s.px(6.0), s.px(4.0)),
+            bitmap,
+        )?;
     }
     for (i, l) in m.host_targets.iter().enumerate() {
         let c = TARGET_COLOURS[i % TOP_TARGETS];
-        chart.draw_series(LineSeries::new(
+        wide_line(
+            chart,
             scaled(&l.line, div),
             c.stroke_width(stroke(s, 1.6)),
-        ))?;
+            Pattern::Solid,
+            bitmap,
+        )?;
     }
     if let Some(o) = &m.host_others {
-        chart.draw_series(DashedLineSeries::new(
+        wide_line(
+            chart,
             scaled(&o.line, div),
-            s.px(3.0),
-            s.px(3.0),
             MUTED.stroke_width(stroke(s, 1.4)),
-        ))?;
+            Pattern::Dashed(s.px(3.0), s.px(3.0)),
+            bitmap,
+        )?;
     }
-    chart.draw_series(LineSeries::new(
+    wide_line(
+        chart,
         scaled(&m.host, div),
         HOST.stroke_width(stroke(s, 2.6)),
-    ))?;
-    Ok(())
+        Pattern::Solid,
+        bitmap,
+    )
 }
 
 /// The host panel's legend entries, before its trend's.
@@ -219,7 +228,7 @@ pub(super) fn draw_gpu_panel<DB: DrawingBackend>(
         let entry = draw_capacity(&mut chart, m, capacity, div, s)?;
         notes.legend.push(entry);
     }
-    draw_gpu_lines(&mut chart, m, div, s)?;
+    draw_gpu_lines(&mut chart, m, div, s, f.bitmap)?;
     gpu_legend(m, &mut notes.legend);
     if let Some(tr) = &m.gpu_trend {
         notes.annotations.push(draw_trend(&chart, tr, div, s)?);
@@ -271,6 +280,7 @@ fn draw_gpu_lines<DB: DrawingBackend>(
     m: &Timeline,
     div: f64,
     s: Scale,
+    bitmap: bool,
 ) -> DrawResult<(), DB> {
     if !m.gpu_tree.is_empty() {
         chart.draw_series(
@@ -278,38 +288,49 @@ fn draw_gpu_lines<DB: DrawingBackend>(
         )?;
     }
     for (i, l) in m.gpu_targets.iter().enumerate() {
-        chart.draw_series(LineSeries::new(
+        wide_line(
+            chart,
             scaled(&l.line, div),
             TARGET_COLOURS[i % TOP_TARGETS].stroke_width(stroke(s, 1.6)),
-        ))?;
+            Pattern::Solid,
+            bitmap,
+        )?;
     }
     if let Some(o) = &m.gpu_others {
-        chart.draw_series(DashedLineSeries::new(
+        wide_line(
+            chart,
             scaled(&o.line, div),
-            s.px(3.0),
-            s.px(3.0),
             MUTED.stroke_width(stroke(s, 1.4)),
-        ))?;
+            Pattern::Dashed(s.px(3.0), s.px(3.0)),
+            bitmap,
+        )?;
     }
     if !m.gpu_tree.is_empty() {
-        chart.draw_series(LineSeries::new(
+        wide_line(
+            chart,
             scaled(&m.gpu_tree, div),
             GPU.stroke_width(stroke(s, 2.6)),
-        ))?;
+            Pattern::Solid,
+            bitmap,
+        )?;
     }
     if !m.alloc_reserved.is_empty() {
-        chart.draw_series(DashedLineSeries::new(
+        wide_line(
+            chart,
             scaled(&m.alloc_reserved, div),
-            s.px(7.0),
-            s.px(4.0),
             ALLOC.stroke_width(stroke(s, 1.8)),
-        ))?;
+            Pattern::Dashed(s.px(7.0), s.px(4.0)),
+            bitmap,
+        )?;
     }
     if !m.alloc_used.is_empty() {
-        chart.draw_series(LineSeries::new(
+        wide_line(
+            chart,
             scaled(&m.alloc_used, div),
             ALLOC.stroke_width(stroke(s, 2.0)),
-        ))?;
+            Pattern::Solid,
+            bitmap,
+        )?;
         chart.draw_series(
             scaled(&m.alloc_used, div)
                 .into_iter()

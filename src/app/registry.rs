@@ -1,0 +1,374 @@
+//! Where other programs find a live run.
+//!
+//! - `memtrack ls` and `--run NAME`: every run writes one record (name,
+//!   pid, event socket, metrics address, run directory) into the runs
+//!   folder of this user, `<runtime>/runs/memtrack-<pid>.json`, at its start
+//!   and removes it at its end. A record whose memtrack died is skipped
+//!   and removed by the next reader.
+//! - Prometheus: a run serving `/metrics` writes a file-based
+//!   service-discovery file (`file_sd_configs`) into the discovery folder,
+//!   `<runtime>/sd/memtrack-<pid>.json` unless `discovery.sd_dir` says
+//!   otherwise: its address with the labels `run`, `host` (and `rank`),
+//!   removed at the end. The file is readable by all (0644) so that a
+//!   Prometheus running as another user can read it.
+//!
+//! `<runtime>` is `$XDG_RUNTIME_DIR/memtrack`, else `/run/memtrack` for
+//! root, else `/tmp/memtrack-<uid>` (the socket's folder).
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::files;
+use crate::model::RunInfo;
+
+/// One live run, as `memtrack ls` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveRun {
+    /// The run's name (its `run` label on every metric).
+    pub name: String,
+    /// memtrack's process id.
+    pub pid: u32,
+    /// The event socket `status`, `watch`, `mark` and `cleanup` talk to.
+    pub socket: Option<PathBuf>,
+    /// Where `/metrics` is served.
+    pub metrics: Option<SocketAddr>,
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Unix time of the start.
+    pub start: f64,
+    /// The Prometheus discovery file written for the run.
+    #[serde(default)]
+    pub sd_file: Option<PathBuf>,
+}
+
+/// The folder memtrack keeps its per-user runtime state in.
+pub fn runtime_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if dir.is_dir() {
+            return dir.join("memtrack");
+        }
+    }
+    if crate::sys::uid() == 0 {
+        PathBuf::from("/run/memtrack")
+    } else {
+        PathBuf::from(format!("/tmp/memtrack-{}", crate::sys::uid()))
+    }
+}
+
+/// The folder of run records.
+pub fn runs_dir() -> PathBuf {
+    runtime_dir().join("runs")
+}
+
+/// The default folder of Prometheus discovery files.
+pub fn default_sd_dir() -> PathBuf {
+    runtime_dir().join("sd")
+}
+
+/// Creates `dir` (and its parents) with `mode` where missing, then checks
+/// it is a folder memtrack may write into.
+fn ensure_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)?;
+    files::check_dir(dir)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so that
+/// a reader (Prometheus watches the folder) never sees half a file.
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let (tmp, mut f) = files::create_temp(path)?;
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(mode)))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// The records of live runs, oldest first; records of dead runs (and their
+/// discovery files) are removed on the way.
+pub fn live_runs() -> Vec<LiveRun> {
+    let Ok(entries) = std::fs::read_dir(runs_dir()) else {
+        return Vec::new();
+    };
+    let mut runs = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let Some(run) = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<LiveRun>(&b).ok())
+        else {
+            continue;
+        };
+        if crate::sys::pid_exists(run.pid) {
+            runs.push(run);
+        } else {
+            if let Some(sd) = &run.sd_file {
+                let _ = std::fs::remove_file(sd);
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    runs.sort_by(|a, b| a.start.total_cmp(&b.start).then(a.pid.cmp(&b.pid)));
+    runs
+}
+
+/// The runs as a table: name, pid, age, metrics address, socket.
+pub fn format_runs(runs: &[LiveRun], now: f64) -> String {
+    if runs.is_empty() {
+        return "no live memtrack run for this user on this machine\n".into();
+    }
+    let rows: Vec<[String; 5]> = runs
+        .iter()
+        .map(|r| {
+            // Names come from the job's command line and labels: shown,
+            // never obeyed by the terminal.
+            let shown = |s: &str| crate::report::text::escape_controls(s, false).into_owned();
+            [
+                shown(&r.name),
+                r.pid.to_string(),
+                crate::units::duration_one_unit((now - r.start).max(0.0)),
+                r.metrics
+                    .map_or("-".into(), |a| format!("http://{a}/metrics")),
+                r.socket
+                    .as_ref()
+                    .map_or("-".into(), |p| shown(&p.display().to_string())),
+            ]
+        })
+        .collect();
+    let head = ["NAME", "PID", "RUNNING", "METRICS", "SOCKET"];
+    let mut widths = head.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 5]| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        out.push('\n');
+        out
+    };
+    let mut text = line(head);
+    for row in &rows {
+        text.push_str(&line([
+            row[0].as_str(),
+            row[1].as_str(),
+            row[2].as_str(),
+            row[3].as_str(),
+            row[4].as_str(),
+        ]));
+    }
+    text
+}
+
+/// The live run `wanted` names: its name, or memtrack's pid.
+pub fn find_run(wanted: &str) -> anyhow::Result<LiveRun> {
+    let runs = live_runs();
+    let named: Vec<&LiveRun> = runs.iter().filter(|r| r.name == wanted).collect();
+    match named.as_slice() {
+        [one] => return Ok((*one).clone()),
+        [] => {}
+        several => anyhow::bail!(
+            "{} live runs are named `{wanted}` (memtrack pids {}); pass --run PID",
+            several.len(),
+            several
+                .iter()
+                .map(|r| r.pid.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+    if let Some(run) = runs.iter().find(|r| r.pid.to_string() == wanted) {
+        return Ok(run.clone());
+    }
+    let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
+    anyhow::bail!(
+        "no live run named `{wanted}` on this machine for this user ({}; `memtrack ls` lists them)",
+        if names.is_empty() {
+            "none is running".to_string()
+        } else {
+            format!("running: {}", names.join(", "))
+        }
+    )
+}
+
+/// A run's record and discovery file, removed when dropped.
+#[derive(Debug)]
+pub(super) struct Registration {
+    record: Option<PathBuf>,
+    sd_file: Option<PathBuf>,
+}
+
+impl Registration {
+    /// Writes the run's record and, when it serves metrics and discovery
+    /// is not `off`, its discovery file. Neither can fail the run: a
+    /// problem is warned about.
+    pub(super) fn register(
+        run: &RunInfo,
+        run_dir: &Path,
+        socket: Option<&Path>,
+        metrics: Option<SocketAddr>,
+        sd_dir: &Path,
+    ) -> Registration {
+        let pid = std::process::id();
+        let file_name = format!("memtrack-{pid}.json");
+        if let Err(e) = ensure_runtime_dir() {
+            tracing::warn!("`memtrack ls` will not list this run: {e:#}");
+        }
+        // Records of runs that died unannounced go first.
+        let _ = live_runs();
+        let sd_file = match metrics {
+            Some(addr) if sd_dir.as_os_str() != "off" => {
+                let dir = if sd_dir.as_os_str().is_empty() {
+                    default_sd_dir()
+                } else {
+                    sd_dir.to_path_buf()
+                };
+                match write_sd_file(&dir.join(&file_name), run, addr) {
+                    Ok(path) => Some(path),
+                    Err(e) => {
+                        tracing::warn!("no Prometheus discovery file in {}: {e:#}", dir.display());
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let live = LiveRun {
+            name: run.name.clone(),
+            pid,
+            socket: socket.map(Path::to_path_buf),
+            metrics,
+            dir: std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf()),
+            start: run.start,
+            sd_file: sd_file.clone(),
+        };
+        let record = match write_record(&runs_dir().join(&file_name), &live) {
+            Ok(path) => Some(path),
+            Err(e) => {
+                tracing::warn!("`memtrack ls` will not list this run: {e:#}");
+                None
+            }
+        };
+        Registration { record, sd_file }
+    }
+
+    /// Where the discovery file went, if one was written.
+    pub(super) fn sd_file(&self) -> Option<&Path> {
+        self.sd_file.as_deref()
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        for path in [self.sd_file.take(), self.record.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Creates the runtime folder: readable by all where it may be (so that a
+/// Prometheus of another user reaches `sd/`), but `/tmp/memtrack-UID` is
+/// also the socket's folder, which stays private.
+fn ensure_runtime_dir() -> anyhow::Result<()> {
+    let runtime = runtime_dir();
+    let mode = if runtime.starts_with("/tmp") {
+        0o700
+    } else {
+        0o755
+    };
+    ensure_dir(&runtime, mode).with_context(|| runtime.display().to_string())
+}
+
+fn write_record(path: &Path, live: &LiveRun) -> anyhow::Result<PathBuf> {
+    let dir = runs_dir();
+    ensure_dir(&dir, 0o700).with_context(|| dir.display().to_string())?;
+    write_atomic(path, &serde_json::to_vec_pretty(live)?, files::FILE_MODE)
+        .with_context(|| path.display().to_string())?;
+    Ok(path.to_path_buf())
+}
+
+/// The discovery file's content: one target group, Prometheus'
+/// `file_sd_configs` format.
+fn sd_json(run: &RunInfo, addr: SocketAddr) -> serde_json::Value {
+    let mut labels = serde_json::Map::new();
+    labels.insert("run".into(), run.name.clone().into());
+    if !run.host.is_empty() {
+        labels.insert("host".into(), run.host.clone().into());
+    }
+    if let Some(rank) = run.labels.get("rank") {
+        labels.insert("rank".into(), rank.clone().into());
+    }
+    serde_json::json!([{ "targets": [addr.to_string()], "labels": labels }])
+}
+
+fn write_sd_file(path: &Path, run: &RunInfo, addr: SocketAddr) -> anyhow::Result<PathBuf> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    ensure_dir(dir, 0o755).with_context(|| dir.display().to_string())?;
+    let text = serde_json::to_vec_pretty(&sd_json(run, addr))?;
+    write_atomic(path, &text, 0o644).with_context(|| path.display().to_string())?;
+    Ok(path.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_shows_names_without_obeying_them() {
+        let run = LiveRun {
+            name: "a\u{1b}[2Jb".into(),
+            pid: 42,
+            socket: Some("/tmp/m.sock".into()),
+            metrics: Some("127.0.0.1:9465".parse().unwrap()),
+            dir: "/out/a".into(),
+            start: 100.0,
+            sd_file: None,
+        };
+        let text = format_runs(&[run], 130.0);
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert!(text.contains("42") && text.contains("30 s"), "{text}");
+        assert!(text.contains("http://127.0.0.1:9465/metrics"), "{text}");
+    }
+
+    #[test]
+    fn sd_file_is_a_target_group_with_the_run_label() {
+        let mut run = RunInfo {
+            name: "bs128".into(),
+            host: "node-1".into(),
+            ..RunInfo::default()
+        };
+        run.labels.insert("rank".into(), "3".into());
+        let v = sd_json(&run, "127.0.0.1:9465".parse().unwrap());
+        assert_eq!(
+            v,
+            serde_json::json!([{
+                "targets": ["127.0.0.1:9465"],
+                "labels": {"run": "bs128", "host": "node-1", "rank": "3"}
+            }])
+        );
+    }
+}

@@ -1,0 +1,309 @@
+//! Many runs on one machine: each finds a free metrics port when the
+//! default is taken, says where its socket and metrics are, is listed by
+//! `memtrack ls`, answers `--run NAME`, and is found by a real Prometheus
+//! through its file-based service-discovery file, which goes away with it.
+
+use std::io::BufRead;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::*;
+use crate::prometheus::{api, free_port, get, query, stop_child, tool};
+
+/// A job that holds a little memory until `stop` exists.
+fn waiting_job(stop: &Path) -> Vec<String> {
+    python(&format!(
+        "import os, time\nb = bytearray(8 << 20)\nwhile not os.path.exists({:?}): time.sleep(0.05)\n",
+        stop.display().to_string()
+    ))
+}
+
+/// A `memtrack run` with the default metrics address and socket, its
+/// runtime folder in `xdg`.
+struct Run {
+    child: Option<Child>,
+    stop: PathBuf,
+    stderr: Arc<Mutex<String>>,
+    /// The start line.
+    line: String,
+}
+
+impl Run {
+    fn start(xdg: &Path, out: &Path, name: &str) -> Run {
+        let stop = out.join(format!("{name}.stop"));
+        let mut child = memtrack()
+            .args(["run", "--interval", "200ms", "--name", name, "--output"])
+            .arg(out)
+            .arg("--")
+            .args(waiting_job(&stop))
+            .env("XDG_RUNTIME_DIR", xdg)
+            .env_remove("MEMTRACK_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&stderr);
+        let pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                if line.contains("metrics on http://") || line.contains("no metrics") {
+                    let _ = tx.send(line.clone());
+                }
+                let mut all = sink.lock().unwrap();
+                all.push_str(&line);
+                all.push('\n');
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("no start line:\n{}", stderr.lock().unwrap())
+            });
+        Run {
+            child: Some(child),
+            stop,
+            stderr,
+            line,
+        }
+    }
+
+    /// The metrics address the start line gives.
+    fn metrics(&self) -> SocketAddr {
+        let rest = self.line.split("metrics on http://").nth(1).unwrap();
+        rest.trim_end_matches("/metrics").parse().unwrap()
+    }
+
+    /// The socket the start line gives.
+    fn socket(&self) -> PathBuf {
+        let rest = self.line.split("socket ").nth(1).unwrap();
+        PathBuf::from(rest.split(';').next().unwrap())
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Tells the job to end and waits for memtrack's exit status.
+    fn finish(mut self) -> Option<i32> {
+        std::fs::write(&self.stop, "").unwrap();
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "memtrack did not end:\n{}",
+                self.stderr.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.stop, "");
+        stop_child(self.child.take(), "memtrack");
+    }
+}
+
+/// `memtrack ARGS` with the runtime folder `xdg`: (exit status, stdout,
+/// stderr).
+fn tool_in(xdg: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = run_to_end(
+        memtrack()
+            .args(args)
+            .env("XDG_RUNTIME_DIR", xdg)
+            .env_remove("MEMTRACK_SOCKET"),
+        Duration::from_secs(20),
+    );
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr(&out),
+    )
+}
+
+fn listed(xdg: &Path) -> Vec<Value> {
+    let (code, text, err) = tool_in(xdg, &["ls", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    serde_json::from_str::<Vec<Value>>(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn two_runs_share_a_machine_listed_found_by_name_and_port() {
+    let xdg = scratch();
+    let out = scratch();
+    // The default port held by something else: both runs must move on.
+    let _held = TcpListener::bind(memtrack::config::DEFAULT_LISTEN).ok();
+    let a = Run::start(xdg.path(), out.path(), "alpha");
+    let b = Run::start(xdg.path(), out.path(), "beta");
+    for run in [&a, &b] {
+        assert_ne!(
+            run.metrics().to_string(),
+            memtrack::config::DEFAULT_LISTEN,
+            "{}",
+            run.line
+        );
+        assert!(run.socket().exists(), "{}", run.line);
+        let (status, body) = http_request(run.metrics(), "GET", "/metrics");
+        assert_eq!(status, 200);
+        assert!(body.contains("run=\""), "metrics carry the run label");
+    }
+    assert_ne!(a.metrics(), b.metrics());
+
+    // `ls` lists both, with what the start lines said.
+    let runs = listed(xdg.path());
+    let names: Vec<&str> = runs.iter().filter_map(|r| r["name"].as_str()).collect();
+    assert_eq!(names, ["alpha", "beta"], "{runs:?}");
+    assert_eq!(runs[1]["pid"], b.pid());
+    assert_eq!(runs[1]["metrics"], b.metrics().to_string());
+    assert_eq!(runs[1]["socket"], b.socket().display().to_string());
+    let (code, table, _) = tool_in(xdg.path(), &["ls"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        table.contains("alpha") && table.contains(&b.socket().display().to_string()),
+        "{table}"
+    );
+
+    // Another shell reaches each run by name.
+    let (code, text, err) = tool_in(xdg.path(), &["status", "--run", "beta", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let status: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(status["run"]["name"], "beta", "{text}");
+    let (code, text, err) = tool_in(
+        xdg.path(),
+        &["mark", "--run", "alpha", "probe", "from_shell", "--wait"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(text.contains("recorded probe/from_shell"), "{text}");
+    let (code, _, err) = tool_in(xdg.path(), &["status", "--run", "gamma"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("gamma") && err.contains("alpha") && err.contains("beta"),
+        "{err}"
+    );
+    let (code, _, err) = tool_in(xdg.path(), &["status"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--run"), "{err}");
+
+    assert_eq!(a.finish(), Some(0));
+    let runs = listed(xdg.path());
+    assert_eq!(runs.len(), 1, "the ended run is no longer listed: {runs:?}");
+    assert_eq!(b.finish(), Some(0));
+    assert!(listed(xdg.path()).is_empty());
+    let doc = read_document(&out.path().join("alpha/memory_usage.json"));
+    assert!(doc
+        .detailed_log
+        .iter()
+        .any(|e| e.component == "probe" && e.operation == "from_shell"));
+}
+
+/// The `file_sd` targets Prometheus has: (run label, health).
+fn sd_targets(prom: SocketAddr) -> Vec<(String, String)> {
+    api(prom, "targets")["activeTargets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["labels"]["run"].as_str().unwrap_or("").to_string(),
+                t["health"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn prometheus_finds_each_run_through_its_discovery_file() {
+    let prometheus = tool("prometheus");
+    let xdg = scratch();
+    let out = scratch();
+    let sd = xdg.path().join("memtrack/sd");
+    let a = Run::start(xdg.path(), out.path(), "alpha");
+    let b = Run::start(xdg.path(), out.path(), "beta");
+    let files: Vec<PathBuf> = std::fs::read_dir(&sd)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(a.line.contains(&sd.display().to_string()), "{}", a.line);
+
+    let prom: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let dir = scratch();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+             scrape_configs:\n  - job_name: memtrack\n    honor_labels: true\n    \
+             file_sd_configs:\n      - files: ['{}/*.json']\n        refresh_interval: 1s\n",
+            sd.display()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("prometheus.log");
+    let mut server = Some(
+        Command::new(&prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let prom_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("prometheus ready", Duration::from_secs(30), || {
+        get(prom, "/-/ready").0 == 200
+    });
+
+    // Both runs scraped, each under its own run label.
+    wait_for(
+        "both runs up in prometheus",
+        Duration::from_secs(30),
+        || {
+            let mut t = sd_targets(prom);
+            t.sort();
+            t == [("alpha".into(), "up".into()), ("beta".into(), "up".into())]
+        },
+    );
+    wait_for("series of both runs", Duration::from_secs(30), || {
+        let r = query(prom, "count by (run) (memtrack_build_info)");
+        r.len() == 2
+    });
+    let up = query(prom, "up{job=\"memtrack\"}");
+    let mut runs: Vec<&str> = up
+        .iter()
+        .filter_map(|r| r["metric"]["run"].as_str())
+        .collect();
+    runs.sort();
+    assert_eq!(runs, ["alpha", "beta"], "{up:?}\n{}", prom_log());
+
+    // The first run ends: its file goes, and Prometheus drops its target
+    // rather than scraping whatever takes its port next.
+    assert_eq!(a.finish(), Some(0));
+    assert_eq!(std::fs::read_dir(&sd).unwrap().count(), 1);
+    wait_for(
+        "the ended run's target dropped",
+        Duration::from_secs(30),
+        || sd_targets(prom) == [("beta".into(), "up".into())],
+    );
+    assert_eq!(b.finish(), Some(0));
+    assert_eq!(std::fs::read_dir(&sd).unwrap().count(), 0);
+    stop_child(server.take(), "prometheus");
+}
