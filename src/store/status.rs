@@ -43,6 +43,7 @@ impl Store {
             "open_stages": open_stages,
             "levels": self.levels,
             "gpus": self.gpus.values().collect::<Vec<_>>(),
+            "gpu_attribution": self.gpu_attribution,
             "counters": self.counters,
         })
     }
@@ -94,6 +95,7 @@ impl Store {
                 })
                 .collect(),
             gpus: self.gpus.values().cloned().collect(),
+            gpu_attribution: self.gpu_attribution.clone(),
             allocator: self.allocator_now.values().copied().collect(),
             events: self.event_counts.clone(),
             levels: self.all_levels(),
