@@ -191,56 +191,6 @@ impl<'de> Deserialize<'de> for RunStatus {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn roundtrip<T: Serialize + for<'de> Deserialize<'de>>(written: &str) -> (T, String) {
-        let json = serde_json::to_string(written).unwrap();
-        let value: T = serde_json::from_str(&json).unwrap();
-        let again = serde_json::to_string(&value).unwrap();
-        assert_eq!(again, json, "{written:?} must be written back unchanged");
-        (value, again)
-    }
-
-    #[test]
-    fn a_gpu_backend_reads_and_writes_the_strings_older_files_hold() {
-        assert_eq!(roundtrip::<GpuBackend>("nvml").0, GpuBackend::Nvml);
-        let (none, _) = roundtrip::<GpuBackend>("none: no NVIDIA driver (libnvidia-ml.so.1)");
-        assert_eq!(none.reason(), Some("no NVIDIA driver (libnvidia-ml.so.1)"));
-        assert_eq!(none.kind(), "none");
-        assert!(none.is_host_only());
-        for odd in ["", "none", "none:x", "rocm: 2 devices", "NVML"] {
-            let (v, _) = roundtrip::<GpuBackend>(odd);
-            assert_eq!(v, GpuBackend::Other(odd.into()));
-            assert_eq!(v.to_string(), odd);
-        }
-        assert_eq!(GpuBackend::parse("rocm: 2 devices").kind(), "rocm");
-        assert!(GpuBackend::parse("none").is_host_only());
-        assert!(!GpuBackend::Nvml.is_host_only());
-        assert_eq!(GpuBackend::from("none: x"), "none: x");
-        assert_ne!(GpuBackend::from("none: x"), "none: y");
-        assert_eq!(GpuBackend::default().to_string(), "");
-    }
-
-    #[test]
-    fn a_run_status_reads_and_writes_the_strings_older_files_hold() {
-        for (s, v) in [
-            ("running", RunStatus::Running),
-            ("finished", RunStatus::Finished),
-            ("recovered", RunStatus::Recovered),
-            ("merged", RunStatus::Merged),
-        ] {
-            assert_eq!(roundtrip::<RunStatus>(s).0, v);
-            assert_eq!(v, s);
-        }
-        let (odd, _) = roundtrip::<RunStatus>("paused-by-a-newer-build");
-        assert_eq!(odd, RunStatus::Other("paused-by-a-newer-build".into()));
-        assert!(RunStatus::default().is_empty());
-        assert!(!RunStatus::Finished.is_empty());
-    }
-}
-
 /// How the tree's GPU memory was told apart from other processes' on the
 /// same GPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -327,5 +277,76 @@ impl GpuAttribution {
         if self.mode != other.mode {
             self.mode = AttributionMode::Mixed;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip<T: Serialize + for<'de> Deserialize<'de>>(written: &str) -> (T, String) {
+        let json = serde_json::to_string(written).unwrap();
+        let value: T = serde_json::from_str(&json).unwrap();
+        let again = serde_json::to_string(&value).unwrap();
+        assert_eq!(again, json, "{written:?} must be written back unchanged");
+        (value, again)
+    }
+
+    #[test]
+    fn a_gpu_backend_reads_and_writes_the_strings_older_files_hold() {
+        assert_eq!(roundtrip::<GpuBackend>("nvml").0, GpuBackend::Nvml);
+        let (none, _) = roundtrip::<GpuBackend>("none: no NVIDIA driver (libnvidia-ml.so.1)");
+        assert_eq!(none.reason(), Some("no NVIDIA driver (libnvidia-ml.so.1)"));
+        assert_eq!(none.kind(), "none");
+        assert!(none.is_host_only());
+        for odd in ["", "none", "none:x", "rocm: 2 devices", "NVML"] {
+            let (v, _) = roundtrip::<GpuBackend>(odd);
+            assert_eq!(v, GpuBackend::Other(odd.into()));
+            assert_eq!(v.to_string(), odd);
+        }
+        assert_eq!(GpuBackend::parse("rocm: 2 devices").kind(), "rocm");
+        assert!(GpuBackend::parse("none").is_host_only());
+        assert!(!GpuBackend::Nvml.is_host_only());
+        assert_eq!(GpuBackend::from("none: x"), "none: x");
+        assert_ne!(GpuBackend::from("none: x"), "none: y");
+        assert_eq!(GpuBackend::default().to_string(), "");
+    }
+
+    #[test]
+    fn a_run_status_reads_and_writes_the_strings_older_files_hold() {
+        for (s, v) in [
+            ("running", RunStatus::Running),
+            ("finished", RunStatus::Finished),
+            ("recovered", RunStatus::Recovered),
+            ("merged", RunStatus::Merged),
+        ] {
+            assert_eq!(roundtrip::<RunStatus>(s).0, v);
+            assert_eq!(v, s);
+        }
+        let (odd, _) = roundtrip::<RunStatus>("paused-by-a-newer-build");
+        assert_eq!(odd, RunStatus::Other("paused-by-a-newer-build".into()));
+        assert!(RunStatus::default().is_empty());
+        assert!(!RunStatus::Finished.is_empty());
+    }
+
+    #[test]
+    fn ranks_of_different_attribution_make_a_mixed_job() {
+        let mut job = GpuAttribution::default();
+        job.count(false);
+        let mut other = GpuAttribution::default();
+        other.count(true);
+        other.count(true);
+        assert_eq!(other.mode, AttributionMode::DeviceLevel);
+        let mut same = job.clone();
+        same.merge(&job);
+        assert_eq!(same.mode, AttributionMode::PerProcess);
+        job.merge(&other);
+        assert_eq!(
+            (job.mode, job.per_process_samples, job.device_level_samples),
+            (AttributionMode::Mixed, 1, 2)
+        );
+        let text = serde_json::to_string(&job.mode).unwrap();
+        assert_eq!(text, "\"mixed\"");
+        assert_eq!(AttributionMode::DeviceLevel.as_str(), "device-level");
     }
 }

@@ -101,7 +101,8 @@ impl HostPids {
                 .ok()
                 .and_then(|s| nspid(&s))
         };
-        let own = chain(host_proc).ok_or_else(|| format!("{shown}/self/status has no NSpid line"))?;
+        let own =
+            chain(host_proc).ok_or_else(|| format!("{shown}/self/status has no NSpid line"))?;
         let local = chain(local_proc).unwrap_or_default();
         if own.len() <= local.len() && host_proc != local_proc {
             return Err(format!(

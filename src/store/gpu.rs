@@ -179,7 +179,10 @@ mod tests {
         assert_eq!(doc.gpus[0].peak_tree_used_mb, 5000.0);
         assert_eq!(doc.targets[0].last_gpu_mb, 0.0, "no process share");
         assert_eq!(doc.targets[0].peak_gpu_mb, 1000.0);
-        assert_eq!(doc.detailed_log.last().unwrap().gpu_source, GpuSource::Device);
+        assert_eq!(
+            doc.detailed_log.last().unwrap().gpu_source,
+            GpuSource::Device
+        );
     }
 
     #[test]

@@ -133,7 +133,10 @@ fn inside_a_pid_namespace_without_the_hosts_procfs_the_figures_are_device_level(
     let a = attribution(&doc);
     assert_eq!(a.mode, AttributionMode::DeviceLevel, "{a:?}");
     assert_eq!(a.pid_namespace.init, Some(false), "{a:?}");
-    assert!(a.device_level_samples > 0 && a.per_process_samples == 0, "{a:?}");
+    assert!(
+        a.device_level_samples > 0 && a.per_process_samples == 0,
+        "{a:?}"
+    );
     assert!(a.reason.contains("every process"), "{}", a.reason);
     let said: Vec<&str> = err
         .lines()
@@ -185,7 +188,10 @@ fn inside_a_pid_namespace_the_hosts_procfs_maps_nvml_pids_to_the_job() {
     assert_eq!(a.mode, AttributionMode::PerProcess, "{a:?}\n{err}");
     assert_eq!(a.pid_namespace.init, Some(false), "{a:?}");
     assert_eq!(a.host_proc.as_deref(), host_proc.to_str());
-    assert!(a.per_process_samples > 0 && a.device_level_samples == 0, "{a:?}");
+    assert!(
+        a.per_process_samples > 0 && a.device_level_samples == 0,
+        "{a:?}"
+    );
     assert!(!err.contains("device-level"), "{err}");
     assert_eq!(
         err.lines().filter(|l| l.contains("PID namespace")).count(),
