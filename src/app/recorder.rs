@@ -41,7 +41,10 @@ pub(super) fn open_gpu(config: &Config) -> (Box<dyn GpuSampler>, GpuBackend) {
         // One line when NVML's PIDs are not simply the tree's.
         match gpu.attribution() {
             Some(a) if a.mode == AttributionMode::DeviceLevel => {
-                tracing::warn!("GPU figures are device-level: {}", a.reason);
+                tracing::warn!(
+                    "GPU figures are device-level, every process on the job's GPUs included: {}",
+                    a.reason
+                );
             }
             Some(a) if a.pid_namespace.init != Some(true) => {
                 tracing::info!("GPU figures are per-process: {}", a.reason);

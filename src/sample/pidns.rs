@@ -208,7 +208,7 @@ pub fn plan(proc_root: &Path, host_proc: &Path) -> (PidMap, GpuAttribution) {
             attribution.reason = format!(
                 "memtrack runs in a PID namespace of its own ({name}) and NVML reports host \
                  PIDs, which cannot be matched to the job's without the host's procfs \
-                 (gpu.host_proc): device-level figures, every process on the job's GPUs included"
+                 (gpu.host_proc)"
             );
             PidMap::Unmappable
         }
@@ -225,8 +225,7 @@ pub fn plan(proc_root: &Path, host_proc: &Path) -> (PidMap, GpuAttribution) {
             Err(why) => {
                 attribution.reason = format!(
                     "memtrack runs in a PID namespace of its own ({name}) and NVML reports host \
-                     PIDs; gpu.host_proc cannot map them ({why}): device-level figures, every \
-                     process on the job's GPUs included"
+                     PIDs; gpu.host_proc cannot map them: {why}"
                 );
                 PidMap::Unmappable
             }

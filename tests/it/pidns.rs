@@ -39,9 +39,9 @@ fn memtrack_in_a_pid_namespace(host_proc: &Path) -> Command {
 
 /// A job that finds its host PID through `host_proc`, has the fake NVML
 /// list it (and, with `foreign`, the test process, which is outside the
-/// job's namespace) and waits until memtrack's status shows `want_mib` of
-/// GPU memory from `want_source`, or 20 s pass.
-fn job(state: &Path, host_proc: &str, foreign: bool, want_source: &str, want_mib: u64) -> String {
+/// job's namespace) and waits until memtrack's status (`now`, its
+/// `current` figures) satisfies the Python condition `want`, or 20 s pass.
+fn job(state: &Path, host_proc: &str, foreign: bool, want: &str) -> String {
     let device = if foreign {
         "device 0 name=NVIDIA_Fake_H100 total_mib=81559".to_string()
     } else {
@@ -68,7 +68,7 @@ deadline = time.time() + 20
 while time.time() < deadline:
     f.write(b'{{"type": "status"}}\n'); f.flush()
     now = json.loads(f.readline()).get('current', {{}})
-    if now.get('gpu_source') == {want_source:?} and now.get('gpu_tree_mb') == {want_mib}:
+    if now and {want}:
         break
     time.sleep(0.1)
 "#,
@@ -84,6 +84,10 @@ fn gpu_run(mut cmd: Command, dir: &Path, state: &Path, job: &[String]) -> (Strin
     let out = run_to_end(
         cmd.args(["run", "--interval", "100ms", "--output"])
             .arg(&runs)
+            // Its own socket: the default is named by memtrack's PID,
+            // which is 1 in every new namespace.
+            .arg("--socket")
+            .arg(dir.join("memtrack.sock"))
             .arg("--nvml-lib")
             .arg(fake_nvml())
             .env("FAKE_NVML_STATE", state)
@@ -117,13 +121,8 @@ fn inside_a_pid_namespace_without_the_hosts_procfs_the_figures_are_device_level(
     let dir = scratch();
     let host_proc = dir.path().join("host-proc");
     let state = dir.path().join("nvml-state");
-    let script = job(
-        &state,
-        host_proc.to_str().unwrap(),
-        false,
-        "device",
-        JOB_MIB,
-    );
+    let want = format!("now['gpu_source'] == 'device' and now['gpu_tree_mb'] == {JOB_MIB}");
+    let script = job(&state, host_proc.to_str().unwrap(), false, &want);
     let (err, doc) = gpu_run(
         memtrack_in_a_pid_namespace(&host_proc),
         dir.path(),
@@ -137,13 +136,16 @@ fn inside_a_pid_namespace_without_the_hosts_procfs_the_figures_are_device_level(
         a.device_level_samples > 0 && a.per_process_samples == 0,
         "{a:?}"
     );
-    assert!(a.reason.contains("every process"), "{}", a.reason);
+    assert!(a.reason.contains("PID namespace"), "{}", a.reason);
     let said: Vec<&str> = err
         .lines()
         .filter(|l| l.contains("PID namespace"))
         .collect();
     assert_eq!(said.len(), 1, "said once: {err}");
-    assert!(said[0].contains("device-level"), "{err}");
+    assert!(
+        said[0].contains("device-level, every process on the job's GPUs included"),
+        "{err}"
+    );
     assert!(
         err.contains(&format!(
             "peak GPU {JOB_MIB}.0 MiB (device-level: every process on the job's GPUs)"
@@ -176,11 +178,44 @@ fn inside_a_pid_namespace_without_the_hosts_procfs_the_figures_are_device_level(
 }
 
 #[test]
+fn a_device_level_figure_of_a_shared_gpu_includes_the_stranger_and_says_so() {
+    let dir = scratch();
+    let host_proc = dir.path().join("host-proc");
+    let state = dir.path().join("nvml-state");
+    let both = JOB_MIB + FOREIGN_MIB;
+    let want = format!("now['gpu_source'] == 'device' and now['gpu_tree_mb'] >= {both}");
+    let script = job(&state, host_proc.to_str().unwrap(), true, &want);
+    let (err, doc) = gpu_run(
+        memtrack_in_a_pid_namespace(&host_proc),
+        dir.path(),
+        &state,
+        &python(&script),
+    );
+    assert_eq!(attribution(&doc).mode, AttributionMode::DeviceLevel);
+    // The whole device, the stranger included: never the job's alone
+    // without the label.
+    let g = &doc.gpus[0];
+    assert!(g.peak_tree_used_mb >= both as f64, "{g:?}");
+    assert_eq!(g.peak_tree_used_mb, g.peak_used_mb, "{g:?}");
+    assert_eq!(doc.peak_usage.gpu_process_used_mb, g.peak_used_mb);
+    assert!(
+        err.contains("(device-level: every process on the job's GPUs)"),
+        "{err}"
+    );
+    let text = report(&document_path(dir.path()));
+    assert!(
+        text.contains("\"this run\" is device-level: it includes every process on the device"),
+        "{text}"
+    );
+}
+
+#[test]
 fn inside_a_pid_namespace_the_hosts_procfs_maps_nvml_pids_to_the_job() {
     let dir = scratch();
     let host_proc = dir.path().join("host-proc");
     let state = dir.path().join("nvml-state");
-    let script = job(&state, host_proc.to_str().unwrap(), true, "nvml", JOB_MIB);
+    let want = format!("now['gpu_source'] == 'nvml' and now['gpu_tree_mb'] == {JOB_MIB}");
+    let script = job(&state, host_proc.to_str().unwrap(), true, &want);
     let mut cmd = memtrack_in_a_pid_namespace(&host_proc);
     cmd.env("MEMTRACK_GPU_HOST_PROC", &host_proc);
     let (err, doc) = gpu_run(cmd, dir.path(), &state, &python(&script));
@@ -214,7 +249,8 @@ fn a_job_in_a_child_pid_namespace_is_matched_by_its_host_pid() {
     // sees the host's procfs (no --mount-proc) to learn its host PID.
     let dir = scratch();
     let state = dir.path().join("nvml-state");
-    let script = job(&state, "/proc", true, "nvml", JOB_MIB);
+    let want = format!("now['gpu_source'] == 'nvml' and now['gpu_tree_mb'] == {JOB_MIB}");
+    let script = job(&state, "/proc", true, &want);
     let mut job_argv: Vec<String> = ["unshare", "--pid", "--fork", "--"]
         .map(String::from)
         .to_vec();
