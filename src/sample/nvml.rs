@@ -104,12 +104,12 @@ impl NvmlSampler {
     }
 
     /// Moves the processes read into `out`, by the tree's PIDs.
-    fn push_processes(&self, out: &mut GpuSample) {
+    fn push_processes(&mut self, out: &mut GpuSample) {
         let readings = self
             .per_pid
             .iter()
             .map(|(&(pid, device), &used)| ProcessReading { pid, device, used });
-        match &self.pids {
+        match &mut self.pids {
             PidMap::Same => out.processes.extend(readings),
             PidMap::Unmappable => out.device_level = true,
             PidMap::Host(map) => {

@@ -16,6 +16,7 @@
 //! another namespace, so a candidate is only accepted when its start time
 //! (`stat` field 22) is the one memtrack's own procfs shows for that PID.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::parse::parse_stat;
@@ -80,6 +81,8 @@ pub struct HostPids {
     local_proc: PathBuf,
     /// memtrack's index in host-side `NSpid` chains.
     depth: usize,
+    /// Answers so far, by host PID, with the process's start time.
+    known: HashMap<u32, (u64, Resolved)>,
 }
 
 impl HostPids {
@@ -115,6 +118,7 @@ impl HostPids {
             host_proc: host_proc.to_path_buf(),
             local_proc: local_proc.to_path_buf(),
             depth: own.len() - 1,
+            known: HashMap::new(),
         })
     }
 
@@ -123,12 +127,40 @@ impl HostPids {
         &self.host_proc
     }
 
-    /// What the host's `host_pid` is to memtrack.
-    pub fn resolve(&self, host_pid: u32) -> Resolved {
+    /// What the host's `host_pid` is to memtrack. A process keeps its
+    /// answer for life (its namespaces never change), so a known one
+    /// costs one read: its start time, which tells a reused PID apart.
+    pub fn resolve(&mut self, host_pid: u32) -> Resolved {
         let dir = self.host_proc.join(host_pid.to_string());
+        let host_start = match std::fs::read_to_string(dir.join("stat")) {
+            Ok(text) => match parse_stat(&text) {
+                Ok(s) => s.start_ticks,
+                Err(_) => return Resolved::Unknown,
+            },
+            // Exited since NVML listed it: nobody's memory any more.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Resolved::Foreign,
+            Err(_) => return Resolved::Unknown,
+        };
+        if let Some(&(start, answer)) = self.known.get(&host_pid) {
+            if start == host_start {
+                return answer;
+            }
+        }
+        let answer = self.look_up(&dir, host_start);
+        if answer != Resolved::Unknown {
+            if self.known.len() >= KNOWN_MAX {
+                self.known.clear();
+            }
+            self.known.insert(host_pid, (host_start, answer));
+        }
+        answer
+    }
+
+    /// Reads the `NSpid` chain of the host's process in `dir` (started at
+    /// `host_start`) and checks its candidate in memtrack's procfs.
+    fn look_up(&self, dir: &Path, host_start: u64) -> Resolved {
         let status = match std::fs::read_to_string(dir.join("status")) {
             Ok(s) => s,
-            // Exited since NVML listed it: nobody's memory any more.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Resolved::Foreign,
             Err(_) => return Resolved::Unknown,
         };
@@ -139,19 +171,22 @@ impl HostPids {
             // Not in memtrack's namespace nor below it.
             return Resolved::Foreign;
         };
-        let start = |stat: PathBuf| {
-            parse_stat(&std::fs::read_to_string(stat).ok()?)
-                .ok()
-                .map(|s| s.start_ticks)
-        };
-        let local_start = start(self.local_proc.join(candidate.to_string()).join("stat"));
-        match (start(dir.join("stat")), local_start) {
-            (Some(h), Some(l)) if h == l => Resolved::Ours(candidate),
-            (Some(_), _) => Resolved::Foreign,
-            (None, _) => Resolved::Unknown,
+        let local = self.local_proc.join(candidate.to_string()).join("stat");
+        let local_start = std::fs::read_to_string(local)
+            .ok()
+            .and_then(|t| parse_stat(&t).ok())
+            .map(|s| s.start_ticks);
+        if local_start == Some(host_start) {
+            Resolved::Ours(candidate)
+        } else {
+            // Another namespace at memtrack's depth (a sibling container).
+            Resolved::Foreign
         }
     }
 }
+
+/// Host PIDs whose answer is remembered; beyond, the memory starts over.
+const KNOWN_MAX: usize = 4096;
 
 /// A host PID as memtrack sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,9 +309,10 @@ mod tests {
             );
             return;
         }
-        let map = HostPids::open(proc_root, proc_root).unwrap();
+        let mut map = HostPids::open(proc_root, proc_root).unwrap();
         let me = std::process::id();
         assert_eq!(map.resolve(me), Resolved::Ours(me));
+        assert_eq!(map.resolve(me), Resolved::Ours(me), "remembered");
         assert_eq!(map.resolve(u32::MAX), Resolved::Foreign, "gone");
         let (pids, attribution) = plan(proc_root, Path::new(""));
         assert!(matches!(pids, PidMap::Same), "{pids:?}");
