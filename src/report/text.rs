@@ -378,7 +378,11 @@ fn render_raw(doc: &Document) -> String {
     write_alerts(&mut out, doc);
     write_leak(&mut out, &LeakReport::from_value(&r.leak));
     write_flight_recorder(&mut out, doc);
-    write_needs(&mut out, &r.needs);
+    let whole_devices = r
+        .gpu_attribution
+        .as_ref()
+        .is_some_and(|a| a.mode != AttributionMode::PerProcess);
+    write_needs(&mut out, &r.needs, whole_devices);
     out
 }
 
@@ -720,8 +724,9 @@ fn write_flight_recorder(out: &mut String, doc: &Document) {
     }
 }
 
-/// What a re-run needs: host RAM and the GPU card that fits.
-fn write_needs(out: &mut String, needs: &Needs) {
+/// What a re-run needs: host RAM and the GPU card that fits (from whole
+/// devices' use, every process on them, when `whole_devices`).
+fn write_needs(out: &mut String, needs: &Needs, whole_devices: bool) {
     let n = needs;
     let _ = writeln!(out, "\nWhat a re-run needs (peak + 10 %)");
     let _ = writeln!(
@@ -739,9 +744,14 @@ fn write_needs(out: &mut String, needs: &Needs) {
                 .collect();
             let _ = writeln!(
                 out,
-                "  GPU memory: {} per GPU — a {class:.0} GB card fits ({})",
+                "  GPU memory: {} per GPU — a {class:.0} GB card fits ({}){}",
                 format_mib_one_decimal(n.gpu_needed_mb),
-                per.join(", ")
+                per.join(", "),
+                if whole_devices {
+                    "; device-level: every process on the job's GPUs"
+                } else {
+                    ""
+                }
             );
         }
         None if n.gpu_needed_mb > 0.0 => {

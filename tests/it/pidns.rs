@@ -175,6 +175,10 @@ fn inside_a_pid_namespace_without_the_hosts_procfs_the_figures_are_device_level(
         text.contains("GPU attribution: device-level (includes every process on the device"),
         "{text}"
     );
+    assert!(
+        text.contains("fits (GPU 0: 1500.0 MiB); device-level: every process on the job's GPUs"),
+        "{text}"
+    );
 }
 
 #[test]
