@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::engine::Ended;
 use crate::export::clearml;
 use crate::export::finish::Deadline;
-use crate::model::{Exit, RunInfo};
+use crate::model::{AttributionMode, Exit, RunInfo};
 use crate::store::Store;
 
 /// Where the run's document is, and whether it was written at all.
@@ -251,8 +251,13 @@ pub(super) fn log_end(store: &Store, saved: &Saved, export_failed: bool) {
     // memtrack's own high-water mark, the final write included: what the
     // monitor itself cost the machine (bench/soak reads this line).
     let own_peak = crate::units::mib(own_vm_hwm());
+    let whose = match store.gpu_attribution().map(|a| a.mode) {
+        Some(AttributionMode::DeviceLevel) => " (device-level: every process on the job's GPUs)",
+        Some(AttributionMode::Mixed) => " (partly device-level: every process on the job's GPUs)",
+        _ => "",
+    };
     tracing::info!(
-        "run {} ended: peak host RAM {:.1} MiB, peak GPU {:.1} MiB; {}; memtrack's own peak RSS {own_peak:.1} MiB",
+        "run {} ended: peak host RAM {:.1} MiB, peak GPU {:.1} MiB{whose}; {}; memtrack's own peak RSS {own_peak:.1} MiB",
         store.run.name,
         peaks.cpu_ram_used_mb.max(peaks.cpu_ram_hwm_mb),
         peaks.gpu_process_used_mb.max(peaks.reserved_gpu_ram_mb),

@@ -14,7 +14,7 @@ use super::job::Followed;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions};
 use crate::event::inbox::Input;
-use crate::model::{GpuBackend, RunInfo};
+use crate::model::{AttributionMode, GpuBackend, RunInfo};
 use crate::sample::gpu::GpuSampler;
 use crate::sample::Sampler;
 use crate::store::journal::Journal;
@@ -26,6 +26,7 @@ pub(super) fn open_gpu(config: &Config) -> (Box<dyn GpuSampler>, GpuBackend) {
     let gpu = crate::sample::open_gpu(
         &config.gpu,
         std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+        &config.host.proc_root,
     );
     let backend = gpu.backend();
     if let GpuBackend::None { reason } = &backend {
@@ -37,6 +38,19 @@ pub(super) fn open_gpu(config: &Config) -> (Box<dyn GpuSampler>, GpuBackend) {
             .map(|d| format!("{} {}", d.index, d.name))
             .collect();
         tracing::info!("GPU figures from NVML: {}", names.join(", "));
+        // One line when NVML's PIDs are not simply the tree's.
+        match gpu.attribution() {
+            Some(a) if a.mode == AttributionMode::DeviceLevel => {
+                tracing::warn!(
+                    "GPU figures are device-level, every process on the job's GPUs included: {}",
+                    a.reason
+                );
+            }
+            Some(a) if a.pid_namespace.init != Some(true) => {
+                tracing::info!("GPU figures are per-process: {}", a.reason);
+            }
+            _ => {}
+        }
     }
     (gpu, backend)
 }
@@ -61,7 +75,7 @@ pub(super) fn open_store(
         ..Limits::default()
     };
     let mut store = Store::new(run, limits, config.pressure);
-    store.describe_gpus(gpu.devices());
+    store.describe_gpus(gpu.devices(), gpu.attribution());
     let journal = Journal::create(run_dir, &mut store)
         .with_context(|| format!("cannot write to the run directory {}", run_dir.display()))?;
     Ok((store, journal))

@@ -12,7 +12,7 @@ use prometheus::proto::{
 };
 use prometheus::{Encoder, TextEncoder};
 
-use crate::model::Gpu;
+use crate::model::{AttributionMode, Gpu, GpuSource};
 use crate::sample::procfs::SelfUsage;
 use crate::store::snapshot::Snapshot;
 use crate::units::MIB;
@@ -81,8 +81,9 @@ pub const METRICS: &[Def] = &[
     def("memtrack_tree_resident_memory_bytes", G, &[], "Host memory of the followed process tree, every page once (see memtrack_tree_memory_source)."),
     def("memtrack_tree_resident_memory_high_water_bytes", G, &[], "The tree's highest host memory since the previous sample, as the kernel saw it."),
     def("memtrack_tree_memory_source", G, &["source"], "1 for the source of the tree's host figure: cgroup, pss or rss (rss counts shared pages once per process)."),
-    def("memtrack_tree_gpu_memory_bytes", G, &["gpu", "gpu_uuid"], "NVML used GPU memory of the tree on one device."),
+    def("memtrack_tree_gpu_memory_bytes", G, &["gpu", "gpu_uuid", "attribution"], "NVML used GPU memory of the tree on one device: attribution per-process (the tree's processes), or device-level (every process on the device: NVML's PIDs could not be matched to the tree's)."),
     def("memtrack_tree_processes", G, &[], "Processes in the followed tree."),
+    def("memtrack_gpu_attribution_info", G, &["mode"], "Always 1; mode: how the run's GPU figures are attributed so far (per-process, device-level or mixed)."),
     def("memtrack_gpu_memory_used_bytes", G, DEV, "Used memory of a GPU (every process on it)."),
     def("memtrack_gpu_memory_total_bytes", G, DEV, "Total memory of a GPU."),
     def("memtrack_gpu_memory_free_bytes", G, DEV, "Free memory of a GPU."),
@@ -342,14 +343,30 @@ fn tree(f: &mut Families, snap: &Snapshot, gpus: &[Gpu]) {
         &[("source", snap.current.host_source.as_str().to_string())],
         1.0,
     );
+    let attribution = if snap.current.gpu_source == GpuSource::Device {
+        AttributionMode::DeviceLevel
+    } else {
+        AttributionMode::PerProcess
+    };
     for g in gpus {
         f.gauge(
             "memtrack_tree_gpu_memory_bytes",
-            &[("gpu", g.index.to_string()), ("gpu_uuid", g.uuid.clone())],
+            &[
+                ("gpu", g.index.to_string()),
+                ("gpu_uuid", g.uuid.clone()),
+                ("attribution", attribution.as_str().to_string()),
+            ],
             g.tree_used_mb * MIB,
         );
     }
     f.gauge("memtrack_tree_processes", &[], snap.processes.len() as f64);
+    if let Some(a) = &snap.gpu_attribution {
+        f.gauge(
+            "memtrack_gpu_attribution_info",
+            &[("mode", a.mode.as_str().to_string())],
+            1.0,
+        );
+    }
 }
 
 /// Device-level GPU figures: memory used, total and free, utilization,

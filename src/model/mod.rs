@@ -18,7 +18,7 @@ pub mod leak;
 mod run;
 pub mod thin;
 
-pub use run::{GpuBackend, RunStatus};
+pub use run::{AttributionMode, GpuAttribution, GpuBackend, PidNamespaceInfo, RunStatus};
 
 use std::collections::BTreeMap;
 
@@ -56,6 +56,11 @@ pub struct DocumentOf<L> {
     pub targets: Vec<Target>,
     #[serde(default)]
     pub gpus: Vec<Gpu>,
+    /// Whose memory the GPU figures are: the tree's processes, or (inside a
+    /// PID namespace NVML's host PIDs cannot be mapped from) whole devices.
+    /// Absent without NVML and in files of older builds (per-process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_attribution: Option<GpuAttribution>,
     #[serde(default)]
     pub alerts: Vec<Alert>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -92,6 +97,7 @@ impl<L> DocumentOf<L> {
             stages: self.stages,
             targets: self.targets,
             gpus: self.gpus,
+            gpu_attribution: self.gpu_attribution,
             alerts: self.alerts,
             leak: self.leak,
             flight_recorder: self.flight_recorder,
@@ -390,6 +396,9 @@ pub enum GpuSource {
     Allocator,
     /// NVML's per-process used memory, summed over the tree.
     Nvml,
+    /// NVML's used memory of the job's whole GPUs, every process on them
+    /// included (NVML's PIDs could not be matched to the tree's).
+    Device,
     /// No GPU figures: no GPU, no driver, or GPUs hidden.
     #[default]
     None,
@@ -419,7 +428,8 @@ pub struct Entry {
     /// [`HostInfo`] for the source), MiB.
     #[serde(default)]
     pub cpu_ram_used_mb: f64,
-    /// `memory_allocated` (allocator) or per-process NVML used (nvml), MiB.
+    /// `memory_allocated` (allocator), per-process NVML used (nvml) or the
+    /// job's GPUs' used memory (device), MiB.
     #[serde(default)]
     pub gpu_ram_used_mb: f64,
     /// `max_memory_allocated` (allocator) or the highest NVML figure so far.
@@ -656,7 +666,9 @@ pub struct Gpu {
     pub used_mb: f64,
     #[serde(default)]
     pub peak_used_mb: f64,
-    /// The followed tree's memory on this device: last and peak.
+    /// The followed tree's memory on this device: last and peak. With
+    /// device-level attribution (see [`GpuAttribution`]) the device's used
+    /// memory, every process on it included.
     #[serde(default)]
     pub tree_used_mb: f64,
     #[serde(default)]

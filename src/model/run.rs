@@ -1,5 +1,6 @@
 //! The two closed-but-open vocabularies of [`super::RunInfo`]: where the
-//! GPU figures came from, and how far the run got.
+//! GPU figures came from, and how far the run got; and how the tree's GPU
+//! memory was told apart from other processes' ([`GpuAttribution`]).
 //!
 //! Both are written as the plain strings older builds wrote (`"nvml"`,
 //! `"none: <reason>"`, `"finished"`, …) and read back from any string: a
@@ -190,6 +191,95 @@ impl<'de> Deserialize<'de> for RunStatus {
     }
 }
 
+/// How the tree's GPU memory was told apart from other processes' on the
+/// same GPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttributionMode {
+    /// NVML's per-process figures of the tree's own processes.
+    #[default]
+    PerProcess,
+    /// NVML's PIDs could not be matched to the tree's (memtrack in a PID
+    /// namespace without the host's procfs): the job's figure is the used
+    /// memory of the GPUs it was given, every process on them included.
+    DeviceLevel,
+    /// Some samples per-process, others device-level.
+    Mixed,
+}
+
+impl AttributionMode {
+    /// The written form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttributionMode::PerProcess => "per-process",
+            AttributionMode::DeviceLevel => "device-level",
+            AttributionMode::Mixed => "mixed",
+        }
+    }
+}
+
+/// memtrack's own PID namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PidNamespaceInfo {
+    /// The namespace's inode (`/proc/self/ns/pid`), when readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
+    /// Whether it is the host's (init) namespace; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<bool>,
+    /// memtrack's PID in each namespace its procfs shows, outermost first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nspid: Vec<u32>,
+}
+
+/// The document's `gpu_attribution` block: whose memory the GPU figures
+/// are, and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuAttribution {
+    /// Over the whole run.
+    #[serde(default)]
+    pub mode: AttributionMode,
+    /// One line: why this mode.
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub pid_namespace: PidNamespaceInfo,
+    /// The host's procfs NVML's PIDs were mapped through, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_proc: Option<String>,
+    /// GPU samples of each kind.
+    #[serde(default)]
+    pub per_process_samples: u64,
+    #[serde(default)]
+    pub device_level_samples: u64,
+}
+
+impl GpuAttribution {
+    /// Counts one GPU sample and sets the run's mode from the counts.
+    pub fn count(&mut self, device_level: bool) {
+        if device_level {
+            self.device_level_samples += 1;
+        } else {
+            self.per_process_samples += 1;
+        }
+        self.mode = match (self.per_process_samples, self.device_level_samples) {
+            (0, _) => AttributionMode::DeviceLevel,
+            (_, 0) => AttributionMode::PerProcess,
+            _ => AttributionMode::Mixed,
+        };
+    }
+
+    /// Folds another rank's attribution into a merged job's: the counts
+    /// add up, and ranks of different modes make the job's `mixed`.
+    pub fn merge(&mut self, other: &GpuAttribution) {
+        self.per_process_samples += other.per_process_samples;
+        self.device_level_samples += other.device_level_samples;
+        if self.mode != other.mode {
+            self.mode = AttributionMode::Mixed;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,5 +327,26 @@ mod tests {
         assert_eq!(odd, RunStatus::Other("paused-by-a-newer-build".into()));
         assert!(RunStatus::default().is_empty());
         assert!(!RunStatus::Finished.is_empty());
+    }
+
+    #[test]
+    fn ranks_of_different_attribution_make_a_mixed_job() {
+        let mut job = GpuAttribution::default();
+        job.count(false);
+        let mut other = GpuAttribution::default();
+        other.count(true);
+        other.count(true);
+        assert_eq!(other.mode, AttributionMode::DeviceLevel);
+        let mut same = job.clone();
+        same.merge(&job);
+        assert_eq!(same.mode, AttributionMode::PerProcess);
+        job.merge(&other);
+        assert_eq!(
+            (job.mode, job.per_process_samples, job.device_level_samples),
+            (AttributionMode::Mixed, 1, 2)
+        );
+        let text = serde_json::to_string(&job.mode).unwrap();
+        assert_eq!(text, "\"mixed\"");
+        assert_eq!(AttributionMode::DeviceLevel.as_str(), "device-level");
     }
 }

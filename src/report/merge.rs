@@ -443,9 +443,9 @@ fn fold_run(out: &mut RunInfo, run: &RunInfo) {
     }
 }
 
-/// Moves a rank's stages (labelled with its rank and host), GPUs and
-/// alerts (named with its host), processes and flight-recorder windows
-/// into the job.
+/// Moves a rank's stages (labelled with its rank and host), GPUs (and
+/// how their figures were attributed), alerts (named with its host),
+/// processes and flight-recorder windows into the job.
 fn append_rank_parts(out: &mut Document, doc: &mut Document, rank: &str, host: &str) {
     let tag = |labels: &mut BTreeMap<String, String>| {
         labels.insert("rank".into(), rank.to_string());
@@ -458,6 +458,12 @@ fn append_rank_parts(out: &mut Document, doc: &mut Document, rank: &str, host: &
     for mut g in std::mem::take(&mut doc.gpus) {
         g.host = Some(host.to_string());
         out.gpus.push(g);
+    }
+    if let Some(a) = doc.gpu_attribution.take() {
+        match &mut out.gpu_attribution {
+            Some(job) => job.merge(&a),
+            None => out.gpu_attribution = Some(a),
+        }
     }
     for mut a in std::mem::take(&mut doc.alerts) {
         a.resource = format!("{host}:{}", a.resource);

@@ -12,7 +12,9 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::model::leak::{self, LeakReport, Verdict};
-use crate::model::{Alert, Document, Exit, FlightWindow, Gpu, Peaks, RankSummary, RunInfo, Stage};
+use crate::model::{
+    Alert, AttributionMode, Document, Exit, FlightWindow, Gpu, Peaks, RankSummary, RunInfo, Stage,
+};
 use crate::units::format_mib_one_decimal;
 
 /// GPU memory sizes sold, GiB: the smallest one a run fits in is the
@@ -51,6 +53,13 @@ pub struct Report {
     pub targets: Vec<TargetRow>,
     #[serde(serialize_with = "sorted_keys")]
     pub gpus: Vec<Gpu>,
+    /// Whose memory the GPU figures are (absent without NVML and in
+    /// older files).
+    #[serde(
+        serialize_with = "sorted_keys",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gpu_attribution: Option<crate::model::GpuAttribution>,
     #[serde(serialize_with = "sorted_keys")]
     pub alerts: Vec<Alert>,
     /// The document's `leak` block as the file holds it (computed when it
@@ -180,6 +189,7 @@ pub fn build(doc: &Document) -> Report {
             })
             .collect(),
         gpus: doc.gpus.clone(),
+        gpu_attribution: doc.gpu_attribution.clone(),
         alerts: doc.alerts.clone(),
         leak,
         flight_recorder: doc.flight_recorder.clone(),
@@ -368,7 +378,11 @@ fn render_raw(doc: &Document) -> String {
     write_alerts(&mut out, doc);
     write_leak(&mut out, &LeakReport::from_value(&r.leak));
     write_flight_recorder(&mut out, doc);
-    write_needs(&mut out, &r.needs);
+    let whole_devices = r
+        .gpu_attribution
+        .as_ref()
+        .is_some_and(|a| a.mode != AttributionMode::PerProcess);
+    write_needs(&mut out, &r.needs, whole_devices);
     out
 }
 
@@ -408,6 +422,9 @@ fn write_run(out: &mut String, doc: &Document) {
             let _ = writeln!(out, "  command: {}", shown(&run.command.join(" ")));
         }
         let _ = writeln!(out, "  GPU figures: {}", run.gpu_backend);
+        if let Some(line) = attribution_line(doc) {
+            let _ = writeln!(out, "  GPU attribution: {line}");
+        }
         let _ = writeln!(out, "  host figures: {}", host_line(doc));
         if !run.labels.is_empty() {
             let l: Vec<String> = run.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -558,10 +575,41 @@ fn write_processes(out: &mut String, doc: &Document) {
     }
 }
 
+/// How the GPU figures were attributed, when it is not simply per-process
+/// in the host's PID namespace: the mode, what a device-level figure
+/// holds, and why.
+fn attribution_line(doc: &Document) -> Option<String> {
+    let a = doc.gpu_attribution.as_ref()?;
+    let plain = a.mode == AttributionMode::PerProcess && a.pid_namespace.init != Some(false);
+    if plain {
+        return None;
+    }
+    let what = match a.mode {
+        AttributionMode::PerProcess => "per-process",
+        AttributionMode::DeviceLevel => {
+            "device-level (includes every process on the device, not only the job's)"
+        }
+        AttributionMode::Mixed => {
+            "mixed (some samples device-level: they include every process on the device)"
+        }
+    };
+    Some(format!("{what}; {}", shown(&a.reason)))
+}
+
 /// Each GPU: its size and the peaks of this run and of the device.
 fn write_gpus(out: &mut String, doc: &Document) {
     if !doc.gpus.is_empty() {
         let _ = writeln!(out, "\nGPUs");
+        if doc
+            .gpu_attribution
+            .as_ref()
+            .is_some_and(|a| a.mode != AttributionMode::PerProcess)
+        {
+            let _ = writeln!(
+                out,
+                "  \"this run\" is device-level: it includes every process on the device"
+            );
+        }
         let rows: Vec<Vec<String>> = doc
             .gpus
             .iter()
@@ -688,8 +736,9 @@ fn write_flight_recorder(out: &mut String, doc: &Document) {
     }
 }
 
-/// What a re-run needs: host RAM and the GPU card that fits.
-fn write_needs(out: &mut String, needs: &Needs) {
+/// What a re-run needs: host RAM and the GPU card that fits (from whole
+/// devices' use, every process on them, when `whole_devices`).
+fn write_needs(out: &mut String, needs: &Needs, whole_devices: bool) {
     let n = needs;
     let _ = writeln!(out, "\nWhat a re-run needs (peak + 10 %)");
     let _ = writeln!(
@@ -707,9 +756,14 @@ fn write_needs(out: &mut String, needs: &Needs) {
                 .collect();
             let _ = writeln!(
                 out,
-                "  GPU memory: {} per GPU — a {class:.0} GB card fits ({})",
+                "  GPU memory: {} per GPU — a {class:.0} GB card fits ({}){}",
                 format_mib_one_decimal(n.gpu_needed_mb),
-                per.join(", ")
+                per.join(", "),
+                if whole_devices {
+                    "; device-level: every process on the job's GPUs"
+                } else {
+                    ""
+                }
             );
         }
         None if n.gpu_needed_mb > 0.0 => {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::GpuBackend;
+use crate::model::{GpuAttribution, GpuBackend};
 
 /// GPU (NVML) sampling.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,6 +22,11 @@ pub struct GpuConfig {
     pub enabled: bool,
     /// NVML shared library to load. Empty: the system's `libnvidia-ml.so.1`.
     pub nvml_library: PathBuf,
+    /// A procfs of the host (e.g. `/host/proc`), for a memtrack inside a
+    /// PID namespace: NVML lists host PIDs, and this maps them to the
+    /// tree's. Empty: none, and inside a PID namespace the GPU figures are
+    /// device-level.
+    pub host_proc: PathBuf,
 }
 
 impl Default for GpuConfig {
@@ -29,6 +34,7 @@ impl Default for GpuConfig {
         GpuConfig {
             enabled: true,
             nvml_library: PathBuf::new(),
+            host_proc: PathBuf::new(),
         }
     }
 }
@@ -66,13 +72,20 @@ pub struct ProcessReading {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct GpuSample {
     pub devices: Vec<DeviceReading>,
+    /// Processes by the tree's PIDs (NVML's host PIDs mapped when memtrack
+    /// runs in a PID namespace); empty when `device_level`.
     pub processes: Vec<ProcessReading>,
+    /// NVML's PIDs could not be matched to the tree's: the job's figure
+    /// is its devices' used memory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub device_level: bool,
 }
 
 impl GpuSample {
     pub fn clear(&mut self) {
         self.devices.clear();
         self.processes.clear();
+        self.device_level = false;
     }
 }
 
@@ -92,6 +105,11 @@ pub trait GpuSampler: Send {
     fn backend(&self) -> GpuBackend;
     /// The devices this sampler reports on.
     fn devices(&self) -> &[Device];
+    /// How the tree's GPU memory is told apart from other processes'
+    /// (`None` without GPU figures).
+    fn attribution(&self) -> Option<GpuAttribution> {
+        None
+    }
     /// Fills `out` (cleared first by the caller).
     fn sample(&mut self, out: &mut GpuSample) -> Status;
 }

@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod host;
 pub mod nvml;
 pub mod parse;
+pub mod pidns;
 pub mod procfs;
 
 use std::fs::File;
@@ -222,8 +223,14 @@ impl Sampler {
 }
 
 /// Chooses the GPU sampler for a run. Never fails: every problem becomes
-/// host-only mode with the reason (logged once by the caller).
-pub fn open_gpu(config: &GpuConfig, cuda_visible: Option<&str>) -> Box<dyn gpu::GpuSampler> {
+/// host-only mode with the reason (logged once by the caller). memtrack's
+/// PID namespace is read through `proc_root`, to know whether NVML's host
+/// PIDs are the tree's.
+pub fn open_gpu(
+    config: &GpuConfig,
+    cuda_visible: Option<&str>,
+    proc_root: &std::path::Path,
+) -> Box<dyn gpu::GpuSampler> {
     if !config.enabled {
         return Box::new(gpu::NoGpu {
             reason: "disabled by configuration".into(),
@@ -238,7 +245,10 @@ pub fn open_gpu(config: &GpuConfig, cuda_visible: Option<&str>) -> Box<dyn gpu::
     let lib =
         (!config.nvml_library.as_os_str().is_empty()).then_some(config.nvml_library.as_path());
     match nvml::NvmlSampler::open(lib, &visible) {
-        Ok(s) => Box::new(s),
+        Ok(s) => {
+            let (pids, attribution) = pidns::plan(proc_root, &config.host_proc);
+            Box::new(s.with_pids(pids, attribution))
+        }
         Err(reason) => Box::new(gpu::NoGpu { reason }),
     }
 }
@@ -267,17 +277,17 @@ mod tests {
             enabled: false,
             ..GpuConfig::default()
         };
-        assert!(open_gpu(&cfg, None)
+        assert!(open_gpu(&cfg, None, std::path::Path::new("/proc"))
             .backend()
             .to_string()
             .starts_with("none: disabled"));
         cfg.enabled = true;
-        assert!(open_gpu(&cfg, Some(""))
+        assert!(open_gpu(&cfg, Some(""), std::path::Path::new("/proc"))
             .backend()
             .to_string()
             .contains("CUDA_VISIBLE_DEVICES"));
         cfg.nvml_library = "/nonexistent/libnvidia-ml.so.1".into();
-        let s = open_gpu(&cfg, None);
+        let s = open_gpu(&cfg, None, std::path::Path::new("/proc"));
         assert!(
             s.backend()
                 .to_string()

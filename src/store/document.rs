@@ -55,6 +55,7 @@ impl Store {
             stages: self.stages.clone(),
             targets,
             gpus: self.gpus.values().cloned().collect(),
+            gpu_attribution: self.gpu_attribution.clone(),
             alerts: self.alerts.clone(),
             leak: Some(leak.to_value()),
             flight_recorder: self.flights.clone(),

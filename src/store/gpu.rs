@@ -1,11 +1,14 @@
 //! GPUs: each device's static description, its figures and peaks, and
 //! the GPU memory of the tree's own processes, per process and per device
-//! (other processes on the same GPU never count).
+//! (other processes on the same GPU never count). When NVML's PIDs could
+//! not be matched to the tree's (a device-level sample), the tree's figure
+//! per device is the device's used memory, and the run's
+//! [`GpuAttribution`] says so.
 
 use std::collections::BTreeMap;
 
 use super::state::Store;
-use crate::model::Gpu;
+use crate::model::{Gpu, GpuAttribution};
 use crate::sample::gpu::{Device, Status as GpuStatus};
 use crate::sample::Sample;
 use crate::units::mib;
@@ -18,9 +21,11 @@ pub(super) struct TreeGpu {
 }
 
 impl Store {
-    /// Records the GPUs' static description (index, UUID, name). Called
-    /// before the first checkpoint, so the journal's state holds it.
-    pub fn describe_gpus(&mut self, devices: &[Device]) {
+    /// Records the GPUs' static description (index, UUID, name) and how
+    /// the tree's share of them is told apart. Called before the first
+    /// checkpoint, so the journal's state holds it.
+    pub fn describe_gpus(&mut self, devices: &[Device], attribution: Option<GpuAttribution>) {
+        self.gpu_attribution = attribution;
         for d in devices {
             let g = self.gpus.entry(d.index).or_insert_with(|| Gpu {
                 index: d.index,
@@ -29,6 +34,11 @@ impl Store {
             g.uuid.clone_from(&d.uuid);
             g.name.clone_from(&d.name);
         }
+    }
+
+    /// How the tree's GPU memory is told apart (absent without NVML).
+    pub fn gpu_attribution(&self) -> Option<&GpuAttribution> {
+        self.gpu_attribution.as_ref()
     }
 
     /// Folds the GPU memory of the tree's processes into their rows and
@@ -40,6 +50,18 @@ impl Store {
         let mut tree = TreeGpu::default();
         for live in self.live.values_mut() {
             live.gpu.clear();
+        }
+        if sample.gpu_status == GpuStatus::Sampled {
+            if let Some(a) = &mut self.gpu_attribution {
+                a.count(sample.gpu.device_level);
+            }
+            if sample.gpu.device_level {
+                // Whole devices, labelled: no process's share is known.
+                for d in &sample.gpu.devices {
+                    tree.by_device.insert(d.index, d.used);
+                }
+                return tree;
+            }
         }
         for p in &sample.gpu.processes {
             let Some(live) = self.live.get_mut(&p.pid) else {
@@ -91,16 +113,20 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
+    use crate::model::{AttributionMode, GpuAttribution, GpuSource};
     use crate::sample::gpu::{Device, Status};
 
     #[test]
     fn devices_keep_their_description_figures_and_peaks() {
         let mut st = store();
-        st.describe_gpus(&[Device {
-            index: 0,
-            uuid: "GPU-1".into(),
-            name: "H100".into(),
-        }]);
+        st.describe_gpus(
+            &[Device {
+                index: 0,
+                uuid: "GPU-1".into(),
+                name: "H100".into(),
+            }],
+            None,
+        );
         let mut s = sample(101.0, &[(10, 100)], &[(10, 3000)]);
         join(&mut s, 10);
         s.gpu.devices[0].utilization_pct = Some(90);
@@ -122,6 +148,41 @@ mod tests {
         let t = &st.document().targets[0];
         assert_eq!((t.last_gpu_mb, t.peak_gpu_mb), (1000.0, 3000.0));
         assert_eq!(t.peak_gpu_mb_by_device[&0], 3000.0);
+    }
+
+    #[test]
+    fn a_device_level_sample_is_the_devices_use_labelled_and_no_process_share() {
+        let mut st = store();
+        let start = GpuAttribution {
+            mode: AttributionMode::DeviceLevel,
+            ..GpuAttribution::default()
+        };
+        st.describe_gpus(&[], Some(start));
+        // Per-process first: only pid 10 counts, not the stranger (99).
+        let mut s = sample(101.0, &[(10, 100)], &[(10, 1000), (99, 4000)]);
+        join(&mut s, 10);
+        timer(&mut st, s);
+        assert_eq!(st.current().gpu_tree_mb, 1000.0);
+        // Then NVML's PIDs cannot be matched: the device's 5000, labelled.
+        let mut s = sample(102.0, &[(10, 100)], &[(10, 1000), (99, 4000)]);
+        s.gpu.processes.clear();
+        s.gpu.device_level = true;
+        timer(&mut st, s);
+        assert_eq!(st.current().gpu_tree_mb, 5000.0);
+        assert_eq!(st.current().gpu_source, GpuSource::Device);
+        let doc = st.document();
+        let a = doc.gpu_attribution.as_ref().unwrap();
+        assert_eq!(
+            (a.mode, a.per_process_samples, a.device_level_samples),
+            (AttributionMode::Mixed, 1, 1)
+        );
+        assert_eq!(doc.gpus[0].peak_tree_used_mb, 5000.0);
+        assert_eq!(doc.targets[0].last_gpu_mb, 0.0, "no process share");
+        assert_eq!(doc.targets[0].peak_gpu_mb, 1000.0);
+        assert_eq!(
+            doc.detailed_log.last().unwrap().gpu_source,
+            GpuSource::Device
+        );
     }
 
     #[test]

@@ -36,10 +36,10 @@ impl Store {
             host_source: source,
             gpu_tree_mb: gpu_tree,
             gpu_tree_peak_mb: self.current.gpu_tree_peak_mb.max(gpu_tree),
-            gpu_source: if sampled {
-                GpuSource::Nvml
-            } else {
-                GpuSource::None
+            gpu_source: match (sampled, sample.gpu.device_level) {
+                (true, false) => GpuSource::Nvml,
+                (true, true) => GpuSource::Device,
+                (false, _) => GpuSource::None,
             },
             processes: sample.host.processes.len(),
         };

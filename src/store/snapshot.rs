@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::pressure::Level;
-use crate::model::{Allocator, Counters, Gpu, GpuBackend, GpuSource, HostSource, Peaks};
+use crate::model::{
+    Allocator, Counters, Gpu, GpuAttribution, GpuBackend, GpuSource, HostSource, Peaks,
+};
 use crate::sample::HostMemory;
 
 /// The tree's figures after the latest sample (MiB).
@@ -129,6 +131,8 @@ pub struct Snapshot {
     pub by_component: BTreeMap<String, Peaks>,
     pub processes: Vec<ProcessNow>,
     pub gpus: Vec<Gpu>,
+    /// Whose memory the GPU figures are (absent without NVML).
+    pub gpu_attribution: Option<GpuAttribution>,
     pub allocator: Vec<AllocatorNow>,
     /// Events recorded per component and operation.
     pub events: BTreeMap<String, BTreeMap<String, u64>>,

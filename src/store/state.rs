@@ -15,8 +15,8 @@ use crate::model::leak::Series;
 use crate::model::thin::Thinned;
 use crate::model::RunStatus;
 use crate::model::{
-    Alert, Counters, Entry, EntryKind, Exit, FlightWindow, Gpu, HostInfo, Peaks, RunInfo, Stage,
-    Target,
+    Alert, Counters, Entry, EntryKind, Exit, FlightWindow, Gpu, GpuAttribution, HostInfo, Peaks,
+    RunInfo, Stage, Target,
 };
 use crate::sample::HostMemory;
 
@@ -68,6 +68,9 @@ pub struct Store {
     pub(super) live: BTreeMap<u32, LiveTarget>,
     pub(super) gone: Vec<Target>,
     pub(super) gpus: BTreeMap<u32, Gpu>,
+    /// How the tree's GPU memory is told apart (absent without NVML).
+    #[serde(default)]
+    pub(super) gpu_attribution: Option<GpuAttribution>,
     pub(super) spans: Vec<OpenSpan>,
     pub(super) stages: Vec<Stage>,
     pub(super) alerts: Vec<Alert>,
@@ -115,6 +118,7 @@ impl Store {
             live: BTreeMap::new(),
             gone: Vec::new(),
             gpus: BTreeMap::new(),
+            gpu_attribution: None,
             spans: Vec::new(),
             stages: Vec::new(),
             alerts: Vec::new(),

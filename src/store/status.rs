@@ -10,7 +10,8 @@ use super::state::Store;
 impl Store {
     /// What the daemon sees now, for `status` (socket and CLI) and live
     /// views: run identity, current figures, peaks, live processes, open
-    /// spans and stages, pressure levels, GPUs, counters.
+    /// spans and stages, pressure levels, GPUs (and, with NVML, how the
+    /// tree's share of them is told apart), counters.
     pub fn status(&self) -> serde_json::Value {
         let processes: Vec<serde_json::Value> = self
             .live
@@ -30,7 +31,7 @@ impl Store {
             .filter(|s| s.end.is_none())
             .map(|s| s.name.as_str())
             .collect();
-        serde_json::json!({
+        let mut status = serde_json::json!({
             "run": {
                 "id": self.run.id, "name": self.run.name, "mode": self.run.mode, "host": self.run.host,
                 "start": self.run.start, "labels": self.run.labels, "gpu_backend": self.run.gpu_backend,
@@ -44,7 +45,11 @@ impl Store {
             "levels": self.levels,
             "gpus": self.gpus.values().collect::<Vec<_>>(),
             "counters": self.counters,
-        })
+        });
+        if let (Some(a), Some(m)) = (&self.gpu_attribution, status.as_object_mut()) {
+            m.insert("gpu_attribution".into(), serde_json::json!(a));
+        }
+        status
     }
 
     /// The level of every resource seen (host RAM and each GPU), normal
@@ -94,6 +99,7 @@ impl Store {
                 })
                 .collect(),
             gpus: self.gpus.values().cloned().collect(),
+            gpu_attribution: self.gpu_attribution.clone(),
             allocator: self.allocator_now.values().copied().collect(),
             events: self.event_counts.clone(),
             levels: self.all_levels(),

@@ -57,6 +57,7 @@ pub(super) fn sample(ts: f64, procs: &[(u32, u64)], gpu: &[(u32, u64)]) -> Box<S
                     used: Some(used * M),
                 })
                 .collect(),
+            device_level: false,
         },
         gpu_status: GpuStatus::Sampled,
         memory: HostMemory {

@@ -531,6 +531,12 @@ time.sleep(0.6)
     );
     assert_eq!(doc.summary.min_gpu_mb, (2048.0f64 * 1.1).ceil());
     assert_eq!(doc.targets[0].peak_gpu_mb_by_device[&0], 2048.0);
+    // On the host NVML's PIDs are the tree's: per-process, said nowhere.
+    let a = doc.gpu_attribution.as_ref().unwrap();
+    assert_eq!(a.mode, memtrack::model::AttributionMode::PerProcess);
+    assert_eq!(a.pid_namespace.init, Some(true), "{a:?}");
+    assert!(a.device_level_samples == 0 && a.per_process_samples > 0);
+    assert!(!stderr(&out).contains("PID namespace"), "{}", stderr(&out));
 }
 
 #[test]

@@ -117,6 +117,7 @@ fn no_example_serves_metrics_on_every_interface() {
         "examples/kubernetes/training-job.yaml",
         "examples/slurm/run_gpu_memtrack.sh",
         "examples/torchrun/launch.sh",
+        "examples/docker/run_gpu_memtrack.sh",
         "systemd/memtrack-attach.service",
         "systemd/memtrack-run@.service",
     ] {
@@ -135,6 +136,7 @@ fn the_shell_examples_parse() {
     for script in [
         "examples/slurm/run_gpu_memtrack.sh",
         "examples/torchrun/launch.sh",
+        "examples/docker/run_gpu_memtrack.sh",
     ] {
         let out = Command::new("bash")
             .arg("-n")

@@ -32,7 +32,7 @@ use crate::common::*;
 use memtrack::app::LABEL_ENV;
 use memtrack::export::prometheus::{render_with, ServerCounters};
 use memtrack::model::json::write_document;
-use memtrack::model::RunInfo;
+use memtrack::model::{GpuAttribution, PidNamespaceInfo, RunInfo};
 use memtrack::sample::gpu::Device;
 use memtrack::sample::procfs::SelfUsage;
 use memtrack::store::pressure::Thresholds;
@@ -53,7 +53,17 @@ fn store_of(run: Value, limits: Value, gpus: &[(u32, &str, &str)], records: &[Va
             name: name.into(),
         })
         .collect();
-    store.describe_gpus(&devices);
+    // As on a host: NVML's PIDs are the tree's.
+    let attribution = (!devices.is_empty()).then(|| GpuAttribution {
+        reason: "memtrack runs in the host's PID namespace: NVML's PIDs are the tree's".into(),
+        pid_namespace: PidNamespaceInfo {
+            inode: Some(memtrack::sample::pidns::INIT_PID_NS_INODE),
+            init: Some(true),
+            nspid: vec![4242],
+        },
+        ..GpuAttribution::default()
+    });
+    store.describe_gpus(&devices, attribution);
     apply(&mut store, records);
     store
 }

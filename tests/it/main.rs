@@ -16,6 +16,7 @@ mod golden;
 mod host;
 mod http;
 mod layers;
+mod pidns;
 mod plot;
 mod prometheus;
 mod refs;
