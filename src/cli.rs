@@ -43,6 +43,8 @@ pub enum Command {
     ClearmlResend(ClearmlResendArgs),
     /// Peaks, stages, processes, alerts, leaks and what a re-run needs, from a memory_usage.json
     Report(ReportArgs),
+    /// What the run's figures say to change: worker cost, copy-on-read, the batch that fits, why it ran out
+    Advise(AdviseArgs),
     /// Compare runs side by side: model, precision, CPU RAM, GPU RAM and GPU peak per run
     ///
     /// One row per run. Model, precision and comment come from the run's labels
@@ -200,9 +202,31 @@ impl ConfigSources for DaemonArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub daemon: DaemonArgs,
+    /// Run the job under this memory limit (e.g. 2G = 2 GiB) in a memory
+    /// cgroup of its own: does it fit a smaller machine? Needs root and
+    /// cgroup v1 (or a delegated v2); see docs/advice.md
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
     /// The job and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+impl ConfigSources for RunArgs {
+    fn config_file(&self) -> Option<&Path> {
+        self.daemon.config.as_deref()
+    }
+
+    fn flags(&self) -> Result<Layer, String> {
+        let mut layer = self.daemon.layer()?;
+        if let Some(limit) = &self.memory_limit {
+            let bytes = crate::config::parse_limit(limit)
+                .map_err(|e| format!("--memory-limit: {e}"))?;
+            let bytes = i64::try_from(bytes).map_err(|_| "--memory-limit: too large")?;
+            layer.set("host.memory_limit", Value::Integer(bytes));
+        }
+        Ok(layer)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -345,6 +369,16 @@ impl ConfigSources for ClearmlResendArgs {
     fn flags(&self) -> Result<Layer, String> {
         Ok(self.layer())
     }
+}
+
+#[derive(Debug, Args)]
+pub struct AdviseArgs {
+    /// A memory_usage.json, or a run directory (a finished or a running run)
+    #[arg(value_name = "FILE|RUN_DIR")]
+    pub file: PathBuf,
+    /// Print the advice as JSON (an array of {code, level, finding, action, figures})
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -40,6 +40,9 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Prefix of every environment variable that maps onto a config key.
 pub const ENV_PREFIX: &str = "MEMTRACK_";
 
+/// The smallest `host.memory_limit` accepted, bytes.
+pub const MIN_MEMORY_LIMIT: u64 = 4 << 20;
+
 /// Everything the daemon (`run`, `attach`) can be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -161,6 +164,52 @@ pub struct HostConfig {
     /// Share of one core spent reading `smaps_rollup` when the source is
     /// Σ Pss (0.02 = 2 %).
     pub pss_budget: f64,
+    /// `run` only: cap the job's memory at this many bytes (`2G`, `512M`
+    /// or a byte count) in the memory cgroup memtrack creates for it
+    /// (docs/advice.md, "Checking a smaller machine").
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "bytes_or_size"
+    )]
+    pub memory_limit: Option<u64>,
+}
+
+/// A memory limit: `2G`, `512M`, `2Gi` are binary (GiB, MiB), as the
+/// kernel's own cgroup files and container runtimes read them; otherwise
+/// any size [`crate::units::parse_bytes`] reads (`2GiB`, `2GB` = 2·10⁹).
+pub fn parse_limit(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "k" | "ki" => 10,
+        "m" | "mi" => 20,
+        "g" | "gi" => 30,
+        "t" | "ti" => 40,
+        _ => return crate::units::parse_bytes(t),
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size; write e.g. `2G`, `512M`"))?;
+    Ok((value * (1u64 << shift) as f64) as u64)
+}
+
+/// A size as a byte count or a string with a unit (`2G`, `512MiB`).
+fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    use serde::de::Error;
+    match toml::Value::deserialize(d)? {
+        toml::Value::Integer(n) => u64::try_from(n)
+            .map(Some)
+            .map_err(|_| D::Error::custom("must not be negative")),
+        toml::Value::String(s) => parse_limit(&s).map(Some).map_err(D::Error::custom),
+        other => Err(D::Error::custom(format!(
+            "expected a size such as `2G`, not {}",
+            other.type_str()
+        ))),
+    }
 }
 
 /// Bounds that keep a long run's memory and JSON size flat.
@@ -231,6 +280,7 @@ impl Default for HostConfig {
             smaps_max_rss_mb: 4096,
             source: SourceChoice::Auto,
             pss_budget: 0.02,
+            memory_limit: None,
         }
     }
 }
@@ -566,6 +616,12 @@ impl Config {
         }
         if self.host.hwm_interval.is_zero() {
             return bad("host.hwm_interval", "must be positive".into());
+        }
+        if self.host.memory_limit.is_some_and(|b| b < MIN_MEMORY_LIMIT) {
+            return bad(
+                "host.memory_limit",
+                "must be at least 4M (below it not even an interpreter starts)".into(),
+            );
         }
         if !(0.001..=1.0).contains(&self.host.pss_budget) {
             return bad(

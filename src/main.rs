@@ -8,7 +8,7 @@ use clap::Parser;
 use memtrack::app::{self, Mode};
 use memtrack::cli::{
     AttachArgs, ClearmlResendArgs, Cli, Command, CompareArgs, ConfigArgs, ConfigSources, MergeArgs,
-    PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs, StatusArgs, UploadArgs, WatchArgs,
+    AdviseArgs, PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs, StatusArgs, UploadArgs, WatchArgs,
 };
 use memtrack::config::{self, Config, Layer};
 use memtrack::event::client;
@@ -82,6 +82,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Upload(args) => upload(&args),
         Command::ClearmlResend(args) => clearml_resend(&args),
         Command::Report(args) => report(&args),
+        Command::Advise(args) => advise(&args),
         Command::Compare(args) => compare(&args),
         Command::Merge(args) => merge(&args),
         Command::Plot(args) => plot(&args),
@@ -93,7 +94,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
 
 /// `memtrack run`.
 fn run(args: RunArgs) -> Result<u8, Failure> {
-    let config = load_config(&args.daemon)?;
+    let config = load_config(&args)?;
     logging::init(&config.log_level);
     daemon(Mode::Run { argv: args.command }, config)
 }
@@ -178,6 +179,25 @@ fn report(args: &ReportArgs) -> Result<u8, Failure> {
         )
     } else {
         memtrack::report::text::render(&doc)
+    };
+    stdout(&text).map_err(|e| runtime(e.into()))?;
+    Ok(0)
+}
+
+/// `memtrack advise`: the rules' advice on a run, as text or JSON. The
+/// advice is worked out again from the file, so a running run's
+/// checkpoint and a file written before advice existed get it too.
+fn advise(args: &AdviseArgs) -> Result<u8, Failure> {
+    let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
+    let doc = memtrack::report::read::for_report(&file).map_err(runtime)?;
+    let advice = doc.advice;
+    let text = if args.json {
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&advice).map_err(|e| runtime(e.into()))?
+        )
+    } else {
+        memtrack::model::advice::render(&advice)
     };
     stdout(&text).map_err(|e| runtime(e.into()))?;
     Ok(0)

@@ -66,8 +66,11 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         &mode,
         opts,
         footprint_opts,
-        &job_env,
-        &store.run.id,
+        &job::Launch {
+            env: &job_env,
+            run_id: &store.run.id,
+            memory_limit: config.host.memory_limit.filter(|_| is_run),
+        },
         &signals,
         &tx,
     )?;
@@ -77,7 +80,10 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);
 
-    let saved = finish::save_document(&ended, &store, document, &run_dir);
+    let mut saved = finish::save_document(&ended, &store, document, &run_dir);
+    if io.clearml.is_some() {
+        saved.advice = crate::model::advice::render_found(&store.document_view().advice);
+    }
     let first_signal = signals.stop();
     let export_failed =
         finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);

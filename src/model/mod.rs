@@ -13,6 +13,7 @@
 //! that calls a growing series a leak; `run` holds the run's backend and
 //! status vocabularies.
 
+pub mod advice;
 pub mod json;
 pub mod leak;
 mod run;
@@ -77,6 +78,10 @@ pub struct DocumentOf<L> {
     /// before memtrack counted shared pages once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<HostInfo>,
+    /// What the run's figures say to change ([`advice`]), written at
+    /// the end of the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub advice: Vec<advice::Advice>,
 }
 
 impl<L> DocumentOf<L> {
@@ -100,6 +105,7 @@ impl<L> DocumentOf<L> {
             ranks: self.ranks,
             worst_rank: self.worst_rank,
             host: self.host,
+            advice: self.advice,
         }
     }
 }
@@ -217,6 +223,12 @@ pub struct RunInfo {
     /// Where the GPU figures came from: `nvml` or `none` (with the reason).
     #[serde(default)]
     pub gpu_backend: GpuBackend,
+    /// The memory limit the job ran under (`run --memory-limit`), MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_mb: Option<f64>,
+    /// The host's memory (`MemTotal`), MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_mb: Option<f64>,
 }
 
 /// Where the tree's host figure (`cpu_ram_used_mb`) comes from.
@@ -632,6 +644,16 @@ pub struct Target {
     pub pss_mb: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uss_mb: Option<f64>,
+    /// The run's peak of `uss_mb`: memory this process alone holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_uss_mb: Option<f64>,
+    /// The run's peak of `pss_mb`: this process's proportional share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_pss_mb: Option<f64>,
+    /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read, thinned like `series`
+    /// (maxima kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub own_series: Vec<[f64; 3]>,
     /// `[unix seconds, rss MiB, gpu MiB]`, thinned like the log (maxima kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub series: Vec<[f64; 3]>,

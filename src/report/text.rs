@@ -64,6 +64,9 @@ pub struct Report {
     /// Where the host figures came from (absent in older files).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<crate::model::HostInfo>,
+    /// What the figures say to change (docs/advice.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub advice: Vec<crate::model::advice::Advice>,
 }
 
 /// A process in the report: its identity, peaks and end, without its
@@ -189,6 +192,7 @@ pub fn build(doc: &Document) -> Report {
         },
         needs: needs(doc),
         host: doc.host.clone(),
+        advice: doc.advice.clone(),
     }
 }
 
@@ -360,6 +364,7 @@ fn render_raw(doc: &Document) -> String {
     let r = build(doc);
     let mut out = String::new();
     write_run(&mut out, doc);
+    write_advice(&mut out, &doc.advice);
     write_peaks(&mut out, doc);
     write_stages(&mut out, doc);
     write_ranks(&mut out, doc);
@@ -370,6 +375,17 @@ fn render_raw(doc: &Document) -> String {
     write_flight_recorder(&mut out, doc);
     write_needs(&mut out, &r.needs);
     out
+}
+
+/// What the figures say to change, first: only when there is something.
+fn write_advice(out: &mut String, advice: &[crate::model::advice::Advice]) {
+    if advice.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nadvice:");
+    for line in crate::model::advice::render(advice).lines() {
+        let _ = writeln!(out, "  {}", shown(line));
+    }
 }
 
 /// The run: its name, where and when it ran, how it ended, the command,

@@ -386,6 +386,35 @@ impl Cgroup {
         }
     }
 
+    /// Caps the cgroup's memory at `bytes` (`run --memory-limit`): v1's
+    /// `memory.limit_in_bytes`, v2's `memory.max`; swap is capped at the
+    /// same figure where the kernel accounts it (v1 `memory.memsw`, v2
+    /// `memory.swap.max` = 0), so the job meets the limit as a node of that
+    /// size without swap would, and the kernel's OOM killer acts at it.
+    pub fn set_limit(&self, bytes: u64) -> Result<(), CgroupError> {
+        let (limit, swap, swap_value) = match self.version {
+            Version::V1 => (
+                "memory.limit_in_bytes",
+                "memory.memsw.limit_in_bytes",
+                bytes,
+            ),
+            Version::V2 => ("memory.max", "memory.swap.max", 0),
+        };
+        let write = |name: &str, value: u64| {
+            let path = self.dir.join(name);
+            OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(value.to_string().as_bytes()))
+                .map_err(io_err("write", &path))
+        };
+        write(limit, bytes)?;
+        if self.dir.join(swap).exists() {
+            write(swap, swap_value)?;
+        }
+        Ok(())
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

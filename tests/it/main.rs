@@ -4,6 +4,7 @@
 // A test crate: its helpers fail loudly like its tests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+mod advice;
 mod bounds;
 mod clearml;
 mod cli;

@@ -110,6 +110,7 @@ fn rich_document() -> Document {
             interval_s: 1.0,
             memtrack_version: "0.1.0".into(),
             gpu_backend: "nvml".into(),
+            ..RunInfo::default()
         },
         ..Document::default()
     };
