@@ -165,14 +165,17 @@ pub struct HostConfig {
     /// Σ Pss (0.02 = 2 %).
     pub pss_budget: f64,
     /// `run` only: cap the job's memory at this many bytes (`2G`, `512M`
-    /// or a byte count) in the memory cgroup memtrack creates for it
-    /// (docs/advice.md, "Checking a smaller machine").
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "bytes_or_size"
-    )]
-    pub memory_limit: Option<u64>,
+    /// or a byte count; 0: no limit) in the memory cgroup memtrack creates
+    /// for it (docs/advice.md, "Checking a smaller machine").
+    #[serde(deserialize_with = "bytes_or_size")]
+    pub memory_limit: u64,
+}
+
+impl HostConfig {
+    /// The job's memory limit, bytes, if one is set.
+    pub fn memory_limit(&self) -> Option<u64> {
+        (self.memory_limit > 0).then_some(self.memory_limit)
+    }
 }
 
 /// A memory limit: `2G`, `512M`, `2Gi` are binary (GiB, MiB), as the
@@ -198,13 +201,13 @@ pub fn parse_limit(text: &str) -> Result<u64, String> {
 }
 
 /// A size as a byte count or a string with a unit (`2G`, `512MiB`).
-fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     use serde::de::Error;
     match toml::Value::deserialize(d)? {
-        toml::Value::Integer(n) => u64::try_from(n)
-            .map(Some)
-            .map_err(|_| D::Error::custom("must not be negative")),
-        toml::Value::String(s) => parse_limit(&s).map(Some).map_err(D::Error::custom),
+        toml::Value::Integer(n) => {
+            u64::try_from(n).map_err(|_| D::Error::custom("must not be negative"))
+        }
+        toml::Value::String(s) => parse_limit(&s).map_err(D::Error::custom),
         other => Err(D::Error::custom(format!(
             "expected a size such as `2G`, not {}",
             other.type_str()
@@ -280,7 +283,7 @@ impl Default for HostConfig {
             smaps_max_rss_mb: 4096,
             source: SourceChoice::Auto,
             pss_budget: 0.02,
-            memory_limit: None,
+            memory_limit: 0,
         }
     }
 }
@@ -617,7 +620,7 @@ impl Config {
         if self.host.hwm_interval.is_zero() {
             return bad("host.hwm_interval", "must be positive".into());
         }
-        if self.host.memory_limit.is_some_and(|b| b < MIN_MEMORY_LIMIT) {
+        if self.host.memory_limit().is_some_and(|b| b < MIN_MEMORY_LIMIT) {
             return bad(
                 "host.memory_limit",
                 "must be at least 4M (below it not even an interpreter starts)".into(),

@@ -69,7 +69,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         &job::Launch {
             env: &job_env,
             run_id: &store.run.id,
-            memory_limit: config.host.memory_limit.filter(|_| is_run),
+            memory_limit: config.host.memory_limit().filter(|_| is_run),
         },
         &signals,
         &tx,

@@ -231,7 +231,7 @@ pub(super) fn run_info(
         gpu_backend,
         memory_limit_mb: config
             .host
-            .memory_limit
+            .memory_limit()
             .filter(|_| is_run)
             .map(crate::units::mib),
         host_memory_mb: std::fs::read_to_string(config.host.proc_root.join("meminfo"))

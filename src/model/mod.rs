@@ -81,7 +81,7 @@ pub struct DocumentOf<L> {
     /// What the run's figures say to change ([`advice`]), written at
     /// the end of the run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub advice: Vec<advice::Advice>,
+    pub advice: Vec<advice::item::Advice>,
 }
 
 impl<L> DocumentOf<L> {

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{size, Advice, Level};
+use super::item::{size, Advice, Level};
 use crate::model::{DocumentOf, Entry, EntryKind, GpuSource};
 
 /// The label that carries a step's batch size.

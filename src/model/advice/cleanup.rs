@@ -5,7 +5,7 @@
 //! the GPU (what `torch.cuda.empty_cache()` gives back), the tree's host
 //! memory otherwise.
 
-use super::{size, Advice, Level};
+use super::item::{size, Advice, Level};
 use crate::model::{Entry, EntryKind, GpuSource};
 
 /// Marks that announce a cleanup.

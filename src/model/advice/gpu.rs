@@ -2,7 +2,7 @@
 //! outside the followed tree (device used − the tree's use), which the
 //! job cannot have.
 
-use super::{size, Advice, Level};
+use super::item::{size, Advice, Level};
 use crate::model::{DocumentOf, Gpu};
 
 /// Less than this (MiB, and 5 % of the card) is not worth naming: the

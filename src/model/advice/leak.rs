@@ -1,7 +1,7 @@
 //! `leak`: the leak rule's verdicts (crate::model::leak) as advice, one
 //! per suspect — the tree's host or GPU memory, a process, a component.
 
-use super::{size, Advice, Level};
+use super::item::{size, Advice, Level};
 use crate::model::leak::{LeakReport, Verdict};
 use crate::model::DocumentOf;
 use crate::units::duration_one_unit;

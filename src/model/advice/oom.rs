@@ -2,7 +2,7 @@
 //! `cuda-oom` (the job reported a CUDA out-of-memory error): why it ran
 //! out, in which phase, and what would fit.
 
-use super::{size, Advice, Level};
+use super::item::{size, Advice, Level};
 use crate::model::{DocumentOf, Entry, EntryKind, FlightWindow};
 
 /// Phase changes kept; older ones are dropped in halves beyond this.

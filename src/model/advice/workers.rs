@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{size, Advice, Level};
+use super::item::{size, Advice, Level};
 use crate::model::{DocumentOf, Target};
 
 /// Workers together costing less than this (MiB) are not worth a line.
