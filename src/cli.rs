@@ -94,12 +94,16 @@ pub struct DaemonArgs {
     /// NVML library to load instead of libnvidia-ml.so.1
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
-    /// Also read PSS/USS from smaps_rollup (costly; rate limited)
-    #[arg(long)]
+    /// Read each process's own cost, USS and PSS (the default; kept for
+    /// older command lines)
+    #[arg(long, hide = true)]
     pub smaps: bool,
-    /// Source of the tree's host figure: auto (a memory cgroup holding only
-    /// the job, else the Pss sum), pss, or rss (counts shared pages once
-    /// per process)
+    /// Do not read each process's own cost (USS and PSS per process)
+    #[arg(long, conflicts_with = "smaps")]
+    pub no_smaps: bool,
+    /// Source of the tree's host figure: auto (as root the distinct pages,
+    /// else a memory cgroup holding only the job, else the Pss sum), pages,
+    /// pss, or rss (counts shared pages once per process)
     #[arg(long, value_name = "SOURCE")]
     pub host_source: Option<String>,
     /// How often memory_usage.json is rewritten during the run (default 30s)
@@ -174,6 +178,9 @@ impl DaemonArgs {
         }
         if self.smaps {
             layer.set("host.smaps", Value::Boolean(true));
+        }
+        if self.no_smaps {
+            layer.set("host.smaps", Value::Boolean(false));
         }
         if let Some(source) = &self.host_source {
             layer.set("host.source", Value::String(source.clone()));
@@ -455,6 +462,9 @@ pub struct PlotArgs {
     /// Title (default: the run name)
     #[arg(long)]
     pub title: Option<String>,
+    /// Draw each process's RSS instead of what it alone costs (its USS)
+    #[arg(long)]
+    pub process_rss: bool,
 }
 
 #[derive(Debug, Args)]

@@ -150,9 +150,11 @@ pub struct HostConfig {
     /// so reading it less often loses nothing while the process lives).
     #[serde(with = "serde_duration")]
     pub hwm_interval: Duration,
-    /// Read PSS/USS from `smaps_rollup` (costly: ~10 ms per GiB of RSS,
-    /// and it stalls the target while the kernel walks its page tables).
+    /// Read each process's own cost (USS and PSS) from `smaps_rollup`:
+    /// on by default, on a thread of its own within `pss_budget` of one
+    /// core (a read costs ~10 ms per GiB of RSS).
     pub smaps: bool,
+    /// A process's own cost is read again at most this often.
     #[serde(with = "serde_duration")]
     pub smaps_interval: Duration,
     /// Processes above this RSS are skipped by the `smaps_rollup` read.
@@ -161,8 +163,8 @@ pub struct HostConfig {
     /// holding only the job, else Σ Pss), `pss`, or `rss` (the plain sum,
     /// which counts pages shared between processes once per process).
     pub source: SourceChoice,
-    /// Share of one core spent reading `smaps_rollup` when the source is
-    /// Σ Pss (0.02 = 2 %).
+    /// Share of one core spent reading `smaps_rollup` (0.02 = 2 %): for
+    /// Σ Pss when that is the source, else for each process's own cost.
     pub pss_budget: f64,
     /// `run` only: cap the job's memory at this many bytes (`2G`, `512M`
     /// or a byte count; 0: no limit) in the memory cgroup memtrack creates
@@ -278,9 +280,9 @@ impl Default for HostConfig {
         HostConfig {
             proc_root: PathBuf::from("/proc"),
             hwm_interval: Duration::from_secs(1),
-            smaps: false,
-            smaps_interval: Duration::from_secs(30),
-            smaps_max_rss_mb: 4096,
+            smaps: true,
+            smaps_interval: Duration::from_secs(1),
+            smaps_max_rss_mb: 65536,
             source: SourceChoice::Auto,
             pss_budget: 0.02,
             memory_limit: 0,

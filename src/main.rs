@@ -302,6 +302,7 @@ fn plot(args: &PlotArgs) -> Result<u8, Failure> {
         width: args.width,
         height: args.height,
         title: args.title.clone(),
+        process_rss: args.process_rss,
     };
     memtrack::report::plot::plot(&doc, &args.output, &opts).map_err(|e| runtime(e.into()))?;
     logging::say(&format!("memtrack: wrote {}", args.output.display()));
@@ -321,6 +322,15 @@ fn watch(args: &WatchArgs) -> Result<u8, Failure> {
 /// `memtrack recover`.
 fn recover(args: &RecoverArgs) -> Result<u8, Failure> {
     logging::init("info");
+    // A killed run's cgroup is left behind: remove it (and any other
+    // stale one) once it is empty.
+    let removed = memtrack::sample::footprint::remove_stale_cgroups(std::path::Path::new("/proc"));
+    if removed > 0 {
+        logging::say(&format!(
+            "memtrack: removed {removed} memory cgroup{} a killed run left",
+            if removed == 1 { "" } else { "s" }
+        ));
+    }
     recover_dir(&args.dir).map_err(runtime)
 }
 

@@ -288,8 +288,9 @@ pub(super) fn log_end(store: &Store, saved: &Saved, export_failed: bool) {
     // monitor itself cost the machine (bench/soak reads this line).
     let own_peak = crate::units::mib(own_vm_hwm());
     tracing::info!(
-        "run {} ended: peak host RAM {:.1} MiB, peak GPU {:.1} MiB; {}; memtrack's own peak RSS {own_peak:.1} MiB",
+        "run {} ended: peak host RAM {:.1} MiB sampled, {:.1} MiB between samples; peak GPU {:.1} MiB; {}; memtrack's own peak RSS {own_peak:.1} MiB",
         store.run.name,
+        peaks.cpu_ram_used_mb,
         peaks.cpu_ram_used_mb.max(peaks.cpu_ram_hwm_mb),
         peaks.gpu_process_used_mb.max(peaks.reserved_gpu_ram_mb),
         match (written, export_failed) {

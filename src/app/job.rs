@@ -55,6 +55,7 @@ pub(super) fn options(config: &Config, is_run: bool) -> (ProcOptions, FootprintO
             interval: config.host.smaps_interval,
             max_rss: config.host.smaps_max_rss_mb << 20,
         }),
+        read_share: config.host.pss_budget,
     };
 
     let footprint_opts = FootprintOptions {

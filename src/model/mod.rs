@@ -235,6 +235,10 @@ pub struct RunInfo {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HostSource {
+    /// The tree's distinct resident pages: every physical page any of its
+    /// processes maps, counted once (from `/proc/PID/pagemap`, as root),
+    /// carried forward between passes by each process's `statm`.
+    Pages,
     /// The kernel's charge for a memory cgroup holding only the job, less
     /// cold page cache: every page once, spikes between samples included.
     Cgroup,
@@ -249,6 +253,7 @@ pub enum HostSource {
 impl HostSource {
     pub fn as_str(self) -> &'static str {
         match self {
+            HostSource::Pages => "pages",
             HostSource::Cgroup => "cgroup",
             HostSource::Pss => "pss",
             HostSource::Rss => "rss",
@@ -659,6 +664,46 @@ pub struct Target {
     pub series: Vec<[f64; 3]>,
 }
 
+impl Target {
+    /// A name a table can show: the command name with what it runs — a
+    /// spawned multiprocessing worker says so, an interpreter names its
+    /// script or module.
+    pub fn display_name(&self) -> String {
+        let args: Vec<&str> = self.cmdline.iter().map(String::as_str).collect();
+        if args.contains(&"--multiprocessing-fork") {
+            return format!("{} (spawn worker)", self.name);
+        }
+        // An interpreter that kept its name (a worker that renamed itself
+        // has a name of its own).
+        let is_interpreter = |s: &str| {
+            let base = s.rsplit('/').next().unwrap_or(s);
+            base.starts_with("python") || base == "node" || base == "ruby" || base == "perl"
+        };
+        let interpreter =
+            is_interpreter(&self.name) && args.first().is_some_and(|a| is_interpreter(a));
+        if !interpreter {
+            return self.name.clone();
+        }
+        let mut rest = args.iter().skip(1);
+        while let Some(a) = rest.next() {
+            match *a {
+                "-m" => {
+                    if let Some(m) = rest.next() {
+                        return format!("{} -m {m}", self.name);
+                    }
+                }
+                "-c" => return format!("{} -c", self.name),
+                a if a.starts_with('-') => {}
+                script => {
+                    let base = script.rsplit('/').next().unwrap_or(script);
+                    return format!("{} {base}", self.name);
+                }
+            }
+        }
+        self.name.clone()
+    }
+}
+
 /// One GPU as NVML describes it, with the run's extremes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Gpu {
@@ -803,6 +848,34 @@ pub fn valid_label_name(k: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn processes_are_named_for_what_they_run() {
+        let t = |name: &str, cmd: &[&str]| Target {
+            name: name.into(),
+            cmdline: cmd.iter().map(|s| s.to_string()).collect(),
+            ..Target::default()
+        };
+        let spawn = t(
+            "python3",
+            &[
+                "/usr/bin/python3",
+                "-c",
+                "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+                "--multiprocessing-fork",
+            ],
+        );
+        assert_eq!(spawn.display_name(), "python3 (spawn worker)");
+        assert_eq!(
+            t("python", &["python", "-u", "/x/train.py", "--lr", "1"]).display_name(),
+            "python train.py"
+        );
+        assert_eq!(
+            t("python", &["python", "-m", "torch.distributed.run"]).display_name(),
+            "python -m torch.distributed.run"
+        );
+        assert_eq!(t("sh", &["sh", "-c", "x"]).display_name(), "sh");
+    }
 
     #[test]
     fn reads_a_bare_file() {

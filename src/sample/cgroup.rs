@@ -523,8 +523,23 @@ fn collect_procs(dir: &Path, out: &mut Vec<u32>, depth: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Moves what is left in `dir` to its parent and removes it.
+/// Moves what is left in `dir` to its parent and removes it, children
+/// first: a job may have made cgroups of its own inside it, which would
+/// keep it busy (EBUSY) forever.
 pub fn remove_created(dir: &Path) -> Result<(), CgroupError> {
+    remove_tree(dir, 0)
+}
+
+fn remove_tree(dir: &Path, depth: u32) -> Result<(), CgroupError> {
+    if depth < 16 {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_tree(&entry.path(), depth + 1)?;
+                }
+            }
+        }
+    }
     let parent_procs = dir
         .parent()
         .map(|p| p.join("cgroup.procs"))
@@ -585,9 +600,10 @@ pub fn remove_stale(parent: &Path, alive: impl Fn(u32) -> bool) -> usize {
             continue;
         }
         let path = entry.path();
-        let empty = std::fs::read_to_string(path.join("cgroup.procs"))
-            .is_ok_and(|t| parse_procs(&t).is_empty());
-        if empty && std::fs::remove_dir(&path).is_ok() {
+        // Empty all the way down: a job's own child cgroups included.
+        let mut procs = Vec::new();
+        let empty = collect_procs(&path, &mut procs, 0).is_ok() && procs.is_empty();
+        if empty && remove_created(&path).is_ok() {
             removed += 1;
         }
     }

@@ -28,6 +28,7 @@ impl Store {
         targets.extend(self.live.values().map(|l| {
             let mut t = l.target.clone();
             t.series = l.series.iter().copied().collect();
+            t.own_series = l.own_series.iter().copied().collect();
             t
         }));
         targets.sort_by(|a, b| {
