@@ -184,7 +184,7 @@ fn workers_copying_the_parents_objects_get_copy_on_read_and_their_cost() {
     );
     let text = String::from_utf8_lossy(&report.stdout);
     let first = text.lines().position(|l| l == "advice:");
-    let peaks = text.lines().position(|l| l.starts_with("peak"));
+    let peaks = text.lines().position(|l| l.starts_with("Peaks"));
     assert!(first.is_some() && first < peaks, "{text}");
     assert!(text.contains("[warning] copy-on-read:"), "{text}");
 }
