@@ -211,7 +211,7 @@ pub struct RunArgs {
     pub daemon: DaemonArgs,
     /// Run the job under this memory limit (e.g. 2G = 2 GiB) in a memory
     /// cgroup of its own: does it fit a smaller machine? Needs root and
-    /// cgroup v1 (or a delegated v2); see docs/advice.md
+    /// cgroup v1; see docs/advice.md
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
     /// The job and its arguments, after `--`
@@ -227,8 +227,8 @@ impl ConfigSources for RunArgs {
     fn flags(&self) -> Result<Layer, String> {
         let mut layer = self.daemon.layer()?;
         if let Some(limit) = &self.memory_limit {
-            let bytes = crate::config::parse_limit(limit)
-                .map_err(|e| format!("--memory-limit: {e}"))?;
+            let bytes =
+                crate::config::parse_limit(limit).map_err(|e| format!("--memory-limit: {e}"))?;
             let bytes = i64::try_from(bytes).map_err(|_| "--memory-limit: too large")?;
             layer.set("host.memory_limit", Value::Integer(bytes));
         }

@@ -622,7 +622,11 @@ impl Config {
         if self.host.hwm_interval.is_zero() {
             return bad("host.hwm_interval", "must be positive".into());
         }
-        if self.host.memory_limit().is_some_and(|b| b < MIN_MEMORY_LIMIT) {
+        if self
+            .host
+            .memory_limit()
+            .is_some_and(|b| b < MIN_MEMORY_LIMIT)
+        {
             return bad(
                 "host.memory_limit",
                 "must be at least 4M (below it not even an interpreter starts)".into(),
@@ -737,6 +741,26 @@ mod tests {
             name: name.into(),
             table: toml::from_str(toml_text).unwrap(),
         }
+    }
+
+    #[test]
+    fn memory_limits_read_as_the_kernel_reads_them() {
+        assert_eq!(parse_limit("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_limit("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_limit("2Gi").unwrap(), 2 << 30);
+        assert_eq!(parse_limit("1.5g").unwrap(), 3 << 29);
+        assert_eq!(parse_limit("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_limit("2GB").unwrap(), 2_000_000_000);
+        assert!(parse_limit("lots").is_err());
+        let c = resolve(&[layer("file", "[host]\nmemory_limit = '1G'")]).unwrap();
+        assert_eq!(c.host.memory_limit(), Some(1 << 30));
+        let env = Layer::from_env([("MEMTRACK_HOST_MEMORY_LIMIT".into(), "256M".into())]).unwrap();
+        assert_eq!(resolve(&[env]).unwrap().host.memory_limit(), Some(256 << 20));
+        assert_eq!(Config::default().host.memory_limit(), None);
+        let tiny = resolve(&[layer("file", "[host]\nmemory_limit = 4096")]).unwrap_err();
+        assert!(tiny.to_string().contains("host.memory_limit"), "{tiny}");
+        let bad = resolve(&[layer("file", "[host]\nmemory_limit = 'much'")]).unwrap_err();
+        assert!(bad.to_string().contains("memory_limit"), "{bad}");
     }
 
     #[test]

@@ -7,8 +7,9 @@ use anyhow::Context;
 use clap::Parser;
 use memtrack::app::{self, Mode};
 use memtrack::cli::{
-    AttachArgs, ClearmlResendArgs, Cli, Command, CompareArgs, ConfigArgs, ConfigSources, MergeArgs,
-    AdviseArgs, PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs, StatusArgs, UploadArgs, WatchArgs,
+    AdviseArgs, AttachArgs, ClearmlResendArgs, Cli, Command, CompareArgs, ConfigArgs,
+    ConfigSources, MergeArgs, PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs, StatusArgs,
+    UploadArgs, WatchArgs,
 };
 use memtrack::config::{self, Config, Layer};
 use memtrack::event::client;

@@ -132,20 +132,28 @@ fn workers_copying_the_parents_objects_get_copy_on_read_and_their_cost() {
         .collect();
     assert_eq!(pids.len(), 3);
     // memtrack has read each worker's own memory before it copies.
-    wait_for("a first USS read of every worker", Duration::from_secs(60), || {
-        pids.iter().all(|p| metric_uss(&d, *p).is_some())
-    });
+    wait_for(
+        "a first USS read of every worker",
+        Duration::from_secs(60),
+        || pids.iter().all(|p| metric_uss(&d, *p).is_some()),
+    );
     std::fs::write(&go, "").unwrap();
-    wait_for("the workers to read the data", Duration::from_secs(120), || {
-        pids.iter().all(|p| done.join(p.to_string()).exists())
-    });
+    wait_for(
+        "the workers to read the data",
+        Duration::from_secs(120),
+        || pids.iter().all(|p| done.join(p.to_string()).exists()),
+    );
     let truth: Vec<f64> = pids.iter().map(|p| uss_of(*p)).collect();
     // …and again after they copied (the figure the advice rests on).
-    wait_for("memtrack to read the copies", Duration::from_secs(60), || {
-        pids.iter()
-            .zip(&truth)
-            .all(|(p, t)| metric_uss(&d, *p).is_some_and(|m| m >= 0.95 * t))
-    });
+    wait_for(
+        "memtrack to read the copies",
+        Duration::from_secs(60),
+        || {
+            pids.iter()
+                .zip(&truth)
+                .all(|(p, t)| metric_uss(&d, *p).is_some_and(|m| m >= 0.95 * t))
+        },
+    );
     std::fs::write(go.with_extension("end"), "").unwrap();
     let (code, doc, log) = d.finish_logged();
     assert_eq!(code, Some(0), "{log}");
@@ -250,7 +258,11 @@ fn batch_sizes_stepped_under_a_limit_give_the_largest_batch_that_fits() {
     assert_eq!(code, Some(0), "batch {below} fits in 512 MiB: {log}");
     let above = (1.15 * at_limit).ceil() as u64;
     let (code, killed, log) = batch_run(&dir.path().join("above"), "512M", &[above]);
-    assert_eq!(code, Some(137), "batch {above} does not fit in 512 MiB: {log}");
+    assert_eq!(
+        code,
+        Some(137),
+        "batch {above} does not fit in 512 MiB: {log}"
+    );
     // With the run's headroom the answer stays within 15 % of the truth.
     assert!(
         largest >= 0.85 * at_limit && largest <= at_limit,
@@ -274,7 +286,14 @@ fn a_memory_limit_without_a_cgroup_is_a_clear_error_before_the_job() {
     // A bad size is refused by its flag.
     let res = run_to_end(
         memtrack()
-            .args(["run", "--listen", "off", "--memory-limit", "lots", "--output"])
+            .args([
+                "run",
+                "--listen",
+                "off",
+                "--memory-limit",
+                "lots",
+                "--output",
+            ])
             .arg(dir.path())
             .args(["--", "touch"])
             .arg(&marker),
@@ -332,7 +351,9 @@ fn a_reported_cuda_oom_gets_the_fragmentation_figure() {
     let dir = scratch();
     let res = run_to_end(
         memtrack()
-            .args(["run", "--listen", "off", "--no-gpu", "--name", "c", "--output"])
+            .args([
+                "run", "--listen", "off", "--no-gpu", "--name", "c", "--output",
+            ])
             .arg(dir.path())
             .arg("--")
             .args(python(CUDA_OOM_JOB))
@@ -378,7 +399,9 @@ fn healthy_jobs_get_no_warning() {
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/demo_job.py");
     let res = run_to_end(
         memtrack()
-            .args(["run", "--listen", "off", "--no-gpu", "--name", "demo", "--output"])
+            .args([
+                "run", "--listen", "off", "--no-gpu", "--name", "demo", "--output",
+            ])
             .arg(dir.path())
             .args(["--", python3()])
             .arg(&demo)
@@ -431,5 +454,9 @@ fn advise_refuses_what_is_not_a_run() {
     std::fs::write(&bad, "{not json").unwrap();
     let res = run_to_end(memtrack().arg("advise").arg(&bad), Duration::from_secs(30));
     assert_ne!(res.status.code(), Some(0));
-    assert!(stderr(&res).contains("memory_usage.json"), "{}", stderr(&res));
+    assert!(
+        stderr(&res).contains("memory_usage.json"),
+        "{}",
+        stderr(&res)
+    );
 }

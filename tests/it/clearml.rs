@@ -2130,7 +2130,10 @@ fn the_runs_advice_is_appended_to_its_tasks_description() {
     let comment = task["comment"].as_str().unwrap_or_default();
     let run_line = format!("memtrack run {} on {}", doc.run.id, doc.run.host);
     assert!(
-        comment.starts_with(&format!("{run_line}\n\nmemtrack advice (run {}):\n", doc.run.id)),
+        comment.starts_with(&format!(
+            "{run_line}\n\nmemtrack advice (run {}):\n",
+            doc.run.id
+        )),
         "the description keeps its first line and gains the advice: {comment:?}\n{log}"
     );
     assert!(comment.contains("[info] cleanup-helps: "), "{comment:?}");

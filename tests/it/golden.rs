@@ -993,6 +993,7 @@ const SUBCOMMANDS: &[&str] = &[
     "status",
     "cleanup",
     "recover",
+    "advise",
     "upload",
     "clearml-resend",
     "report",

@@ -32,7 +32,12 @@ pub fn described(old: &str, run_id: &str, text: &str) -> String {
 }
 
 /// Puts the advice on task `task`.
-pub async fn describe(settings: &Settings, task: &str, run_id: &str, text: &str) -> Result<(), String> {
+pub async fn describe(
+    settings: &Settings,
+    task: &str,
+    run_id: &str,
+    text: &str,
+) -> Result<(), String> {
     let api = Api::new(settings, Arc::new(AtomicU64::new(0)))?;
     let data = api
         .call_retrying("tasks.get_by_id", &Body::Json(json!({ "task": task })))
@@ -59,9 +64,15 @@ mod tests {
     #[test]
     fn the_block_is_appended_once_and_replaced_after() {
         let first = described("memtrack run abc on h", "abc", "[info] x: y\n");
-        assert_eq!(first, "memtrack run abc on h\n\nmemtrack advice (run abc):\n[info] x: y");
+        assert_eq!(
+            first,
+            "memtrack run abc on h\n\nmemtrack advice (run abc):\n[info] x: y"
+        );
         let again = described(&first, "def", "[warning] z: w");
-        assert_eq!(again, "memtrack run abc on h\n\nmemtrack advice (run def):\n[warning] z: w");
+        assert_eq!(
+            again,
+            "memtrack run abc on h\n\nmemtrack advice (run def):\n[warning] z: w"
+        );
         assert_eq!(described("", "r", "t"), "memtrack advice (run r):\nt");
     }
 }

@@ -194,7 +194,10 @@ fn capacity<L>(doc: &DocumentOf<L>, on_gpu: bool) -> Option<(f64, String)> {
             .filter(|g| g.peak_tree_used_mb > 0.0)
             .chain(used.iter())
             .min_by(|a, b| a.total_mb.total_cmp(&b.total_mb))?;
-        return Some((g.total_mb, format!("GPU {} {}", g.index, g.name).trim().to_string()));
+        return Some((
+            g.total_mb,
+            format!("GPU {} {}", g.index, g.name).trim().to_string(),
+        ));
     }
     match (doc.run.memory_limit_mb, doc.run.host_memory_mb) {
         (Some(l), _) if l > 0.0 => Some((l, "the memory limit".into())),
@@ -238,7 +241,11 @@ mod tests {
         assert_eq!(a[0].figures["per_sample_mb"], 4.0);
         assert_eq!(a[0].figures["largest_batch"], 440.0);
         assert_eq!(a[0].figures["largest_batch_at_limit"], 487.0);
-        assert!(a[0].finding.contains("largest batch that fits is 440"), "{}", a[0].finding);
+        assert!(
+            a[0].finding.contains("largest batch that fits is 440"),
+            "{}",
+            a[0].finding
+        );
     }
 
     #[test]

@@ -138,7 +138,8 @@ mod tests {
         let mut d = doc();
         for i in 0..5 {
             let t = 1000.0 + 10.0 * i as f64;
-            d.detailed_log.push(gpu(entry(t, "train", "step", 900.0), 8000.0));
+            d.detailed_log
+                .push(gpu(entry(t, "train", "step", 900.0), 8000.0));
             d.detailed_log
                 .push(gpu(entry(t + 1.0, "system", "clear_memory", 900.0), 7996.0));
         }
@@ -152,24 +153,32 @@ mod tests {
     #[test]
     fn calls_that_return_the_pool_help() {
         let mut d = doc();
-        d.detailed_log.push(gpu(entry(1000.0, "eval", "end", 900.0), 12_000.0));
+        d.detailed_log
+            .push(gpu(entry(1000.0, "eval", "end", 900.0), 12_000.0));
         d.detailed_log
             .push(gpu(entry(1001.0, "system", "clear_memory", 900.0), 4_000.0));
         let a = super::super::advise(&d);
         assert_eq!(a[0].code, "cleanup-helps");
         assert_eq!(a[0].figures["freed_mean_mb"], 8000.0);
-        assert!(a[0].finding.contains("reserved before 11.7 GiB → after 3.9 GiB"), "{}", a[0].finding);
+        assert!(
+            a[0].finding
+                .contains("reserved before 11.7 GiB → after 3.9 GiB"),
+            "{}",
+            a[0].finding
+        );
     }
 
     #[test]
     fn host_only_cleanups_use_the_host_figure_and_middling_ones_stay_silent() {
         let mut d = doc();
         d.detailed_log.push(entry(1000.0, "a", "b", 900.0));
-        d.detailed_log.push(entry(1001.0, "system", "clear_memory", 600.0));
+        d.detailed_log
+            .push(entry(1001.0, "system", "clear_memory", 600.0));
         assert_eq!(super::super::advise(&d)[0].code, "cleanup-helps");
         let mut d = doc();
         d.detailed_log.push(entry(1000.0, "a", "b", 900.0));
-        d.detailed_log.push(entry(1001.0, "system", "clear_memory", 870.0));
+        d.detailed_log
+            .push(entry(1001.0, "system", "clear_memory", 870.0));
         assert!(super::super::advise(&d).is_empty());
     }
 }

@@ -88,7 +88,11 @@ mod tests {
         assert_eq!(a.len(), 1);
         assert_eq!(a[0].code, "foreign-gpu-memory");
         assert_eq!(a[0].figures["foreign_mb"], 10_000.0);
-        assert!(a[0].finding.contains("9.8 GiB of it by processes outside"), "{}", a[0].finding);
+        assert!(
+            a[0].finding.contains("9.8 GiB of it by processes outside"),
+            "{}",
+            a[0].finding
+        );
     }
 
     #[test]

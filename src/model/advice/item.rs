@@ -80,4 +80,3 @@ pub(crate) fn size(mib: f64) -> String {
         format!("{mib:.1} MiB")
     }
 }
-

@@ -49,7 +49,12 @@ pub(super) fn advise<L>(doc: &DocumentOf<L>) -> Vec<Advice> {
         add("the job's GPU memory".into(), v);
     }
     for t in report.targets.iter().flatten() {
-        add(format!("PID {} ({}) host memory", t.pid, t.name), &t.host);
+        let what = if t.figure == "uss" {
+            "own memory (USS)"
+        } else {
+            "host memory"
+        };
+        add(format!("PID {} ({}) {what}", t.pid, t.name), &t.host);
         if let Some(g) = &t.gpu {
             add(format!("PID {} ({}) GPU memory", t.pid, t.name), g);
         }
@@ -89,6 +94,7 @@ mod tests {
                 TargetVerdict {
                     pid: 7,
                     name: "python3".into(),
+                    figure: "uss".into(),
                     host: growing(),
                     gpu: None,
                 },
@@ -97,6 +103,7 @@ mod tests {
                     name: "python3".into(),
                     host: Verdict::default(),
                     gpu: None,
+                    ..TargetVerdict::default()
                 },
             ]),
             ..LeakReport::default()
@@ -109,7 +116,7 @@ mod tests {
             "the job's host memory grew by 60 MiB over the last 60 s and is still growing \
              (3.5 GiB per hour, 99 % interval 2.9 GiB to 3.9 GiB), from 400 MiB"
         );
-        assert!(a[1].finding.starts_with("PID 7 (python3) host memory"));
+        assert!(a[1].finding.starts_with("PID 7 (python3) own memory (USS) grew"));
     }
 
     #[test]

@@ -47,18 +47,14 @@ impl Facts {
     pub fn conclude<L>(self, doc: &DocumentOf<L>) -> Vec<Advice> {
         let mut out = Vec::new();
         out.extend(oom::oom_killed(doc, &self.phases));
-        out.extend(
-            self.cuda_ooms
-                .iter()
-                .filter_map(|e| oom::cuda_oom(doc, e)),
-        );
+        out.extend(self.cuda_ooms.iter().filter_map(|e| oom::cuda_oom(doc, e)));
         out.extend(gpu::foreign(doc));
         out.extend(workers::advise(doc));
         out.extend(self.steps.advise(doc));
         out.extend(leak::advise(doc));
         out.extend(self.cleanups.advise());
         // Stable: the rules' order within a level.
-        out.sort_by(|a, b| b.level.cmp(&a.level));
+        out.sort_by_key(|a| std::cmp::Reverse(a.level));
         out
     }
 }
@@ -80,7 +76,12 @@ pub fn render(advice: &[Advice]) -> String {
     }
     let mut out = String::new();
     for a in advice {
-        out.push_str(&format!("[{}] {}: {}\n", a.level.as_str(), a.code, a.finding));
+        out.push_str(&format!(
+            "[{}] {}: {}\n",
+            a.level.as_str(),
+            a.code,
+            a.finding
+        ));
         if !a.action.is_empty() {
             out.push_str(&format!("    -> {}\n", a.action));
         }

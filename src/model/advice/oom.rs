@@ -106,7 +106,9 @@ pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advi
                 size(limit),
                 100.0 * peak / limit
             ));
-            a = a.figure("limit_mb", limit).figure("over_limit_mb", peak - limit);
+            a = a
+                .figure("limit_mb", limit)
+                .figure("over_limit_mb", peak - limit);
         }
         None => finding.push_str(&format!(" at {} of host memory", size(peak))),
     }
@@ -128,7 +130,11 @@ pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advi
 
 /// The tree's highest host figure over the run, MiB.
 fn peak_host<L>(doc: &DocumentOf<L>) -> f64 {
-    let kernel = doc.host.as_ref().and_then(|h| h.kernel_peak_mb).unwrap_or(0.0);
+    let kernel = doc
+        .host
+        .as_ref()
+        .and_then(|h| h.kernel_peak_mb)
+        .unwrap_or(0.0);
     doc.peak_usage
         .cpu_ram_used_mb
         .max(doc.peak_usage.cpu_ram_hwm_mb)
@@ -170,7 +176,10 @@ pub(super) fn cuda_oom<L>(doc: &DocumentOf<L>, e: &Entry) -> Option<Advice> {
     let (allocated, reserved) = (e.gpu_ram_used_mb, e.reserved_gpu_ram_mb);
     let fragmented = (reserved - allocated).max(0.0);
     let foreign = super::gpu::foreign_mb(doc);
-    let who = e.pid.map(|p| format!("PID {p}")).unwrap_or("the job".into());
+    let who = e
+        .pid
+        .map(|p| format!("PID {p}"))
+        .unwrap_or("the job".into());
     let mut finding = format!("{who} ran out of GPU memory");
     if let Some(r) = requested {
         finding.push_str(&format!(" asking for {}", size(r)));
@@ -188,7 +197,10 @@ pub(super) fn cuda_oom<L>(doc: &DocumentOf<L>, e: &Entry) -> Option<Advice> {
         ));
     }
     if foreign > 0.0 {
-        finding.push_str(&format!("; other processes held {} of the card", size(foreign)));
+        finding.push_str(&format!(
+            "; other processes held {} of the card",
+            size(foreign)
+        ));
     }
     // Fragmentation matters when the unused reserve could have served the
     // request, or is a large share of the pool.
@@ -253,7 +265,12 @@ mod tests {
             "the kernel's OOM killer ended PID 42 (python3) during train/epoch: \
              the job reached 256 MiB of its 256 MiB limit (100 %)"
         );
-        assert!(a[0].action.starts_with("train/epoch needs more than 256 MiB: give the job at least 282 MiB"), "{}", a[0].action);
+        assert!(
+            a[0].action
+                .starts_with("train/epoch needs more than 256 MiB: give the job at least 282 MiB"),
+            "{}",
+            a[0].action
+        );
     }
 
     #[test]
@@ -266,14 +283,27 @@ mod tests {
             pid: Some(7),
             name: "worker".into(),
             points: vec![
-                FlightPoint { t: 1001.0, cpu_mb: 100.0, ..FlightPoint::default() },
-                FlightPoint { t: 1001.5, cpu_mb: 200.0, ..FlightPoint::default() },
+                FlightPoint {
+                    t: 1001.0,
+                    cpu_mb: 100.0,
+                    ..FlightPoint::default()
+                },
+                FlightPoint {
+                    t: 1001.5,
+                    cpu_mb: 200.0,
+                    ..FlightPoint::default()
+                },
             ],
             ..FlightWindow::default()
         });
         let a = super::super::advise(&d);
         assert_eq!(a[0].code, "oom-killed");
-        assert!(a[0].finding.contains("ended PID 7 (worker) during data/load"), "{}", a[0].finding);
+        assert!(
+            a[0].finding
+                .contains("ended PID 7 (worker) during data/load"),
+            "{}",
+            a[0].finding
+        );
         assert_eq!(a[0].figures["growth_mib_per_s"], 200.0);
     }
 
@@ -298,8 +328,16 @@ mod tests {
         assert_eq!(a[0].figures["requested_mb"], 2048.0);
         assert_eq!(a[0].figures["free_mb"], 1259.52);
         assert_eq!(a[0].figures["fragmentation_mb"], 15_000.0);
-        assert!(a[0].action.contains("expandable_segments:True"), "{}", a[0].action);
-        assert!(a[0].finding.contains("14.6 GiB reserved but unused (20 %)"), "{}", a[0].finding);
+        assert!(
+            a[0].action.contains("expandable_segments:True"),
+            "{}",
+            a[0].action
+        );
+        assert!(
+            a[0].finding.contains("14.6 GiB reserved but unused (20 %)"),
+            "{}",
+            a[0].finding
+        );
     }
 
     #[test]
@@ -308,7 +346,8 @@ mod tests {
         let mut e = entry(1002.0, "cuda", "out_of_memory", 3000.0);
         e.gpu_ram_used_mb = 74_000.0;
         e.reserved_gpu_ram_mb = 75_000.0;
-        e.labels.insert("error".into(), "Tried to allocate 4.00 GiB.".into());
+        e.labels
+            .insert("error".into(), "Tried to allocate 4.00 GiB.".into());
         d.detailed_log.push(e);
         let a = super::super::advise(&d);
         assert!(a[0].action.contains("smaller batch"), "{}", a[0].action);

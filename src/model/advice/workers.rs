@@ -97,7 +97,11 @@ pub(super) fn advise<L>(doc: &DocumentOf<L>) -> Vec<Advice> {
     let (lo, hi) = workers.iter().fold((f64::MAX, 0.0f64), |(lo, hi), w| {
         (lo.min(w.own), hi.max(w.own))
     });
-    let shared: f64 = workers.iter().map(|w| (w.rss - w.own).max(0.0)).sum::<f64>() / n as f64;
+    let shared: f64 = workers
+        .iter()
+        .map(|w| (w.rss - w.own).max(0.0))
+        .sum::<f64>()
+        / n as f64;
     let parent_own = parent.peak_uss_mb.or(parent.uss_mb);
     let copies: f64 = workers.iter().map(Worker::growth).sum();
     let rss_growth: f64 = workers.iter().map(Worker::rss_growth).sum();
@@ -218,8 +222,9 @@ mod tests {
         assert_eq!(a[0].figures["worker_203_uss_mb"], 306.0);
         assert_eq!(a[0].figures["worker_shared_mean_mb"], 2048.0 - 306.0);
         assert!(
-            a[0].finding
-                .starts_with("8 workers of PID 100 (python3) cost 2.4 GiB together of which 2.3 GiB is copies"),
+            a[0].finding.starts_with(
+                "8 workers of PID 100 (python3) cost 2.4 GiB together of which 2.3 GiB is copies"
+            ),
             "{}",
             a[0].finding
         );
