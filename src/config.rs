@@ -755,7 +755,10 @@ mod tests {
         let c = resolve(&[layer("file", "[host]\nmemory_limit = '1G'")]).unwrap();
         assert_eq!(c.host.memory_limit(), Some(1 << 30));
         let env = Layer::from_env([("MEMTRACK_HOST_MEMORY_LIMIT".into(), "256M".into())]).unwrap();
-        assert_eq!(resolve(&[env]).unwrap().host.memory_limit(), Some(256 << 20));
+        assert_eq!(
+            resolve(&[env]).unwrap().host.memory_limit(),
+            Some(256 << 20)
+        );
         assert_eq!(Config::default().host.memory_limit(), None);
         let tiny = resolve(&[layer("file", "[host]\nmemory_limit = 4096")]).unwrap_err();
         assert!(tiny.to_string().contains("host.memory_limit"), "{tiny}");

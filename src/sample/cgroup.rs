@@ -783,16 +783,25 @@ mod tests {
         fake_cgroup(&v1, Version::V1);
         std::fs::write(v1.join("memory.limit_in_bytes"), "").unwrap();
         std::fs::write(v1.join("memory.memsw.limit_in_bytes"), "").unwrap();
-        Cgroup::open(&v1, Version::V1).unwrap().set_limit(2 << 30).unwrap();
+        Cgroup::open(&v1, Version::V1)
+            .unwrap()
+            .set_limit(2 << 30)
+            .unwrap();
         let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
         assert_eq!(read(v1.join("memory.limit_in_bytes")), "2147483648");
         assert_eq!(read(v1.join("memory.memsw.limit_in_bytes")), "2147483648");
         let v2 = tmp.path().join("v2");
         fake_cgroup(&v2, Version::V2);
         std::fs::write(v2.join("memory.max"), "").unwrap();
-        Cgroup::open(&v2, Version::V2).unwrap().set_limit(1 << 30).unwrap();
+        Cgroup::open(&v2, Version::V2)
+            .unwrap()
+            .set_limit(1 << 30)
+            .unwrap();
         assert_eq!(read(v2.join("memory.max")), "1073741824");
-        assert!(!v2.join("memory.swap.max").exists(), "no swap file, none made");
+        assert!(
+            !v2.join("memory.swap.max").exists(),
+            "no swap file, none made"
+        );
         // A cgroup whose limit file cannot be written is a clear error.
         let gone = tmp.path().join("gone");
         fake_cgroup(&gone, Version::V1);

@@ -460,3 +460,64 @@ fn advise_refuses_what_is_not_a_run() {
         stderr(&res)
     );
 }
+
+/// The job holds 20,000 MiB of GPU 0 (fake NVML) beside another process
+/// holding 12,000 MiB, then frees its own; each state is waited for
+/// through a mark's sample.
+const FOREIGN_GPU_JOB: &str = r#"
+import os, sys, memtrack
+state = sys.argv[1]
+def put(text):
+    open(state + ".tmp", "w").write(text)
+    os.replace(state + ".tmp", state)
+dev = "device 0 name=NVIDIA_Fake_H100 total_mib=81559\nprocess 0 1 12000\n"
+def seen(own):
+    while True:
+        e = memtrack.mark("train", "step", ack=True)
+        if e is not None and e["gpu_process_used_mb"] == own:
+            return
+put(dev + "process 0 %d 20000\n" % os.getpid())
+seen(20000)
+put(dev)
+seen(0)
+"#;
+
+#[test]
+fn memory_others_hold_on_the_jobs_gpu_is_named() {
+    let dir = scratch();
+    let state = dir.path().join("nvml.state");
+    std::fs::write(&state, "device 0 name=NVIDIA_Fake_H100 total_mib=81559\n").unwrap();
+    let mut job = python(FOREIGN_GPU_JOB);
+    job.push(state.display().to_string());
+    let res = run_to_end(
+        memtrack()
+            .args([
+                "run",
+                "--listen",
+                "off",
+                "--interval",
+                "100ms",
+                "--name",
+                "g",
+            ])
+            .arg("--output")
+            .arg(dir.path())
+            .arg("--nvml-lib")
+            .arg(fake_nvml())
+            .arg("--")
+            .args(&job)
+            .env("FAKE_NVML_STATE", &state)
+            .env("PYTHONPATH", client_src()),
+        Duration::from_secs(60),
+    );
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let advice = advise(&dir.path().join("g"));
+    let foreign = find(&advice, "foreign-gpu-memory");
+    assert_eq!(foreign["level"], "warning");
+    // The other process's 12,000 MiB, and the driver's own few hundred.
+    let held = figure(foreign, "foreign_mb");
+    assert!((12000.0..13024.0).contains(&held), "{foreign:#}");
+    assert_eq!(figure(foreign, "total_mb"), 81559.0);
+    let finding = foreign["finding"].as_str().unwrap();
+    assert!(finding.contains("held outside this job"), "{finding}");
+}

@@ -5,9 +5,10 @@
 use super::item::{size, Advice, Level};
 use crate::model::{DocumentOf, Gpu};
 
-/// Less than this (MiB, and 5 % of the card) is not worth naming: the
-/// driver's own reservations vary by about that much.
-const MIN_FOREIGN_MIB: f64 = 256.0;
+/// Less than this (MiB, and 5 % of the card) is not named: a card's used
+/// memory includes the driver's own few hundred MiB even when the job is
+/// alone on it.
+const MIN_FOREIGN_MIB: f64 = 1024.0;
 
 /// A card's memory held by others at the last sample, MiB.
 fn foreign_on(g: &Gpu) -> f64 {
@@ -36,8 +37,8 @@ pub(super) fn foreign<L>(doc: &DocumentOf<L>) -> Vec<Advice> {
                 "foreign-gpu-memory",
                 Level::Warning,
                 format!(
-                    "GPU {} ({}) had {} used of {}, {} of it by processes outside this job \
-                     (the job's own: {}, at most {})",
+                    "GPU {} ({}) had {} used of {}, {} of it held outside this job by other \
+                     processes and the driver (the job's own: {}, at most {})",
                     g.index,
                     g.name,
                     size(g.used_mb),
@@ -89,7 +90,8 @@ mod tests {
         assert_eq!(a[0].code, "foreign-gpu-memory");
         assert_eq!(a[0].figures["foreign_mb"], 10_000.0);
         assert!(
-            a[0].finding.contains("9.8 GiB of it by processes outside"),
+            a[0].finding
+                .contains("9.8 GiB of it held outside this job by other processes"),
             "{}",
             a[0].finding
         );
@@ -98,7 +100,7 @@ mod tests {
     #[test]
     fn the_drivers_small_reservations_and_unused_cards_stay_silent() {
         let mut d = doc();
-        d.gpus.push(card(20_200.0, 20_000.0));
+        d.gpus.push(card(20_600.0, 20_000.0));
         d.gpus.push(Gpu {
             index: 2,
             ..card(30_000.0, 0.0)

@@ -116,7 +116,9 @@ mod tests {
             "the job's host memory grew by 60 MiB over the last 60 s and is still growing \
              (3.5 GiB per hour, 99 % interval 2.9 GiB to 3.9 GiB), from 400 MiB"
         );
-        assert!(a[1].finding.starts_with("PID 7 (python3) own memory (USS) grew"));
+        assert!(a[1]
+            .finding
+            .starts_with("PID 7 (python3) own memory (USS) grew"));
     }
 
     #[test]
