@@ -521,3 +521,26 @@ fn memory_others_hold_on_the_jobs_gpu_is_named() {
     let finding = foreign["finding"].as_str().unwrap();
     assert!(finding.contains("held outside this job"), "{finding}");
 }
+
+#[test]
+fn cleanup_calls_that_free_nothing_are_called_useless() {
+    let dir = scratch();
+    let job = "import memtrack\nb = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nfor step in range(3):\n    memtrack.mark('train', 'step', iteration=step, ack=True)\n    memtrack.clear_memory('train')\nmemtrack.mark('train', 'done', ack=True)\n";
+    let res = run_to_end(
+        memtrack()
+            .args([
+                "run", "--listen", "off", "--no-gpu", "--name", "u", "--output",
+            ])
+            .arg(dir.path())
+            .arg("--")
+            .args(python(job))
+            .env("PYTHONPATH", client_src()),
+        Duration::from_secs(60),
+    );
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let advice = advise(&dir.path().join("u"));
+    let useless = find(&advice, "cleanup-useless");
+    assert_eq!(useless["level"], "info");
+    assert_eq!(figure(useless, "calls"), 3.0, "{useless:#}");
+    assert!(figure(useless, "freed_max_mb") < 16.0, "{useless:#}");
+}

@@ -26,14 +26,34 @@ fn pool(e: &Entry) -> Option<f64> {
     }
 }
 
+/// What calls freed of one figure (MiB; negative when it grew).
+#[derive(Debug, Default, Clone, Copy)]
+struct Freed {
+    calls: u64,
+    sum: f64,
+    most: f64,
+}
+
+impl Freed {
+    fn add(&mut self, mib: f64) {
+        self.most = if self.calls == 0 {
+            mib
+        } else {
+            self.most.max(mib)
+        };
+        self.calls += 1;
+        self.sum += mib;
+    }
+}
+
 /// What the cleanup calls freed, summed.
 #[derive(Debug, Default)]
 pub(super) struct Cleanups {
-    last: Option<Entry>,
+    /// The figures of the entry before: host MiB, GPU source, GPU pool.
+    last: Option<(f64, GpuSource, Option<f64>)>,
     calls: u64,
-    /// Freed per call (MiB; negative when the figure grew), by figure.
-    gpu_freed: Vec<f64>,
-    host_freed: Vec<f64>,
+    gpu_freed: Freed,
+    host_freed: Freed,
     gpu_before: f64,
     gpu_after: f64,
 }
@@ -42,23 +62,19 @@ impl Cleanups {
     pub(super) fn observe(&mut self, e: &Entry) {
         let is_cleanup =
             e.kind == EntryKind::Event && CLEANUP_OPERATIONS.contains(&e.operation.as_str());
-        if let (true, Some(before)) = (is_cleanup, &self.last) {
+        if let (true, Some((host, source, gpu))) = (is_cleanup, self.last) {
             self.calls += 1;
-            match (pool(before), pool(e)) {
-                (Some(b), Some(a)) if before.gpu_source == e.gpu_source && (a > 0.0 || b > 0.0) => {
-                    self.gpu_freed.push(b - a);
+            match (gpu, pool(e)) {
+                (Some(b), Some(a)) if source == e.gpu_source && (a > 0.0 || b > 0.0) => {
+                    self.gpu_freed.add(b - a);
                     self.gpu_before += b;
                     self.gpu_after += a;
                 }
-                _ => self
-                    .host_freed
-                    .push(before.cpu_ram_used_mb - e.cpu_ram_used_mb),
+                _ => self.host_freed.add(host - e.cpu_ram_used_mb),
             }
         }
         if e.kind != EntryKind::System {
-            let mut kept = e.clone();
-            kept.labels.clear();
-            self.last = Some(kept);
+            self.last = Some((e.cpu_ram_used_mb, e.gpu_source, pool(e)));
         }
     }
 
@@ -66,14 +82,15 @@ impl Cleanups {
         if self.calls == 0 {
             return None;
         }
-        let (freed, what) = if self.gpu_freed.is_empty() {
-            (&self.host_freed, "host memory")
+        let on_gpu = self.gpu_freed.calls > 0;
+        let (freed, what) = if on_gpu {
+            (self.gpu_freed, "PyTorch's reserved GPU memory")
         } else {
-            (&self.gpu_freed, "PyTorch's reserved GPU memory")
+            (self.host_freed, "host memory")
         };
-        let n = freed.len() as f64;
-        let mean = freed.iter().sum::<f64>() / n;
-        let most = freed.iter().copied().fold(f64::MIN, f64::max);
+        let n = freed.calls as f64;
+        let mean = freed.sum / n;
+        let most = freed.most;
         let s = if self.calls == 1 { "" } else { "s" };
         let calls = self.calls;
         let advice = if most < USELESS_MIB {
@@ -95,7 +112,7 @@ impl Cleanups {
                 size(mean),
                 size(most)
             );
-            if !self.gpu_freed.is_empty() {
+            if on_gpu {
                 finding.push_str(&format!(
                     "; reserved before {} → after {}",
                     size(self.gpu_before / n),

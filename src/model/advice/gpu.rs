@@ -8,7 +8,7 @@ use crate::model::{DocumentOf, Gpu};
 /// Less than this (MiB, and 5 % of the card) is not named: a card's used
 /// memory includes the driver's own few hundred MiB even when the job is
 /// alone on it.
-const MIN_FOREIGN_MIB: f64 = 1024.0;
+pub(super) const MIN_FOREIGN_MIB: f64 = 1024.0;
 
 /// A card's memory held by others at the last sample, MiB.
 fn foreign_on(g: &Gpu) -> f64 {

@@ -175,7 +175,10 @@ pub(super) fn cuda_oom<L>(doc: &DocumentOf<L>, e: &Entry) -> Option<Advice> {
     let free = size_after(error, "of which ");
     let (allocated, reserved) = (e.gpu_ram_used_mb, e.reserved_gpu_ram_mb);
     let fragmented = (reserved - allocated).max(0.0);
-    let foreign = super::gpu::foreign_mb(doc);
+    // Below the threshold it is the driver's own share, not a process's.
+    let foreign = Some(super::gpu::foreign_mb(doc))
+        .filter(|f| *f >= super::gpu::MIN_FOREIGN_MIB)
+        .unwrap_or(0.0);
     let who = e
         .pid
         .map(|p| format!("PID {p}"))
