@@ -1,9 +1,10 @@
 //! `cleanup-useless` / `cleanup-helps`: whether the job's cleanup calls
 //! (the client's `clear_memory()`, marks named `clear_memory`,
 //! `empty_cache` or `cleanup`) freed anything. Each call's figures are
-//! compared with the entry just before it: PyTorch's reserved pool for
-//! the GPU (what `torch.cuda.empty_cache()` gives back), the tree's host
-//! memory otherwise.
+//! compared with the highest since the job's previous mark (a timer sample
+//! taken while the call frees must not hide what it freed): PyTorch's
+//! reserved pool for the GPU (what `torch.cuda.empty_cache()` gives
+//! back), the tree's host memory otherwise.
 
 use super::item::{size, Advice, Level};
 use crate::model::{Entry, EntryKind, GpuSource};
@@ -49,7 +50,8 @@ impl Freed {
 /// What the cleanup calls freed, summed.
 #[derive(Debug, Default)]
 pub(super) struct Cleanups {
-    /// The figures of the entry before: host MiB, GPU source, GPU pool.
+    /// The highest figures since the previous mark: host MiB, GPU
+    /// source, GPU pool.
     last: Option<(f64, GpuSource, Option<f64>)>,
     calls: u64,
     gpu_freed: Freed,
@@ -73,8 +75,23 @@ impl Cleanups {
                 _ => self.host_freed.add(host - e.cpu_ram_used_mb),
             }
         }
-        if e.kind != EntryKind::System {
-            self.last = Some((e.cpu_ram_used_mb, e.gpu_source, pool(e)));
+        // What was held before the call: the highest figures since the
+        // job's previous mark (a timer sample may land while the call
+        // frees, and must not hide what it freed).
+        match (e.kind, &mut self.last) {
+            (EntryKind::Event, _) | (EntryKind::Timer, None) => {
+                self.last = Some((e.cpu_ram_used_mb, e.gpu_source, pool(e)));
+            }
+            (EntryKind::Timer, Some((host, source, gpu))) => {
+                *host = host.max(e.cpu_ram_used_mb);
+                if *source == e.gpu_source {
+                    *gpu = match (*gpu, pool(e)) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+            (EntryKind::System, _) => {}
         }
     }
 
@@ -183,6 +200,19 @@ mod tests {
             "{}",
             a[0].finding
         );
+    }
+
+    #[test]
+    fn a_sample_taken_while_the_call_frees_does_not_hide_it() {
+        let mut d = doc();
+        d.detailed_log.push(entry(1000.0, "train", "epoch", 216.0));
+        d.detailed_log.push(timer(1000.05, 180.0));
+        d.detailed_log.push(timer(1000.10, 18.0));
+        d.detailed_log
+            .push(entry(1000.12, "train", "clear_memory", 18.0));
+        let a = super::super::advise(&d);
+        assert_eq!(a[0].code, "cleanup-helps");
+        assert_eq!(a[0].figures["freed_max_mb"], 198.0);
     }
 
     #[test]
