@@ -42,6 +42,11 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let clearml_settings = io::clearml_settings(&config)?;
     let is_run = matches!(mode, Mode::Run { .. });
     job::adopt_orphans(is_run);
+    if !is_run && config.host.memory_limit().is_some() {
+        tracing::warn!(
+            "host.memory_limit applies to `run` only: the attached processes keep their limits"
+        );
+    }
     let labels = RunLabels::read(&name.name, &config);
     let run_dir = prepare_run_dir(&config.output, &labels.dir_name, name.explicit)?;
     let mut cleanup = Cleanup::new(&run_dir);
