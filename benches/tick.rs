@@ -112,6 +112,7 @@ fn tree(hwm_interval: Duration) -> ProcTree {
         reaper: None,
         job: None,
         smaps: None,
+        read_share: 0.02,
     })
     .expect("procfs")
 }

@@ -43,6 +43,8 @@ pub enum Command {
     ClearmlResend(ClearmlResendArgs),
     /// Peaks, stages, processes, alerts, leaks and what a re-run needs, from a memory_usage.json
     Report(ReportArgs),
+    /// What the run's figures say to change: worker cost, copy-on-read, the batch that fits, why it ran out
+    Advise(AdviseArgs),
     /// Compare runs side by side: duration, exit, peaks by run, stage and component, differences
     ///
     /// One column (or row) per run, named after the run; differences are against the
@@ -95,15 +97,16 @@ pub struct DaemonArgs {
     /// NVML library to load instead of libnvidia-ml.so.1
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
-    /// Also read each process's proportional and unique memory (PSS, USS:
-    /// shared pages split between their users, pages only it holds); slow
-    /// for large processes, so rate limited
-    #[arg(long)]
+    /// Read each process's own cost, USS and PSS (the default; kept for
+    /// older command lines)
+    #[arg(long, hide = true)]
     pub smaps: bool,
-    /// Where the tree's host memory figure comes from: auto (the job's own
-    /// memory cgroup when there is one, else pss), pss (each shared page
-    /// counted once, split between the processes sharing it), or rss (the
-    /// plain sum, counting a shared page once per process) (default: auto)
+    /// Do not read each process's own cost (USS and PSS per process)
+    #[arg(long, conflicts_with = "smaps")]
+    pub no_smaps: bool,
+    /// Source of the tree's host figure: auto (as root the distinct pages,
+    /// else a memory cgroup holding only the job, else the Pss sum), pages,
+    /// pss, or rss (counts shared pages once per process) (default: auto)
     #[arg(long, value_name = "SOURCE")]
     pub host_source: Option<String>,
     /// How often memory_usage.json is rewritten during the run (default: 30s)
@@ -195,6 +198,9 @@ impl DaemonArgs {
         if self.smaps {
             layer.set("host.smaps", Value::Boolean(true));
         }
+        if self.no_smaps {
+            layer.set("host.smaps", Value::Boolean(false));
+        }
         if let Some(source) = &self.host_source {
             layer.set("host.source", Value::String(source.clone()));
         }
@@ -222,9 +228,31 @@ impl ConfigSources for DaemonArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub daemon: DaemonArgs,
+    /// Run the job under this memory limit (e.g. 2G = 2 GiB) in a memory
+    /// cgroup of its own: does it fit a smaller machine? Needs root and
+    /// cgroup v1; see docs/advice.md
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
     /// The job and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+impl ConfigSources for RunArgs {
+    fn config_file(&self) -> Option<&Path> {
+        self.daemon.config.as_deref()
+    }
+
+    fn flags(&self) -> Result<Layer, String> {
+        let mut layer = self.daemon.layer()?;
+        if let Some(limit) = &self.memory_limit {
+            let bytes =
+                crate::config::parse_limit(limit).map_err(|e| format!("--memory-limit: {e}"))?;
+            let bytes = i64::try_from(bytes).map_err(|_| "--memory-limit: too large")?;
+            layer.set("host.memory_limit", Value::Integer(bytes));
+        }
+        Ok(layer)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -373,6 +401,16 @@ impl ConfigSources for ClearmlResendArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct AdviseArgs {
+    /// A memory_usage.json, or a run directory (a finished or a running run)
+    #[arg(value_name = "FILE|RUN_DIR")]
+    pub file: PathBuf,
+    /// Print the advice as JSON (an array of {code, level, finding, action, figures})
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct ReportArgs {
     /// A memory_usage.json (any schema version, or only detailed_log and peak_usage), or a run directory
     #[arg(value_name = "FILE|RUN_DIR")]
@@ -456,6 +494,9 @@ pub struct PlotArgs {
     /// Title (default: the run name)
     #[arg(long)]
     pub title: Option<String>,
+    /// Draw each process's RSS instead of what it alone costs (its USS)
+    #[arg(long)]
+    pub process_rss: bool,
 }
 
 #[derive(Debug, Args)]

@@ -45,6 +45,9 @@ pub const EXAMPLE: &str = include_str!("../memtrack.example.toml");
 /// Prefix of every environment variable that maps onto a config key.
 pub const ENV_PREFIX: &str = "MEMTRACK_";
 
+/// The smallest `host.memory_limit` accepted, bytes.
+pub const MIN_MEMORY_LIMIT: u64 = 4 << 20;
+
 /// Everything the daemon (`run`, `attach`) can be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -164,9 +167,11 @@ pub struct HostConfig {
     /// so reading it less often loses nothing while the process lives).
     #[serde(with = "serde_duration")]
     pub hwm_interval: Duration,
-    /// Read PSS/USS from `smaps_rollup` (costly: ~10 ms per GiB of RSS,
-    /// and it stalls the target while the kernel walks its page tables).
+    /// Read each process's own cost (USS and PSS) from `smaps_rollup`:
+    /// on by default, on a thread of its own within `pss_budget` of one
+    /// core (a read costs ~10 ms per GiB of RSS).
     pub smaps: bool,
+    /// A process's own cost is read again at most this often.
     #[serde(with = "serde_duration")]
     pub smaps_interval: Duration,
     /// Processes above this RSS are skipped by the `smaps_rollup` read.
@@ -175,9 +180,58 @@ pub struct HostConfig {
     /// holding only the job, else Σ Pss), `pss`, or `rss` (the plain sum,
     /// which counts pages shared between processes once per process).
     pub source: SourceChoice,
-    /// Share of one core spent reading `smaps_rollup` when the source is
-    /// Σ Pss (0.02 = 2 %).
+    /// Share of one core spent reading `smaps_rollup` (0.02 = 2 %): for
+    /// Σ Pss when that is the source, else for each process's own cost.
     pub pss_budget: f64,
+    /// `run` only: cap the job's memory at this many bytes (`2G`, `512M`
+    /// or a byte count; 0: no limit) in the memory cgroup memtrack creates
+    /// for it (docs/advice.md, "Checking a smaller machine").
+    #[serde(deserialize_with = "bytes_or_size")]
+    pub memory_limit: u64,
+}
+
+impl HostConfig {
+    /// The job's memory limit, bytes, if one is set.
+    pub fn memory_limit(&self) -> Option<u64> {
+        (self.memory_limit > 0).then_some(self.memory_limit)
+    }
+}
+
+/// A memory limit: `2G`, `512M`, `2Gi` are binary (GiB, MiB), as the
+/// kernel's own cgroup files and container runtimes read them; otherwise
+/// any size [`crate::units::parse_bytes`] reads (`2GiB`, `2GB` = 2·10⁹).
+pub fn parse_limit(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "k" | "ki" => 10,
+        "m" | "mi" => 20,
+        "g" | "gi" => 30,
+        "t" | "ti" => 40,
+        _ => return crate::units::parse_bytes(t),
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size; write e.g. `2G`, `512M`"))?;
+    Ok((value * (1u64 << shift) as f64) as u64)
+}
+
+/// A size as a byte count or a string with a unit (`2G`, `512MiB`).
+fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    use serde::de::Error;
+    match toml::Value::deserialize(d)? {
+        toml::Value::Integer(n) => {
+            u64::try_from(n).map_err(|_| D::Error::custom("must not be negative"))
+        }
+        toml::Value::String(s) => parse_limit(&s).map_err(D::Error::custom),
+        other => Err(D::Error::custom(format!(
+            "expected a size such as `2G`, not {}",
+            other.type_str()
+        ))),
+    }
 }
 
 /// Bounds that keep a long run's memory and JSON size flat.
@@ -244,11 +298,12 @@ impl Default for HostConfig {
         HostConfig {
             proc_root: PathBuf::from("/proc"),
             hwm_interval: Duration::from_secs(1),
-            smaps: false,
-            smaps_interval: Duration::from_secs(30),
-            smaps_max_rss_mb: 4096,
+            smaps: true,
+            smaps_interval: Duration::from_secs(1),
+            smaps_max_rss_mb: 65536,
             source: SourceChoice::Auto,
             pss_budget: 0.02,
+            memory_limit: 0,
         }
     }
 }
@@ -660,6 +715,16 @@ impl Config {
         if self.host.hwm_interval.is_zero() {
             return bad("host.hwm_interval", "must be positive".into());
         }
+        if self
+            .host
+            .memory_limit()
+            .is_some_and(|b| b < MIN_MEMORY_LIMIT)
+        {
+            return bad(
+                "host.memory_limit",
+                "must be at least 4M (below it not even an interpreter starts)".into(),
+            );
+        }
         if !(0.001..=1.0).contains(&self.host.pss_budget) {
             return bad(
                 "host.pss_budget",
@@ -769,6 +834,29 @@ mod tests {
             name: name.into(),
             table: toml::from_str(toml_text).unwrap(),
         }
+    }
+
+    #[test]
+    fn memory_limits_read_as_the_kernel_reads_them() {
+        assert_eq!(parse_limit("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_limit("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_limit("2Gi").unwrap(), 2 << 30);
+        assert_eq!(parse_limit("1.5g").unwrap(), 3 << 29);
+        assert_eq!(parse_limit("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_limit("2GB").unwrap(), 2_000_000_000);
+        assert!(parse_limit("lots").is_err());
+        let c = resolve(&[layer("file", "[host]\nmemory_limit = '1G'")]).unwrap();
+        assert_eq!(c.host.memory_limit(), Some(1 << 30));
+        let env = Layer::from_env([("MEMTRACK_HOST_MEMORY_LIMIT".into(), "256M".into())]).unwrap();
+        assert_eq!(
+            resolve(&[env]).unwrap().host.memory_limit(),
+            Some(256 << 20)
+        );
+        assert_eq!(Config::default().host.memory_limit(), None);
+        let tiny = resolve(&[layer("file", "[host]\nmemory_limit = 4096")]).unwrap_err();
+        assert!(tiny.to_string().contains("host.memory_limit"), "{tiny}");
+        let bad = resolve(&[layer("file", "[host]\nmemory_limit = 'much'")]).unwrap_err();
+        assert!(bad.to_string().contains("memory_limit"), "{bad}");
     }
 
     #[test]

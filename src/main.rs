@@ -7,9 +7,9 @@ use anyhow::Context;
 use clap::Parser;
 use memtrack::app::{self, Mode};
 use memtrack::cli::{
-    AttachArgs, ClearmlResendArgs, Cli, Command, CompareArgs, ConfigArgs, ConfigSources, LsArgs,
-    MergeArgs, PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs, StatusArgs, UploadArgs,
-    WatchArgs,
+    AdviseArgs, AttachArgs, ClearmlResendArgs, Cli, Command, CompareArgs, ConfigArgs,
+    ConfigSources, LsArgs, MergeArgs, PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs,
+    StatusArgs, UploadArgs, WatchArgs,
 };
 use memtrack::config::{self, Config, Layer};
 use memtrack::event::client;
@@ -83,6 +83,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Upload(args) => upload(&args),
         Command::ClearmlResend(args) => clearml_resend(&args),
         Command::Report(args) => report(&args),
+        Command::Advise(args) => advise(&args),
         Command::Compare(args) => compare(&args),
         Command::Merge(args) => merge(&args),
         Command::Plot(args) => plot(&args),
@@ -95,7 +96,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
 
 /// `memtrack run`.
 fn run(args: RunArgs) -> Result<u8, Failure> {
-    let config = load_config(&args.daemon)?;
+    let config = load_config(&args)?;
     logging::init(&config.log_level);
     daemon(Mode::Run { argv: args.command }, config)
 }
@@ -180,6 +181,25 @@ fn report(args: &ReportArgs) -> Result<u8, Failure> {
         )
     } else {
         memtrack::report::text::render(&doc)
+    };
+    stdout(&text).map_err(|e| runtime(e.into()))?;
+    Ok(0)
+}
+
+/// `memtrack advise`: the rules' advice on a run, as text or JSON. The
+/// advice is worked out again from the file, so a running run's
+/// checkpoint and a file written before advice existed get it too.
+fn advise(args: &AdviseArgs) -> Result<u8, Failure> {
+    let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
+    let doc = memtrack::report::read::for_report(&file).map_err(runtime)?;
+    let advice = doc.advice;
+    let text = if args.json {
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&advice).map_err(|e| runtime(e.into()))?
+        )
+    } else {
+        memtrack::model::advice::render(&advice)
     };
     stdout(&text).map_err(|e| runtime(e.into()))?;
     Ok(0)
@@ -311,6 +331,7 @@ fn plot(args: &PlotArgs) -> Result<u8, Failure> {
         width: args.width,
         height: args.height,
         title: args.title.clone(),
+        process_rss: args.process_rss,
     };
     // By default the picture goes beside the document it shows.
     let out = args.output.clone().unwrap_or_else(|| {
@@ -372,6 +393,15 @@ fn ls(args: &LsArgs) -> Result<u8, Failure> {
 /// `memtrack recover`.
 fn recover(args: &RecoverArgs) -> Result<u8, Failure> {
     logging::init("info");
+    // A killed run's cgroup is left behind: remove it (and any other
+    // stale one) once it is empty.
+    let removed = memtrack::sample::footprint::remove_stale_cgroups(std::path::Path::new("/proc"));
+    if removed > 0 {
+        logging::say(&format!(
+            "memtrack: removed {removed} memory cgroup{} a killed run left",
+            if removed == 1 { "" } else { "s" }
+        ));
+    }
     recover_dir(&args.dir).map_err(runtime)
 }
 

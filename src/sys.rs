@@ -119,6 +119,12 @@ pub fn clock_ticks() -> u64 {
     }
 }
 
+/// This process's effective user id.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// This process's real user id.
 pub fn uid() -> u32 {
     // SAFETY: getuid cannot fail.

@@ -20,6 +20,9 @@ use crate::store::Store;
 pub(super) struct Saved {
     pub document: PathBuf,
     pub written: bool,
+    /// The run's advice as text, for the ClearML task (empty: none, or
+    /// no ClearML).
+    pub advice: String,
 }
 
 /// A run directory that cannot take the final JSON (a full disk) must
@@ -57,7 +60,11 @@ pub(super) fn save_document(
             }
         }
     };
-    Saved { document, written }
+    Saved {
+        document,
+        written,
+        advice: String::new(),
+    }
 }
 
 /// The local file is written; now what goes over the network, unless a
@@ -135,7 +142,11 @@ fn flush_within_deadline(
     let upload_failed = matches!(uploaded, Some(Err(_)));
     export_failed |= upload_failed;
     if let Some(reporter) = clearml {
-        export_failed |= finish_clearml(io, reporter, config, ended, uploaded, &deadline);
+        let (failed, task) = finish_clearml(io, reporter, config, ended, uploaded, &deadline);
+        export_failed |= failed;
+        if let (Some(task), false) = (task, saved.advice.is_empty()) {
+            advise_task(io, config, &task.id, &run.id, &saved.advice, &deadline);
+        }
     }
     // A failed upload keeps the task noted, so that `memtrack upload`
     // later puts the file under the task's key too.
@@ -168,8 +179,33 @@ fn settled_task(
     }
 }
 
+/// Puts the run's advice on its ClearML task (its description); a
+/// failure costs only that, and is logged.
+fn advise_task(
+    io: &Io,
+    config: &Config,
+    task: &str,
+    run_id: &str,
+    advice: &str,
+    deadline: &Deadline,
+) {
+    let Ok(Some(settings)) = super::io::clearml_settings(config) else {
+        return;
+    };
+    let work = clearml::advice::describe(&settings, task, run_id, advice);
+    match io
+        .runtime
+        .block_on(deadline.bound("the advice on the ClearML task", work))
+    {
+        Some(Ok(())) => tracing::debug!("ClearML: the advice is on task {task}"),
+        Some(Err(e)) => tracing::warn!("ClearML: the advice could not be put on the task: {e}"),
+        None => tracing::warn!("ClearML: no time was left to put the advice on task {task}"),
+    }
+}
+
 /// Ends the ClearML reporting with the job's exit and the uploaded
-/// document as its artifact. True when something was lost or left unsent.
+/// document as its artifact. True when something was lost or left unsent;
+/// the task reported into.
 fn finish_clearml(
     io: &Io,
     reporter: clearml::Reporter,
@@ -177,7 +213,7 @@ fn finish_clearml(
     ended: &Ended,
     uploaded: Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>>,
     deadline: &Deadline,
-) -> bool {
+) -> (bool, Option<clearml::TaskRef>) {
     let artifact = match uploaded {
         Some(Ok(u)) => Some(clearml::Artifact {
             uri: u.uri,
@@ -196,7 +232,7 @@ fn finish_clearml(
     let report = io
         .runtime
         .block_on(deadline.announce("ClearML's last points", reporter.finish(end, wait)));
-    log_clearml(&report)
+    (log_clearml(&report), report.task)
 }
 
 /// Logs what the ClearML reporter achieved; true when something was lost
@@ -257,8 +293,9 @@ pub(super) fn log_end(store: &Store, saved: &Saved, export_failed: bool) {
         _ => "",
     };
     tracing::info!(
-        "run {} ended: peak host RAM {:.1} MiB, peak GPU {:.1} MiB{whose}; {}; memtrack's own peak RSS {own_peak:.1} MiB",
+        "run {} ended: peak host RAM {:.1} MiB sampled, {:.1} MiB between samples; peak GPU {:.1} MiB{whose}; {}; memtrack's own peak RSS {own_peak:.1} MiB",
         store.run.name,
+        peaks.cpu_ram_used_mb,
         peaks.cpu_ram_used_mb.max(peaks.cpu_ram_hwm_mb),
         peaks.gpu_process_used_mb.max(peaks.reserved_gpu_ram_mb),
         match (written, export_failed) {

@@ -55,6 +55,7 @@ pub(super) fn options(config: &Config, is_run: bool) -> (ProcOptions, FootprintO
             interval: config.host.smaps_interval,
             max_rss: config.host.smaps_max_rss_mb << 20,
         }),
+        read_share: config.host.pss_budget,
     };
 
     let footprint_opts = FootprintOptions {
@@ -65,18 +66,25 @@ pub(super) fn options(config: &Config, is_run: bool) -> (ProcOptions, FootprintO
     (opts, footprint_opts)
 }
 
+/// How the job is started: its extra environment, the run it belongs to
+/// (naming its cgroup) and the memory limit it runs under (bytes).
+pub(super) struct Launch<'a> {
+    pub env: &'a [(String, String)],
+    pub run_id: &'a str,
+    pub memory_limit: Option<u64>,
+}
+
 /// Starts the job (`run`) or follows the given PIDs (`attach`).
 pub(super) fn follow(
     mode: &Mode,
     opts: ProcOptions,
     footprint_opts: FootprintOptions,
-    job_env: &[(String, String)],
-    run_id: &str,
+    launch: &Launch<'_>,
     signals: &SignalThread,
     tx: &SyncSender<Input>,
 ) -> anyhow::Result<Followed> {
     match mode {
-        Mode::Run { argv } => start_job(argv, opts, footprint_opts, job_env, run_id, signals, tx),
+        Mode::Run { argv } => start_job(argv, opts, footprint_opts, launch, signals, tx),
         Mode::Attach { pids } => attach(pids, opts, footprint_opts),
     }
 }
@@ -87,8 +95,7 @@ fn start_job(
     argv: &[String],
     mut opts: ProcOptions,
     footprint_opts: FootprintOptions,
-    job_env: &[(String, String)],
-    run_id: &str,
+    launch: &Launch<'_>,
     signals: &SignalThread,
     tx: &SyncSender<Input>,
 ) -> anyhow::Result<Followed> {
@@ -96,7 +103,10 @@ fn start_job(
     // is a copy of memtrack until it executes): only a peak above
     // that one is the job's.
     let inherited_hwm = own_vm_hwm();
-    let (child, footprint) = spawn_job(argv, job_env, footprint_opts, run_id)?;
+    let (child, footprint) = match launch.memory_limit {
+        Some(limit) => spawn_limited(argv, launch, footprint_opts, limit)?,
+        None => spawn_job(argv, launch.env, footprint_opts, launch.run_id)?,
+    };
     let pid = child.id();
     signals.set_job(pid);
     opts.job = Some(pid);
@@ -171,6 +181,48 @@ pub(super) fn own_vm_hwm() -> u64 {
         .ok()
         .and_then(|text| crate::sample::parse::parse_status(&text).ok())
         .map_or(0, |s| s.vm_hwm)
+}
+
+/// Starts the job under a memory limit: in a memory cgroup memtrack
+/// creates for it, capped at `limit` bytes. No cgroup, no job: a run
+/// meant to check "does it fit in 2 GiB" must not run unlimited.
+fn spawn_limited(
+    argv: &[String],
+    launch: &Launch<'_>,
+    opts: FootprintOptions,
+    limit: u64,
+) -> anyhow::Result<(std::process::Child, FootprintReader)> {
+    let size = crate::units::format_mib(crate::units::mib(limit));
+    let cgroup = footprint::job_cgroup(&opts.proc_root, launch.run_id).map_err(|why| {
+        anyhow::anyhow!(
+            "--memory-limit {size}: memtrack cannot make a memory cgroup for the job ({why});              it needs root and cgroup v1's memory controller (see docs/advice.md)"
+        )
+    })?;
+    let started = cgroup
+        .set_limit(limit)
+        .map_err(|e| anyhow::anyhow!("--memory-limit {size}: {e}"))
+        .and_then(|()| {
+            let procs = std::fs::OpenOptions::new()
+                .write(true)
+                .open(cgroup.procs_path())
+                .with_context(|| format!("cannot open {}", cgroup.procs_path().display()))?;
+            Ok(target::spawn_in(argv, launch.env, Some(procs))?)
+        });
+    match started {
+        Ok(child) => {
+            tracing::info!(
+                "the job runs under a {size} memory limit in memory cgroup {}",
+                cgroup.dir().display()
+            );
+            Ok((child, FootprintReader::with_created(opts, cgroup)))
+        }
+        Err(e) => {
+            if let Err(e) = cgroup.remove() {
+                tracing::warn!("{e}");
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Starts the job, in a memory cgroup of its own when one can be had (the

@@ -43,6 +43,11 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let clearml_settings = io::clearml_settings(&config)?;
     let is_run = matches!(mode, Mode::Run { .. });
     job::adopt_orphans(is_run);
+    if !is_run && config.host.memory_limit().is_some() {
+        tracing::warn!(
+            "host.memory_limit applies to `run` only: the attached processes keep their limits"
+        );
+    }
     let labels = RunLabels::read(&name.name, &config);
     let run_dir = prepare_run_dir(&config.output, &labels.dir_name, name.explicit)?;
     let mut cleanup = Cleanup::new(&run_dir);
@@ -75,8 +80,11 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         &mode,
         opts,
         footprint_opts,
-        &job_env,
-        &store.run.id,
+        &job::Launch {
+            env: &job_env,
+            run_id: &store.run.id,
+            memory_limit: config.host.memory_limit().filter(|_| is_run),
+        },
         &signals,
         &tx,
     )?;
@@ -86,7 +94,10 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);
 
-    let saved = finish::save_document(&ended, &store, document, &run_dir);
+    let mut saved = finish::save_document(&ended, &store, document, &run_dir);
+    if io.clearml.is_some() {
+        saved.advice = crate::model::advice::render_found(&store.document_view().advice);
+    }
     let first_signal = signals.stop();
     let export_failed =
         finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);

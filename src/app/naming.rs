@@ -229,6 +229,15 @@ pub(super) fn run_info(
         interval_s: config.interval.as_secs_f64(),
         memtrack_version: env!("CARGO_PKG_VERSION").into(),
         gpu_backend,
+        memory_limit_mb: config
+            .host
+            .memory_limit()
+            .filter(|_| is_run)
+            .map(crate::units::mib),
+        host_memory_mb: std::fs::read_to_string(config.host.proc_root.join("meminfo"))
+            .ok()
+            .and_then(|text| crate::sample::parse_meminfo(&text))
+            .map(|m| crate::units::mib(m.total)),
         ..RunInfo::default()
     }
 }

@@ -57,6 +57,7 @@ fn rig(flight: bool, self_register: bool) -> Rig {
         reaper: None,
         job: None,
         smaps: None,
+        read_share: 0.02,
     })
     .unwrap();
     let footprint = FootprintReader::new(

@@ -269,6 +269,11 @@ pub struct LeakReport {
 pub struct TargetVerdict {
     pub pid: u32,
     pub name: String,
+    /// What `host` judged: `uss` (the memory the process alone holds, so a
+    /// worker turning shared pages private shows as its own growth) where
+    /// its own-cost series is long enough, else `rss`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub figure: String,
     pub host: Verdict,
     /// Its GPU memory, where any is non-zero.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -739,9 +744,17 @@ fn target_verdicts(judge: &mut Judge<'_>, targets: &[Target]) -> (Vec<TargetVerd
     let mut unjudged = 0usize;
     for target in targets {
         let t: Vec<f64> = target.series.iter().map(|p| p[0]).collect();
-        let rss: Vec<f64> = target.series.iter().map(|p| p[1]).collect();
         let label = format!("target {} ({})", target.pid, target.name);
-        let v = judge.verdict(label.clone(), &t, &rss);
+        // Its own memory (USS) where read often enough to judge, else RSS.
+        let own_t: Vec<f64> = target.own_series.iter().map(|p| p[0]).collect();
+        let uss: Vec<f64> = target.own_series.iter().map(|p| p[1]).collect();
+        let own = judge.verdict(format!("{label} own memory"), &own_t, &uss);
+        let (figure, v) = if own.judged {
+            ("uss", own)
+        } else {
+            let rss: Vec<f64> = target.series.iter().map(|p| p[1]).collect();
+            ("rss", judge.verdict(label.clone(), &t, &rss))
+        };
         if !v.judged {
             unjudged += 1;
             continue;
@@ -749,6 +762,7 @@ fn target_verdicts(judge: &mut Judge<'_>, targets: &[Target]) -> (Vec<TargetVerd
         let mut item = TargetVerdict {
             pid: target.pid,
             name: target.name.clone(),
+            figure: figure.into(),
             host: v,
             gpu: None,
         };

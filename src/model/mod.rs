@@ -13,6 +13,7 @@
 //! that calls a growing series a leak; `run` holds the run's backend and
 //! status vocabularies.
 
+pub mod advice;
 pub mod json;
 pub mod leak;
 mod run;
@@ -82,6 +83,10 @@ pub struct DocumentOf<L> {
     /// before memtrack counted shared pages once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<HostInfo>,
+    /// What the run's figures say to change ([`advice`]), written at
+    /// the end of the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub advice: Vec<advice::item::Advice>,
 }
 
 impl<L> DocumentOf<L> {
@@ -106,6 +111,7 @@ impl<L> DocumentOf<L> {
             ranks: self.ranks,
             worst_rank: self.worst_rank,
             host: self.host,
+            advice: self.advice,
         }
     }
 }
@@ -223,12 +229,22 @@ pub struct RunInfo {
     /// Where the GPU figures came from: `nvml` or `none` (with the reason).
     #[serde(default)]
     pub gpu_backend: GpuBackend,
+    /// The memory limit the job ran under (`run --memory-limit`), MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_mb: Option<f64>,
+    /// The host's memory (`MemTotal`), MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_mb: Option<f64>,
 }
 
 /// Where the tree's host figure (`cpu_ram_used_mb`) comes from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HostSource {
+    /// The tree's distinct resident pages: every physical page any of its
+    /// processes maps, counted once (from `/proc/PID/pagemap`, as root),
+    /// carried forward between passes by each process's `statm`.
+    Pages,
     /// The kernel's charge for a memory cgroup holding only the job, less
     /// cold page cache: every page once, spikes between samples included.
     Cgroup,
@@ -243,6 +259,7 @@ pub enum HostSource {
 impl HostSource {
     pub fn as_str(self) -> &'static str {
         match self {
+            HostSource::Pages => "pages",
             HostSource::Cgroup => "cgroup",
             HostSource::Pss => "pss",
             HostSource::Rss => "rss",
@@ -642,9 +659,59 @@ pub struct Target {
     pub pss_mb: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uss_mb: Option<f64>,
+    /// The run's peak of `uss_mb`: memory this process alone holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_uss_mb: Option<f64>,
+    /// The run's peak of `pss_mb`: this process's proportional share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_pss_mb: Option<f64>,
+    /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read, thinned like `series`
+    /// (maxima kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub own_series: Vec<[f64; 3]>,
     /// `[unix seconds, rss MiB, gpu MiB]`, thinned like the log (maxima kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub series: Vec<[f64; 3]>,
+}
+
+impl Target {
+    /// A name a table can show: the command name with what it runs — a
+    /// spawned multiprocessing worker says so, an interpreter names its
+    /// script or module.
+    pub fn display_name(&self) -> String {
+        let args: Vec<&str> = self.cmdline.iter().map(String::as_str).collect();
+        if args.contains(&"--multiprocessing-fork") {
+            return format!("{} (spawn worker)", self.name);
+        }
+        // An interpreter that kept its name (a worker that renamed itself
+        // has a name of its own).
+        let is_interpreter = |s: &str| {
+            let base = s.rsplit('/').next().unwrap_or(s);
+            base.starts_with("python") || base == "node" || base == "ruby" || base == "perl"
+        };
+        let interpreter =
+            is_interpreter(&self.name) && args.first().is_some_and(|a| is_interpreter(a));
+        if !interpreter {
+            return self.name.clone();
+        }
+        let mut rest = args.iter().skip(1);
+        while let Some(a) = rest.next() {
+            match *a {
+                "-m" => {
+                    if let Some(m) = rest.next() {
+                        return format!("{} -m {m}", self.name);
+                    }
+                }
+                "-c" => return format!("{} -c", self.name),
+                a if a.starts_with('-') => {}
+                script => {
+                    let base = script.rsplit('/').next().unwrap_or(script);
+                    return format!("{} {base}", self.name);
+                }
+            }
+        }
+        self.name.clone()
+    }
 }
 
 /// One GPU as NVML describes it, with the run's extremes.
@@ -793,6 +860,34 @@ pub fn valid_label_name(k: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn processes_are_named_for_what_they_run() {
+        let t = |name: &str, cmd: &[&str]| Target {
+            name: name.into(),
+            cmdline: cmd.iter().map(|s| s.to_string()).collect(),
+            ..Target::default()
+        };
+        let spawn = t(
+            "python3",
+            &[
+                "/usr/bin/python3",
+                "-c",
+                "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+                "--multiprocessing-fork",
+            ],
+        );
+        assert_eq!(spawn.display_name(), "python3 (spawn worker)");
+        assert_eq!(
+            t("python", &["python", "-u", "/x/train.py", "--lr", "1"]).display_name(),
+            "python train.py"
+        );
+        assert_eq!(
+            t("python", &["python", "-m", "torch.distributed.run"]).display_name(),
+            "python -m torch.distributed.run"
+        );
+        assert_eq!(t("sh", &["sh", "-c", "x"]).display_name(), "sh");
+    }
 
     #[test]
     fn reads_a_bare_file() {

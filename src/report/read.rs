@@ -21,6 +21,7 @@ use anyhow::Context;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use crate::model::advice::Facts;
 use crate::model::leak;
 use crate::model::thin::Thinned;
 use crate::model::{Document, Entry, EntryKind};
@@ -92,25 +93,37 @@ pub fn read_complete(path: &Path, mut each: impl FnMut(Entry)) -> anyhow::Result
     Ok(doc)
 }
 
-/// The document for `memtrack report`: its log is not kept, and a leak
-/// verdict is computed from it (bounded series) when the file has none.
+/// The document for `memtrack report` and `memtrack advise`: its log is
+/// not kept, a leak verdict is computed from it (bounded series) when the
+/// file has none, and the advice is worked out again from the complete
+/// log (the rules of this build, on any file).
 pub fn for_report(path: &Path) -> anyhow::Result<Document> {
     let mut series = leak::Series::default();
-    let mut doc = read_folded(path, |e| series.push(&e))?;
-    if doc.leak.is_none() {
-        if path
-            .parent()
-            .is_some_and(|d| d.join(COMPLETE_LOG).is_file())
-        {
-            series = leak::Series::default();
-            read_complete(path, |e| series.push(&e))?;
+    let mut facts = Facts::default();
+    let complete = path
+        .parent()
+        .is_some_and(|d| d.join(COMPLETE_LOG).is_file());
+    let mut doc = read_folded(path, |e| {
+        series.push(&e);
+        if !complete {
+            facts.observe(&e);
         }
+    })?;
+    if complete {
+        series = leak::Series::default();
+        read_complete(path, |e| {
+            series.push(&e);
+            facts.observe(&e);
+        })?;
+    }
+    if doc.leak.is_none() {
         doc.leak = Some(
             series
                 .analyze(&doc.targets, doc.schema, &leak::LeakConfig::default())
                 .to_value(),
         );
     }
+    doc.advice = facts.conclude(&doc);
     Ok(doc)
 }
 

@@ -73,6 +73,9 @@ pub struct Report {
     /// Where the host figures came from (absent in older files).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<crate::model::HostInfo>,
+    /// What the figures say to change (docs/advice.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub advice: Vec<crate::model::advice::Advice>,
 }
 
 /// A process in the report: its identity, peaks and end, without its
@@ -199,6 +202,7 @@ pub fn build(doc: &Document) -> Report {
         },
         needs: needs(doc),
         host: doc.host.clone(),
+        advice: doc.advice.clone(),
     }
 }
 
@@ -291,7 +295,7 @@ fn peaks_row(name: &str, p: &Peaks) -> Vec<String> {
     vec![
         name.to_string(),
         format_mib_one_decimal(p.cpu_ram_used_mb),
-        format_mib_one_decimal(p.cpu_ram_hwm_mb),
+        format_mib_one_decimal(p.cpu_ram_used_mb.max(p.cpu_ram_hwm_mb)),
         format_mib_one_decimal(p.gpu_ram_used_mb),
         format_mib_one_decimal(p.gpu_ram_peak_mb),
         format_mib_one_decimal(p.reserved_gpu_ram_mb),
@@ -306,9 +310,11 @@ fn verdict_line(v: Option<&Verdict>) -> String {
     };
     let rate = v.rate_mib_per_hour;
     if v.suspected {
+        // The growth seen first: an hourly rate from a short window
+        // extrapolates far beyond what happened.
         format!(
-            "LEAK SUSPECTED: +{rate:.0} MiB/hour over the last {:.0} s",
-            v.window_s
+            "LEAK SUSPECTED: +{:.1} MiB over the last {:.0} s ({rate:+.0} MiB/hour)",
+            v.growth_mib, v.window_s
         )
     } else if !v.judged {
         let reason = if v.reason.is_empty() {
@@ -321,7 +327,10 @@ fn verdict_line(v: Option<&Verdict>) -> String {
             reason.strip_prefix("not judged: ").unwrap_or(reason)
         )
     } else {
-        format!("no leak ({rate:+.0} MiB/hour: {})", v.reason)
+        format!(
+            "no leak suspected ({:+.1} MiB over {:.0} s, {rate:+.0} MiB/hour: {})",
+            v.growth_mib, v.window_s, v.reason
+        )
     }
 }
 
@@ -331,6 +340,9 @@ fn host_line(doc: &Document) -> String {
         return "RSS summed over the processes (pages shared between processes count once per process)".into();
     };
     let what = match h.source {
+        crate::model::HostSource::Pages => {
+            "the processes' distinct resident pages (every page once)".into()
+        }
         crate::model::HostSource::Cgroup => format!(
             "memory cgroup{} (every page once)",
             h.cgroup
@@ -370,6 +382,7 @@ fn render_raw(doc: &Document) -> String {
     let r = build(doc);
     let mut out = String::new();
     write_run(&mut out, doc);
+    write_advice(&mut out, &doc.advice);
     write_peaks(&mut out, doc);
     write_stages(&mut out, doc);
     write_ranks(&mut out, doc);
@@ -384,6 +397,17 @@ fn render_raw(doc: &Document) -> String {
         .is_some_and(|a| a.mode != AttributionMode::PerProcess);
     write_needs(&mut out, &r.needs, whole_devices);
     out
+}
+
+/// What the figures say to change, first: only when there is something.
+fn write_advice(out: &mut String, advice: &[crate::model::advice::Advice]) {
+    if advice.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nadvice:");
+    for line in crate::model::advice::render(advice).lines() {
+        let _ = writeln!(out, "  {}", shown(line));
+    }
 }
 
 /// The run: its name, where and when it ran, how it ended, the command,
@@ -444,8 +468,8 @@ fn write_peaks(out: &mut String, doc: &Document) {
         out,
         &[
             "component",
-            "host",
-            "host peak",
+            "host sampled",
+            "host between samples",
             "GPU used",
             "GPU peak",
             "GPU reserved",
@@ -550,9 +574,16 @@ fn write_processes(out: &mut String, doc: &Document) {
                     Some(_) => "exited".into(),
                     None => "running".into(),
                 };
+                let own = |v: Option<f64>| v.map_or_else(|| "-".into(), format_mib_one_decimal);
                 vec![
                     t.pid.to_string(),
-                    format!("{}{}", t.name, if t.root { " (root)" } else { "" }),
+                    format!(
+                        "{}{}",
+                        t.display_name(),
+                        if t.root { " (root)" } else { "" }
+                    ),
+                    own(t.peak_uss_mb),
+                    own(t.peak_pss_mb),
                     format_mib_one_decimal(t.peak_rss_mb),
                     format_mib_one_decimal(t.hwm_mb),
                     format_mib_one_decimal(t.peak_gpu_mb),
@@ -562,7 +593,9 @@ fn write_processes(out: &mut String, doc: &Document) {
             .collect();
         table(
             out,
-            &["pid", "name", "peak RSS", "HWM", "peak GPU", "end"],
+            &[
+                "pid", "name", "peak USS", "peak PSS", "peak RSS", "HWM", "peak GPU", "end",
+            ],
             &rows,
         );
         if targets.len() > shown {
@@ -670,9 +703,14 @@ fn write_leak(out: &mut String, leak: &LeakReport) {
         if t.host.suspected {
             let _ = writeln!(
                 out,
-                "  PID {} {}: {}",
+                "  PID {} {}{}: {}",
                 t.pid,
                 t.name,
+                if t.figure == "uss" {
+                    " (own memory, USS)"
+                } else {
+                    ""
+                },
                 verdict_line(Some(&t.host))
             );
         }

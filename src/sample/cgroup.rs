@@ -386,6 +386,35 @@ impl Cgroup {
         }
     }
 
+    /// Caps the cgroup's memory at `bytes` (`run --memory-limit`): v1's
+    /// `memory.limit_in_bytes`, v2's `memory.max`; swap is capped at the
+    /// same figure where the kernel accounts it (v1 `memory.memsw`, v2
+    /// `memory.swap.max` = 0), so the job meets the limit as a node of that
+    /// size without swap would, and the kernel's OOM killer acts at it.
+    pub fn set_limit(&self, bytes: u64) -> Result<(), CgroupError> {
+        let (limit, swap, swap_value) = match self.version {
+            Version::V1 => (
+                "memory.limit_in_bytes",
+                "memory.memsw.limit_in_bytes",
+                bytes,
+            ),
+            Version::V2 => ("memory.max", "memory.swap.max", 0),
+        };
+        let write = |name: &str, value: u64| {
+            let path = self.dir.join(name);
+            OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(value.to_string().as_bytes()))
+                .map_err(io_err("write", &path))
+        };
+        write(limit, bytes)?;
+        if self.dir.join(swap).exists() {
+            write(swap, swap_value)?;
+        }
+        Ok(())
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -494,8 +523,23 @@ fn collect_procs(dir: &Path, out: &mut Vec<u32>, depth: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Moves what is left in `dir` to its parent and removes it.
+/// Moves what is left in `dir` to its parent and removes it, children
+/// first: a job may have made cgroups of its own inside it, which would
+/// keep it busy (EBUSY) forever.
 pub fn remove_created(dir: &Path) -> Result<(), CgroupError> {
+    remove_tree(dir, 0)
+}
+
+fn remove_tree(dir: &Path, depth: u32) -> Result<(), CgroupError> {
+    if depth < 16 {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_tree(&entry.path(), depth + 1)?;
+                }
+            }
+        }
+    }
     let parent_procs = dir
         .parent()
         .map(|p| p.join("cgroup.procs"))
@@ -556,9 +600,10 @@ pub fn remove_stale(parent: &Path, alive: impl Fn(u32) -> bool) -> usize {
             continue;
         }
         let path = entry.path();
-        let empty = std::fs::read_to_string(path.join("cgroup.procs"))
-            .is_ok_and(|t| parse_procs(&t).is_empty());
-        if empty && std::fs::remove_dir(&path).is_ok() {
+        // Empty all the way down: a job's own child cgroups included.
+        let mut procs = Vec::new();
+        let empty = collect_procs(&path, &mut procs, 0).is_ok() && procs.is_empty();
+        if empty && remove_created(&path).is_ok() {
             removed += 1;
         }
     }
@@ -729,6 +774,40 @@ mod tests {
             }
         }
         std::fs::write(dir.join("cgroup.procs"), "12\n13\n").unwrap();
+    }
+
+    #[test]
+    fn a_limit_caps_memory_and_swap_in_each_hierarchy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let v1 = tmp.path().join("v1");
+        fake_cgroup(&v1, Version::V1);
+        std::fs::write(v1.join("memory.limit_in_bytes"), "").unwrap();
+        std::fs::write(v1.join("memory.memsw.limit_in_bytes"), "").unwrap();
+        Cgroup::open(&v1, Version::V1)
+            .unwrap()
+            .set_limit(2 << 30)
+            .unwrap();
+        let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
+        assert_eq!(read(v1.join("memory.limit_in_bytes")), "2147483648");
+        assert_eq!(read(v1.join("memory.memsw.limit_in_bytes")), "2147483648");
+        let v2 = tmp.path().join("v2");
+        fake_cgroup(&v2, Version::V2);
+        std::fs::write(v2.join("memory.max"), "").unwrap();
+        Cgroup::open(&v2, Version::V2)
+            .unwrap()
+            .set_limit(1 << 30)
+            .unwrap();
+        assert_eq!(read(v2.join("memory.max")), "1073741824");
+        assert!(
+            !v2.join("memory.swap.max").exists(),
+            "no swap file, none made"
+        );
+        // A cgroup whose limit file cannot be written is a clear error.
+        let gone = tmp.path().join("gone");
+        fake_cgroup(&gone, Version::V1);
+        let cg = Cgroup::open(&gone, Version::V1).unwrap();
+        let e = cg.set_limit(1 << 30).unwrap_err().to_string();
+        assert!(e.contains("memory.limit_in_bytes"), "{e}");
     }
 
     #[test]

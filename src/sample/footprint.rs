@@ -36,9 +36,11 @@ pub use crate::model::HostSource;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceChoice {
-    /// The best available: cgroup, else Pss.
+    /// The best available: distinct pages (root), else cgroup, else Pss.
     #[default]
     Auto,
+    /// The tree's distinct pages (root), else the best other source.
+    Pages,
     /// Σ Pss even where a cgroup could be had.
     Pss,
     /// The plain RSS sum (overcounts shared pages).
@@ -50,10 +52,11 @@ impl std::str::FromStr for SourceChoice {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "auto" => Ok(SourceChoice::Auto),
+            "pages" => Ok(SourceChoice::Pages),
             "pss" => Ok(SourceChoice::Pss),
             "rss" => Ok(SourceChoice::Rss),
             other => Err(format!(
-                "unknown host source `{}`: expected auto, pss or rss",
+                "unknown host source `{}`: expected auto, pages, pss or rss",
                 other.escape_debug()
             )),
         }
@@ -103,9 +106,23 @@ enum State {
     Rss,
 }
 
+/// Whether the tree's distinct pages are the figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PagesMode {
+    Off,
+    /// Asked for (auto or `pages`, as root): turned on with the first
+    /// sample.
+    Wanted,
+    On,
+}
+
 /// Computes the tree's footprint every sample.
 pub struct FootprintReader {
     opts: FootprintOptions,
+    pages: PagesMode,
+    /// The cgroup's anonymous charge bounds the page figure from below
+    /// (until a process of the tree leaves the cgroup).
+    floor: bool,
     state: State,
     info: SourceInfo,
     /// Set when the source changed: the store records the new one.
@@ -129,8 +146,16 @@ impl FootprintReader {
     /// cgroup could not be created: `why_not` says why).
     pub fn new(opts: FootprintOptions, why_not: Option<String>) -> FootprintReader {
         let self_statm = File::open(opts.proc_root.join("self/statm")).ok();
+        // Page frame numbers read as 0 without CAP_SYS_ADMIN; a root
+        // without it is found out by the first pass.
+        let pages = match opts.choice {
+            SourceChoice::Auto | SourceChoice::Pages if crate::sys::euid() == 0 => {
+                PagesMode::Wanted
+            }
+            _ => PagesMode::Off,
+        };
         let (state, info) = match opts.choice {
-            SourceChoice::Auto => (
+            SourceChoice::Auto | SourceChoice::Pages => (
                 State::Undecided,
                 SourceInfo {
                     reason: why_not.unwrap_or_default(),
@@ -158,6 +183,8 @@ impl FootprintReader {
         };
         FootprintReader {
             opts,
+            pages,
+            floor: true,
             state,
             info,
             changed: true,
@@ -216,8 +243,22 @@ impl FootprintReader {
         tree: &mut ProcTree,
         host: &mut HostSample,
     ) {
+        self.pages_mode(tree, timestamp);
         if matches!(self.state, State::Undecided) {
-            self.decide(tree, timestamp);
+            if self.pages == PagesMode::On {
+                // The cgroup, if one holds only the job, is the floor.
+                if let Ok((cgroup, minus_self)) = self.existing_cgroup(tree) {
+                    self.state = State::Cgroup {
+                        cgroup,
+                        minus_self,
+                        checked_at: Instant::now(),
+                    };
+                } else {
+                    self.state = State::Rss;
+                }
+            } else {
+                self.decide(tree, timestamp);
+            }
         }
         if let State::Cgroup {
             cgroup,
@@ -227,7 +268,9 @@ impl FootprintReader {
         {
             let due = now.saturating_duration_since(*checked_at) >= MEMBERSHIP_EVERY;
             let mut fallback = None;
-            if due && !self.info.cgroup_created {
+            // A root job can move itself out of even the cgroup memtrack
+            // made for it: every cgroup is checked.
+            if due && self.floor {
                 *checked_at = now;
                 if let Err(why) = only_the_tree(cgroup, tree, &self.opts.proc_root, self.self_pid) {
                     fallback = Some(why);
@@ -253,14 +296,31 @@ impl FootprintReader {
                             cgroup: Some(reading),
                             ..Footprint::default()
                         });
+                        self.pages_figure(now, tree, host);
                         return;
                     }
                     Err(e) => fallback = Some(format!("cannot read the cgroup: {e}")),
                 }
             }
             if let Some(why) = fallback {
-                tracing::warn!("host memory: {why}; using Σ Pss from now on");
-                self.switch(State::Pss, HostSource::Pss, why, timestamp, tree);
+                if self.pages == PagesMode::On {
+                    // The pages stay the figure; the cgroup's charge is no
+                    // floor any more (it is kept for its OOM counter).
+                    tracing::warn!("host memory: {why}; its charge is no longer used");
+                    self.floor = false;
+                    self.info = SourceInfo {
+                        reason: format!(
+                            "{}; {why}: its charge is no floor any more",
+                            self.info.reason
+                        ),
+                        since: timestamp,
+                        ..self.info.clone()
+                    };
+                    self.changed = true;
+                } else {
+                    tracing::warn!("host memory: {why}; using Σ Pss from now on");
+                    self.switch(State::Pss, HostSource::Pss, why, timestamp, tree);
+                }
             }
         }
         let (used, peak, age_s) = match self.state {
@@ -283,6 +343,76 @@ impl FootprintReader {
             cgroup: None,
             pss_reads,
             pss_read_s: pss_time.as_secs_f64(),
+        });
+        self.pages_figure(now, tree, host);
+    }
+
+    /// Turns page counting on (first sample), or off once a pass found it
+    /// cannot count (no permission): then the best other source takes
+    /// over, and says why.
+    fn pages_mode(&mut self, tree: &mut ProcTree, at: f64) {
+        match self.pages {
+            PagesMode::Wanted => {
+                tree.cost_mut().count_pages();
+                self.pages = PagesMode::On;
+                let cgroup = std::mem::take(&mut self.info);
+                self.info = SourceInfo {
+                    source: HostSource::Pages,
+                    reason: "the processes' distinct resident pages, read from pagemap as root"
+                        .into(),
+                    since: at,
+                    ..cgroup
+                };
+                self.changed = true;
+            }
+            PagesMode::On => {
+                if let Some(why) = tree.cost().pages_failed().map(str::to_string) {
+                    tracing::warn!("host memory: {why}; using the next best source");
+                    self.pages = PagesMode::Off;
+                    self.info.reason = why;
+                    match &self.state {
+                        State::Cgroup { cgroup, .. } => {
+                            self.info.source = HostSource::Cgroup;
+                            self.info.cgroup = Some(cgroup.dir().to_path_buf());
+                            self.info.since = at;
+                            self.changed = true;
+                        }
+                        _ => {
+                            self.state = State::Undecided;
+                            self.decide(tree, at);
+                        }
+                    }
+                }
+            }
+            PagesMode::Off => {}
+        }
+    }
+
+    /// The tree's distinct pages as the figure, over what the source below
+    /// read: its anonymous charge (a cgroup's) is the floor.
+    fn pages_figure(&self, now: Instant, tree: &ProcTree, host: &mut HostSample) {
+        if self.pages != PagesMode::On {
+            return;
+        }
+        let Some(fig) = tree.cost().pages_figure(now) else {
+            return;
+        };
+        let below = host.footprint.take().unwrap_or_default();
+        let floor = below
+            .cgroup
+            .as_ref()
+            .filter(|_| self.floor)
+            .map_or(0, |r| r.stat.anon);
+        let used = fig.used.max(floor);
+        let (reads, cpu) = tree.cost().cost();
+        host.footprint = Some(Footprint {
+            source: HostSource::Pages,
+            used,
+            peak: used + host.tree_hwm_rise(),
+            age_s: fig.age_s,
+            cgroup: below.cgroup,
+            pss_reads: reads,
+            pss_read_s: cpu.as_secs_f64(),
         });
     }
 
@@ -504,6 +634,28 @@ fn descends_from(proc_root: &Path, pid: u32, ours: &impl Fn(u32) -> bool) -> boo
 
 fn alive(proc_root: &Path, pid: u32) -> bool {
     stat_of(proc_root, pid).is_some_and(|s| s.state != 'Z' && s.state != 'X')
+}
+
+/// Removes the cgroups memtrack runs killed before their cleanup left
+/// under memtrack's own memory cgroup (empty, their owner gone; their own
+/// child cgroups too). How many were removed.
+pub fn remove_stale_cgroups(proc_root: &Path) -> usize {
+    let hier = Hierarchies::read(proc_root);
+    let Some(own) = std::fs::read_to_string(proc_root.join("self/cgroup"))
+        .ok()
+        .and_then(|t| cgroup::parse_proc_cgroup(&t).v1_memory)
+    else {
+        return 0;
+    };
+    let Some(parent) = hier
+        .mounts
+        .iter()
+        .find(|m| m.version == cgroup::Version::V1)
+        .and_then(|m| cgroup::cgroup_dir(m, &own))
+    else {
+        return 0;
+    };
+    cgroup::remove_stale(&parent, crate::sys::pid_exists)
 }
 
 /// Creates a memory cgroup for the job under memtrack's own (cgroup v1's

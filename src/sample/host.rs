@@ -55,6 +55,10 @@ pub struct Reading {
     pub hwm: u64,
     pub pss: Option<u64>,
     pub uss: Option<u64>,
+    /// `pss` and `uss` were read with this sample (not carried from an
+    /// earlier one): a point of the process's own-cost series.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub own_read: bool,
     /// This process's part of the tree's footprint when Pss is the source:
     /// its last exact Pss carried forward by the RSS change since (RSS
     /// until its first read).
@@ -67,6 +71,10 @@ pub struct Reading {
     /// peak this process reached between two samples.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub hwm_rise: u64,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 fn is_zero(v: &u64) -> bool {

@@ -7,10 +7,13 @@
 //! logs or exporters: the store folds samples into state.
 
 pub mod cgroup;
+pub mod cost;
 pub mod footprint;
 pub mod gpu;
 pub mod host;
 pub mod nvml;
+pub mod own;
+pub mod pages;
 pub mod parse;
 pub mod pidns;
 pub mod procfs;

@@ -77,6 +77,24 @@ pub fn parse_statm(text: &str, page_size: u64) -> Result<u64, ParseError> {
     Ok(resident * page_size)
 }
 
+/// `(resident, anonymous resident)` bytes from `/proc/PID/statm`: its
+/// third field counts the resident file and shared-memory pages.
+pub fn parse_statm_anon(text: &str, page_size: u64) -> Result<(u64, u64), ParseError> {
+    let mut fields = text.split_ascii_whitespace().skip(1);
+    let mut next = |what: &'static str| {
+        fields
+            .next()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| bad("statm", format!("no {what} field")))
+    };
+    let resident = next("resident")?;
+    let shared = next("shared")?;
+    Ok((
+        resident * page_size,
+        resident.saturating_sub(shared) * page_size,
+    ))
+}
+
 /// The fields of `/proc/PID/status` memtrack uses (sizes in bytes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Status {

@@ -28,10 +28,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::cost::{CostOptions, CostReader, View};
 use super::host::{Described, HostSample, Identity, Joined, Left, Reading};
 use super::parse::{
     parse_btime, parse_cmdline, parse_loadavg_last_pid, parse_smaps_rollup, parse_stat,
-    parse_statm, parse_status, ParseError, Stat,
+    parse_statm, parse_statm_anon, parse_status, ParseError, Stat,
 };
 use crate::model::Exit;
 use crate::sys;
@@ -58,12 +59,16 @@ pub struct ProcOptions {
     /// The job `run` spawned: its own waiter thread reaps it, never us.
     pub job: Option<u32>,
     pub smaps: Option<SmapsOptions>,
+    /// Share of one core the reads off the sampling thread may take.
+    pub read_share: f64,
 }
 
-/// Opt-in PSS/USS reads.
+/// Each process's own cost (PSS/USS), read off the sampling thread.
 #[derive(Debug, Clone, Copy)]
 pub struct SmapsOptions {
+    /// A process is read again at most this often.
     pub interval: Duration,
+    /// Processes above this RSS are not read.
     pub max_rss: u64,
 }
 
@@ -77,6 +82,8 @@ struct Member {
     hwm_read_at: Option<Instant>,
     /// This sample's rise of `VmHWM` above what was known.
     hwm_rise: u64,
+    /// Anonymous resident bytes (RSS less file and shared memory).
+    anon: u64,
     pss: Option<u64>,
     uss: Option<u64>,
     /// The exact read this process's part of Σ Pss is carried forward
@@ -90,6 +97,8 @@ struct Member {
     /// Forked from a followed process without executing anything else.
     forked: bool,
     smaps_read_at: Option<Instant>,
+    /// `pss` and `uss` were read for this sample.
+    own_read: bool,
     /// This sample's read succeeded (its figures are current).
     read_ok: bool,
     /// Samples left in which to retry an empty command line.
@@ -198,6 +207,9 @@ pub struct ProcTree {
     /// Pss reads done and the time they took, for the cost report.
     pss_reads: u64,
     pss_read_time: Duration,
+    /// Own cost and distinct pages, read on a thread of their own.
+    cost: CostReader,
+    views: Vec<View>,
 }
 
 impl std::fmt::Debug for ProcTree {
@@ -219,8 +231,18 @@ impl ProcTree {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(4_194_304);
+        let cost = CostReader::new(
+            opts.root.clone(),
+            CostOptions {
+                own_interval: opts.smaps.map(|s| s.interval),
+                max_rss: opts.smaps.map_or(0, |s| s.max_rss),
+                share: opts.read_share,
+            },
+        );
         Ok(ProcTree {
             opts,
+            cost,
+            views: Vec::new(),
             page_size: sys::page_size(),
             clock_ticks: sys::clock_ticks(),
             btime,
@@ -257,6 +279,16 @@ impl ProcTree {
     /// `smaps_rollup` reads done for the footprint and their total time.
     pub fn pss_cost(&self) -> (u64, Duration) {
         (self.pss_reads, self.pss_read_time)
+    }
+
+    /// The reads off the sampling thread: own cost and distinct pages.
+    pub fn cost(&self) -> &CostReader {
+        &self.cost
+    }
+
+    /// The reads off the sampling thread, to turn page counting on.
+    pub fn cost_mut(&mut self) -> &mut CostReader {
+        &mut self.cost
     }
 
     /// The PIDs memtrack was asked to follow (not their descendants).
@@ -336,17 +368,34 @@ impl ProcTree {
             self.pss_departures(&departed);
         }
         self.read_smaps(now, &departed);
+        self.views.clear();
+        self.views.extend(
+            self.members
+                .iter()
+                .filter(|(pid, m)| m.read_ok && !departed.contains(pid))
+                .map(|(&pid, m)| View {
+                    pid,
+                    rss: m.rss,
+                    anon: m.anon,
+                    forked: m.forked,
+                }),
+        );
+        self.cost.update(now, &self.views, &departed);
         out.pss_carry = self.pss_carry;
         for (&pid, m) in &self.members {
             if !m.read_ok {
                 continue;
             }
+            // Σ Pss mode reads every process on this thread; otherwise
+            // the reader thread's figures.
+            let own = self.cost.own(pid).filter(|_| self.pss_budget.is_none());
             out.processes.push(Reading {
                 pid,
                 rss: m.rss,
                 hwm: m.hwm.max(m.rss),
-                pss: m.pss,
-                uss: m.uss,
+                pss: own.map_or(m.pss, |o| o.pss),
+                uss: own.map_or(m.uss, |o| o.uss),
+                own_read: own.map_or(m.own_read, |o| o.fresh),
                 pss_now: self.pss_budget.map(|_| m.pss_now()),
                 pss_age_s: self
                     .pss_budget
@@ -365,31 +414,18 @@ impl ProcTree {
         self.departed = departed;
     }
 
-    /// Reads `smaps_rollup` where due: on a fixed interval (`host.smaps`,
-    /// per-process PSS/USS), or within the Pss budget (the footprint).
+    /// Reads `smaps_rollup` within the Pss budget when Σ Pss is the
+    /// footprint (each process's own cost comes with it). Otherwise the
+    /// reader thread reads own costs ([`CostReader`]).
     fn read_smaps(&mut self, now: Instant, departed: &[u32]) {
-        let mut buf = std::mem::take(&mut self.buf);
-        if let Some(budget) = self.pss_budget {
-            self.pss_pass(now, budget, departed, &mut buf);
-        } else if let Some(smaps) = self.opts.smaps {
-            let due = |at: Option<Instant>| {
-                at.is_none_or(|t| now.saturating_duration_since(t) >= smaps.interval)
-            };
-            for (&pid, m) in &mut self.members {
-                if m.rss == 0 || m.rss > smaps.max_rss || !due(m.smaps_read_at) {
-                    continue;
-                }
-                let dir = self.opts.root.join(pid.to_string());
-                if let Ok((pss, uss)) = read_small(&dir.join("smaps_rollup"), &mut buf)
-                    .and_then(|t| parse_smaps_rollup(t).map_err(io::Error::other))
-                {
-                    m.pss = Some(pss);
-                    m.uss = Some(uss);
-                }
-                m.smaps_read_at = Some(now);
-            }
+        for m in self.members.values_mut() {
+            m.own_read = false;
         }
-        self.buf = buf;
+        if let Some(budget) = self.pss_budget {
+            let mut buf = std::mem::take(&mut self.buf);
+            self.pss_pass(now, budget, departed, &mut buf);
+            self.buf = buf;
+        }
     }
 
     /// Processes that left: their private part leaves the sum, their share
@@ -468,6 +504,7 @@ impl ProcTree {
             if let Ok((pss, uss)) = read {
                 m.pss = Some(pss);
                 m.uss = Some(uss);
+                m.own_read = true;
                 m.pending = Some(Basis {
                     pss,
                     uss,
@@ -706,6 +743,8 @@ impl ProcTree {
                 pending: None,
                 forked,
                 smaps_read_at: None,
+                own_read: false,
+                anon: 0,
                 read_ok: false,
                 describe_tries,
                 cmdline_hash,
@@ -899,12 +938,12 @@ fn read_member(
             read_small(&dir().join("statm"), buf).map(|_| ())
         }
     };
-    let rss = match read {
+    let (rss, anon) = match read {
         Ok(()) => match std::str::from_utf8(buf)
             .ok()
-            .and_then(|t| parse_statm(t, page_size).ok())
+            .and_then(|t| parse_statm_anon(t, page_size).ok())
         {
-            Some(rss) => rss,
+            Some(v) => v,
             None => return MemberRead::Error,
         },
         Err(e) if gone(&e) => return MemberRead::Gone,
@@ -919,6 +958,7 @@ fn read_member(
         }
     }
     m.rss = rss;
+    m.anon = anon;
     if m.forked && m.basis.is_none() {
         m.basis = Some(Basis {
             pss: 0,
@@ -1100,6 +1140,7 @@ mod tests {
             reaper,
             job: None,
             smaps: None,
+            read_share: 0.02,
         })
         .unwrap()
     }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use super::log_view::LogView;
 use super::state::Store;
+use crate::model::advice::{Advice, Facts};
 use crate::model::leak::LeakConfig;
 use crate::model::{Document, DocumentOf, Entry, RunStatus, Summary, Target, SCHEMA_VERSION};
 
@@ -27,6 +28,7 @@ impl Store {
         targets.extend(self.live.values().map(|l| {
             let mut t = l.target.clone();
             t.series = l.series.iter().copied().collect();
+            t.own_series = l.own_series.iter().copied().collect();
             t
         }));
         targets.sort_by(|a, b| {
@@ -46,7 +48,7 @@ impl Store {
         let leak =
             self.leak
                 .analyze_beside(&timers, &targets, SCHEMA_VERSION, &LeakConfig::default());
-        DocumentOf {
+        let mut doc = DocumentOf {
             schema: SCHEMA_VERSION,
             run,
             detailed_log: LogView::new(self),
@@ -64,7 +66,27 @@ impl Store {
             ranks: Vec::new(),
             worst_rank: BTreeMap::new(),
             host: self.host.clone(),
+            advice: Vec::new(),
+        };
+        doc.advice = self.advice_on(&doc);
+        doc
+    }
+
+    /// The advice on an ended run (none while it runs: checkpoints do
+    /// not read the whole log again), the log read once more from the
+    /// store.
+    fn advice_on(&self, doc: &DocumentOf<LogView<'_>>) -> Vec<Advice> {
+        if doc.run.status == RunStatus::Running {
+            return Vec::new();
         }
+        let mut facts = Facts::default();
+        if let Err(e) = doc.detailed_log.try_for_each(|e| {
+            facts.observe(e);
+            Ok(())
+        }) {
+            tracing::warn!("advice left out part of the log: {e}");
+        }
+        facts.conclude(doc)
     }
 
     fn summary(&self) -> Summary {

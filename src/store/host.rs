@@ -100,7 +100,7 @@ impl Store {
                 });
             }
         }
-        if f.source == HostSource::Pss {
+        if matches!(f.source, HostSource::Pss | HostSource::Pages) {
             host.pss_reads = Some(f.pss_reads);
             host.pss_read_s = Some(f.pss_read_s);
             if new_peak || host.pss_age_at_peak_s.is_none() {

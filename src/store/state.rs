@@ -40,6 +40,15 @@ pub(super) struct LiveTarget {
     pub(super) pss: Option<u64>,
     #[serde(default)]
     pub(super) uss: Option<u64>,
+    /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read.
+    #[serde(default = "own_series_default")]
+    pub(super) own_series: Thinned<[f64; 3]>,
+}
+
+/// The own-cost series of a live row a snapshot of an older memtrack
+/// lacks.
+fn own_series_default() -> Thinned<[f64; 3]> {
+    Thinned::new(super::limits::Limits::default().target_series_points)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

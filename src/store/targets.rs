@@ -16,10 +16,11 @@ use crate::units::mib;
 
 impl LiveTarget {
     /// A live row around `target`, no figures read yet.
-    fn new(target: Target, series: Thinned<[f64; 3]>) -> LiveTarget {
+    fn new(target: Target, series: Thinned<[f64; 3]>, own_series: Thinned<[f64; 3]>) -> LiveTarget {
         LiveTarget {
             target,
             series,
+            own_series,
             rss: 0,
             hwm: 0,
             gpu: BTreeMap::new(),
@@ -79,12 +80,18 @@ impl Store {
             for point in &target.series {
                 series.push(*point);
             }
+            let mut own_series = Thinned::new(self.limits.target_series_points);
+            for point in &target.own_series {
+                own_series.push(*point);
+            }
             let target = Target {
                 exited_at: None,
                 series: Vec::new(),
+                own_series: Vec::new(),
                 ..target
             };
-            self.live.insert(j.id.pid, LiveTarget::new(target, series));
+            self.live
+                .insert(j.id.pid, LiveTarget::new(target, series, own_series));
             return;
         }
         if self
@@ -107,7 +114,9 @@ impl Store {
             ..Target::default()
         };
         let series = Thinned::new(self.limits.target_series_points);
-        self.live.insert(j.id.pid, LiveTarget::new(target, series));
+        let own_series = Thinned::new(self.limits.target_series_points);
+        self.live
+            .insert(j.id.pid, LiveTarget::new(target, series, own_series));
     }
 
     /// Folds each live process's reading (and its GPU memory, `gpu_by_pid`)
@@ -140,6 +149,14 @@ impl Store {
                 t.pss_mb = r.pss.map(mib);
                 t.uss_mb = r.uss.map(mib);
             }
+            if r.own_read {
+                if let (Some(uss), Some(pss)) = (r.uss, r.pss) {
+                    let (uss, pss) = (mib(uss), mib(pss));
+                    t.peak_uss_mb = Some(t.peak_uss_mb.map_or(uss, |p| p.max(uss)));
+                    t.peak_pss_mb = Some(t.peak_pss_mb.map_or(pss, |p| p.max(pss)));
+                    live.own_series.push([ts, uss, pss]);
+                }
+            }
             live.series.push([ts, mib(r.rss), mib(gpu)]);
         }
     }
@@ -150,6 +167,7 @@ impl Store {
         };
         let mut t = live.target;
         t.series = live.series.iter().copied().collect();
+        t.own_series = live.own_series.iter().copied().collect();
         t.exited_at = Some(ts);
         if t.exit.is_none() {
             t.exit = Some(left.exit.unwrap_or_else(Exit::unknown));

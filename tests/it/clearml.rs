@@ -2091,3 +2091,52 @@ fn announcements_of_other_tasks_and_malformed_ones_change_nothing() {
     );
     server.assert_exactly_once();
 }
+
+#[test]
+fn the_runs_advice_is_appended_to_its_tasks_description() {
+    let server = Server::start(&[]);
+    let out = scratch();
+    // 200 MiB held in a reference cycle, which only the cleanup call's
+    // gc.collect() frees: `cleanup-helps`.
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/src");
+    let job = python(
+        "import gc, memtrack\n\
+         gc.disable()\n\
+         class Holder: pass\n\
+         h = Holder(); h.me = h; h.b = bytearray(200 << 20)\n\
+         for i in range(0, len(h.b), 4096): h.b[i] = 1\n\
+         memtrack.mark('train', 'epoch', ack=True)\n\
+         del h\n\
+         memtrack.clear_memory('train')\n\
+         memtrack.mark('train', 'done', ack=True)\n",
+    );
+    let res = run_with_clearml(
+        &server,
+        out.path(),
+        &[("PYTHONPATH", client.display().to_string())],
+        &["--clearml-project", "team/memory", "--no-gpu"],
+        &job.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    let doc = read_document(&out.path().join("job/memory_usage.json"));
+    assert!(
+        doc.advice.iter().any(|a| a.code == "cleanup-helps"),
+        "{:#?}\n{log}",
+        doc.advice
+    );
+    let state = server.state();
+    let task = state["tasks"].as_object().unwrap().values().next().unwrap();
+    let comment = task["comment"].as_str().unwrap_or_default();
+    let run_line = format!("memtrack run {} on {}", doc.run.id, doc.run.host);
+    assert!(
+        comment.starts_with(&format!(
+            "{run_line}\n\nmemtrack advice (run {}):\n",
+            doc.run.id
+        )),
+        "the description keeps its first line and gains the advice: {comment:?}\n{log}"
+    );
+    assert!(comment.contains("[info] cleanup-helps: "), "{comment:?}");
+    assert_eq!(task["status"], "completed", "{task:#}");
+    server.assert_exactly_once();
+}

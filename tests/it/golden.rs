@@ -1003,6 +1003,7 @@ const SUBCOMMANDS: &[&str] = &[
     "status",
     "cleanup",
     "recover",
+    "advise",
     "upload",
     "clearml-resend",
     "report",

@@ -4,6 +4,7 @@
 // A test crate: its helpers fail loudly like its tests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+mod advice;
 mod bounds;
 mod clearml;
 mod cli;
@@ -16,6 +17,7 @@ mod golden;
 mod host;
 mod http;
 mod layers;
+mod own;
 mod pidns;
 mod plot;
 mod prometheus;
@@ -24,3 +26,4 @@ mod report;
 mod s3;
 mod s3_moto;
 mod safety;
+mod truth;

@@ -110,6 +110,7 @@ fn rich_document() -> Document {
             interval_s: 1.0,
             memtrack_version: "0.1.0".into(),
             gpu_backend: "nvml".into(),
+            ..RunInfo::default()
         },
         ..Document::default()
     };
@@ -351,6 +352,7 @@ fn plot_draws_series_phases_stages_peaks_and_alerts() {
         width: 1600,
         height: 1000,
         title: Some("bs128 on gpu-node-07".into()),
+        ..PlotOptions::default()
     };
     let png = plot(&doc, &png_path, &opts).unwrap();
     keep(&png_path);
@@ -415,6 +417,7 @@ fn plot_refuses_what_it_cannot_draw() {
         width: 100,
         height: 80,
         title: None,
+        ..PlotOptions::default()
     };
     assert!(matches!(
         plot(&doc, &dir.path().join("x.png"), &tiny),

@@ -28,6 +28,7 @@
 //! The run-directory files a later resend or upload reads (the spool, the
 //! task note) are in [`crate::export::task_note`].
 
+pub mod advice;
 pub mod api;
 pub mod hocon;
 mod jobs;

@@ -151,7 +151,11 @@ pub(super) fn draw_trend<DB: DrawingBackend>(
         [from, to],
         LEAK.stroke_width(s.px(2.4).max(1) as u32),
     ))?;
-    let label = format!("leak? +{}/h", format_mib_short(tr.rate_mib_per_hour));
+    let label = format!(
+        "leak? +{} ({}/h)",
+        format_mib_short(tr.growth_mib),
+        format_mib_short(tr.rate_mib_per_hour)
+    );
     let style = bold(s.pt(12.0)).color(&LEAK);
     let (w, h) = area.estimate_text_size(&label, &style)?;
     let (w, h) = (w as i32, h as i32);

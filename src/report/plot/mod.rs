@@ -60,7 +60,7 @@ pub fn plot(doc: &Document, out: &Path, opts: &PlotOptions) -> Result<PlotSummar
     })?;
     check_size(opts.width, opts.height)?;
     output::register_fonts()?;
-    let model = Timeline::from_document(doc).ok_or(PlotError::Empty)?;
+    let model = Timeline::from_document(doc, opts.process_rss).ok_or(PlotError::Empty)?;
     let mut summary = match format {
         Format::Svg => output::render_svg(out, &model, opts)?,
         Format::Png => output::render_png(out, &model, opts)?,

@@ -23,6 +23,9 @@ pub struct PlotOptions {
     pub height: u32,
     /// Replaces the default title (`memtrack · <run name>`).
     pub title: Option<String>,
+    /// Draws each process's RSS instead of what it alone costs (its USS,
+    /// where read).
+    pub process_rss: bool,
 }
 
 impl Default for PlotOptions {
@@ -31,6 +34,7 @@ impl Default for PlotOptions {
             width: 1400,
             height: 900,
             title: None,
+            process_rss: false,
         }
     }
 }

@@ -49,6 +49,7 @@ pub(super) fn render_png(
         width: opts.width * SUPERSAMPLE,
         height: opts.height * SUPERSAMPLE,
         title: opts.title.clone(),
+        process_rss: opts.process_rss,
     };
     let mut pixels = vec![0u8; big.width as usize * big.height as usize * 3];
     let mut s = {

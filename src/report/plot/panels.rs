@@ -191,10 +191,15 @@ fn host_legend(m: &Timeline, legend: &mut Vec<(Swatch, String)>) {
             "tree peak between samples".into(),
         ));
     }
+    let what = if m.host_targets_own {
+        "own peak"
+    } else {
+        "peak"
+    };
     for (i, l) in m.host_targets.iter().enumerate() {
         legend.push((
             Swatch::Line(TARGET_COLOURS[i % TOP_TARGETS].to_rgba(), 2),
-            format!("{} · peak {}", l.label, format_mib_short(l.peak)),
+            format!("{} · {what} {}", l.label, format_mib_short(l.peak)),
         ));
     }
     if let Some(o) = &m.host_others {

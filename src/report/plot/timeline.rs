@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use super::options::{MIN_TARGET_SHARE, TOP_TARGETS};
 use crate::model::leak::{self, LeakConfig};
 use crate::model::{Document, Entry, EntryKind, GpuSource, Target};
-use crate::units::{duration_two_units, format_mib, format_mib_short};
+use crate::units::{duration_two_units, format_mib, format_mib_one_decimal, format_mib_short};
 
 /// A line: `(seconds since start, MiB)`.
 pub(super) type Line = Vec<(f64, f64)>;
@@ -53,6 +53,8 @@ pub(super) struct Trend {
     pub(super) from: (f64, f64),
     pub(super) to: (f64, f64),
     pub(super) rate_mib_per_hour: f64,
+    /// Growth over the window judged, MiB.
+    pub(super) growth_mib: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -65,6 +67,10 @@ pub(super) struct Timeline {
     pub(super) host: Line,
     pub(super) hwm: Line,
     pub(super) host_targets: Vec<TargetLine>,
+    /// The tree's host series was long enough for the leak rule.
+    pub(super) host_judged: bool,
+    /// The process lines are what each alone costs (USS), not RSS.
+    pub(super) host_targets_own: bool,
     pub(super) host_others: Option<TargetLine>,
     pub(super) host_peak: Option<(f64, f64)>,
     pub(super) host_trend: Option<Trend>,
@@ -89,7 +95,7 @@ pub(super) struct Timeline {
 
 impl Timeline {
     /// What to draw of `doc`, or `None` when it has no time at all.
-    pub(super) fn from_document(doc: &Document) -> Option<Timeline> {
+    pub(super) fn from_document(doc: &Document, process_rss: bool) -> Option<Timeline> {
         let log = sorted_log(doc);
         let (t0, duration) = time_span(doc, &log)?;
         let mut m = Timeline {
@@ -99,7 +105,7 @@ impl Timeline {
         };
         m.add_host(&log);
         m.add_gpu(doc, &log);
-        m.add_targets(doc);
+        m.add_targets(doc, process_rss);
         m.add_trends(&log);
         m.add_gpu_capacity(doc);
         m.add_phases_and_stages(doc, &log);
@@ -165,7 +171,9 @@ impl Timeline {
     }
 
     /// Processes, largest first, when there are at least two to tell apart.
-    fn add_targets(&mut self, doc: &Document) {
+    /// A process's host line is what it alone costs (its USS series) where
+    /// that was read, else (or with `process_rss`) its RSS.
+    fn add_targets(&mut self, doc: &Document, process_rss: bool) {
         self.processes = doc.targets.len();
         let with_series: Vec<&Target> = doc
             .targets
@@ -173,7 +181,13 @@ impl Timeline {
             .filter(|t| !t.series.is_empty())
             .collect();
         if with_series.len() >= 2 {
-            (self.host_targets, self.host_others) = self.target_lines(&with_series, false);
+            let own = !process_rss && with_series.iter().any(|t| !t.own_series.is_empty());
+            (self.host_targets, self.host_others) = if own {
+                self.own_lines(&with_series)
+            } else {
+                self.target_lines(&with_series, false)
+            };
+            self.host_targets_own = own;
             if with_series
                 .iter()
                 .any(|t| t.series.iter().any(|p| p[2] > 0.0))
@@ -198,7 +212,7 @@ impl Timeline {
         let mut all: Vec<TargetLine> = with_series
             .iter()
             .map(|t| TargetLine {
-                label: format!("{} {}", t.pid, t.name),
+                label: format!("{} {}", t.pid, t.display_name()),
                 line: t.series.iter().map(|p| (rel(p[0]), p[col])).collect(),
                 peak: t.series.iter().map(|p| p[col]).fold(0.0, f64::max),
             })
@@ -236,6 +250,25 @@ impl Timeline {
         (all, others)
     }
 
+    /// Each process's own-cost line: its USS series, or its RSS where no
+    /// USS was read (labelled so).
+    fn own_lines(&self, with_series: &[&Target]) -> (Vec<TargetLine>, Option<TargetLine>) {
+        let swapped: Vec<Target> = with_series
+            .iter()
+            .map(|t| {
+                let mut t = (*t).clone();
+                if !t.own_series.is_empty() {
+                    t.series = t.own_series.iter().map(|p| [p[0], p[1], 0.0]).collect();
+                } else {
+                    t.name = format!("{} (RSS)", t.name);
+                }
+                t
+            })
+            .collect();
+        let refs: Vec<&Target> = swapped.iter().collect();
+        self.target_lines(&refs, false)
+    }
+
     /// A leak's trend, as the leak rule sees it.
     fn add_trends(&mut self, log: &[&Entry]) {
         let t0 = self.t0;
@@ -254,6 +287,7 @@ impl Timeline {
         let ts: Vec<f64> = source.iter().map(|p| p.0).collect();
         let host_y: Vec<f64> = source.iter().map(|p| p.1).collect();
         self.host_trend = trend(&ts, &host_y, t0, &cfg);
+        self.host_judged = leak::detect(&ts, &host_y, &cfg).judged;
         if !self.gpu_tree.is_empty() {
             let gpu_y: Vec<f64> = source.iter().map(|p| p.2).collect();
             self.gpu_trend = trend(&ts, &gpu_y, t0, &cfg);
@@ -445,6 +479,7 @@ fn trend(t: &[f64], y: &[f64], t0: f64, cfg: &LeakConfig) -> Option<Trend> {
         from: (start - t0, intercept),
         to: (end - t0, intercept + slope * v.window_s),
         rate_mib_per_hour: v.rate_mib_per_hour,
+        growth_mib: v.growth_mib,
     })
 }
 
@@ -515,11 +550,23 @@ fn subtitle(doc: &Document, m: &Timeline) -> String {
     } else if !doc.run.status.is_empty() {
         parts.push(doc.run.status.to_string());
     }
-    let host_peak = doc
-        .peak_usage
-        .cpu_ram_used_mb
-        .max(m.host_peak.map_or(0.0, |p| p.1));
-    parts.push(format!("host peak {}", format_mib(host_peak)));
+    // The run's peaks as the JSON holds them, named as everywhere else.
+    let p = &doc.peak_usage;
+    let sampled = if p.cpu_ram_used_mb > 0.0 {
+        p.cpu_ram_used_mb
+    } else {
+        m.host_peak.map_or(0.0, |p| p.1)
+    };
+    let between = sampled.max(p.cpu_ram_hwm_mb);
+    parts.push(if between > sampled {
+        format!(
+            "host peak {} sampled, {} between samples",
+            format_mib_one_decimal(sampled),
+            format_mib_one_decimal(between)
+        )
+    } else {
+        format!("host peak {} sampled", format_mib_one_decimal(sampled))
+    });
     if m.has_gpu() {
         parts.push(format!(
             "GPU peak {}",
@@ -529,14 +576,18 @@ fn subtitle(doc: &Document, m: &Timeline) -> String {
         parts.push("no GPU".into());
     }
     parts.push(match (&m.host_trend, &m.gpu_trend) {
-        (None, None) => "no leak suspected".into(),
+        (None, None) if m.host_judged => "no leak suspected".into(),
+        (None, None) => "leak not judged (too short)".into(),
         (h, g) => {
             let mut s = Vec::new();
-            if let Some(h) = h {
-                s.push(format!("host +{}/h", format_mib_short(h.rate_mib_per_hour)));
-            }
-            if let Some(g) = g {
-                s.push(format!("GPU +{}/h", format_mib_short(g.rate_mib_per_hour)));
+            for (what, t) in [("host", h), ("GPU", g)] {
+                if let Some(t) = t {
+                    s.push(format!(
+                        "{what} +{} ({}/h)",
+                        format_mib_short(t.growth_mib),
+                        format_mib_short(t.rate_mib_per_hour)
+                    ));
+                }
             }
             format!("leak suspected: {}", s.join(", "))
         }

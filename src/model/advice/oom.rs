@@ -1,0 +1,371 @@
+//! `oom-killed` (the kernel's OOM killer ended a process of the job) and
+//! `cuda-oom` (the job reported a CUDA out-of-memory error): why it ran
+//! out, in which phase, and what would fit.
+
+use super::item::{size, Advice, Level};
+use crate::model::{DocumentOf, Entry, EntryKind, FlightWindow};
+
+/// Phase changes kept; older ones are dropped in halves beyond this.
+const MAX_PHASES: usize = 4096;
+
+/// Which phase the job was in over time: the span or stage of timer
+/// samples, the component and operation of marks.
+#[derive(Debug, Default)]
+pub(super) struct Phases {
+    /// `(since, phase)`, in time order, consecutive duplicates merged.
+    changes: Vec<(f64, String)>,
+}
+
+impl Phases {
+    pub(super) fn observe(&mut self, e: &Entry) {
+        let phase = match e.kind {
+            EntryKind::System => return,
+            EntryKind::Timer => match (&e.span, &e.stage) {
+                (Some(span), _) => span.clone(),
+                (None, Some(stage)) => format!("stage {stage}"),
+                (None, None) => return,
+            },
+            EntryKind::Event => {
+                if e.component == "cuda" && e.operation == "out_of_memory" {
+                    return;
+                }
+                // A span's begin is logged `before_OP`, its end `after_OP`.
+                match (
+                    e.operation.strip_prefix("before_"),
+                    e.operation.strip_prefix("after_"),
+                ) {
+                    (Some(op), _) => format!("{}/{op}", e.component),
+                    (None, Some(op)) => format!("after {}/{op}", e.component),
+                    (None, None) => format!("{}/{}", e.component, e.operation),
+                }
+            }
+        };
+        if self.changes.last().is_some_and(|(_, p)| *p == phase) {
+            return;
+        }
+        if self.changes.len() >= MAX_PHASES {
+            self.changes.drain(..MAX_PHASES / 2);
+        }
+        self.changes.push((e.timestamp, phase));
+    }
+
+    /// The phase at time `t`.
+    fn at(&self, t: f64) -> Option<&str> {
+        self.changes
+            .iter()
+            .rev()
+            .find(|(since, _)| *since <= t)
+            .map(|(_, p)| p.as_str())
+    }
+}
+
+/// The kernel's OOM killer ended a process of the job: from the cgroup's
+/// `oom_kill` counter or a flight-recorder window kept for it.
+pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advice> {
+    let kills = doc.host.as_ref().and_then(|h| h.oom_kills).unwrap_or(0);
+    let window = doc.flight_recorder.iter().find(|w| w.reason == "oom_kill");
+    if kills == 0 && window.is_none() {
+        return None;
+    }
+    let killed = doc
+        .targets
+        .iter()
+        .filter(|t| t.exit.is_some_and(|x| x.signal == Some(9)))
+        .max_by(|a, b| a.hwm_mb.total_cmp(&b.hwm_mb));
+    let (pid, name, at) = match (window, killed) {
+        (Some(w), _) => (w.pid, w.name.clone(), w.timestamp),
+        (None, Some(t)) => (
+            Some(t.pid),
+            t.name.clone(),
+            t.exited_at.unwrap_or(t.last_seen),
+        ),
+        (None, None) => (None, String::new(), doc.run.end.unwrap_or(f64::MAX)),
+    };
+    let who = match pid {
+        Some(p) if name.is_empty() => format!("PID {p}"),
+        Some(p) => format!("PID {p} ({name})"),
+        None => "a process of the job".to_string(),
+    };
+    let phase = phases.at(at).unwrap_or("an unnamed phase").to_string();
+    let peak = peak_host(doc);
+    let headroom = if doc.summary.headroom_ratio > 0.0 {
+        doc.summary.headroom_ratio
+    } else {
+        0.10
+    };
+    let rate = window.and_then(growth_rate);
+    let mut finding = format!("the kernel's OOM killer ended {who} during {phase}");
+    let mut a = Advice::new("oom-killed", Level::Critical, String::new(), String::new())
+        .figure("oom_kills", kills as f64)
+        .figure("peak_mb", peak);
+    match doc.run.memory_limit_mb {
+        Some(limit) => {
+            finding.push_str(&format!(
+                ": the job reached {} of its {} limit ({:.0} %)",
+                size(peak),
+                size(limit),
+                100.0 * peak / limit
+            ));
+            a = a
+                .figure("limit_mb", limit)
+                .figure("over_limit_mb", peak - limit);
+        }
+        None => finding.push_str(&format!(" at {} of host memory", size(peak))),
+    }
+    if let Some(r) = rate {
+        finding.push_str(&format!(", growing {} per second as it died", size(r)));
+        a = a.figure("growth_mib_per_s", r);
+    }
+    a.finding = finding;
+    a.action = format!(
+        "{phase} needs more than {}: give the job at least {} (its peak plus {:.0} % headroom) \
+         or cut what {phase} holds (smaller batches, fewer workers, data streamed instead of \
+         loaded whole)",
+        size(peak),
+        size((peak * (1.0 + headroom)).ceil()),
+        headroom * 100.0
+    );
+    Some(a)
+}
+
+/// The tree's highest host figure over the run, MiB.
+fn peak_host<L>(doc: &DocumentOf<L>) -> f64 {
+    let kernel = doc
+        .host
+        .as_ref()
+        .and_then(|h| h.kernel_peak_mb)
+        .unwrap_or(0.0);
+    doc.peak_usage
+        .cpu_ram_used_mb
+        .max(doc.peak_usage.cpu_ram_hwm_mb)
+        .max(kernel)
+}
+
+/// MiB per second over a flight window's last second of points.
+fn growth_rate(w: &FlightWindow) -> Option<f64> {
+    let last = w.points.last()?;
+    let first = w.points.iter().find(|p| p.t >= last.t - 1.0)?;
+    let dt = last.t - first.t;
+    (dt > 0.0 && last.cpu_mb > first.cpu_mb).then(|| (last.cpu_mb - first.cpu_mb) / dt)
+}
+
+/// Reads a `torch.OutOfMemoryError` text: "Tried to allocate 2.00 GiB",
+/// "of which 1.23 GiB is free". MiB.
+fn size_after(text: &str, key: &str) -> Option<f64> {
+    let rest = &text[text.find(key)? + key.len()..];
+    let mut words = rest.split_whitespace();
+    let number: f64 = words.next()?.parse().ok()?;
+    let unit = words.next()?.trim_end_matches(['.', ',', ')']);
+    let factor = match unit {
+        "GiB" | "GB" => 1024.0,
+        "MiB" | "MB" => 1.0,
+        "KiB" | "KB" => 1.0 / 1024.0,
+        "TiB" => 1024.0 * 1024.0,
+        "bytes" | "B" => 1.0 / (1024.0 * 1024.0),
+        _ => return None,
+    };
+    Some(number * factor)
+}
+
+/// A CUDA out-of-memory error the job reported, with the allocator's
+/// figures when the client sent them.
+pub(super) fn cuda_oom<L>(doc: &DocumentOf<L>, e: &Entry) -> Option<Advice> {
+    let error = e.labels.get("error").map(String::as_str).unwrap_or("");
+    let requested = size_after(error, "Tried to allocate ");
+    let free = size_after(error, "of which ");
+    let (allocated, reserved) = (e.gpu_ram_used_mb, e.reserved_gpu_ram_mb);
+    let fragmented = (reserved - allocated).max(0.0);
+    // Below the threshold it is the driver's own share, not a process's.
+    let foreign = Some(super::gpu::foreign_mb(doc))
+        .filter(|f| *f >= super::gpu::MIN_FOREIGN_MIB)
+        .unwrap_or(0.0);
+    let who = e
+        .pid
+        .map(|p| format!("PID {p}"))
+        .unwrap_or("the job".into());
+    let mut finding = format!("{who} ran out of GPU memory");
+    if let Some(r) = requested {
+        finding.push_str(&format!(" asking for {}", size(r)));
+    }
+    if let Some(f) = free {
+        finding.push_str(&format!(" with {} free", size(f)));
+    }
+    if reserved > 0.0 {
+        finding.push_str(&format!(
+            "; PyTorch held {} reserved, {} of it allocated: {} reserved but unused ({:.0} %)",
+            size(reserved),
+            size(allocated),
+            size(fragmented),
+            100.0 * fragmented / reserved
+        ));
+    }
+    if foreign > 0.0 {
+        finding.push_str(&format!(
+            "; other processes held {} of the card",
+            size(foreign)
+        ));
+    }
+    // Fragmentation matters when the unused reserve could have served the
+    // request, or is a large share of the pool.
+    let fragmentation = reserved > 0.0
+        && (requested.is_some_and(|r| fragmented >= r) || fragmented >= 0.2 * reserved);
+    let action = if fragmentation {
+        "the allocator's pool is fragmented: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+         (and do not call torch.cuda.empty_cache() in the loop)"
+            .to_string()
+    } else if foreign > requested.unwrap_or(0.0) && foreign > 0.0 {
+        format!(
+            "other processes hold {} of the card: run alone on it (CUDA_VISIBLE_DEVICES) or stop them",
+            size(foreign)
+        )
+    } else {
+        "the job needs more than the card has: a smaller batch with gradient accumulation, mixed \
+         precision or activation checkpointing"
+            .to_string()
+    };
+    let mut a = Advice::new("cuda-oom", Level::Critical, finding, action)
+        .figure("allocated_mb", allocated)
+        .figure("reserved_mb", reserved)
+        .figure("fragmentation_mb", fragmented)
+        .figure("other_processes_mb", foreign);
+    if let Some(r) = requested {
+        a = a.figure("requested_mb", r);
+    }
+    if let Some(f) = free {
+        a = a.figure("free_mb", f);
+    }
+    Some(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+    use crate::model::{Exit, FlightPoint, GpuSource, HostInfo};
+
+    #[test]
+    fn an_oom_kill_names_the_process_the_phase_and_the_limit() {
+        let mut d = doc();
+        d.run.memory_limit_mb = Some(256.0);
+        d.detailed_log.push(entry(1001.0, "data", "load", 50.0));
+        d.detailed_log.push(entry(1002.0, "train", "epoch", 120.0));
+        d.detailed_log.push(timer(1003.0, 250.0));
+        d.peak_usage.cpu_ram_used_mb = 250.0;
+        d.host = Some(HostInfo {
+            oom_kills: Some(1),
+            kernel_peak_mb: Some(256.0),
+            ..HostInfo::default()
+        });
+        let mut t = target(42, 1, true, 250.0);
+        t.exit = Some(Exit::signal(9));
+        t.exited_at = Some(1003.5);
+        d.targets.push(t);
+        let a = super::super::advise(&d);
+        assert_eq!(a[0].code, "oom-killed");
+        assert_eq!(a[0].level, Level::Critical);
+        assert_eq!(
+            a[0].finding,
+            "the kernel's OOM killer ended PID 42 (python3) during train/epoch: \
+             the job reached 256 MiB of its 256 MiB limit (100 %)"
+        );
+        assert!(
+            a[0].action
+                .starts_with("train/epoch needs more than 256 MiB: give the job at least 282 MiB"),
+            "{}",
+            a[0].action
+        );
+    }
+
+    #[test]
+    fn the_flight_window_gives_the_process_and_the_growth() {
+        let mut d = doc();
+        d.detailed_log.push(entry(1001.0, "data", "load", 50.0));
+        d.flight_recorder.push(FlightWindow {
+            reason: "oom_kill".into(),
+            timestamp: 1001.9,
+            pid: Some(7),
+            name: "worker".into(),
+            points: vec![
+                FlightPoint {
+                    t: 1001.0,
+                    cpu_mb: 100.0,
+                    ..FlightPoint::default()
+                },
+                FlightPoint {
+                    t: 1001.5,
+                    cpu_mb: 200.0,
+                    ..FlightPoint::default()
+                },
+            ],
+            ..FlightWindow::default()
+        });
+        let a = super::super::advise(&d);
+        assert_eq!(a[0].code, "oom-killed");
+        assert!(
+            a[0].finding
+                .contains("ended PID 7 (worker) during data/load"),
+            "{}",
+            a[0].finding
+        );
+        assert_eq!(a[0].figures["growth_mib_per_s"], 200.0);
+    }
+
+    #[test]
+    fn a_reported_cuda_oom_with_a_fragmented_pool_gets_expandable_segments() {
+        let mut d = doc();
+        let mut e = entry(1002.0, "cuda", "out_of_memory", 3000.0);
+        e.pid = Some(9);
+        e.gpu_source = GpuSource::Allocator;
+        e.gpu_ram_used_mb = 60_000.0;
+        e.reserved_gpu_ram_mb = 75_000.0;
+        e.labels.insert(
+            "error".into(),
+            "OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total \
+             capacity of 79.15 GiB of which 1.23 GiB is free.')"
+                .into(),
+        );
+        d.detailed_log.push(e);
+        let a = super::super::advise(&d);
+        assert_eq!(a.len(), 1, "{a:#?}");
+        assert_eq!(a[0].code, "cuda-oom");
+        assert_eq!(a[0].figures["requested_mb"], 2048.0);
+        assert_eq!(a[0].figures["free_mb"], 1259.52);
+        assert_eq!(a[0].figures["fragmentation_mb"], 15_000.0);
+        assert!(
+            a[0].action.contains("expandable_segments:True"),
+            "{}",
+            a[0].action
+        );
+        assert!(
+            a[0].finding.contains("14.6 GiB reserved but unused (20 %)"),
+            "{}",
+            a[0].finding
+        );
+    }
+
+    #[test]
+    fn a_tight_pool_is_a_real_need_not_fragmentation() {
+        let mut d = doc();
+        let mut e = entry(1002.0, "cuda", "out_of_memory", 3000.0);
+        e.gpu_ram_used_mb = 74_000.0;
+        e.reserved_gpu_ram_mb = 75_000.0;
+        e.labels
+            .insert("error".into(), "Tried to allocate 4.00 GiB.".into());
+        d.detailed_log.push(e);
+        let a = super::super::advise(&d);
+        assert!(a[0].action.contains("smaller batch"), "{}", a[0].action);
+    }
+
+    #[test]
+    fn no_kill_no_advice() {
+        let mut d = doc();
+        d.host = Some(HostInfo {
+            oom_kills: Some(0),
+            ..HostInfo::default()
+        });
+        let mut t = target(42, 1, true, 250.0);
+        t.exit = Some(Exit::signal(9));
+        d.targets.push(t);
+        assert!(super::super::advise(&d).is_empty());
+    }
+}

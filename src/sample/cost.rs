@@ -1,0 +1,465 @@
+//! What the tree's processes cost, read off the sampling thread: each
+//! process's own cost (USS, Pss) and, as root, the tree's distinct
+//! resident pages, carried forward between passes.
+//!
+//! # The tree's figure between passes
+//!
+//! A page pass ([`super::pages`]) counts every physical page of the tree
+//! once, but costs a page-table walk per process, so it runs within the
+//! budget, in slices, every few seconds at most. In between, the figure is
+//! the last pass's count moved by what each process did since, as `statm`
+//! shows it every tick:
+//!
+//! - a process read by the pass adds its change of anonymous resident
+//!   memory since (file and shared-memory pages it maps may be pages the
+//!   tree already had — a library, a `share_memory_()` tensor — so they
+//!   wait for the next pass, which a rise of them makes due at once);
+//! - a process forked since (same command line as its parent) adds its
+//!   anonymous growth since it joined: a fork shares its parent's pages
+//!   and adds none until it writes;
+//! - any other new process (a spawned or exec'd one) adds its RSS when it
+//!   joined, then its anonymous growth;
+//! - a process that left takes only its own pages (its last USS) with it:
+//!   the pages it shared stay with the others, so the figure does not dip.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::own::{Found, OwnReader};
+use super::pages::Pass;
+
+/// How often a page pass is due when nothing calls for one sooner.
+const PAGES_EVERY: Duration = Duration::from_secs(2);
+
+/// A rise of a process's file and shared-memory pages beyond this makes a
+/// pass due at once.
+const SHARED_RISE: u64 = 4 << 20;
+
+/// One process as the sampler reads it every tick.
+#[derive(Debug, Clone, Copy)]
+pub struct View {
+    pub pid: u32,
+    pub rss: u64,
+    pub anon: u64,
+    /// Forked from a followed process without exec.
+    pub forked: bool,
+}
+
+/// What is known of one process's cost.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Own {
+    pub pss: Option<u64>,
+    pub uss: Option<u64>,
+    /// Read with this sample.
+    pub fresh: bool,
+    read_at: Option<Instant>,
+    /// The anonymous bytes its part of the page figure is counted from
+    /// (its RSS less the shared part for a process the pass has not seen:
+    /// all of it counts); `None` until first seen.
+    base: Option<i128>,
+    /// Its file and shared-memory bytes when `base` was set.
+    shared_at_base: u64,
+    rss: u64,
+    anon: u64,
+}
+
+impl Own {
+    /// Its part of the page figure beyond the last pass.
+    fn contribution(&self) -> i128 {
+        self.base.map_or(0, |b| self.anon as i128 - b)
+    }
+}
+
+/// Settings of the cost reader.
+#[derive(Debug, Clone, Copy)]
+pub struct CostOptions {
+    /// Own cost: a process is read again at most this often; `None`: off.
+    pub own_interval: Option<Duration>,
+    /// Processes above this RSS are not read for their own cost.
+    pub max_rss: u64,
+    /// Share of one core all reads may take.
+    pub share: f64,
+}
+
+/// The page figure's state.
+#[derive(Debug, Default)]
+struct Pages {
+    on: bool,
+    /// Distinct resident bytes at the last complete pass.
+    total: Option<u64>,
+    /// Changes since for processes that left (their own pages).
+    exits: i128,
+    /// The pass under way: processes still to read.
+    todo: Vec<u32>,
+    running: bool,
+    /// Departures while the pass runs: applied at its end to those it read.
+    exits_during: Vec<(u32, i128)>,
+    urgent: bool,
+    committed_at: Option<Instant>,
+    /// Why pages cannot be counted (no permission, a read error).
+    failed: Option<String>,
+    passes: u64,
+}
+
+/// The reader of costs and its bookkeeping.
+pub struct CostReader {
+    opts: CostOptions,
+    reader: Option<OwnReader>,
+    own: HashMap<u32, Own>,
+    pages: Pages,
+    last_was_pages: bool,
+}
+
+impl std::fmt::Debug for CostReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CostReader")
+            .field("processes", &self.own.len())
+            .field("passes", &self.pages.passes)
+            .finish()
+    }
+}
+
+/// The tree's page figure now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PagesFigure {
+    /// Bytes: the last pass carried forward (an estimate from `statm`
+    /// until the first pass completes).
+    pub used: u64,
+    /// A pass has completed.
+    pub exact: bool,
+    /// Seconds since the last complete pass.
+    pub age_s: Option<f64>,
+    pub passes: u64,
+}
+
+impl CostReader {
+    pub fn new(root: PathBuf, opts: CostOptions) -> CostReader {
+        CostReader {
+            reader: OwnReader::start(root, opts.share),
+            opts,
+            own: HashMap::new(),
+            pages: Pages::default(),
+            last_was_pages: false,
+        }
+    }
+
+    /// Counts the tree's distinct pages from now on.
+    pub fn count_pages(&mut self) {
+        if self.pages.failed.is_none() {
+            self.pages.on = true;
+            self.pages.urgent = true;
+        }
+    }
+
+    /// Why pages cannot be counted, once a pass found out.
+    pub fn pages_failed(&self) -> Option<&str> {
+        self.pages.failed.as_deref()
+    }
+
+    /// What is known of `pid`'s own cost.
+    pub fn own(&self, pid: u32) -> Option<&Own> {
+        self.own.get(&pid)
+    }
+
+    /// Reads done and their CPU time.
+    pub fn cost(&self) -> (u64, Duration) {
+        self.reader
+            .as_ref()
+            .map_or((0, Duration::ZERO), OwnReader::cost)
+    }
+
+    /// The tree's page figure, when pages are counted.
+    pub fn pages_figure(&self, now: Instant) -> Option<PagesFigure> {
+        if !self.pages.on {
+            return None;
+        }
+        let sum: i128 = self.own.values().map(Own::contribution).sum();
+        let used = self.pages.total.unwrap_or(0) as i128 + self.pages.exits + sum;
+        Some(PagesFigure {
+            used: used.max(0) as u64,
+            exact: self.pages.total.is_some(),
+            age_s: self
+                .pages
+                .committed_at
+                .map(|t| now.saturating_duration_since(t).as_secs_f64()),
+            passes: self.pages.passes,
+        })
+    }
+
+    /// One tick: the tree's processes now (`tree`) and those that left.
+    pub fn update(&mut self, now: Instant, tree: &[View], departed: &[u32]) {
+        for o in self.own.values_mut() {
+            o.fresh = false;
+        }
+        for pid in departed {
+            self.leave(*pid);
+        }
+        for v in tree {
+            let o = self.own.entry(v.pid).or_default();
+            o.rss = v.rss;
+            o.anon = v.anon;
+            let shared = v.rss.saturating_sub(v.anon);
+            if o.base.is_none() && v.rss > 0 {
+                o.base = Some(if v.forked {
+                    v.anon as i128
+                } else {
+                    v.anon as i128 - v.rss as i128
+                });
+                o.shared_at_base = shared;
+            } else if shared > o.shared_at_base + SHARED_RISE {
+                self.pages.urgent = true;
+            }
+        }
+        if let Some(found) = self.reader.as_mut().and_then(OwnReader::collect) {
+            self.found(now, found);
+        }
+        if !self.reader.as_mut().is_some_and(|r| r.ready(now)) {
+            return;
+        }
+        let pages_due = self.pages.on
+            && (self.pages.running
+                || self.pages.urgent
+                || self
+                    .pages
+                    .committed_at
+                    .is_none_or(|t| now.saturating_duration_since(t) >= PAGES_EVERY));
+        if pages_due && !(self.last_was_pages && self.own_due(now, tree)) {
+            let fresh = !self.pages.running;
+            if fresh {
+                self.pages.todo = tree.iter().filter(|v| v.rss > 0).map(|v| v.pid).collect();
+                self.pages.running = true;
+                self.pages.urgent = false;
+                self.pages.exits_during.clear();
+            }
+            let todo = self.pages.todo.clone();
+            if let Some(reader) = &mut self.reader {
+                reader.submit_pages(todo, fresh);
+            }
+            self.last_was_pages = true;
+        } else if let Some(interval) = self.opts.own_interval {
+            let due = |at: Option<Instant>| {
+                at.is_none_or(|t| now.saturating_duration_since(t) >= interval)
+            };
+            // Never read first, then the longest unread.
+            let mut order: Vec<(Option<Instant>, u32)> = tree
+                .iter()
+                .filter(|v| v.rss > 0 && v.rss <= self.opts.max_rss)
+                .filter_map(|v| {
+                    let at = self.own.get(&v.pid).and_then(|o| o.read_at);
+                    due(at).then_some((at, v.pid))
+                })
+                .collect();
+            order.sort_unstable();
+            if let Some(reader) = &mut self.reader {
+                reader.submit(order.into_iter().map(|(_, pid)| pid).collect());
+            }
+            self.last_was_pages = false;
+        }
+    }
+
+    fn own_due(&self, now: Instant, tree: &[View]) -> bool {
+        let Some(interval) = self.opts.own_interval else {
+            return false;
+        };
+        tree.iter().any(|v| {
+            v.rss > 0
+                && v.rss <= self.opts.max_rss
+                && self
+                    .own
+                    .get(&v.pid)
+                    .and_then(|o| o.read_at)
+                    .is_none_or(|t| now.saturating_duration_since(t) >= interval)
+        })
+    }
+
+    /// A process left: its own pages leave the figure, the ones it shared
+    /// stay with the others until the next pass counts them again.
+    fn leave(&mut self, pid: u32) {
+        let Some(o) = self.own.remove(&pid) else {
+            return;
+        };
+        let c = o.contribution();
+        let private = o
+            .uss
+            .map_or(c.max(0), |u| i128::from(u.min(o.rss.max(o.anon))));
+        let change = c - private;
+        self.pages.exits += change;
+        if self.pages.running {
+            self.pages.exits_during.push((pid, change));
+        }
+    }
+
+    fn found(&mut self, now: Instant, found: Found) {
+        match found {
+            Found::Own(reads) => {
+                for r in reads {
+                    let Some(o) = self.own.get_mut(&r.pid) else {
+                        continue;
+                    };
+                    o.read_at = Some(now);
+                    if let Some((pss, uss)) = r.figures {
+                        o.pss = Some(pss);
+                        o.uss = Some(uss);
+                        o.fresh = true;
+                    }
+                }
+            }
+            Found::Pages {
+                pass,
+                read,
+                complete,
+            } => match pass {
+                Err(e) => self.pages_fail(format!("cannot read the tree's pages: {e}")),
+                Ok(p) if p.unreadable => {
+                    self.pages_fail("page frame numbers read as 0 (reading them needs root)".into())
+                }
+                Ok(p) => {
+                    self.pages.todo.drain(..read.min(self.pages.todo.len()));
+                    if complete || self.pages.todo.is_empty() {
+                        self.commit(now, &p);
+                    }
+                }
+            },
+        }
+    }
+
+    fn pages_fail(&mut self, why: String) {
+        tracing::debug!("{why}");
+        self.pages.failed = Some(why);
+        self.pages.on = false;
+        self.pages.running = false;
+    }
+
+    /// A complete pass: its count, and each process it read counted from
+    /// its anonymous memory then.
+    fn commit(&mut self, now: Instant, p: &Pass) {
+        for s in &p.seen {
+            if let Some(o) = self.own.get_mut(&s.pid) {
+                o.base = Some(s.anon as i128);
+                o.shared_at_base = s.rss.saturating_sub(s.anon);
+            }
+        }
+        self.pages.total = Some(p.bytes);
+        self.pages.exits = self
+            .pages
+            .exits_during
+            .drain(..)
+            .filter(|(pid, _)| p.seen.iter().any(|s| s.pid == *pid))
+            .map(|(_, c)| c)
+            .sum();
+        self.pages.running = false;
+        self.pages.committed_at = Some(now);
+        self.pages.passes += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::pages::Seen;
+
+    const M: u64 = 1 << 20;
+
+    fn reader() -> CostReader {
+        // No budget: no batch is ever handed over, the test plays the
+        // reader's part.
+        let mut r = CostReader::new(
+            "/nonexistent".into(),
+            CostOptions {
+                own_interval: None,
+                max_rss: u64::MAX,
+                share: 0.0,
+            },
+        );
+        r.count_pages();
+        r
+    }
+
+    fn view(pid: u32, rss: u64, anon: u64, forked: bool) -> View {
+        View {
+            pid,
+            rss: rss * M,
+            anon: anon * M,
+            forked,
+        }
+    }
+
+    fn used(r: &CostReader, now: Instant) -> u64 {
+        r.pages_figure(now).expect("pages on").used / M
+    }
+
+    #[test]
+    fn forks_add_nothing_writes_add_and_exits_keep_shared_pages() {
+        let now = Instant::now();
+        let mut r = reader();
+        r.update(now, &[view(1, 500, 480, false)], &[]);
+        assert_eq!(
+            used(&r, now),
+            500,
+            "before any pass: a new process counts its RSS"
+        );
+        // A pass finds 400 MiB of distinct pages.
+        r.pages.running = true;
+        r.pages.todo = vec![1];
+        r.found(
+            now,
+            Found::Pages {
+                pass: Ok(Pass {
+                    bytes: 400 * M,
+                    seen: vec![Seen {
+                        pid: 1,
+                        rss: 500 * M,
+                        anon: 480 * M,
+                        first_seen: 400 * M,
+                    }],
+                    unreadable: false,
+                }),
+                read: 1,
+                complete: true,
+            },
+        );
+        assert_eq!(used(&r, now), 400);
+        assert!(r.pages_figure(now).expect("on").exact);
+        // A fork shares everything: nothing new.
+        let tree = [view(1, 500, 480, false), view(2, 500, 480, true)];
+        r.update(now, &tree, &[]);
+        assert_eq!(used(&r, now), 400, "a fork adds no page");
+        // The worker writes 20 MiB of its own.
+        let tree = [view(1, 500, 480, false), view(2, 520, 500, true)];
+        r.update(now, &tree, &[]);
+        assert_eq!(used(&r, now), 420);
+        // Its own cost read says so; then it exits: only its own pages go.
+        r.found(
+            now,
+            Found::Own(vec![super::super::own::OwnRead {
+                pid: 2,
+                figures: Some((250 * M, 20 * M)),
+            }]),
+        );
+        r.update(now, &[view(1, 500, 480, false)], &[2]);
+        assert_eq!(used(&r, now), 400, "no dip: the shared pages stay");
+        // The parent frees 100 MiB.
+        r.update(now, &[view(1, 400, 380, false)], &[]);
+        assert_eq!(used(&r, now), 300);
+    }
+
+    #[test]
+    fn unreadable_frame_numbers_turn_pages_off() {
+        let now = Instant::now();
+        let mut r = reader();
+        r.found(
+            now,
+            Found::Pages {
+                pass: Ok(Pass {
+                    unreadable: true,
+                    ..Pass::default()
+                }),
+                read: 0,
+                complete: true,
+            },
+        );
+        assert!(r.pages_figure(now).is_none());
+        assert!(r.pages_failed().is_some_and(|w| w.contains("root")));
+    }
+}
