@@ -202,6 +202,10 @@ fn finish_clearml(
 /// Logs what the ClearML reporter achieved; true when something was lost
 /// or left unsent.
 fn log_clearml(report: &clearml::FinishReport) -> bool {
+    if let Some(why) = &report.stood_down {
+        tracing::debug!("ClearML: nothing reported: {why}");
+        return false;
+    }
     let task = report
         .task
         .as_ref()

@@ -102,6 +102,22 @@ pub const METRICS: &[Def] = &[
     def("memtrack_last_sample_timestamp_seconds", G, &[], "Unix time of the latest sample."),
     def("memtrack_run_start_timestamp_seconds", G, &[], "Unix time the run started."),
     def("memtrack_interval_seconds", G, &[], "The timer period."),
+    def("memtrack_current_stage", G, &["stage"], "1 for each stage the job began and has not ended yet."),
+    def(
+        "memtrack_leak_suspected",
+        G,
+        &["memory"],
+        "memtrack's leak verdict on the tree's host or gpu memory: 1 suspected, 0 judged and not; absent until the run is long enough to judge (20 s and 12 samples after warm-up).",
+    ),
+    def("memtrack_leak_growth_bytes", G, &["memory"], "Growth over the window the leak rule judged, for each judged series of the tree."),
+    def(
+        "memtrack_process_leak_suspected",
+        G,
+        &["pid", "name", "memory"],
+        "The leak verdict on one followed process long enough to judge (host memory; gpu where it had any): 1 suspected, 0 not.",
+    ),
+    def("memtrack_rerun_host_memory_bytes", G, &[], "What a re-run needs in host RAM: the tree's peak so far plus 10 % headroom."),
+    def("memtrack_rerun_gpu_memory_bytes", G, &[], "What a re-run needs on one GPU: the largest per-device peak so far plus 10 % headroom (absent without GPU memory)."),
     def("memtrack_self_resident_memory_bytes", G, &[], "RSS of memtrack itself."),
     def("memtrack_self_cpu_seconds_total", C, &[], "CPU time memtrack itself has used (user + system)."),
     def("memtrack_tick_duration_seconds", H, &[], "Time one sample took."),
@@ -230,6 +246,7 @@ pub fn families_with(
     peaks(&mut f, snap);
     events(&mut f, snap);
     run_state(&mut f, snap);
+    verdicts(&mut f, snap);
     if let Some(me) = me {
         self_usage(&mut f, me);
     }
@@ -509,6 +526,69 @@ fn run_state(f: &mut Families, snap: &Snapshot) {
     );
     f.gauge("memtrack_run_start_timestamp_seconds", &[], snap.run.start);
     f.gauge("memtrack_interval_seconds", &[], snap.run.interval_s);
+}
+
+/// What memtrack concluded so far: the stages open now, the leak verdicts
+/// of the tree and of each process, and what a re-run needs.
+fn verdicts(f: &mut Families, snap: &Snapshot) {
+    for stage in &snap.open_stages {
+        f.gauge("memtrack_current_stage", &[("stage", stage.clone())], 1.0);
+    }
+    let flag = |suspected: bool| if suspected { 1.0 } else { 0.0 };
+    let tree: Vec<(&str, &crate::model::leak::Verdict)> = snap
+        .leak
+        .iter()
+        .flat_map(|l| {
+            l.host
+                .iter()
+                .map(|v| ("host", v))
+                .chain(l.gpu.iter().map(|v| ("gpu", v)))
+        })
+        .filter(|(_, v)| v.judged)
+        .collect();
+    for (memory, v) in &tree {
+        f.gauge(
+            "memtrack_leak_suspected",
+            &[("memory", (*memory).to_string())],
+            flag(v.suspected),
+        );
+    }
+    for (memory, v) in &tree {
+        f.gauge(
+            "memtrack_leak_growth_bytes",
+            &[("memory", (*memory).to_string())],
+            v.growth_mib * MIB,
+        );
+    }
+    let targets = snap.leak.iter().flat_map(|l| l.targets.iter().flatten());
+    for t in targets {
+        let verdicts = std::iter::once(("host", &t.host)).chain(t.gpu.iter().map(|g| ("gpu", g)));
+        for (memory, v) in verdicts.filter(|(_, v)| v.judged) {
+            f.gauge(
+                "memtrack_process_leak_suspected",
+                &[
+                    ("pid", t.pid.to_string()),
+                    ("name", t.name.clone()),
+                    ("memory", memory.to_string()),
+                ],
+                flag(v.suspected),
+            );
+        }
+    }
+    if snap.needs.min_host_ram_mb > 0.0 {
+        f.gauge(
+            "memtrack_rerun_host_memory_bytes",
+            &[],
+            snap.needs.min_host_ram_mb * MIB,
+        );
+    }
+    if snap.needs.min_gpu_mb > 0.0 {
+        f.gauge(
+            "memtrack_rerun_gpu_memory_bytes",
+            &[],
+            snap.needs.min_gpu_mb * MIB,
+        );
+    }
 }
 
 /// memtrack's own memory and CPU time.

@@ -2091,3 +2091,201 @@ fn announcements_of_other_tasks_and_malformed_ones_change_nothing() {
     );
     server.assert_exactly_once();
 }
+
+// ---------------------------------------------------------------------------
+// Zero configuration: what `clearml-init` leaves is enough.
+
+/// A `clearml.conf` as `clearml-init` writes it, for the contract server;
+/// the web and files hosts at a closed loopback port.
+fn write_clearml_conf(home: &Path, server: &Server) {
+    let closed = "http://127.0.0.1:9";
+    std::fs::write(
+        home.join("clearml.conf"),
+        format!(
+            "api {{\n    web_server: {closed}\n    api_server: {}\n    files_server: {closed}\n    \
+             credentials {{\n        \"access_key\" = \"{KEY}\"\n        \"secret_key\"  = \"{SECRET}\"\n    }}\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+}
+
+/// The SDK's environment with nothing of ClearML in it but what keeps the
+/// traffic on this machine: no `CLEARML_API_HOST`, no keys.
+fn bare_sdk_env(home: &Path) -> Vec<(&'static str, String)> {
+    let closed = "http://127.0.0.1:9".to_string();
+    vec![
+        ("HOME", home.display().to_string()),
+        (
+            "CLEARML_CACHE_DIR",
+            home.join("cache").display().to_string(),
+        ),
+        ("CLEARML_SUPPRESS_UPDATE_MESSAGE", "1".to_string()),
+        ("CLEARML_TASK_NO_REUSE", "1".to_string()),
+        ("HTTP_PROXY", closed.clone()),
+        ("HTTPS_PROXY", closed.clone()),
+        ("http_proxy", closed.clone()),
+        ("https_proxy", closed),
+        ("NO_PROXY", "127.0.0.1,localhost".to_string()),
+        ("no_proxy", "127.0.0.1,localhost".to_string()),
+        ("PYTHONDONTWRITEBYTECODE", "1".to_string()),
+        ("AWS_EC2_METADATA_DISABLED", "true".to_string()),
+    ]
+}
+
+/// `memtrack run` of `script` (Python, memtrack's client importable) with
+/// `env` only for ClearML, S3 off.
+fn run_python_job(
+    name: &str,
+    out: &Path,
+    env: &[(&'static str, String)],
+    script: &str,
+) -> (i32, String, String) {
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/src");
+    let script = format!(
+        "import sys\nsys.path.insert(0, {:?})\n{script}",
+        client.display().to_string()
+    );
+    let mut cmd = memtrack();
+    cmd.args([
+        "run",
+        "--listen",
+        "off",
+        "--name",
+        name,
+        "--interval",
+        "50ms",
+        "--output",
+    ])
+    .arg(out)
+    .args(["--", "python3", "-c", &script])
+    .env("MEMTRACK_CLEARML_TIMER_EVERY", "1s")
+    .env("MEMTRACK_CLEARML_FLUSH_INTERVAL", "200ms");
+    for var in [
+        "CLEARML_API_HOST",
+        "CLEARML_TASK_ID",
+        "CLEARML_API_ACCESS_KEY",
+        "CLEARML_API_SECRET_KEY",
+        "CLEARML_CONFIG_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let res = run_to_end(&mut cmd, Duration::from_secs(180));
+    (
+        res.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&res.stdout).into_owned(),
+        stderr(&res),
+    )
+}
+
+#[test]
+fn a_task_init_job_with_only_clearml_conf_gets_memory_charts_on_a_time_axis() {
+    require_clearml_sdk();
+    let server = Server::start(&[]);
+    let out = scratch();
+    write_clearml_conf(out.path(), &server);
+    let script = r#"import json, time
+import memtrack
+from clearml import Task
+task = Task.init(project_name="memtrack-it", task_name="zero config",
+                 auto_resource_monitoring=False, auto_connect_arg_parser=False,
+                 auto_connect_frameworks={"detect_repository": False})
+reply = memtrack.clearml_announce(wait=True)
+print("REPLY", json.dumps(reply), flush=True)
+keep = []
+start = time.time()
+while time.time() - start < 4.5:
+    with memtrack.span("model", "step"):
+        keep.append(bytearray(4 << 20))
+    time.sleep(0.3)
+print("TASK", task.id, flush=True)
+task.close()
+"#;
+    let (code, stdout, log) = run_python_job("zero", out.path(), &bare_sdk_env(out.path()), script);
+    let all = format!("{stdout}\n{log}");
+    assert_eq!(code, 0, "{all}");
+    let reply: Value = serde_json::from_str(
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("REPLY "))
+            .unwrap_or_else(|| panic!("no reply: {all}")),
+    )
+    .unwrap();
+    assert_eq!(reply["clearml"], true, "{all}");
+    assert_eq!(reply["reporting"], true, "{reply}\n{all}");
+    let id = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("TASK "))
+        .unwrap_or_else(|| panic!("no task: {all}"))
+        .to_string();
+    // One task, the script's: memtrack made none.
+    let state = server.state();
+    assert_eq!(state["tasks"].as_object().unwrap().len(), 1, "{state:#}");
+    assert_eq!(state["task_creators"][&id], "sdk", "{state:#}");
+    let memory: Vec<Value> = server
+        .points(&id)
+        .into_iter()
+        .filter(|p| p["metric"].as_str().unwrap().starts_with("memory/"))
+        .collect();
+    assert!(
+        !memory.is_empty(),
+        "memtrack's points in the job's task: {all}"
+    );
+    // No iteration from the job: seconds since the start, as ClearML's
+    // own monitor does; never more than the run lasted.
+    let iters: std::collections::BTreeSet<u64> =
+        memory.iter().map(|p| p["iter"].as_u64().unwrap()).collect();
+    assert!(
+        iters.len() >= 3,
+        "a time axis, not one iteration: {iters:?}"
+    );
+    let lasted = serde_json::from_str::<Value>(
+        &std::fs::read_to_string(out.path().join("zero/memory_usage.json")).unwrap(),
+    )
+    .unwrap()["summary"]["duration_s"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        iters.iter().all(|&i| (i as f64) <= lasted.ceil()),
+        "{iters:?} within {lasted} s"
+    );
+    server.assert_exactly_once();
+}
+
+#[test]
+fn without_any_clearml_setup_a_job_announcing_a_task_hears_why_and_nothing_changes() {
+    let out = scratch();
+    let script = r#"import json
+import memtrack
+with memtrack.span("model", "step"):
+    pass
+print("REPLY", json.dumps(memtrack.clearml_announce("abc123", wait=True)), flush=True)
+"#;
+    let (code, stdout, log) = run_python_job("bare", out.path(), &bare_sdk_env(out.path()), script);
+    let all = format!("{stdout}\n{log}");
+    assert_eq!(code, 0, "{all}");
+    let reply: Value = serde_json::from_str(
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("REPLY "))
+            .unwrap_or_else(|| panic!("no reply: {all}")),
+    )
+    .unwrap();
+    assert_eq!(reply["clearml"], false, "{reply}");
+    let message = reply["message"].as_str().unwrap();
+    assert!(
+        message.contains("clearml.conf") && message.contains("clearml-init"),
+        "the reply says why: {message}"
+    );
+    // memtrack's log says it too, once, and nothing is left behind.
+    let notices: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("announced its task abc123"))
+        .collect();
+    assert_eq!(notices.len(), 1, "{log}");
+    assert!(notices[0].contains("clearml-init"), "{log}");
+    assert!(!out.path().join("bare").join(SPOOL_FILE).exists());
+}

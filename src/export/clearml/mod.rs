@@ -45,6 +45,7 @@ pub use api::API_VERSION;
 pub use outcome::{note_task, Artifact, FinishReport, RunEnd, TaskRef};
 pub use reporter::Reporter;
 pub use settings::{
-    check_name, check_task_name, mask, read_conf, resolve, tidy_project, ClearmlConfig,
-    ClearmlError, Credentials, Settings, BACKOFF_MAX, BACKOFF_MIN, MIN_NAME, TASK_TYPES,
+    check_name, check_task_name, mask, read_conf, resolve, tidy_project, zero_config,
+    ClearmlConfig, ClearmlError, Credentials, Settings, BACKOFF_MAX, BACKOFF_MIN, MIN_NAME,
+    TASK_TYPES,
 };

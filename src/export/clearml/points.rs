@@ -103,6 +103,12 @@ pub struct Converter {
     job_axis: bool,
     /// The latest iteration the job reached (job axis).
     job_iter: u64,
+    /// The run's start (Unix seconds) while the job axis falls back to
+    /// time: the job has reported no iteration yet (see the module doc).
+    time_from: Option<f64>,
+    /// The largest iteration sent on the time axis: the task's
+    /// `last_iteration` up to it is memtrack's own, not the job's.
+    time_max: u64,
 }
 
 /// The largest `iter` a ClearML server stores (a signed 64-bit integer).
@@ -121,16 +127,40 @@ impl Converter {
             duplicate_logged: false,
             job_axis: false,
             job_iter: 0,
+            time_from: None,
+            time_max: 0,
         }
     }
 
-    /// From now on, report on the job's iteration axis only.
-    pub fn use_job_axis(&mut self) {
+    /// From now on, report on the job's iteration axis only. With
+    /// `time_from` (the run's start, Unix seconds), entries are placed at
+    /// the seconds since then for as long as the job reports no iteration,
+    /// as ClearML's own resource monitor does.
+    pub fn use_job_axis(&mut self, time_from: Option<f64>) {
         self.job_axis = true;
+        self.time_from = time_from.filter(|t| t.is_finite());
     }
 
-    /// The job reached `iter` (the task's `last_iteration` on the server).
+    /// Whether points go on the time axis now.
+    pub fn on_time_axis(&self) -> bool {
+        self.job_axis && self.time_from.is_some()
+    }
+
+    /// The task's `last_iteration` on the server is `iter`. On the time
+    /// axis only a value beyond memtrack's own points is the job's.
     pub fn raise_axis(&mut self, iter: u64) {
+        if self.on_time_axis() {
+            if iter <= self.time_max {
+                return;
+            }
+            self.time_from = None;
+        }
+        self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
+    }
+
+    /// A job's entry carried `iter`: the job has an iteration axis.
+    fn job_reached(&mut self, iter: u64) {
+        self.time_from = None;
         self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
     }
 
@@ -149,7 +179,7 @@ impl Converter {
     /// `timer_every` of wall time, so a quiet component is not held back).
     pub fn push(&mut self, e: Entry, now: Instant, out: &mut Vec<Point>) {
         if let Some(i) = e.iteration {
-            self.raise_axis(i);
+            self.job_reached(i);
         }
         // Any entry's time closes the windows it has passed.
         self.close_passed(e.timestamp, now, out);
@@ -157,9 +187,10 @@ impl Converter {
             self.forward(&e, out);
             return;
         }
+        let iteration_axis = self.job_axis && !self.on_time_axis();
         match self.windows.get_mut(&e.component) {
             Some(w) => fold_max(&mut w.acc, &e),
-            None if self.job_axis => {
+            None if iteration_axis => {
                 // The window is placed at the iteration the job is in.
                 let mut acc = e;
                 acc.iteration = Some(self.job_iter);
@@ -199,8 +230,9 @@ impl Converter {
                 let passed =
                     ts >= w.start + every || now.duration_since(w.opened) >= self.timer_every;
                 // On the job axis a window closes only once the job has
-                // moved past its iteration.
-                passed && (!self.job_axis || w.acc.iteration.is_some_and(|i| self.job_iter > i))
+                // moved past its iteration (a window of the time axis has
+                // none and closes with time).
+                passed && (!self.job_axis || w.acc.iteration.is_none_or(|i| self.job_iter > i))
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -238,12 +270,22 @@ impl Converter {
 
     /// One forwarded entry → its points.
     fn forward(&mut self, e: &Entry, out: &mut Vec<Point>) {
-        let iter = if self.job_axis {
-            e.iteration.unwrap_or(self.job_iter)
-        } else {
-            e.iteration.unwrap_or(self.counter)
-        }
-        .min(MAX_ITER);
+        let iter =
+            if let (Some(from), None) = (self.time_from.filter(|_| self.job_axis), e.iteration) {
+                // Whole seconds since the run started.
+                let t = if e.timestamp.is_finite() {
+                    (e.timestamp - from).max(0.0).floor() as u64
+                } else {
+                    self.time_max
+                };
+                self.time_max = self.time_max.max(t);
+                t
+            } else if self.job_axis {
+                e.iteration.unwrap_or(self.job_iter)
+            } else {
+                e.iteration.unwrap_or(self.counter)
+            }
+            .min(MAX_ITER);
         self.counter += 1;
         let title = Self::intern(&mut self.titles, &e.component);
         let suffix = if self.taken.insert((title, 0, iter)) {
@@ -473,7 +515,7 @@ mod tests {
     #[test]
     fn the_job_axis_never_goes_beyond_the_jobs_iteration() {
         let mut c = Converter::new(Duration::from_secs(1));
-        c.use_job_axis();
+        c.use_job_axis(None);
         let t0 = Instant::now();
         let mut out = Vec::new();
         // Before the job reports anything: iteration 0.
@@ -510,6 +552,52 @@ mod tests {
         );
         assert_eq!(out[24].variant, "cpu_ram_used_mb:after");
         assert!(out.iter().all(|p| p.iter <= c.job_iter()));
+    }
+
+    #[test]
+    fn a_job_without_iterations_gets_seconds_since_the_start() {
+        let mut c = Converter::new(Duration::from_secs(2));
+        c.use_job_axis(Some(100.0));
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        c.push(mark("model", "load", 100.5, None, 1.0), t0, &mut out);
+        for ts in [101.0, 102.0, 103.0, 104.0, 105.5] {
+            c.push(timer("system", ts, ts), t0, &mut out);
+        }
+        let iters = |out: &[Point]| -> Vec<(String, u64, f64)> {
+            out.iter()
+                .filter(|p| p.variant == "cpu_ram_used_mb")
+                .map(|p| (p.metric.clone(), p.iter, p.value))
+                .collect()
+        };
+        // Windows close with time, each at the second it started.
+        assert_eq!(
+            iters(&out),
+            vec![
+                ("memory/model".into(), 0, 1.0),
+                ("memory/system".into(), 1, 102.0),
+                ("memory/system".into(), 3, 104.0),
+            ]
+        );
+        // The server's last_iteration up to memtrack's own is not the job's.
+        c.raise_axis(3);
+        assert!(c.on_time_axis());
+        // A mark with an iteration: from now on the job's axis.
+        c.push(mark("model", "step", 106.0, Some(40), 1.0), t0, &mut out);
+        assert!(!c.on_time_axis());
+        c.push(timer("system", 107.0, 7.0), t0, &mut out);
+        c.close_all(&mut out);
+        let got = iters(&out);
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert_eq!(got[3], ("memory/model".into(), 40, 1.0));
+        // The window still open goes where the job is.
+        assert_eq!(got[4], ("memory/system".into(), 40, 105.5));
+        // The task's iteration beyond memtrack's own also ends the time axis.
+        let mut c = Converter::new(Duration::from_secs(2));
+        c.use_job_axis(Some(100.0));
+        c.raise_axis(9);
+        assert!(!c.on_time_axis());
+        assert_eq!(c.job_iter(), 9);
     }
 
     #[test]

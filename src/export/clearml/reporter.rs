@@ -151,8 +151,9 @@ impl Reporter {
         let (artifacts_tx, artifacts_rx) = mpsc::unbounded_channel();
         let (hurry_tx, hurry_rx) = watch::channel(false);
         // Without a given task, wait a while for the job's own.
-        let wait =
-            settings.task.is_none() && job_tasks.is_some() && !settings.job_task_wait.is_zero();
+        let wait = settings.task.is_none()
+            && job_tasks.is_some()
+            && (settings.job_task_only || !settings.job_task_wait.is_zero());
         let state = State {
             conv: Converter::new(settings.timer_every),
             queue,
@@ -168,6 +169,7 @@ impl Reporter {
             last_axis: Instant::now(),
             job_task_tx,
             announce_logged: RateLimited::default(),
+            stood_down: None,
             errors: Arc::clone(&errors),
             task_tx,
             settled_tx,
@@ -417,6 +419,8 @@ impl State {
             Stage::Status | Stage::Done => e.until,
         });
         match (&self.machine.phase, deadline) {
+            // Only the job's task will do: wait for it as long as the run.
+            (Phase::Waiting, None) if self.settings.job_task_only => None,
             (Phase::Waiting, None) => Some(self.wait_until),
             (_, d) => d,
         }
@@ -461,6 +465,10 @@ impl State {
     /// The run ended: stop waiting for the job's task.
     fn hurried(&mut self, alive: bool, pending: &mut Vec<Point>) {
         if alive && matches!(self.machine.phase, Phase::Waiting) {
+            if self.settings.job_task_only {
+                self.decide(None, pending);
+                return;
+            }
             tracing::info!(
                 "ClearML: the run ended before the job announced a task of its own; memtrack \
                  creates one"
@@ -539,6 +547,15 @@ impl State {
         if matches!(self.machine.phase, Phase::Waiting) {
             self.held.push(e);
             if self.held.len() >= self.settings.queue_max {
+                if self.settings.job_task_only {
+                    tracing::info!(
+                        "ClearML: {} entries arrived and the job announced no task; memtrack \
+                         stops waiting for one",
+                        self.held.len()
+                    );
+                    self.decide(None, pending);
+                    return;
+                }
                 tracing::info!(
                     "ClearML: {} entries arrived before the job announced a task of its own; \
                      memtrack creates one",
@@ -555,16 +572,36 @@ impl State {
     /// create memtrack's own task. The held entries go through the
     /// converter on the axis this decides.
     fn decide(&mut self, adopt: Option<String>, pending: &mut Vec<Point>) {
+        if adopt.is_none()
+            && self.settings.job_task_only
+            && matches!(self.machine.phase, Phase::Waiting)
+        {
+            self.stand_down();
+            return;
+        }
         let Some(decided) = self.machine.decide(adopt) else {
             return;
         };
         if decided == Decided::Adopt {
-            self.conv.use_job_axis();
+            // A job that reports no iteration gets a time axis.
+            self.conv.use_job_axis(Some(self.run.start));
         }
         let now = Instant::now();
         for e in std::mem::take(&mut self.held) {
             self.conv.push(e, now, pending);
         }
+    }
+
+    /// Only the job's own task would do and it announced none: nothing
+    /// is reported, nothing kept for a resend, nothing counted as failed.
+    fn stand_down(&mut self) {
+        let why = "the job announced no ClearML task (Task.init)".to_string();
+        tracing::debug!("ClearML: {why}; nothing was reported");
+        self.held.clear();
+        self.machine.phase = Phase::Disabled;
+        self.machine.problem(why.clone());
+        self.stood_down = Some(why);
+        let _ = self.settled_tx.send(true);
     }
 
     /// The job announced its own task.
@@ -633,6 +670,10 @@ impl State {
     /// (spilling to the spool file), for a later `clearml-resend`.
     fn accept(&mut self, pending: &mut Vec<Point>) {
         if pending.is_empty() {
+            return;
+        }
+        if self.stood_down.is_some() {
+            pending.clear();
             return;
         }
         self.queue.extend(pending.drain(..));
@@ -943,6 +984,7 @@ impl State {
             _ => None,
         };
         FinishReport {
+            stood_down: self.stood_down.clone(),
             sent: self.machine.sent,
             unsent,
             duplicates_skipped: self.conv.dropped.duplicates,
