@@ -135,7 +135,11 @@ fn flush_within_deadline(
     let upload_failed = matches!(uploaded, Some(Err(_)));
     export_failed |= upload_failed;
     if let Some(reporter) = clearml {
-        export_failed |= finish_clearml(io, reporter, config, ended, uploaded, &deadline);
+        let mut artifact = s3_artifact(uploaded);
+        if artifact.is_none() && saved.written {
+            artifact = io.upload_to_files(&reporter, &saved.document, run, &deadline);
+        }
+        export_failed |= finish_clearml(io, reporter, config, ended, artifact, &deadline);
     }
     // A failed upload keeps the task noted, so that `memtrack upload`
     // later puts the file under the task's key too.
@@ -168,6 +172,20 @@ fn settled_task(
     }
 }
 
+/// The S3 upload as the artifact to register.
+fn s3_artifact(
+    uploaded: Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>>,
+) -> Option<clearml::Artifact> {
+    match uploaded {
+        Some(Ok(u)) => Some(clearml::Artifact {
+            uri: u.uri,
+            size: u.size,
+            sha256: u.sha256,
+        }),
+        _ => None,
+    }
+}
+
 /// Ends the ClearML reporting with the job's exit and the uploaded
 /// document as its artifact. True when something was lost or left unsent.
 fn finish_clearml(
@@ -175,17 +193,9 @@ fn finish_clearml(
     reporter: clearml::Reporter,
     config: &Config,
     ended: &Ended,
-    uploaded: Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>>,
+    artifact: Option<clearml::Artifact>,
     deadline: &Deadline,
 ) -> bool {
-    let artifact = match uploaded {
-        Some(Ok(u)) => Some(clearml::Artifact {
-            uri: u.uri,
-            size: u.size,
-            sha256: u.sha256,
-        }),
-        _ => None,
-    };
     let end = clearml::RunEnd {
         exit: ended.job_exit,
         artifact,

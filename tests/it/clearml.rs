@@ -2095,14 +2095,81 @@ fn announcements_of_other_tasks_and_malformed_ones_change_nothing() {
 // ---------------------------------------------------------------------------
 // Zero configuration: what `clearml-init` leaves is enough.
 
-/// A `clearml.conf` as `clearml-init` writes it, for the contract server;
-/// the web and files hosts at a closed loopback port.
-fn write_clearml_conf(home: &Path, server: &Server) {
+/// The fileserver stand-in (tests/servers/clearml_fileserver.py), killed
+/// on drop.
+struct FileServer {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl FileServer {
+    fn start() -> FileServer {
+        let dir = scratch();
+        let ports = dir.path().join("port.json");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/clearml_fileserver.py");
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .arg("--port-file")
+            .arg(&ports)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the fileserver stand-in");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let port = loop {
+            if let Some(p) = std::fs::read_to_string(&ports)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            {
+                break p["port"].as_u64().unwrap() as u16;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the fileserver stand-in exited: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no port file from the fileserver"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        FileServer {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        http_request(([127, 0, 0, 1], self.port).into(), "GET", path)
+    }
+
+    fn state(&self) -> Value {
+        serde_json::from_str(&self.get("/__state").1).unwrap()
+    }
+}
+
+impl Drop for FileServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `clearml.conf` as `clearml-init` writes it, for the contract server
+/// and `files` as the fileserver; the web host at a closed loopback port.
+fn write_clearml_conf(home: &Path, server: &Server, files: &str) {
     let closed = "http://127.0.0.1:9";
     std::fs::write(
         home.join("clearml.conf"),
         format!(
-            "api {{\n    web_server: {closed}\n    api_server: {}\n    files_server: {closed}\n    \
+            "api {{\n    web_server: {closed}\n    api_server: {}\n    files_server: {files}\n    \
              credentials {{\n        \"access_key\" = \"{KEY}\"\n        \"secret_key\"  = \"{SECRET}\"\n    }}\n}}\n",
             server.url()
         ),
@@ -2185,8 +2252,9 @@ fn run_python_job(
 fn a_task_init_job_with_only_clearml_conf_gets_memory_charts_on_a_time_axis() {
     require_clearml_sdk();
     let server = Server::start(&[]);
+    let files = FileServer::start();
     let out = scratch();
-    write_clearml_conf(out.path(), &server);
+    write_clearml_conf(out.path(), &server, &files.url());
     let script = r#"import json, time
 import memtrack
 from clearml import Task
@@ -2251,6 +2319,32 @@ task.close()
     assert!(
         iters.iter().all(|&i| (i as f64) <= lasted.ceil()),
         "{iters:?} within {lasted} s"
+    );
+    // No S3: the artifact is on the task's fileserver, registered while
+    // the task was open, and the object is the final document.
+    let task = &state["tasks"][&id];
+    let artifacts = task["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 1, "{task:#}\n{all}");
+    let path = format!("memtrack-it/zero%20config.{id}/artifacts/memory_usage/memory_usage.json");
+    assert_eq!(artifacts[0]["key"], "memory_usage");
+    assert_eq!(artifacts[0]["uri"], format!("{}/{path}", files.url()));
+    for a in state["artifact_log"].as_array().unwrap() {
+        assert_eq!(a["task_status"], "in_progress", "{a}");
+    }
+    let local = std::fs::read_to_string(out.path().join("zero/memory_usage.json")).unwrap();
+    let (code, object) = files.get(&format!("/{path}"));
+    assert_eq!(code, 200, "{:#}", files.state());
+    assert!(
+        object == local,
+        "the object is the final document: {} bytes vs {}",
+        object.len(),
+        local.len()
+    );
+    assert_eq!(
+        files.state()["violations"],
+        json!([]),
+        "{:#}",
+        files.state()
     );
     server.assert_exactly_once();
 }

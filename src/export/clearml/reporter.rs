@@ -68,6 +68,9 @@ pub struct Reporter {
     finish: Option<oneshot::Sender<Finish>>,
     /// Set when the reporter could not start at all.
     failed: Option<String>,
+    /// The fileserver the job's task keeps its artifacts on, when the
+    /// document goes there (no S3 destination).
+    files: Option<super::files::FileServer>,
 }
 
 impl Reporter {
@@ -138,6 +141,7 @@ impl Reporter {
                 errors: Arc::clone(&errors),
                 finish: None,
                 failed: Some(why),
+                files: None,
             }
         };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -147,6 +151,8 @@ impl Reporter {
             Ok(a) => a,
             Err(e) => return failed(e),
         };
+        let files = (settings.files_upload && !settings.files_host.is_empty())
+            .then(|| super::files::FileServer::new(api.clone(), &settings.files_host));
         let (finish_tx, finish_rx) = oneshot::channel();
         let (artifacts_tx, artifacts_rx) = mpsc::unbounded_channel();
         let (hurry_tx, hurry_rx) = watch::channel(false);
@@ -201,7 +207,14 @@ impl Reporter {
             errors,
             finish: Some(finish_tx),
             failed: None,
+            files,
         }
+    }
+
+    /// Where the document goes for the job's task without S3: its
+    /// fileserver (`None`: nowhere).
+    pub fn files(&self) -> Option<super::files::FileServer> {
+        self.files.clone()
     }
 
     /// The task, once known: id, name, project name.

@@ -158,6 +158,9 @@ pub struct Settings {
     /// `api.files_server` in the file), where a job's task keeps its
     /// artifacts by default; empty when not known.
     pub files_host: String,
+    /// No S3 destination: the job's task gets `memory_usage.json` on the
+    /// fileserver ([`Settings::files_host`]), as its other artifacts.
+    pub files_upload: bool,
     /// `X-ClearML-Worker`.
     pub worker: String,
     pub verify_certificate: bool,
@@ -719,6 +722,7 @@ fn assemble(
             .unwrap_or_default()
             .trim_end_matches('/')
             .to_string(),
+        files_upload: false,
         worker,
         verify_certificate: server.verify.unwrap_or(true),
         timer_every: config.timer_every,
