@@ -93,7 +93,7 @@ pub const METRICS: &[Def] = &[
     def("memtrack_allocator_max_allocated_bytes", G, &["pid", "device"], "torch.cuda.max_memory_allocated() last sent by a process."),
     def("memtrack_host_memory_total_bytes", G, &[], "Host RAM (MemTotal)."),
     def("memtrack_host_memory_available_bytes", G, &[], "Host RAM available (MemAvailable)."),
-    def("memtrack_peak_memory_bytes", G, &["figure"], "Run peak of each memory_usage.json figure (cpu_ram_used, cpu_ram_hwm, gpu_ram_used, gpu_ram_peak, reserved_gpu_ram, gpu_process_used)."),
+    def("memtrack_peak_memory_bytes", G, &["figure"], "Run peak of each memory_usage.json figure (cpu_ram_used, cpu_ram_hwm, gpu_ram_used, gpu_ram_peak, reserved_gpu_ram, gpu_process_used; the gpu ones only when the run has GPU memory)."),
     def("memtrack_component_peak_memory_bytes", G, &["component", "figure"], "Peak of each figure over the samples attributed to a component."),
     def("memtrack_events_total", C, &["component", "operation"], "Events (marks, spans, stages) recorded; before the first, one series at 0 without these labels."),
     def("memtrack_pressure_level", G, &["resource"], "Memory pressure: 0 normal, 1 high, 2 critical, 3 emergency."),
@@ -454,8 +454,25 @@ fn host_memory(f: &mut Families, snap: &Snapshot) {
     }
 }
 
-/// Peaks of the run and of each component, per figure.
+/// Whether the run has GPU memory to speak of: a GPU seen, or a GPU
+/// figure above 0 (PyTorch's allocator figures come without NVML too).
+fn has_gpu(snap: &Snapshot) -> bool {
+    let p = &snap.peaks;
+    !snap.gpus.is_empty()
+        || [
+            p.gpu_ram_used_mb,
+            p.gpu_ram_peak_mb,
+            p.reserved_gpu_ram_mb,
+            p.gpu_process_used_mb,
+        ]
+        .iter()
+        .any(|v| *v > 0.0)
+}
+
+/// Peaks of the run and of each component, per figure; the GPU figures
+/// only when the run has GPU memory (no series that can only read 0).
 fn peaks(f: &mut Families, snap: &Snapshot) {
+    let gpu = has_gpu(snap);
     let figures = |p: &crate::model::Peaks| {
         [
             ("cpu_ram_used", p.cpu_ram_used_mb),
@@ -465,6 +482,8 @@ fn peaks(f: &mut Families, snap: &Snapshot) {
             ("reserved_gpu_ram", p.reserved_gpu_ram_mb),
             ("gpu_process_used", p.gpu_process_used_mb),
         ]
+        .into_iter()
+        .filter(move |(figure, _)| gpu || figure.starts_with("cpu_"))
     };
     for (figure, mb) in figures(&snap.peaks) {
         f.gauge(
