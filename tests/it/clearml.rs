@@ -2227,6 +2227,7 @@ fn run_python_job(
     .arg(out)
     .args(["--", "python3", "-c", &script])
     .env("MEMTRACK_CLEARML_TIMER_EVERY", "1s")
+    .env("MEMTRACK_CLEARML_TIME_AXIS_AFTER", "1s")
     .env("MEMTRACK_CLEARML_FLUSH_INTERVAL", "200ms");
     for var in [
         "CLEARML_API_HOST",
@@ -2382,4 +2383,53 @@ print("REPLY", json.dumps(memtrack.clearml_announce("abc123", wait=True)), flush
     assert_eq!(notices.len(), 1, "{log}");
     assert!(notices[0].contains("clearml-init"), "{log}");
     assert!(!out.path().join("bare").join(SPOOL_FILE).exists());
+}
+
+#[test]
+fn a_task_init_job_with_iterations_and_only_clearml_conf_keeps_its_axis_and_gets_the_artifact() {
+    require_clearml_sdk();
+    let server = Server::start(&[]);
+    let files = FileServer::start();
+    let out = scratch();
+    write_clearml_conf(out.path(), &server, &files.url());
+    let (code, stdout, log) = run_python_job(
+        "iters",
+        out.path(),
+        &bare_sdk_env(out.path()),
+        &sdk_job(false),
+    );
+    let all = format!("{stdout}\n{log}");
+    assert_eq!(code, 0, "{all}");
+    let state = server.state();
+    let tasks = state["tasks"].as_object().unwrap();
+    assert_eq!(tasks.len(), 1, "one task, the script's: {state:#}");
+    let (id, task) = tasks.iter().next().unwrap();
+    assert_eq!(state["task_creators"][id], "sdk");
+    let memory: Vec<Value> = server
+        .points(id)
+        .into_iter()
+        .filter(|p| p["metric"].as_str().unwrap().starts_with("memory/"))
+        .collect();
+    let steps: std::collections::BTreeSet<u64> = memory
+        .iter()
+        .filter(|p| p["metric"] == "memory/model" && p["variant"] == "cpu_ram_used_mb")
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (0..5).collect(), "{memory:#?}");
+    assert!(
+        memory.iter().all(|p| p["iter"].as_u64().unwrap() <= 4),
+        "the job reports iterations: no time axis: {memory:#?}"
+    );
+    assert_eq!(task["last_iteration"], 4, "the task's axis is the job's");
+    let artifacts = task["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 1, "{task:#}\n{all}");
+    assert_eq!(
+        artifacts[0]["uri"],
+        format!(
+            "{}/memtrack-it/sdk%20job.{id}/artifacts/memory_usage/memory_usage.json",
+            files.url()
+        )
+    );
+    assert_eq!(files.state()["violations"], json!([]));
+    server.assert_exactly_once();
 }

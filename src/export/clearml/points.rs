@@ -106,9 +106,23 @@ pub struct Converter {
     /// The run's start (Unix seconds) while the job axis falls back to
     /// time: the job has reported no iteration yet (see the module doc).
     time_from: Option<f64>,
+    /// The time axis to take up once the job has reported no iteration
+    /// by its `after` (see [`TimeAxis`]).
+    time_pending: Option<TimeAxis>,
     /// The largest iteration sent on the time axis: the task's
     /// `last_iteration` up to it is memtrack's own, not the job's.
     time_max: u64,
+}
+
+/// When a job that reports no iteration gets a time axis: its points then
+/// go at the whole seconds since `from` (the run's start), once entries
+/// reach `after` (Unix seconds) without an iteration from the job, as
+/// ClearML's own monitor waits for a first iteration before it falls back
+/// to seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimeAxis {
+    pub from: f64,
+    pub after: f64,
 }
 
 /// The largest `iter` a ClearML server stores (a signed 64-bit integer).
@@ -128,17 +142,37 @@ impl Converter {
             job_axis: false,
             job_iter: 0,
             time_from: None,
+            time_pending: None,
             time_max: 0,
         }
     }
 
-    /// From now on, report on the job's iteration axis only. With
-    /// `time_from` (the run's start, Unix seconds), entries are placed at
-    /// the seconds since then for as long as the job reports no iteration,
-    /// as ClearML's own resource monitor does.
-    pub fn use_job_axis(&mut self, time_from: Option<f64>) {
+    /// From now on, report on the job's iteration axis only. With `time`,
+    /// a job that has reported no iteration by `time.after` gets the time
+    /// axis instead ([`TimeAxis`]); so does one that reported none by the
+    /// end of the run.
+    pub fn use_job_axis(&mut self, time: Option<TimeAxis>) {
         self.job_axis = true;
-        self.time_from = time_from.filter(|t| t.is_finite());
+        self.time_pending = time.filter(|t| t.from.is_finite() && t.after.is_finite());
+    }
+
+    /// Takes up the pending time axis when the job still reported no
+    /// iteration (`force`: the end of the run; else once `ts` reaches its
+    /// `after`). The windows open at iteration 0 then close with time.
+    fn time_axis_due(&mut self, ts: f64, force: bool) {
+        let Some(t) = self.time_pending else {
+            return;
+        };
+        if self.job_iter > 0 || !(force || ts >= t.after) {
+            return;
+        }
+        self.time_pending = None;
+        self.time_from = Some(t.from);
+        for w in self.windows.values_mut() {
+            if w.acc.iteration == Some(0) {
+                w.acc.iteration = None;
+            }
+        }
     }
 
     /// Whether points go on the time axis now.
@@ -155,12 +189,16 @@ impl Converter {
             }
             self.time_from = None;
         }
+        if iter > 0 {
+            self.time_pending = None;
+        }
         self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
     }
 
     /// A job's entry carried `iter`: the job has an iteration axis.
     fn job_reached(&mut self, iter: u64) {
         self.time_from = None;
+        self.time_pending = None;
         self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
     }
 
@@ -181,6 +219,7 @@ impl Converter {
         if let Some(i) = e.iteration {
             self.job_reached(i);
         }
+        self.time_axis_due(e.timestamp, false);
         // Any entry's time closes the windows it has passed.
         self.close_passed(e.timestamp, now, out);
         if e.kind != EntryKind::Timer || (self.timer_every.is_zero() && !self.job_axis) {
@@ -241,6 +280,7 @@ impl Converter {
 
     /// Closes every window (end of the run).
     pub fn close_all(&mut self, out: &mut Vec<Point>) {
+        self.time_axis_due(f64::INFINITY, true);
         let all: Vec<String> = self.windows.keys().cloned().collect();
         self.close(all, out);
     }
@@ -557,7 +597,10 @@ mod tests {
     #[test]
     fn a_job_without_iterations_gets_seconds_since_the_start() {
         let mut c = Converter::new(Duration::from_secs(2));
-        c.use_job_axis(Some(100.0));
+        c.use_job_axis(Some(TimeAxis {
+            from: 100.0,
+            after: 100.0,
+        }));
         let t0 = Instant::now();
         let mut out = Vec::new();
         c.push(mark("model", "load", 100.5, None, 1.0), t0, &mut out);
@@ -594,10 +637,52 @@ mod tests {
         assert_eq!(got[4], ("memory/system".into(), 40, 105.5));
         // The task's iteration beyond memtrack's own also ends the time axis.
         let mut c = Converter::new(Duration::from_secs(2));
-        c.use_job_axis(Some(100.0));
+        c.use_job_axis(Some(TimeAxis {
+            from: 100.0,
+            after: 100.0,
+        }));
+        c.push(timer("system", 100.0, 1.0), Instant::now(), &mut Vec::new());
         c.raise_axis(9);
         assert!(!c.on_time_axis());
         assert_eq!(c.job_iter(), 9);
+    }
+
+    #[test]
+    fn the_time_axis_waits_for_a_first_iteration() {
+        let t0 = Instant::now();
+        let axis = Some(TimeAxis {
+            from: 100.0,
+            after: 110.0,
+        });
+        // An iteration before `after`: the job's axis for good.
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(axis);
+        let mut out = Vec::new();
+        c.push(timer("system", 101.0, 1.0), t0, &mut out);
+        c.push(mark("model", "step", 102.0, Some(3), 1.0), t0, &mut out);
+        c.push(timer("system", 120.0, 1.0), t0, &mut out);
+        c.close_all(&mut out);
+        assert!(out.iter().all(|p| p.iter <= 3), "{out:?}");
+        assert!(!c.on_time_axis());
+        // None by `after`: the window held at iteration 0 closes with time,
+        // at its second, and later ones follow.
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(axis);
+        let mut out = Vec::new();
+        c.push(timer("system", 105.0, 1.0), t0, &mut out);
+        assert!(!c.on_time_axis());
+        c.push(timer("system", 111.0, 2.0), t0, &mut out);
+        assert!(c.on_time_axis());
+        c.close_all(&mut out);
+        let iters: Vec<u64> = out.iter().step_by(6).map(|p| p.iter).collect();
+        assert_eq!(iters, vec![5, 11]);
+        // A short run without iterations: the time axis at the end.
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(axis);
+        let mut out = Vec::new();
+        c.push(timer("system", 103.0, 1.0), t0, &mut out);
+        c.close_all(&mut out);
+        assert_eq!(out[0].iter, 3);
     }
 
     #[test]

@@ -597,7 +597,11 @@ impl State {
         };
         if decided == Decided::Adopt {
             // A job that reports no iteration gets a time axis.
-            self.conv.use_job_axis(Some(self.run.start));
+            self.conv.use_job_axis(Some(super::points::TimeAxis {
+                from: self.run.start,
+                after: super::points::now_ms() as f64 / 1000.0
+                    + self.settings.time_axis_after.as_secs_f64(),
+            }));
         }
         let now = Instant::now();
         for e in std::mem::take(&mut self.held) {

@@ -50,6 +50,12 @@ pub struct ClearmlConfig {
     /// window); marks are all forwarded. `0s`: every timer sample.
     #[serde(with = "serde_duration")]
     pub timer_every: Duration,
+    /// In the job's own task: without an iteration from the job this long
+    /// after it announced the task, memtrack's points use the seconds since
+    /// the run's start as their iteration (as ClearML's own monitor does
+    /// after 3 minutes).
+    #[serde(with = "serde_duration")]
+    pub time_axis_after: Duration,
     /// Points per `events.add_batch` request.
     pub batch_max: usize,
     /// A batch is sent at least this often.
@@ -80,6 +86,7 @@ impl Default for ClearmlConfig {
             task_type: "training".into(),
             job_task_wait: Duration::from_secs(30),
             timer_every: Duration::from_secs(10),
+            time_axis_after: Duration::from_secs(180),
             batch_max: 100,
             flush_interval: Duration::from_secs(5),
             queue_max: 100_000,
@@ -165,6 +172,8 @@ pub struct Settings {
     pub worker: String,
     pub verify_certificate: bool,
     pub timer_every: Duration,
+    /// See [`ClearmlConfig::time_axis_after`].
+    pub time_axis_after: Duration,
     pub batch_max: usize,
     pub flush_interval: Duration,
     pub queue_max: usize,
@@ -726,6 +735,7 @@ fn assemble(
         worker,
         verify_certificate: server.verify.unwrap_or(true),
         timer_every: config.timer_every,
+        time_axis_after: config.time_axis_after,
         batch_max: config.batch_max.max(1),
         flush_interval: config.flush_interval.max(Duration::from_millis(10)),
         queue_max: config.queue_max.max(1),
