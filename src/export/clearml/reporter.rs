@@ -48,6 +48,10 @@ use crate::model::{Entry, RunInfo};
 /// (the server force-stops an `in_progress` task silent for 2 h).
 const PING_AFTER: Duration = Duration::from_secs(15 * 60);
 
+/// Entries held at most while only the job's task would do
+/// ([`Settings::job_task_only`]) and the job has announced none yet.
+const JOB_ONLY_HELD: usize = 4096;
+
 /// How long the end of the run waits for the engine to close the channel.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
@@ -559,16 +563,17 @@ impl State {
     fn intake(&mut self, e: Entry, now: Instant, pending: &mut Vec<Point>) {
         if matches!(self.machine.phase, Phase::Waiting) {
             self.held.push(e);
+            if self.settings.job_task_only && self.held.len() >= JOB_ONLY_HELD {
+                // Most jobs that report announce at once; one that never
+                // does must not cost memory for the whole run: the oldest
+                // half goes, and the wait goes on.
+                self.held.drain(..JOB_ONLY_HELD / 2);
+                tracing::debug!(
+                    "ClearML: no task announced yet; the oldest held entries are dropped"
+                );
+                return;
+            }
             if self.held.len() >= self.settings.queue_max {
-                if self.settings.job_task_only {
-                    tracing::info!(
-                        "ClearML: {} entries arrived and the job announced no task; memtrack \
-                         stops waiting for one",
-                        self.held.len()
-                    );
-                    self.decide(None, pending);
-                    return;
-                }
                 tracing::info!(
                     "ClearML: {} entries arrived before the job announced a task of its own; \
                      memtrack creates one",
