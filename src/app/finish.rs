@@ -142,7 +142,11 @@ fn flush_within_deadline(
     let upload_failed = matches!(uploaded, Some(Err(_)));
     export_failed |= upload_failed;
     if let Some(reporter) = clearml {
-        let (failed, task) = finish_clearml(io, reporter, config, ended, uploaded, &deadline);
+        let mut artifact = s3_artifact(uploaded);
+        if artifact.is_none() && saved.written {
+            artifact = io.upload_to_files(&reporter, &saved.document, run, &deadline);
+        }
+        let (failed, task) = finish_clearml(io, reporter, config, ended, artifact, &deadline);
         export_failed |= failed;
         if let (Some(task), false) = (task, saved.advice.is_empty()) {
             advise_task(io, config, &task.id, &run.id, &saved.advice, &deadline);
@@ -179,6 +183,20 @@ fn settled_task(
     }
 }
 
+/// The S3 upload as the artifact to register.
+fn s3_artifact(
+    uploaded: Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>>,
+) -> Option<clearml::Artifact> {
+    match uploaded {
+        Some(Ok(u)) => Some(clearml::Artifact {
+            uri: u.uri,
+            size: u.size,
+            sha256: u.sha256,
+        }),
+        _ => None,
+    }
+}
+
 /// Puts the run's advice on its ClearML task (its description); a
 /// failure costs only that, and is logged.
 fn advise_task(
@@ -189,7 +207,7 @@ fn advise_task(
     advice: &str,
     deadline: &Deadline,
 ) {
-    let Ok(Some(settings)) = super::io::clearml_settings(config) else {
+    let Ok(Ok(settings)) = super::io::clearml_settings(config) else {
         return;
     };
     let work = clearml::advice::describe(&settings, task, run_id, advice);
@@ -211,17 +229,9 @@ fn finish_clearml(
     reporter: clearml::Reporter,
     config: &Config,
     ended: &Ended,
-    uploaded: Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>>,
+    artifact: Option<clearml::Artifact>,
     deadline: &Deadline,
 ) -> (bool, Option<clearml::TaskRef>) {
-    let artifact = match uploaded {
-        Some(Ok(u)) => Some(clearml::Artifact {
-            uri: u.uri,
-            size: u.size,
-            sha256: u.sha256,
-        }),
-        _ => None,
-    };
     let end = clearml::RunEnd {
         exit: ended.job_exit,
         artifact,
@@ -238,6 +248,10 @@ fn finish_clearml(
 /// Logs what the ClearML reporter achieved; true when something was lost
 /// or left unsent.
 fn log_clearml(report: &clearml::FinishReport) -> bool {
+    if let Some(why) = &report.stood_down {
+        tracing::debug!("ClearML: nothing reported: {why}");
+        return false;
+    }
     let task = report
         .task
         .as_ref()

@@ -42,27 +42,29 @@ pub(super) struct Io {
     pub metrics: Option<std::net::SocketAddr>,
 }
 
-/// The run's ClearML settings. A half configuration is refused before
-/// anything starts; an unreadable clearml.conf costs only the ClearML
-/// reporting, not the run.
-pub(super) fn clearml_settings(config: &Config) -> anyhow::Result<Option<clearml::Settings>> {
-    let clearml_settings = match clearml::resolve(
-        &config.clearml,
-        &|v| std::env::var(v).ok(),
-        std::env::var_os("HOME").map(PathBuf::from).as_deref(),
-    ) {
-        Ok(settings) => settings,
+/// The run's ClearML settings, or why the run does not report to ClearML
+/// (for a job that announces a task anyway). A half configuration is
+/// refused before anything starts; an unreadable clearml.conf costs only
+/// the ClearML reporting, not the run. Without any trigger, the SDK's own
+/// setup (clearml.conf) is enough to report into a task the job announces.
+pub(super) fn clearml_settings(
+    config: &Config,
+) -> anyhow::Result<Result<clearml::Settings, String>> {
+    let env = |v: &str| std::env::var(v).ok();
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    match clearml::resolve(&config.clearml, &env, home.as_deref()) {
+        Ok(Some(settings)) => Ok(Ok(settings)),
+        Ok(None) => Ok(clearml::zero_config(&config.clearml, &env, home.as_deref())),
         Err(
             e @ (clearml::ClearmlError::Conf { .. }
             | clearml::ClearmlError::ConfRead { .. }
             | clearml::ClearmlError::ConfTooLarge { .. }),
         ) => {
             tracing::error!("ClearML reporting is off for this run: {e}");
-            None
+            Ok(Err(e.to_string()))
         }
-        Err(e) => return Err(e.into()),
-    };
-    Ok(clearml_settings)
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl Io {
@@ -73,6 +75,7 @@ impl Io {
         engine: SyncSender<Input>,
         self_register: bool,
         first: Snapshot,
+        clearml_off: Option<&str>,
     ) -> anyhow::Result<Io> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -102,7 +105,13 @@ impl Io {
         }
 
         if !config.socket.is_off() {
-            io.serve_socket(config, engine, self_register, shutdown_rx.clone())?;
+            io.serve_socket(
+                config,
+                engine,
+                self_register,
+                clearml_off.unwrap_or_default(),
+                shutdown_rx.clone(),
+            )?;
         }
 
         io.serve_http(config, snapshots_rx, shutdown_rx)?;
@@ -134,6 +143,7 @@ impl Io {
         config: &Config,
         engine: SyncSender<Input>,
         self_register: bool,
+        clearml_off: &str,
         shutdown_rx: watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
         use crate::event::server;
@@ -161,6 +171,7 @@ impl Io {
         self.job_tasks = Some(job_tasks_rx);
         let shared = Arc::new(server::Shared {
             clearml: Some(job_tasks_tx),
+            clearml_off: clearml_off.to_string(),
             engine,
             notices: notices.clone(),
             stats: Arc::clone(&stats),
@@ -240,7 +251,7 @@ impl Io {
     /// the engine forwards its log entries on.
     pub fn start_clearml(
         &mut self,
-        clearml_settings: Option<clearml::Settings>,
+        clearml_settings: Result<clearml::Settings, String>,
         run: &RunInfo,
         run_dir: &Path,
     ) -> anyhow::Result<Option<mpsc::UnboundedSender<crate::model::Entry>>> {
@@ -248,13 +259,27 @@ impl Io {
         // the socket answers a job's `clearml_task` with "clearml":false at
         // once instead of waiting for a reporter that does not exist.
         let job_tasks = self.job_tasks.take();
-        let Some(mut settings) = clearml_settings else {
+        let Ok(mut settings) = clearml_settings else {
             return Ok(None);
         };
+        if settings.job_task_only {
+            if job_tasks.is_none() {
+                // No socket: the job cannot announce a task.
+                return Ok(None);
+            }
+            tracing::debug!(
+                "ClearML: {} found; memtrack reports into the task the job announces \
+                 (Task.init), if it does",
+                settings.host_source
+            );
+        }
         // The task memtrack may create is named now: refuse a name the
         // server would refuse before the job starts.
         clearml::check_task_name(&settings, &run.name)?;
-        settings.artifact_expected = self.s3.is_some();
+        // Without S3, the job's task gets the document where its other
+        // artifacts go: the ClearML fileserver.
+        settings.files_upload = self.s3.is_none() && !settings.files_host.is_empty();
+        settings.artifact_expected = self.s3.is_some() || settings.files_upload;
         let (entries_tx, entries_rx) = mpsc::unbounded_channel();
         let _guard = self.runtime.enter();
         self.clearml = Some(clearml::Reporter::start(

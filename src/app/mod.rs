@@ -59,7 +59,14 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     sys::raise_nofile_limit();
     let (tx, rx) = sync_channel::<Input>(65_536);
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
-    let mut io = Io::start(&config, tx.clone(), self_register, store.snapshot())?;
+    let clearml_off = clearml_settings.as_ref().err().map(String::as_str);
+    let mut io = Io::start(
+        &config,
+        tx.clone(),
+        self_register,
+        store.snapshot(),
+        clearml_off,
+    )?;
     let entries = io.start_clearml(clearml_settings, &store.run, &run_dir)?;
     let job_env = io.job_env(is_run);
     let registration = registry::Registration::register(

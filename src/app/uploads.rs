@@ -71,7 +71,9 @@ impl Io {
         always: bool,
         engine: SyncSender<Input>,
     ) -> Option<tokio::sync::watch::Sender<u64>> {
-        let s3 = self.s3.clone()?;
+        let Some(s3) = self.s3.clone() else {
+            return self.upload_checkpoints_to_files(document, run, engine);
+        };
         let (tx, mut rx) = tokio::sync::watch::channel(0u64);
         let run = run.clone();
         let task = self.clearml.as_ref().map(|r| r.task_updates());
@@ -121,6 +123,90 @@ impl Io {
         });
         self.checkpoint_uploads = Some((stop_tx, handle));
         Some(tx)
+    }
+
+    /// Without S3: once memtrack reports into the job's own ClearML task,
+    /// the document goes to the task's fileserver after every checkpoint
+    /// and is registered as its `memory_usage` artifact while the task
+    /// takes it (as with S3, an early checkpoint is asked for as soon as
+    /// the task is known). `None` when there is no fileserver to use.
+    fn upload_checkpoints_to_files(
+        &mut self,
+        document: PathBuf,
+        run: &RunInfo,
+        engine: SyncSender<Input>,
+    ) -> Option<tokio::sync::watch::Sender<u64>> {
+        let reporter = self.clearml.as_ref()?;
+        let files = reporter.files()?;
+        let artifacts = reporter.artifacts()?;
+        let mut job_task = Some(reporter.job_task());
+        let (tx, mut rx) = tokio::sync::watch::channel(0u64);
+        let file = crate::export::s3::file_name(&run.labels);
+        let mut shutdown = self.shutdown.subscribe();
+        let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
+        let handle = self.runtime.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = stop.changed() => return,
+                    changed = rx.changed() => if changed.is_err() { return },
+                    changed = clearml::reporter::job_task_changed(&mut job_task) => {
+                        if changed && clearml::reporter::job_task_known(&job_task) {
+                            let _ = engine.try_send(Input::Checkpoint);
+                        }
+                        continue;
+                    }
+                }
+                let Some(task) = job_task.as_ref().and_then(|t| t.borrow().clone()) else {
+                    continue;
+                };
+                let path = clearml::FileServer::path(&task, &file);
+                let uploaded = files.upload(&document, &path).await;
+                if let Err(e) = &uploaded {
+                    tracing::warn!("ClearML: the checkpoint upload to the fileserver failed: {e}");
+                }
+                let _ = artifacts.send(uploaded);
+            }
+        });
+        self.checkpoint_uploads = Some((stop_tx, handle));
+        Some(tx)
+    }
+
+    /// The final document on the job's task's fileserver (no S3): the
+    /// object the registered artifact points at, brought up to date.
+    /// `None` when the document does not go there.
+    pub(super) fn upload_to_files(
+        &self,
+        reporter: &clearml::Reporter,
+        document: &Path,
+        run: &RunInfo,
+        deadline: &Deadline,
+    ) -> Option<clearml::Artifact> {
+        if self.s3.is_some() {
+            return None;
+        }
+        let files = reporter.files()?;
+        let task = reporter.job_task().borrow().clone()?;
+        let path = clearml::FileServer::path(&task, &crate::export::s3::file_name(&run.labels));
+        let result = self.runtime.block_on(deadline.bound(
+            "the upload to the ClearML fileserver",
+            files.upload(document, &path),
+        ));
+        match result {
+            Some(Ok(a)) => {
+                tracing::info!(
+                    "uploaded {} ({} bytes) to the ClearML fileserver",
+                    a.uri,
+                    a.size
+                );
+                Some(a)
+            }
+            Some(Err(e)) => {
+                tracing::error!("ClearML: the upload to the fileserver failed: {e}");
+                None
+            }
+            None => None,
+        }
     }
 
     /// Stops the checkpoint uploader, waiting for an upload under way, so

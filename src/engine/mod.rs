@@ -59,6 +59,8 @@ pub struct Engine {
     /// Where exporters get the latest picture of the run.
     snapshots: Option<watch::Sender<Arc<Snapshot>>>,
     last_publish: Instant,
+    /// The leak verdicts snapshots carry, and when they were judged.
+    leak: Option<(Instant, crate::model::leak::LeakReport)>,
     tick_seconds: Histogram,
     entries: Option<tokio::sync::mpsc::UnboundedSender<Entry>>,
     checkpoints: Option<watch::Sender<u64>>,
@@ -117,6 +119,7 @@ impl Engine {
             events,
             snapshots,
             last_publish: now,
+            leak: None,
             tick_seconds: Histogram::default(),
             entries: None,
             checkpoints: None,

@@ -13,6 +13,10 @@ use crate::store::Outcome;
 /// Snapshots for exporters are published at most this often.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
+/// The leak verdicts a snapshot carries are judged again at most this
+/// often (a verdict costs milliseconds; the rule needs 20 s of samples).
+const LEAK_EVERY: Duration = Duration::from_secs(5);
+
 impl Engine {
     /// Publishes a snapshot for exporters, at most every 100 ms unless
     /// `force`d.
@@ -28,6 +32,14 @@ impl Engine {
         }
         self.last_publish = now;
         let mut snap = self.store.snapshot();
+        let stale = self
+            .leak
+            .as_ref()
+            .is_none_or(|(at, _)| force || now.duration_since(*at) >= LEAK_EVERY);
+        if stale {
+            self.leak = Some((now, self.store.leak_report()));
+        }
+        snap.leak = self.leak.as_ref().map(|(_, l)| l.clone());
         snap.tick_seconds = self.tick_seconds.clone();
         for (name, counter) in &self.export_errors {
             snap.export_errors

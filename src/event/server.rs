@@ -66,6 +66,9 @@ pub struct Shared {
     /// The ClearML reporter's intake for `clearml_task` announcements;
     /// `None` (or closed) when the run does not report to ClearML.
     pub clearml: Option<mpsc::UnboundedSender<crate::event::inbox::JobTask>>,
+    /// Why the run does not report to ClearML, for a job that announces a
+    /// task anyway (empty: not known).
+    pub clearml_off: String,
 }
 
 /// Why the socket could not be set up.
@@ -521,6 +524,13 @@ async fn announce_task(
         })
         .is_ok()
     });
+    if !sent {
+        // The one line that says why a job's `Task.init` gets no charts.
+        tracing::info!(
+            "ClearML: the job announced its task {task}; {}",
+            off_message(shared)
+        );
+    }
     if !ack {
         return None;
     }
@@ -537,7 +547,7 @@ async fn announce_task(
         JobTaskReply {
             reporting: false,
             artifact: false,
-            message: "this memtrack does not report to ClearML".into(),
+            message: off_message(shared),
         }
     };
     let mut fields = serde_json::Map::new();
@@ -547,6 +557,18 @@ async fn announce_task(
     fields.insert("artifact".into(), reply.artifact.into());
     fields.insert("message".into(), reply.message.into());
     Some(protocol::ok_line("clearml_task", id, fields))
+}
+
+/// Why a `clearml_task` announcement is not taken up.
+fn off_message(shared: &Shared) -> String {
+    if shared.clearml_off.is_empty() {
+        "this memtrack does not report to ClearML".into()
+    } else {
+        format!(
+            "this memtrack does not report to ClearML: {}",
+            shared.clearml_off
+        )
+    }
 }
 
 /// Hands a request to the engine. A full queue is backpressure: this

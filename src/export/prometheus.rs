@@ -94,7 +94,7 @@ pub const METRICS: &[Def] = &[
     def("memtrack_allocator_max_allocated_bytes", G, &["pid", "device"], "torch.cuda.max_memory_allocated() last sent by a process."),
     def("memtrack_host_memory_total_bytes", G, &[], "Host RAM (MemTotal)."),
     def("memtrack_host_memory_available_bytes", G, &[], "Host RAM available (MemAvailable)."),
-    def("memtrack_peak_memory_bytes", G, &["figure"], "Run peak of each memory_usage.json figure (cpu_ram_used, cpu_ram_hwm, gpu_ram_used, gpu_ram_peak, reserved_gpu_ram, gpu_process_used)."),
+    def("memtrack_peak_memory_bytes", G, &["figure"], "Run peak of each memory_usage.json figure (cpu_ram_used, cpu_ram_hwm, gpu_ram_used, gpu_ram_peak, reserved_gpu_ram, gpu_process_used; the gpu ones only when the run has GPU memory)."),
     def("memtrack_component_peak_memory_bytes", G, &["component", "figure"], "Peak of each figure over the samples attributed to a component."),
     def("memtrack_events_total", C, &["component", "operation"], "Events (marks, spans, stages) recorded; before the first, one series at 0 without these labels."),
     def("memtrack_pressure_level", G, &["resource"], "Memory pressure: 0 normal, 1 high, 2 critical, 3 emergency."),
@@ -103,6 +103,22 @@ pub const METRICS: &[Def] = &[
     def("memtrack_last_sample_timestamp_seconds", G, &[], "Unix time of the latest sample."),
     def("memtrack_run_start_timestamp_seconds", G, &[], "Unix time the run started."),
     def("memtrack_interval_seconds", G, &[], "The timer period."),
+    def("memtrack_current_stage", G, &["stage"], "1 for each stage the job began and has not ended yet."),
+    def(
+        "memtrack_leak_suspected",
+        G,
+        &["memory"],
+        "memtrack's leak verdict on the tree's host or gpu memory: 1 suspected, 0 judged and not; absent until the run is long enough to judge (20 s and 12 samples after warm-up).",
+    ),
+    def("memtrack_leak_growth_bytes", G, &["memory"], "Growth over the window the leak rule judged, for each judged series of the tree."),
+    def(
+        "memtrack_process_leak_suspected",
+        G,
+        &["pid", "name", "memory"],
+        "The leak verdict on one followed process long enough to judge (host memory; gpu where it had any): 1 suspected, 0 not.",
+    ),
+    def("memtrack_rerun_host_memory_bytes", G, &[], "What a re-run needs in host RAM: the tree's peak so far plus 10 % headroom."),
+    def("memtrack_rerun_gpu_memory_bytes", G, &[], "What a re-run needs on one GPU: the largest per-device peak so far plus 10 % headroom (absent without GPU memory)."),
     def("memtrack_self_resident_memory_bytes", G, &[], "RSS of memtrack itself."),
     def("memtrack_self_cpu_seconds_total", C, &[], "CPU time memtrack itself has used (user + system)."),
     def("memtrack_tick_duration_seconds", H, &[], "Time one sample took."),
@@ -231,6 +247,7 @@ pub fn families_with(
     peaks(&mut f, snap);
     events(&mut f, snap);
     run_state(&mut f, snap);
+    verdicts(&mut f, snap);
     if let Some(me) = me {
         self_usage(&mut f, me);
     }
@@ -454,8 +471,25 @@ fn host_memory(f: &mut Families, snap: &Snapshot) {
     }
 }
 
-/// Peaks of the run and of each component, per figure.
+/// Whether the run has GPU memory to speak of: a GPU seen, or a GPU
+/// figure above 0 (PyTorch's allocator figures come without NVML too).
+fn has_gpu(snap: &Snapshot) -> bool {
+    let p = &snap.peaks;
+    !snap.gpus.is_empty()
+        || [
+            p.gpu_ram_used_mb,
+            p.gpu_ram_peak_mb,
+            p.reserved_gpu_ram_mb,
+            p.gpu_process_used_mb,
+        ]
+        .iter()
+        .any(|v| *v > 0.0)
+}
+
+/// Peaks of the run and of each component, per figure; the GPU figures
+/// only when the run has GPU memory (no series that can only read 0).
 fn peaks(f: &mut Families, snap: &Snapshot) {
+    let gpu = has_gpu(snap);
     let figures = |p: &crate::model::Peaks| {
         [
             ("cpu_ram_used", p.cpu_ram_used_mb),
@@ -465,6 +499,8 @@ fn peaks(f: &mut Families, snap: &Snapshot) {
             ("reserved_gpu_ram", p.reserved_gpu_ram_mb),
             ("gpu_process_used", p.gpu_process_used_mb),
         ]
+        .into_iter()
+        .filter(move |(figure, _)| gpu || figure.starts_with("cpu_"))
     };
     for (figure, mb) in figures(&snap.peaks) {
         f.gauge(
@@ -526,6 +562,69 @@ fn run_state(f: &mut Families, snap: &Snapshot) {
     );
     f.gauge("memtrack_run_start_timestamp_seconds", &[], snap.run.start);
     f.gauge("memtrack_interval_seconds", &[], snap.run.interval_s);
+}
+
+/// What memtrack concluded so far: the stages open now, the leak verdicts
+/// of the tree and of each process, and what a re-run needs.
+fn verdicts(f: &mut Families, snap: &Snapshot) {
+    for stage in &snap.open_stages {
+        f.gauge("memtrack_current_stage", &[("stage", stage.clone())], 1.0);
+    }
+    let flag = |suspected: bool| if suspected { 1.0 } else { 0.0 };
+    let tree: Vec<(&str, &crate::model::leak::Verdict)> = snap
+        .leak
+        .iter()
+        .flat_map(|l| {
+            l.host
+                .iter()
+                .map(|v| ("host", v))
+                .chain(l.gpu.iter().map(|v| ("gpu", v)))
+        })
+        .filter(|(_, v)| v.judged)
+        .collect();
+    for (memory, v) in &tree {
+        f.gauge(
+            "memtrack_leak_suspected",
+            &[("memory", (*memory).to_string())],
+            flag(v.suspected),
+        );
+    }
+    for (memory, v) in &tree {
+        f.gauge(
+            "memtrack_leak_growth_bytes",
+            &[("memory", (*memory).to_string())],
+            v.growth_mib * MIB,
+        );
+    }
+    let targets = snap.leak.iter().flat_map(|l| l.targets.iter().flatten());
+    for t in targets {
+        let verdicts = std::iter::once(("host", &t.host)).chain(t.gpu.iter().map(|g| ("gpu", g)));
+        for (memory, v) in verdicts.filter(|(_, v)| v.judged) {
+            f.gauge(
+                "memtrack_process_leak_suspected",
+                &[
+                    ("pid", t.pid.to_string()),
+                    ("name", t.name.clone()),
+                    ("memory", memory.to_string()),
+                ],
+                flag(v.suspected),
+            );
+        }
+    }
+    if snap.needs.min_host_ram_mb > 0.0 {
+        f.gauge(
+            "memtrack_rerun_host_memory_bytes",
+            &[],
+            snap.needs.min_host_ram_mb * MIB,
+        );
+    }
+    if snap.needs.min_gpu_mb > 0.0 {
+        f.gauge(
+            "memtrack_rerun_gpu_memory_bytes",
+            &[],
+            snap.needs.min_gpu_mb * MIB,
+        );
+    }
 }
 
 /// memtrack's own memory and CPU time.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::log_view::LogView;
 use super::state::Store;
 use crate::model::advice::{Advice, Facts};
-use crate::model::leak::LeakConfig;
+use crate::model::leak::{LeakConfig, LeakReport};
 use crate::model::{Document, DocumentOf, Entry, RunStatus, Summary, Target, SCHEMA_VERSION};
 
 /// Headroom added to peaks in the "what a re-run needs" summary.
@@ -44,10 +44,7 @@ impl Store {
         if run.status.is_empty() {
             run.status = RunStatus::Running;
         }
-        let timers: Vec<&Entry> = self.timer.iter().collect();
-        let leak =
-            self.leak
-                .analyze_beside(&timers, &targets, SCHEMA_VERSION, &LeakConfig::default());
+        let leak = self.leak_of(&targets);
         let mut doc = DocumentOf {
             schema: SCHEMA_VERSION,
             run,
@@ -89,7 +86,27 @@ impl Store {
         facts.conclude(doc)
     }
 
-    fn summary(&self) -> Summary {
+    /// The leak rule's verdicts as of now (what the document's `leak`
+    /// block holds). Costs up to a few milliseconds: callers that ask
+    /// often keep the answer a while.
+    pub fn leak_report(&self) -> LeakReport {
+        let mut targets: Vec<Target> = self.gone.clone();
+        targets.extend(self.live.values().map(|l| {
+            let mut t = l.target.clone();
+            t.series = l.series.iter().copied().collect();
+            t
+        }));
+        self.leak_of(&targets)
+    }
+
+    fn leak_of(&self, targets: &[Target]) -> LeakReport {
+        let timers: Vec<&Entry> = self.timer.iter().collect();
+        self.leak
+            .analyze_beside(&timers, targets, SCHEMA_VERSION, &LeakConfig::default())
+    }
+
+    /// What a re-run needs, as of now: the peaks plus [`HEADROOM`].
+    pub fn summary(&self) -> Summary {
         let peak_host = self.peaks.cpu_ram_used_mb.max(self.peaks.cpu_ram_hwm_mb);
         let mut by_device: BTreeMap<u32, f64> = self
             .gpus

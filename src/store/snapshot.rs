@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::pressure::Level;
+use crate::model::leak::LeakReport;
 use crate::model::{
-    Allocator, Counters, Gpu, GpuAttribution, GpuBackend, GpuSource, HostSource, Peaks,
+    Allocator, Counters, Gpu, GpuAttribution, GpuBackend, GpuSource, HostSource, Peaks, Summary,
 };
 use crate::sample::HostMemory;
 
@@ -147,6 +148,11 @@ pub struct Snapshot {
     /// Failures of each exporter (`checkpoint`, `clearml`, `s3`).
     pub export_errors: BTreeMap<String, u64>,
     pub finished: bool,
+    /// The leak rule's latest verdicts (the engine refreshes them every
+    /// few seconds: they cost milliseconds); `None` before the first.
+    pub leak: Option<LeakReport>,
+    /// What a re-run needs, as of this snapshot.
+    pub needs: Summary,
 }
 
 #[cfg(test)]

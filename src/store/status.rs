@@ -114,6 +114,7 @@ impl Store {
             counters: self.counters.clone(),
             nvml_up: self.nvml_up,
             finished: self.is_finished(),
+            needs: self.summary(),
             ..Snapshot::default()
         }
     }

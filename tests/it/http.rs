@@ -122,6 +122,7 @@ def call(m):
 alloc = {{'allocated': 1 << 30, 'reserved': 2 << 30, 'max_allocated': 3 << 29, 'device': 0}}
 call({{'type': 'span_begin', 'component': 'model', 'operation': 'generate', 'allocator': alloc}})
 call({{'component': 'model', 'operation': 'step', 'allocator': alloc}})
+call({{'type': 'stage_begin', 'name': 'load'}})
 time.sleep(3)
 call({{'type': 'span_end', 'component': 'model', 'operation': 'generate'}})
 "#,
@@ -147,9 +148,12 @@ fn every_declared_metric_is_served_and_the_readme_lists_them() {
             .map(|l| l.split(' ').next().unwrap().to_string())
             .collect()
     };
+    // The leak verdicts need 20 s of samples (tests/it/prometheus.rs
+    // scrapes them from a longer run).
     let declared: BTreeSet<String> = memtrack::export::prometheus::METRICS
         .iter()
         .map(|m| m.name.to_string())
+        .filter(|n| !n.contains("_leak_"))
         .collect();
     wait_for("every metric family", Duration::from_secs(15), || {
         names() == declared
@@ -481,4 +485,51 @@ fn pss(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .unwrap()
         * 1024
+}
+
+#[test]
+fn a_host_only_run_serves_no_gpu_figures() {
+    let dir = scratch();
+    let stop = dir.path().join("stop");
+    let script = format!(
+        r#"
+import json, os, socket, time
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET']); f = s.makefile('rwb')
+f.write((json.dumps({{'component': 'model', 'operation': 'load', 'ack': True}}) + '\n').encode()); f.flush(); f.readline()
+while not os.path.exists({stop:?}):
+    time.sleep(0.05)
+"#,
+        stop = stop.display().to_string()
+    );
+    let d = Daemon::start(
+        dir.path(),
+        &["--interval", "100ms", "--no-gpu"],
+        &python(&script),
+        &[],
+    );
+    let mut body = String::new();
+    wait_for("the model's peaks", Duration::from_secs(15), || {
+        body = d.http("GET", "/metrics").1;
+        body.contains("memtrack_component_peak_memory_bytes{")
+            && body.contains("component=\"model\"")
+    });
+    let peaks: Vec<&str> = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("memtrack_peak_memory_bytes{")
+                || l.starts_with("memtrack_component_peak_memory_bytes{")
+        })
+        .collect();
+    assert!(
+        peaks.iter().any(|l| l.contains("figure=\"cpu_ram_used\"")),
+        "{body}"
+    );
+    let gpu: Vec<&&str> = peaks
+        .iter()
+        .filter(|l| l.contains("figure=\"gpu_") || l.contains("figure=\"reserved_gpu"))
+        .collect();
+    assert!(gpu.is_empty(), "no GPU, no GPU figures: {gpu:#?}");
+    std::fs::write(&stop, "").unwrap();
+    let (code, _) = d.finish();
+    assert_eq!(code, Some(0));
 }

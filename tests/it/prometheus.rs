@@ -33,7 +33,14 @@ const RATE_INTERVAL: &str = "1m";
 /// Families a rich run (below, with `--smaps`) may lack. Empty: every
 /// family of `METRICS` must be in the scrape that `promtool check metrics`
 /// lints. A new family that only some runs export goes here, with why.
-const NOT_IN_SCRAPE: &[&str] = &[];
+const NOT_IN_SCRAPE: &[&str] = &[
+    // The leak rule judges a run after 20 s of samples; the rich run is
+    // scraped before. `memtracks_verdicts_are_metrics_during_a_short_leaking_run`
+    // scrapes them.
+    "memtrack_leak_suspected",
+    "memtrack_leak_growth_bytes",
+    "memtrack_process_leak_suspected",
+];
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -1155,4 +1162,100 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     );
 
     rig.finish();
+}
+
+// ---------------------------------------------------------------- verdicts
+
+/// A job that opens the stage `train`, then grows by 2 MiB every 100 ms
+/// (steadily: a leak) until `stop` exists or two minutes passed.
+const LEAKING_JOB: &str = r#"
+import json, os, socket, sys, time
+stop = sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(os.environ['MEMTRACK_SOCKET'])
+replies = s.makefile('r')
+s.sendall((json.dumps({'type': 'stage_begin', 'name': 'train', 'ack': True}) + '\n').encode())
+assert json.loads(replies.readline())['ok']
+hog, deadline = [], time.time() + 120
+while not os.path.exists(stop) and time.time() < deadline:
+    hog.append(b'x' * (2 << 20))
+    time.sleep(0.1)
+"#;
+
+/// The value of the series of `name` whose labels contain `with`.
+fn series_value(body: &str, name: &str, with: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(with))
+        .find_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse().ok()))
+}
+
+#[test]
+fn memtracks_verdicts_are_metrics_during_a_short_leaking_run() {
+    let dir = scratch();
+    let stop = dir.path().join("stop");
+    let mut job = python(LEAKING_JOB);
+    job.push(stop.display().to_string());
+    let daemon = Daemon::start(
+        &dir.path().join("out"),
+        &["--interval", "200ms", "--no-gpu"],
+        &job,
+        &[],
+    );
+    // The current stage and what a re-run needs are there from the start.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let early = loop {
+        let (_, body) = daemon.http("GET", "/metrics");
+        if series_value(&body, "memtrack_current_stage", "stage=\"train\"").is_some() {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no current stage:\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        series_value(&early, "memtrack_current_stage", "stage=\"train\""),
+        Some(1.0)
+    );
+    let need = series_value(&early, "memtrack_rerun_host_memory_bytes", "run=\"d\"")
+        .unwrap_or_else(|| panic!("no re-run need:\n{early}"));
+    assert!(need > 0.0, "{early}");
+    assert!(
+        !early.contains("memtrack_rerun_gpu_memory_bytes"),
+        "no GPU, no GPU need"
+    );
+    // The verdict: judged once the run is long enough, then a leak of the
+    // tree and of the job's process, well within the run.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let body = loop {
+        let (_, body) = daemon.http("GET", "/metrics");
+        if series_value(&body, "memtrack_leak_suspected", "memory=\"host\"") == Some(1.0) {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leak verdict after 90 s:\n{body}\n{}",
+            daemon.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let growth = series_value(&body, "memtrack_leak_growth_bytes", "memory=\"host\"")
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(growth > 32.0 * 1024.0 * 1024.0, "{body}");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("memtrack_process_leak_suspected{")
+                && l.contains("memory=\"host\"")
+                && l.ends_with(" 1")),
+        "{body}"
+    );
+    let later = series_value(&body, "memtrack_rerun_host_memory_bytes", "run=\"d\"").unwrap();
+    assert!(
+        later > need,
+        "the need follows the peak: {need} then {later}"
+    );
+    std::fs::write(&stop, "").unwrap();
+    let (code, doc) = daemon.finish();
+    assert_eq!(code, Some(0));
+    // The metric said what the file says.
+    let leak = memtrack::model::leak::LeakReport::from_value(doc.leak.as_ref().unwrap());
+    assert!(leak.host.unwrap().suspected, "the document agrees");
 }

@@ -386,6 +386,35 @@ impl Api {
         Ok(())
     }
 
+    /// POSTs `body` to `url` (a ClearML fileserver) with the API server's
+    /// bearer token, as the SDK authenticates its uploads there. `Err`: why
+    /// it failed, in words.
+    pub async fn post_upload(
+        &self,
+        url: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<(), String> {
+        let token = self.bearer().await.map_err(|e| e.to_string())?;
+        let resp = self
+            .client
+            .post(url)
+            .header(reqwest::header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .header("X-ClearML-Client", client_header())
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| format!("POST {url}: {}", chain(&e)))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let text: String = text.chars().take(200).collect();
+        Err(format!("POST {url}: HTTP {status}: {}", text.trim()))
+    }
+
     /// The current bearer token, logging in first when there is none or it
     /// is about to expire.
     async fn bearer(&self) -> Result<String, CallError> {

@@ -16,6 +16,7 @@
 //!   collisions), pure;
 //! - [`queue`]: the bounded in-memory queue and its spool file;
 //! - [`api`]: the HTTP client (auth, envelopes, retry classification);
+//! - [`files`]: the artifact on the ClearML fileserver (no S3 destination);
 //! - [`tasks`]: the REST calls on tasks and projects (find, create, end,
 //!   register the artifact);
 //! - `jobs`: the network jobs the reporter runs, as futures;
@@ -30,6 +31,7 @@
 
 pub mod advice;
 pub mod api;
+pub mod files;
 pub mod hocon;
 mod jobs;
 pub mod machine;
@@ -43,9 +45,11 @@ pub mod tasks;
 
 pub use crate::export::task_note::{read as read_task_note, TaskFile, SPOOL_FILE, TASK_FILE};
 pub use api::API_VERSION;
+pub use files::FileServer;
 pub use outcome::{note_task, Artifact, FinishReport, RunEnd, TaskRef};
 pub use reporter::Reporter;
 pub use settings::{
-    check_name, check_task_name, mask, read_conf, resolve, tidy_project, ClearmlConfig,
-    ClearmlError, Credentials, Settings, BACKOFF_MAX, BACKOFF_MIN, MIN_NAME, TASK_TYPES,
+    check_name, check_task_name, mask, read_conf, resolve, tidy_project, zero_config,
+    ClearmlConfig, ClearmlError, Credentials, Settings, BACKOFF_MAX, BACKOFF_MIN, MIN_NAME,
+    TASK_TYPES,
 };

@@ -34,6 +34,9 @@ pub struct Artifact {
 /// What the end of the run achieved.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FinishReport {
+    /// Nothing was meant to be reported (only a task the job announces
+    /// would do, and it announced none): why, in words. Not a failure.
+    pub stood_down: Option<String>,
     /// Points the server stored.
     pub sent: u64,
     /// Points left in the spool file ([`FinishReport::spool`]).

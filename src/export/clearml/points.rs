@@ -103,6 +103,26 @@ pub struct Converter {
     job_axis: bool,
     /// The latest iteration the job reached (job axis).
     job_iter: u64,
+    /// The run's start (Unix seconds) while the job axis falls back to
+    /// time: the job has reported no iteration yet (see the module doc).
+    time_from: Option<f64>,
+    /// The time axis to take up once the job has reported no iteration
+    /// by its `after` (see [`TimeAxis`]).
+    time_pending: Option<TimeAxis>,
+    /// The largest iteration sent on the time axis: the task's
+    /// `last_iteration` up to it is memtrack's own, not the job's.
+    time_max: u64,
+}
+
+/// When a job that reports no iteration gets a time axis: its points then
+/// go at the whole seconds since `from` (the run's start), once entries
+/// reach `after` (Unix seconds) without an iteration from the job, as
+/// ClearML's own monitor waits for a first iteration before it falls back
+/// to seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimeAxis {
+    pub from: f64,
+    pub after: f64,
 }
 
 /// The largest `iter` a ClearML server stores (a signed 64-bit integer).
@@ -121,16 +141,64 @@ impl Converter {
             duplicate_logged: false,
             job_axis: false,
             job_iter: 0,
+            time_from: None,
+            time_pending: None,
+            time_max: 0,
         }
     }
 
-    /// From now on, report on the job's iteration axis only.
-    pub fn use_job_axis(&mut self) {
+    /// From now on, report on the job's iteration axis only. With `time`,
+    /// a job that has reported no iteration by `time.after` gets the time
+    /// axis instead ([`TimeAxis`]); so does one that reported none by the
+    /// end of the run.
+    pub fn use_job_axis(&mut self, time: Option<TimeAxis>) {
         self.job_axis = true;
+        self.time_pending = time.filter(|t| t.from.is_finite() && t.after.is_finite());
     }
 
-    /// The job reached `iter` (the task's `last_iteration` on the server).
+    /// Takes up the pending time axis when the job still reported no
+    /// iteration (`force`: the end of the run; else once `ts` reaches its
+    /// `after`). The windows open at iteration 0 then close with time.
+    fn time_axis_due(&mut self, ts: f64, force: bool) {
+        let Some(t) = self.time_pending else {
+            return;
+        };
+        if self.job_iter > 0 || !(force || ts >= t.after) {
+            return;
+        }
+        self.time_pending = None;
+        self.time_from = Some(t.from);
+        for w in self.windows.values_mut() {
+            if w.acc.iteration == Some(0) {
+                w.acc.iteration = None;
+            }
+        }
+    }
+
+    /// Whether points go on the time axis now.
+    pub fn on_time_axis(&self) -> bool {
+        self.job_axis && self.time_from.is_some()
+    }
+
+    /// The task's `last_iteration` on the server is `iter`. On the time
+    /// axis only a value beyond memtrack's own points is the job's.
     pub fn raise_axis(&mut self, iter: u64) {
+        if self.on_time_axis() {
+            if iter <= self.time_max {
+                return;
+            }
+            self.time_from = None;
+        }
+        if iter > 0 {
+            self.time_pending = None;
+        }
+        self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
+    }
+
+    /// A job's entry carried `iter`: the job has an iteration axis.
+    fn job_reached(&mut self, iter: u64) {
+        self.time_from = None;
+        self.time_pending = None;
         self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
     }
 
@@ -149,17 +217,19 @@ impl Converter {
     /// `timer_every` of wall time, so a quiet component is not held back).
     pub fn push(&mut self, e: Entry, now: Instant, out: &mut Vec<Point>) {
         if let Some(i) = e.iteration {
-            self.raise_axis(i);
+            self.job_reached(i);
         }
+        self.time_axis_due(e.timestamp, false);
         // Any entry's time closes the windows it has passed.
         self.close_passed(e.timestamp, now, out);
         if e.kind != EntryKind::Timer || (self.timer_every.is_zero() && !self.job_axis) {
             self.forward(&e, out);
             return;
         }
+        let iteration_axis = self.job_axis && !self.on_time_axis();
         match self.windows.get_mut(&e.component) {
             Some(w) => fold_max(&mut w.acc, &e),
-            None if self.job_axis => {
+            None if iteration_axis => {
                 // The window is placed at the iteration the job is in.
                 let mut acc = e;
                 acc.iteration = Some(self.job_iter);
@@ -199,8 +269,9 @@ impl Converter {
                 let passed =
                     ts >= w.start + every || now.duration_since(w.opened) >= self.timer_every;
                 // On the job axis a window closes only once the job has
-                // moved past its iteration.
-                passed && (!self.job_axis || w.acc.iteration.is_some_and(|i| self.job_iter > i))
+                // moved past its iteration (a window of the time axis has
+                // none and closes with time).
+                passed && (!self.job_axis || w.acc.iteration.is_none_or(|i| self.job_iter > i))
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -209,6 +280,7 @@ impl Converter {
 
     /// Closes every window (end of the run).
     pub fn close_all(&mut self, out: &mut Vec<Point>) {
+        self.time_axis_due(f64::INFINITY, true);
         let all: Vec<String> = self.windows.keys().cloned().collect();
         self.close(all, out);
     }
@@ -238,12 +310,22 @@ impl Converter {
 
     /// One forwarded entry → its points.
     fn forward(&mut self, e: &Entry, out: &mut Vec<Point>) {
-        let iter = if self.job_axis {
-            e.iteration.unwrap_or(self.job_iter)
-        } else {
-            e.iteration.unwrap_or(self.counter)
-        }
-        .min(MAX_ITER);
+        let iter =
+            if let (Some(from), None) = (self.time_from.filter(|_| self.job_axis), e.iteration) {
+                // Whole seconds since the run started.
+                let t = if e.timestamp.is_finite() {
+                    (e.timestamp - from).max(0.0).floor() as u64
+                } else {
+                    self.time_max
+                };
+                self.time_max = self.time_max.max(t);
+                t
+            } else if self.job_axis {
+                e.iteration.unwrap_or(self.job_iter)
+            } else {
+                e.iteration.unwrap_or(self.counter)
+            }
+            .min(MAX_ITER);
         self.counter += 1;
         let title = Self::intern(&mut self.titles, &e.component);
         let suffix = if self.taken.insert((title, 0, iter)) {
@@ -473,7 +555,7 @@ mod tests {
     #[test]
     fn the_job_axis_never_goes_beyond_the_jobs_iteration() {
         let mut c = Converter::new(Duration::from_secs(1));
-        c.use_job_axis();
+        c.use_job_axis(None);
         let t0 = Instant::now();
         let mut out = Vec::new();
         // Before the job reports anything: iteration 0.
@@ -510,6 +592,97 @@ mod tests {
         );
         assert_eq!(out[24].variant, "cpu_ram_used_mb:after");
         assert!(out.iter().all(|p| p.iter <= c.job_iter()));
+    }
+
+    #[test]
+    fn a_job_without_iterations_gets_seconds_since_the_start() {
+        let mut c = Converter::new(Duration::from_secs(2));
+        c.use_job_axis(Some(TimeAxis {
+            from: 100.0,
+            after: 100.0,
+        }));
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        c.push(mark("model", "load", 100.5, None, 1.0), t0, &mut out);
+        for ts in [101.0, 102.0, 103.0, 104.0, 105.5] {
+            c.push(timer("system", ts, ts), t0, &mut out);
+        }
+        let iters = |out: &[Point]| -> Vec<(String, u64, f64)> {
+            out.iter()
+                .filter(|p| p.variant == "cpu_ram_used_mb")
+                .map(|p| (p.metric.clone(), p.iter, p.value))
+                .collect()
+        };
+        // Windows close with time, each at the second it started.
+        assert_eq!(
+            iters(&out),
+            vec![
+                ("memory/model".into(), 0, 1.0),
+                ("memory/system".into(), 1, 102.0),
+                ("memory/system".into(), 3, 104.0),
+            ]
+        );
+        // The server's last_iteration up to memtrack's own is not the job's.
+        c.raise_axis(3);
+        assert!(c.on_time_axis());
+        // A mark with an iteration: from now on the job's axis.
+        c.push(mark("model", "step", 106.0, Some(40), 1.0), t0, &mut out);
+        assert!(!c.on_time_axis());
+        c.push(timer("system", 107.0, 7.0), t0, &mut out);
+        c.close_all(&mut out);
+        let got = iters(&out);
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert_eq!(got[3], ("memory/model".into(), 40, 1.0));
+        // The window still open goes where the job is.
+        assert_eq!(got[4], ("memory/system".into(), 40, 105.5));
+        // The task's iteration beyond memtrack's own also ends the time axis.
+        let mut c = Converter::new(Duration::from_secs(2));
+        c.use_job_axis(Some(TimeAxis {
+            from: 100.0,
+            after: 100.0,
+        }));
+        c.push(timer("system", 100.0, 1.0), Instant::now(), &mut Vec::new());
+        c.raise_axis(9);
+        assert!(!c.on_time_axis());
+        assert_eq!(c.job_iter(), 9);
+    }
+
+    #[test]
+    fn the_time_axis_waits_for_a_first_iteration() {
+        let t0 = Instant::now();
+        let axis = Some(TimeAxis {
+            from: 100.0,
+            after: 110.0,
+        });
+        // An iteration before `after`: the job's axis for good.
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(axis);
+        let mut out = Vec::new();
+        c.push(timer("system", 101.0, 1.0), t0, &mut out);
+        c.push(mark("model", "step", 102.0, Some(3), 1.0), t0, &mut out);
+        c.push(timer("system", 120.0, 1.0), t0, &mut out);
+        c.close_all(&mut out);
+        assert!(out.iter().all(|p| p.iter <= 3), "{out:?}");
+        assert!(!c.on_time_axis());
+        // None by `after`: the window held at iteration 0 closes with time,
+        // at its second, and later ones follow.
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(axis);
+        let mut out = Vec::new();
+        c.push(timer("system", 105.0, 1.0), t0, &mut out);
+        assert!(!c.on_time_axis());
+        c.push(timer("system", 111.0, 2.0), t0, &mut out);
+        assert!(c.on_time_axis());
+        c.close_all(&mut out);
+        let iters: Vec<u64> = out.iter().step_by(6).map(|p| p.iter).collect();
+        assert_eq!(iters, vec![5, 11]);
+        // A short run without iterations: the time axis at the end.
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(axis);
+        let mut out = Vec::new();
+        c.push(timer("system", 103.0, 1.0), t0, &mut out);
+        c.close_all(&mut out);
+        assert_eq!(out[0].iter, 3);
     }
 
     #[test]

@@ -48,6 +48,10 @@ use crate::model::{Entry, RunInfo};
 /// (the server force-stops an `in_progress` task silent for 2 h).
 const PING_AFTER: Duration = Duration::from_secs(15 * 60);
 
+/// Entries held at most while only the job's task would do
+/// ([`Settings::job_task_only`]) and the job has announced none yet.
+const JOB_ONLY_HELD: usize = 4096;
+
 /// How long the end of the run waits for the engine to close the channel.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
@@ -68,6 +72,9 @@ pub struct Reporter {
     finish: Option<oneshot::Sender<Finish>>,
     /// Set when the reporter could not start at all.
     failed: Option<String>,
+    /// The fileserver the job's task keeps its artifacts on, when the
+    /// document goes there (no S3 destination).
+    files: Option<super::files::FileServer>,
 }
 
 impl Reporter {
@@ -138,6 +145,7 @@ impl Reporter {
                 errors: Arc::clone(&errors),
                 finish: None,
                 failed: Some(why),
+                files: None,
             }
         };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -147,12 +155,15 @@ impl Reporter {
             Ok(a) => a,
             Err(e) => return failed(e),
         };
+        let files = (settings.files_upload && !settings.files_host.is_empty())
+            .then(|| super::files::FileServer::new(api.clone(), &settings.files_host));
         let (finish_tx, finish_rx) = oneshot::channel();
         let (artifacts_tx, artifacts_rx) = mpsc::unbounded_channel();
         let (hurry_tx, hurry_rx) = watch::channel(false);
         // Without a given task, wait a while for the job's own.
-        let wait =
-            settings.task.is_none() && job_tasks.is_some() && !settings.job_task_wait.is_zero();
+        let wait = settings.task.is_none()
+            && job_tasks.is_some()
+            && (settings.job_task_only || !settings.job_task_wait.is_zero());
         let state = State {
             conv: Converter::new(settings.timer_every),
             queue,
@@ -168,6 +179,7 @@ impl Reporter {
             last_axis: Instant::now(),
             job_task_tx,
             announce_logged: RateLimited::default(),
+            stood_down: None,
             errors: Arc::clone(&errors),
             task_tx,
             settled_tx,
@@ -199,7 +211,14 @@ impl Reporter {
             errors,
             finish: Some(finish_tx),
             failed: None,
+            files,
         }
+    }
+
+    /// Where the document goes for the job's task without S3: its
+    /// fileserver (`None`: nowhere).
+    pub fn files(&self) -> Option<super::files::FileServer> {
+        self.files.clone()
     }
 
     /// The task, once known: id, name, project name.
@@ -417,6 +436,8 @@ impl State {
             Stage::Status | Stage::Done => e.until,
         });
         match (&self.machine.phase, deadline) {
+            // Only the job's task will do: wait for it as long as the run.
+            (Phase::Waiting, None) if self.settings.job_task_only => None,
             (Phase::Waiting, None) => Some(self.wait_until),
             (_, d) => d,
         }
@@ -461,6 +482,10 @@ impl State {
     /// The run ended: stop waiting for the job's task.
     fn hurried(&mut self, alive: bool, pending: &mut Vec<Point>) {
         if alive && matches!(self.machine.phase, Phase::Waiting) {
+            if self.settings.job_task_only {
+                self.decide(None, pending);
+                return;
+            }
             tracing::info!(
                 "ClearML: the run ended before the job announced a task of its own; memtrack \
                  creates one"
@@ -538,6 +563,16 @@ impl State {
     fn intake(&mut self, e: Entry, now: Instant, pending: &mut Vec<Point>) {
         if matches!(self.machine.phase, Phase::Waiting) {
             self.held.push(e);
+            if self.settings.job_task_only && self.held.len() >= JOB_ONLY_HELD {
+                // Most jobs that report announce at once; one that never
+                // does must not cost memory for the whole run: the oldest
+                // half goes, and the wait goes on.
+                self.held.drain(..JOB_ONLY_HELD / 2);
+                tracing::debug!(
+                    "ClearML: no task announced yet; the oldest held entries are dropped"
+                );
+                return;
+            }
             if self.held.len() >= self.settings.queue_max {
                 tracing::info!(
                     "ClearML: {} entries arrived before the job announced a task of its own; \
@@ -555,16 +590,40 @@ impl State {
     /// create memtrack's own task. The held entries go through the
     /// converter on the axis this decides.
     fn decide(&mut self, adopt: Option<String>, pending: &mut Vec<Point>) {
+        if adopt.is_none()
+            && self.settings.job_task_only
+            && matches!(self.machine.phase, Phase::Waiting)
+        {
+            self.stand_down();
+            return;
+        }
         let Some(decided) = self.machine.decide(adopt) else {
             return;
         };
         if decided == Decided::Adopt {
-            self.conv.use_job_axis();
+            // A job that reports no iteration gets a time axis.
+            self.conv.use_job_axis(Some(super::points::TimeAxis {
+                from: self.run.start,
+                after: super::points::now_ms() as f64 / 1000.0
+                    + self.settings.time_axis_after.as_secs_f64(),
+            }));
         }
         let now = Instant::now();
         for e in std::mem::take(&mut self.held) {
             self.conv.push(e, now, pending);
         }
+    }
+
+    /// Only the job's own task would do and it announced none: nothing
+    /// is reported, nothing kept for a resend, nothing counted as failed.
+    fn stand_down(&mut self) {
+        let why = "the job announced no ClearML task (Task.init)".to_string();
+        tracing::debug!("ClearML: {why}; nothing was reported");
+        self.held.clear();
+        self.machine.phase = Phase::Disabled;
+        self.machine.problem(why.clone());
+        self.stood_down = Some(why);
+        let _ = self.settled_tx.send(true);
     }
 
     /// The job announced its own task.
@@ -633,6 +692,10 @@ impl State {
     /// (spilling to the spool file), for a later `clearml-resend`.
     fn accept(&mut self, pending: &mut Vec<Point>) {
         if pending.is_empty() {
+            return;
+        }
+        if self.stood_down.is_some() {
+            pending.clear();
             return;
         }
         self.queue.extend(pending.drain(..));
@@ -943,6 +1006,7 @@ impl State {
             _ => None,
         };
         FinishReport {
+            stood_down: self.stood_down.clone(),
             sent: self.machine.sent,
             unsent,
             duplicates_skipped: self.conv.dropped.duplicates,

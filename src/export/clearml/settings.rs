@@ -31,7 +31,8 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
 #[serde(deny_unknown_fields, default)]
 pub struct ClearmlConfig {
     /// `auto`: on when `CLEARML_TASK_ID` or `CLEARML_API_HOST` is set, or a
-    /// task or project is given here; `true`: on; `false`: off.
+    /// task or project is given here, else with only `clearml.conf` for a
+    /// task the job announces ([`zero_config`]); `true`: on; `false`: off.
     pub enabled: Switch,
     /// Report into this task (else `CLEARML_TASK_ID`; else one is created).
     pub task: String,
@@ -49,6 +50,12 @@ pub struct ClearmlConfig {
     /// window); marks are all forwarded. `0s`: every timer sample.
     #[serde(with = "serde_duration")]
     pub timer_every: Duration,
+    /// In the job's own task: without an iteration from the job this long
+    /// after it announced the task, memtrack's points use the seconds since
+    /// the run's start as their iteration (as ClearML's own monitor does
+    /// after 3 minutes).
+    #[serde(with = "serde_duration")]
+    pub time_axis_after: Duration,
     /// Points per `events.add_batch` request.
     pub batch_max: usize,
     /// A batch is sent at least this often.
@@ -79,6 +86,7 @@ impl Default for ClearmlConfig {
             task_type: "training".into(),
             job_task_wait: Duration::from_secs(30),
             timer_every: Duration::from_secs(10),
+            time_axis_after: Duration::from_secs(180),
             batch_max: 100,
             flush_interval: Duration::from_secs(5),
             queue_max: 100_000,
@@ -149,10 +157,23 @@ pub struct Settings {
     /// `memory_usage.json` will be uploaded (S3 is on), so a job's task
     /// announcement is answered once the artifact is registered.
     pub artifact_expected: bool,
+    /// Found with nothing but the SDK's own setup (`clearml.conf`, no
+    /// trigger): report only into a task the job announces, never create
+    /// one, and stay silent when none is announced ([`zero_config`]).
+    pub job_task_only: bool,
+    /// The ClearML fileserver (`CLEARML_FILES_HOST`, else
+    /// `api.files_server` in the file), where a job's task keeps its
+    /// artifacts by default; empty when not known.
+    pub files_host: String,
+    /// No S3 destination: the job's task gets `memory_usage.json` on the
+    /// fileserver ([`Settings::files_host`]), as its other artifacts.
+    pub files_upload: bool,
     /// `X-ClearML-Worker`.
     pub worker: String,
     pub verify_certificate: bool,
     pub timer_every: Duration,
+    /// See [`ClearmlConfig::time_axis_after`].
+    pub time_axis_after: Duration,
     pub batch_max: usize,
     pub flush_interval: Duration,
     pub queue_max: usize,
@@ -279,6 +300,7 @@ fn env_first(
 
 const ENV_HOST: &[&str] = &["CLEARML_API_HOST", "TRAINS_API_HOST"];
 const ENV_WEB: &[&str] = &["CLEARML_WEB_HOST", "TRAINS_WEB_HOST"];
+const ENV_FILES: &[&str] = &["CLEARML_FILES_HOST", "TRAINS_FILES_HOST"];
 const ENV_KEY: &[&str] = &["CLEARML_API_ACCESS_KEY", "TRAINS_API_ACCESS_KEY"];
 const ENV_SECRET: &[&str] = &["CLEARML_API_SECRET_KEY", "TRAINS_API_SECRET_KEY"];
 const ENV_TOKEN: &[&str] = &["CLEARML_AUTH_TOKEN", "TRAINS_AUTH_TOKEN"];
@@ -357,6 +379,52 @@ pub fn resolve(
     Ok(Some(assemble(config, env, server, target)))
 }
 
+/// ClearML as the job's own SDK finds it, for a run [`resolve`] left off
+/// (`enabled = "auto"` and no trigger): the server and credentials of
+/// `clearml.conf` (`clearml.config_file`, else `CLEARML_CONFIG_FILE`, else
+/// `home/clearml.conf`, which `clearml-init` writes), completed by the
+/// `CLEARML_*` variables. The settings report only into a task the job
+/// announces ([`Settings::job_task_only`]): a job that calls `Task.init`
+/// gets memtrack's charts without any setting, and one that does not sees
+/// nothing change.
+///
+/// `Err`: why ClearML stays off, in one line for a job that announces a
+/// task anyway (never a secret). A file that does not read is such a
+/// reason here, not an error: nobody asked memtrack to use it.
+pub fn zero_config(
+    config: &ClearmlConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    home: Option<&Path>,
+) -> Result<Settings, String> {
+    if config.enabled == Switch::Off {
+        return Err("clearml.enabled = false".into());
+    }
+    let conf = ConfFile::locate(config, env, home);
+    let exists = conf.path.as_ref().is_some_and(|p| p.exists());
+    if !exists {
+        return Err(format!(
+            "no ClearML setup found: no CLEARML_API_HOST, no {} (run `clearml-init`, or set \
+             CLEARML_CONFIG_FILE)",
+            conf.name()
+        ));
+    }
+    let mut found = Found::from_config_and_env(config, None, env).map_err(|e| format!("{e}"))?;
+    found
+        .fill_from_conf(&conf, env)
+        .map_err(|e| format!("{e}"))?;
+    let server = found
+        .require(format!("found {}", conf.name()), conf.name())
+        .map_err(|e| format!("{e}"))?;
+    let target = Target {
+        task: None,
+        project: tidy_project(&config.project),
+        task_type: config.task_type.trim().to_string(),
+    };
+    let mut settings = assemble(config, env, server, target);
+    settings.job_task_only = true;
+    Ok(settings)
+}
+
 /// Why ClearML is on (for messages); `None`: off.
 fn switched_on(
     config: &ClearmlConfig,
@@ -384,6 +452,7 @@ fn switched_on(
 struct Found {
     host: Option<(String, String)>,
     web: Option<String>,
+    files: Option<String>,
     verify: Option<bool>,
     credentials: Option<(Credentials, String)>,
 }
@@ -393,6 +462,7 @@ struct Server {
     host: String,
     host_source: String,
     web: Option<String>,
+    files: Option<String>,
     verify: Option<bool>,
     credentials: Credentials,
     credentials_source: String,
@@ -416,6 +486,7 @@ impl Found {
         Ok(Found {
             host,
             web: env_first(env, ENV_WEB).map(|(_, v)| v),
+            files: env_first(env, ENV_FILES).map(|(_, v)| v),
             verify: env_first(env, ENV_VERIFY).and_then(|(_, v)| parse_bool(&v)),
             credentials: env_credentials(env)?,
         })
@@ -454,6 +525,9 @@ impl Found {
         }
         if self.web.is_none() {
             self.web = get("api.web_server")?;
+        }
+        if self.files.is_none() {
+            self.files = get("api.files_server")?;
         }
         if self.verify.is_none() {
             self.verify = get("api.verify_certificate")?.and_then(|v| parse_bool(&v));
@@ -512,6 +586,7 @@ impl Found {
             host,
             host_source,
             web: self.web,
+            files: self.files,
             verify: self.verify,
             credentials,
             credentials_source,
@@ -650,9 +725,17 @@ fn assemble(
         task_type: target.task_type,
         job_task_wait: config.job_task_wait,
         artifact_expected: false,
+        job_task_only: false,
+        files_host: server
+            .files
+            .unwrap_or_default()
+            .trim_end_matches('/')
+            .to_string(),
+        files_upload: false,
         worker,
         verify_certificate: server.verify.unwrap_or(true),
         timer_every: config.timer_every,
+        time_axis_after: config.time_axis_after,
         batch_max: config.batch_max.max(1),
         flush_interval: config.flush_interval.max(Duration::from_millis(10)),
         queue_max: config.queue_max.max(1),
@@ -954,6 +1037,55 @@ mod tests {
             ..s
         };
         assert!(check_task_name(&named, "ab").is_ok());
+    }
+
+    #[test]
+    fn clearml_conf_alone_reports_only_into_the_jobs_task() {
+        let dir = conf_dir(
+            "api {\n  api_server: http://conf:8008\n  files_server: http://conf:8081/\n  \
+             credentials {\"access_key\": \"CONFKEY\", \"secret_key\": \"CONFSECRET\"}\n}\n",
+        );
+        let config = ClearmlConfig::default();
+        // No trigger: resolve leaves it off, the SDK's own setup is enough.
+        assert!(resolve(&config, &env_of(&[]), Some(dir.path()))
+            .unwrap()
+            .is_none());
+        let s = zero_config(&config, &env_of(&[]), Some(dir.path())).unwrap();
+        assert!(s.job_task_only);
+        assert_eq!(s.task, None);
+        assert_eq!(s.api_host, "http://conf:8008");
+        assert_eq!(s.files_host, "http://conf:8081");
+        assert!(s.host_source.contains("clearml.conf"), "{}", s.host_source);
+        // CLEARML_CONFIG_FILE names the file, as for the SDK; the
+        // environment's keys and files host win over the file's.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let named = dir.path().join("clearml.conf");
+        let env = env_of(&[
+            ("CLEARML_CONFIG_FILE", named.to_str().unwrap()),
+            ("CLEARML_FILES_HOST", "http://env:8081"),
+            ("CLEARML_API_ACCESS_KEY", "ENVKEY"),
+            ("CLEARML_API_SECRET_KEY", "ENVSECRET"),
+        ]);
+        let s = zero_config(&config, &env, Some(elsewhere.path())).unwrap();
+        assert_eq!(s.files_host, "http://env:8081");
+        assert!(
+            matches!(&s.credentials, Credentials::Keys { access_key, .. } if access_key == "ENVKEY")
+        );
+        // Why it stays off, in words and without a secret.
+        let why = zero_config(&config, &env_of(&[]), Some(elsewhere.path())).unwrap_err();
+        assert!(
+            why.contains("clearml.conf") && why.contains("clearml-init"),
+            "{why}"
+        );
+        let off = ClearmlConfig {
+            enabled: Switch::Off,
+            ..ClearmlConfig::default()
+        };
+        let why = zero_config(&off, &env_of(&[]), Some(dir.path())).unwrap_err();
+        assert!(why.contains("clearml.enabled = false"), "{why}");
+        let half = conf_dir("api { api_server: http://h:8008\n credentials { access_key: K } }\n");
+        let why = zero_config(&config, &env_of(&[]), Some(half.path())).unwrap_err();
+        assert!(why.contains("secret_key"), "{why}");
     }
 
     #[test]

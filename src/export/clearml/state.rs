@@ -119,4 +119,7 @@ pub struct State {
     pub job_task_tx: watch::Sender<Option<TaskRef>>,
     /// Announcements of another task, logged at most every 100th.
     pub announce_logged: RateLimited,
+    /// Why nothing is reported ([`Settings::job_task_only`] and the job
+    /// announced no task).
+    pub stood_down: Option<String>,
 }
