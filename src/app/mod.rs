@@ -54,6 +54,9 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let (tx, rx) = sync_channel::<Input>(65_536);
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
     let mut io = Io::start(&config, tx.clone(), self_register, store.snapshot())?;
+    if let Some(s3) = &io.s3 {
+        s3.record_destination(&run_dir);
+    }
     let entries = io.start_clearml(clearml_settings, &store.run, &run_dir)?;
     let job_env = io.job_env(is_run);
     let (opts, footprint_opts) = job::options(&config, is_run);

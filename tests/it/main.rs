@@ -14,6 +14,7 @@ mod events;
 mod golden;
 mod host;
 mod http;
+mod inputs;
 mod layers;
 mod plot;
 mod prometheus;
