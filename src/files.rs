@@ -308,6 +308,36 @@ pub fn read_line_bounded(
     }
 }
 
+/// Reads one line into `buf` (without its newline), failing as soon as it
+/// passes `cap` bytes: for input where an over-long line means the whole
+/// input is wrong (a decompression bomb), so nothing more of it is read.
+/// `Ok(false)` at the end of the input.
+pub fn read_line_capped(
+    reader: &mut impl io::BufRead,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> io::Result<bool> {
+    use std::io::{BufRead, Read};
+    buf.clear();
+    let n = reader
+        .by_ref()
+        .take(cap as u64 + 1)
+        .read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(false);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    }
+    if buf.len() > cap {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a line longer than {cap} bytes"),
+        ));
+    }
+    Ok(true)
+}
+
 /// A reader that fails once more than a budget of bytes has come through:
 /// a decompressing reader wrapped in it cannot turn a small file into an
 /// unbounded stream (a gzip bomb).
@@ -470,6 +500,12 @@ mod tests {
         assert_eq!(next(), (Some(Line::Whole), "abcd".into()));
         assert_eq!(next(), (Some(Line::Torn), "ab".into()));
         assert_eq!(next(), (None, "".into()));
+        let mut r = io::Cursor::new(b"abcd\nabcdefgh\n".to_vec());
+        assert!(read_line_capped(&mut r, &mut buf, 4).unwrap());
+        assert_eq!(buf, b"abcd");
+        let err = read_line_capped(&mut r, &mut buf, 4).unwrap_err();
+        assert!(err.to_string().contains("longer than 4"), "{err}");
+        assert_eq!(r.position(), 5 + 5, "no more of the line was read");
         let mut out = Vec::new();
         Budgeted::new(&b"12345"[..], 5)
             .read_to_end(&mut out)

@@ -89,15 +89,13 @@ pub fn read_complete(path: &Path, mut each: impl FnMut(Entry)) -> anyhow::Result
     let mut timers = timers.into_iter().peekable();
     let mut line = Vec::new();
     let mut number = 0u64;
-    while let Some(how) = crate::files::read_line_bounded(&mut lines, &mut line, MAX_SIDE_LINE)
-        .with_context(|| format!("cannot read {}", side.display()))?
-    {
+    loop {
         number += 1;
-        anyhow::ensure!(
-            how != crate::files::Line::TooLong,
-            "line {number} of {} is longer than {MAX_SIDE_LINE} bytes; no log entry is",
-            side.display()
-        );
+        let more = crate::files::read_line_capped(&mut lines, &mut line, MAX_SIDE_LINE)
+            .with_context(|| format!("cannot read line {number} of {}", side.display()))?;
+        if !more {
+            break;
+        }
         if line.is_empty() {
             continue;
         }
