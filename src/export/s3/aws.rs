@@ -241,6 +241,21 @@ pub fn resolve(
     r
 }
 
+/// Whether a profile section holds keys or a way to get them.
+fn has_profile_keys(s: &BTreeMap<String, String>) -> bool {
+    s.contains_key("aws_access_key_id")
+        || [
+            "credential_process",
+            "role_arn",
+            "sso_session",
+            "sso_start_url",
+            "web_identity_token_file",
+            "credential_source",
+        ]
+        .iter()
+        .any(|k| s.contains_key(*k))
+}
+
 /// [`resolve`] over the files' contents.
 pub fn resolve_from(
     config: &S3Config,
@@ -346,19 +361,8 @@ pub fn resolve_from(
     // instance-metadata service, which is then not asked (off EC2 the
     // SDK would wait on 169.254.169.254 and report its own failure).
     let imds = endpoint.is_none() && !env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| truthy(&v));
-    let profile_keys = |s: &BTreeMap<String, String>| {
-        s.contains_key("aws_access_key_id")
-            || [
-                "credential_process",
-                "role_arn",
-                "sso_session",
-                "sso_start_url",
-                "web_identity_token_file",
-                "credential_source",
-            ]
-            .iter()
-            .any(|k| s.contains_key(*k))
-    };
+    let in_profile =
+        in_credentials.is_some_and(has_profile_keys) || in_config.is_some_and(has_profile_keys);
     let credentials = match (has("AWS_ACCESS_KEY_ID"), has("AWS_SECRET_ACCESS_KEY")) {
         (true, true) => Credentials::Environment,
         (true, false) => Credentials::HalfEnvironment {
@@ -369,9 +373,7 @@ pub fn resolve_from(
             set: "AWS_SECRET_ACCESS_KEY",
             missing: "AWS_ACCESS_KEY_ID",
         },
-        _ if in_credentials.is_some_and(profile_keys) || in_config.is_some_and(profile_keys) => {
-            Credentials::Profile
-        }
+        _ if in_profile => Credentials::Profile,
         _ if has("AWS_WEB_IDENTITY_TOKEN_FILE")
             || has("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
             || has("AWS_CONTAINER_CREDENTIALS_FULL_URI")
