@@ -260,7 +260,7 @@ pub struct AttachArgs {
     #[command(flatten)]
     pub daemon: DaemonArgs,
     /// A process to follow with its descendants (repeatable)
-    #[arg(long = "pid", value_name = "PID")]
+    #[arg(long = "pid", value_name = "PID", value_parser = crate::target::parse_pid)]
     pub pids: Vec<u32>,
     /// A file holding PIDs to follow (repeatable)
     #[arg(long = "pid-file", value_name = "FILE")]

@@ -387,23 +387,16 @@ impl Layer {
         }
     }
 
-    /// Reads a TOML file (at most [`MAX_CONFIG_BYTES`]).
+    /// Reads a TOML file (a regular file of at most [`MAX_CONFIG_BYTES`]).
     pub fn from_file(path: &Path) -> Result<Layer, ConfigError> {
         let name = format!("config file {}", path.display());
         let read_err = |source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         };
-        let size = std::fs::metadata(path).map_err(read_err)?.len();
-        if size > MAX_CONFIG_BYTES {
-            return Err(ConfigError::Parse {
-                layer: name,
-                message: format!(
-                    "{size} bytes; a memtrack config is at most {MAX_CONFIG_BYTES} bytes"
-                ),
-            });
-        }
-        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        // A FIFO, a device or a file growing while read is refused, not
+        // waited on or read without end.
+        let text = crate::files::read_text_capped(path, MAX_CONFIG_BYTES).map_err(read_err)?;
         Layer::from_toml(name, &text)
     }
 

@@ -13,6 +13,15 @@
 //!   (not a link), owned by this user, writable by nobody else;
 //! - what memtrack creates is private to its user (files 0600, folders
 //!   0700): it holds command lines and labels taken from the environment.
+//!
+//! And every file memtrack reads (its config, the AWS and ClearML files, PID
+//! files, `memory_usage.json`, journals and side files) goes through
+//! [`open_input`] / [`read_capped`]: opened without blocking (a FIFO with no
+//! writer would hang), refused unless a regular file (`/dev/zero` never
+//! ends, a folder or a socket is no file), and read up to a hard cap
+//! whatever its size claims (a `/proc` file says 0, a file may grow while
+//! read). Links are followed when reading: a config kept as a link in a
+//! dotfiles folder is usual, and reading through a link writes nothing.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io;
@@ -85,6 +94,35 @@ pub fn create_temp(path: &Path) -> io::Result<(PathBuf, File)> {
     Err(last)
 }
 
+/// A fresh private folder under `base` (`PREFIX-XXXXXXXXXXXXXXXX`, 0700),
+/// as `mkdtemp` makes one: the name is random, and a name that exists (a
+/// folder or a link someone planted) is skipped, never used.
+pub fn create_temp_dir(base: &Path, prefix: &str) -> io::Result<PathBuf> {
+    use std::io::Read;
+    let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
+    for n in 0..64u64 {
+        let mut random = [0u8; 8];
+        // The kernel's random bytes; the clock and a counter if missing.
+        let got = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random));
+        let word = match got {
+            Ok(()) => u64::from_ne_bytes(random),
+            Err(_) => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+                nanos ^ (u64::from(std::process::id()) << 32) ^ n
+            }
+        };
+        let path = base.join(format!("{prefix}-{word:016x}"));
+        match create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
+}
+
 /// Creates the folder `path` (0700); an existing one is an error.
 pub fn create_dir(path: &Path) -> io::Result<()> {
     DirBuilder::new().mode(DIR_MODE).create(path)
@@ -149,6 +187,204 @@ pub fn owned_by_me(path: &Path) -> bool {
         .is_ok_and(|m| m.is_dir() && !m.file_type().is_symlink() && m.uid() == crate::sys::uid())
 }
 
+/// What a non-regular file is, for messages.
+fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Opens an input file for reading: without blocking (`O_NONBLOCK`: a FIFO
+/// with no writer would hang the open), without becoming the controlling
+/// terminal, not inherited by the job; anything but a regular file is an
+/// error saying what it is ("it is a FIFO (named pipe), not a regular
+/// file"). Errors do not repeat the path: callers name it.
+pub fn open_input(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("it is {}, not a regular file", kind_of(&meta)),
+        ));
+    }
+    Ok(file)
+}
+
+/// Reads an input file whole, at most `cap` bytes whatever its size claims
+/// (a file growing while read cannot grow memtrack): a larger one is an
+/// error ("is larger than N bytes"), never a truncated read.
+pub fn read_capped(path: &Path, cap: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = open_input(path)?;
+    let mut bytes = Vec::new();
+    file.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Err(too_large(cap));
+    }
+    Ok(bytes)
+}
+
+/// [`read_capped`] as UTF-8 text.
+pub fn read_text_capped(path: &Path, cap: u64) -> io::Result<String> {
+    String::from_utf8(read_capped(path, cap)?).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is not UTF-8 text (byte {})",
+                path.display(),
+                e.utf8_error().valid_up_to() + 1
+            ),
+        )
+    })
+}
+
+fn too_large(cap: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("it is larger than {cap} bytes, the most memtrack reads of it"),
+    )
+}
+
+/// How [`read_line_bounded`] found a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Line {
+    /// Ended by a newline, within the cap.
+    Whole,
+    /// Cut short by the end of the input (a torn last line).
+    Torn,
+    /// Longer than the cap: `buf` holds its first bytes, the rest was read
+    /// and dropped.
+    TooLong,
+}
+
+/// Reads one line into `buf` (without its newline), holding at most `cap`
+/// bytes of it however long it is. `None` at the end of the input.
+pub fn read_line_bounded(
+    reader: &mut impl io::BufRead,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> io::Result<Option<Line>> {
+    buf.clear();
+    let mut long = false;
+    let mut any = false;
+    loop {
+        let chunk = reader.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(any.then_some(if long { Line::TooLong } else { Line::Torn }));
+        }
+        any = true;
+        let (part, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (&chunk[..i], Some(i + 1)),
+            None => (chunk, None),
+        };
+        if long || buf.len() + part.len() > cap {
+            long = true;
+            let room = cap.saturating_sub(buf.len());
+            buf.extend_from_slice(&part[..room.min(part.len())]);
+        } else {
+            buf.extend_from_slice(part);
+        }
+        let used = done.unwrap_or(chunk.len());
+        reader.consume(used);
+        if done.is_some() {
+            return Ok(Some(if long { Line::TooLong } else { Line::Whole }));
+        }
+    }
+}
+
+/// Reads one line into `buf` (without its newline), failing as soon as it
+/// passes `cap` bytes: for input where an over-long line means the whole
+/// input is wrong (a decompression bomb), so nothing more of it is read.
+/// `Ok(false)` at the end of the input.
+pub fn read_line_capped(
+    reader: &mut impl io::BufRead,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> io::Result<bool> {
+    use std::io::{BufRead, Read};
+    buf.clear();
+    let n = reader
+        .by_ref()
+        .take(cap as u64 + 1)
+        .read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(false);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    }
+    if buf.len() > cap {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a line longer than {cap} bytes"),
+        ));
+    }
+    Ok(true)
+}
+
+/// A reader that fails once more than a budget of bytes has come through:
+/// a decompressing reader wrapped in it cannot turn a small file into an
+/// unbounded stream (a gzip bomb).
+#[derive(Debug)]
+pub struct Budgeted<R> {
+    inner: R,
+    left: u64,
+    budget: u64,
+}
+
+impl<R> Budgeted<R> {
+    /// `inner`, failing after `budget` bytes.
+    pub fn new(inner: R, budget: u64) -> Self {
+        Budgeted {
+            inner,
+            left: budget,
+            budget,
+        }
+    }
+}
+
+impl<R: io::Read> io::Read for Budgeted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            // One byte more than the budget means over it; exactly the
+            // budget then the end is fine.
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "more than {} bytes once decompressed (the limit)",
+                        self.budget
+                    ),
+                )),
+            };
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +407,10 @@ mod tests {
         assert_eq!(mode(&f), FILE_MODE);
         let (tmp, _) = create_temp(&f).unwrap();
         assert_eq!(mode(&tmp), FILE_MODE);
+        let t1 = create_temp_dir(dir.path(), "m").unwrap();
+        let t2 = create_temp_dir(dir.path(), "m").unwrap();
+        assert_ne!(t1, t2);
+        assert_eq!(mode(&t1), DIR_MODE);
         assert!(tmp
             .file_name()
             .unwrap()
@@ -212,5 +452,68 @@ mod tests {
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
         private_dir(&open).unwrap();
         assert!(owned_by_me(&open));
+    }
+
+    #[test]
+    fn inputs_are_regular_files_read_up_to_a_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        std::fs::write(&f, "0123456789").unwrap();
+        assert_eq!(read_capped(&f, 10).unwrap(), b"0123456789");
+        let err = read_capped(&f, 9).unwrap_err();
+        assert!(err.to_string().contains("larger than 9 bytes"), "{err}");
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let err = read_capped(&fifo, 10).unwrap_err();
+        assert!(err.to_string().contains("a FIFO"), "{err}");
+        let err = read_capped(Path::new("/dev/zero"), 10).unwrap_err();
+        assert!(err.to_string().contains("character device"), "{err}");
+        let err = read_capped(dir.path(), 10).unwrap_err();
+        assert!(err.to_string().contains("a folder"), "{err}");
+        // A /proc file claims 0 bytes and is read all the same.
+        assert!(!read_capped(Path::new("/proc/self/status"), 1 << 20)
+            .unwrap()
+            .is_empty());
+        std::fs::write(&f, b"ok\xff").unwrap();
+        assert!(read_text_capped(&f, 10)
+            .unwrap_err()
+            .to_string()
+            .contains("not UTF-8"));
+    }
+
+    #[test]
+    fn lines_and_decompressed_streams_are_capped() {
+        use std::io::Read;
+        // A small buffer: lines span several fills.
+        let mut r = io::BufReader::with_capacity(2, &b"abc\nabcdefgh\nabcd\nab"[..]);
+        let mut buf = Vec::new();
+        let mut next = || {
+            let l = read_line_bounded(&mut r, &mut buf, 4).unwrap();
+            (l, String::from_utf8(buf.clone()).unwrap())
+        };
+        assert_eq!(next(), (Some(Line::Whole), "abc".into()));
+        assert_eq!(next(), (Some(Line::TooLong), "abcd".into()));
+        assert_eq!(next(), (Some(Line::Whole), "abcd".into()));
+        assert_eq!(next(), (Some(Line::Torn), "ab".into()));
+        assert_eq!(next(), (None, "".into()));
+        let mut r = io::Cursor::new(b"abcd\nabcdefgh\n".to_vec());
+        assert!(read_line_capped(&mut r, &mut buf, 4).unwrap());
+        assert_eq!(buf, b"abcd");
+        let err = read_line_capped(&mut r, &mut buf, 4).unwrap_err();
+        assert!(err.to_string().contains("longer than 4"), "{err}");
+        assert_eq!(r.position(), 5 + 5, "no more of the line was read");
+        let mut out = Vec::new();
+        Budgeted::new(&b"12345"[..], 5)
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, b"12345");
+        let err = Budgeted::new(&b"123456"[..], 5)
+            .read_to_end(&mut out)
+            .unwrap_err();
+        assert!(err.to_string().contains("more than 5 bytes"), "{err}");
     }
 }

@@ -30,7 +30,7 @@
 //! | layer | modules |
 //! |---|---|
 //! | 0 | [`units`], [`sys`] (the only `unsafe` code), [`logging`], [`switch`] |
-//! | 1 | [`files`]: what memtrack writes, private and never through a planted link |
+//! | 1 | [`files`]: what memtrack writes, private and never through a planted link; what it reads, regular files only and bounded |
 //! | 2 | [`model`] |
 //! | 3 | [`target`], [`sample`], [`event`] |
 //! | 4 | [`store`] |

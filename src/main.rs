@@ -486,6 +486,28 @@ fn daemon(mode: Mode, config: Config) -> Result<u8, Failure> {
     Ok(outcome.exit_code.clamp(0, 255) as u8)
 }
 
+/// Says what a damaged entries file lost; the rest was recovered.
+fn warn_lost(lost: &store::entries::Salvaged) {
+    if lost.is_nothing() {
+        return;
+    }
+    let mut lines: Vec<String> = lost.bad_lines.iter().map(u64::to_string).collect();
+    if lines.len() == store::entries::MAX_BAD_LINES {
+        lines.push("…".into());
+    }
+    let lines = if lines.is_empty() {
+        String::new()
+    } else {
+        format!("; damaged lines {}", lines.join(", "))
+    };
+    logging::say(&format!(
+        "memtrack: warning: the entries file was damaged: {} log entries lost \
+         ({} bytes missing, {} bytes unreadable{lines}); everything else is recovered \
+         and the JSON counts them (counters.entries_lost)",
+        lost.lost_entries, lost.missing_bytes, lost.dropped_bytes
+    ));
+}
+
 fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
     use store::journal;
     if journal::has_journal(dir) {
@@ -496,6 +518,7 @@ fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
             r.replayed,
             r.skipped_lines
         ));
+        warn_lost(&r.lost);
         return Ok(0);
     }
     let mut found = false;
@@ -508,6 +531,7 @@ fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
                 entry.path().display(),
                 r.replayed
             ));
+            warn_lost(&r.lost);
         }
     }
     anyhow::ensure!(found, "{} holds no run to recover", dir.display());

@@ -80,8 +80,14 @@ pub fn wait_child(pid: u32, block: bool) -> io::Result<Option<Reaped>> {
 
 /// Sends `signal` to `pid`.
 pub fn kill(pid: u32, signal: i32) -> io::Result<()> {
+    // 0 and values that wrap to a negative pid_t name process groups (-1:
+    // every process this user may signal), never one process.
+    let pid = match libc::pid_t::try_from(pid) {
+        Ok(p) if p > 0 => p,
+        _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+    };
     // SAFETY: kill with integer arguments only.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    let rc = unsafe { libc::kill(pid, signal) };
     if rc == 0 {
         Ok(())
     } else {

@@ -17,10 +17,6 @@ pub enum TargetError {
         path: String,
         source: std::io::Error,
     },
-    #[error("PID file {path} is larger than {MAX_PID_FILE} bytes; a PID file holds one PID")]
-    PidFileTooBig { path: String },
-    #[error("PID file {path} is not a regular file (a FIFO, a device or a directory)")]
-    PidFileNotRegular { path: String },
     // The content is never shown: the file may be anything (`/etc/shadow`).
     #[error("PID file {path}: word {word} is not a PID (a decimal number above 0)")]
     PidFileBad { path: String, word: usize },
@@ -48,12 +44,28 @@ impl TargetError {
     }
 }
 
+/// The largest PID: `kill()` takes a signed PID, and a value above this
+/// one would wrap to a negative number, which signals a process group (or
+/// every process, for -1).
+pub const MAX_PID: u32 = i32::MAX as u32;
+
+/// Parses one PID (`--pid`): a decimal number from 1 to [`MAX_PID`].
+pub fn parse_pid(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(pid) if (1..=MAX_PID).contains(&pid) => Ok(pid),
+        _ => Err(format!(
+            "a PID is a decimal number from 1 to {MAX_PID} (0 and larger values name process \
+             groups, not a process)"
+        )),
+    }
+}
+
 /// Parses a PID file: PIDs separated by whitespace (one per line is usual).
 pub fn parse_pid_file(path: &str, text: &str) -> Result<Vec<u32>, TargetError> {
     let mut pids = Vec::new();
     for (i, token) in text.split_ascii_whitespace().enumerate() {
-        match token.parse::<u32>() {
-            Ok(pid) if pid > 0 => pids.push(pid),
+        match parse_pid(token) {
+            Ok(pid) => pids.push(pid),
             _ => {
                 return Err(TargetError::PidFileBad {
                     path: path.to_string(),
@@ -70,33 +82,17 @@ pub fn parse_pid_file(path: &str, text: &str) -> Result<Vec<u32>, TargetError> {
     Ok(pids)
 }
 
-/// Reads a PID file, refusing anything that cannot be one. The file is
-/// opened without blocking (a FIFO with no writer would hang), must be a
-/// regular file (`/dev/zero` never ends), and is read up to
-/// `MAX_PID_FILE` (4 KiB) whatever its size claims.
+/// Reads a PID file, refusing anything that cannot be one: through
+/// [`crate::files::read_capped`] (no blocking on a FIFO, regular files
+/// only, `MAX_PID_FILE` (4 KiB) at most whatever its size claims).
 pub fn read_pid_file(path: &Path) -> Result<Vec<u32>, TargetError> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
     let shown = path.display().to_string();
-    let read_err = |source| TargetError::PidFileRead {
-        path: shown.clone(),
-        source,
-    };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(read_err)?;
-    if !file.metadata().map_err(read_err)?.is_file() {
-        return Err(TargetError::PidFileNotRegular { path: shown });
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_PID_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_err)?;
-    if bytes.len() as u64 > MAX_PID_FILE {
-        return Err(TargetError::PidFileTooBig { path: shown });
-    }
+    let bytes = crate::files::read_capped(path, MAX_PID_FILE).map_err(|source| {
+        TargetError::PidFileRead {
+            path: shown.clone(),
+            source,
+        }
+    })?;
     parse_pid_file(&shown, &String::from_utf8_lossy(&bytes))
 }
 
@@ -145,6 +141,9 @@ mod tests {
         assert!(parse_pid_file("f", "0").is_err());
         assert!(parse_pid_file("f", "-5").is_err());
         assert!(parse_pid_file("f", "99999999999").is_err());
+        assert!(parse_pid_file("f", "4294967295").is_err());
+        assert!(parse_pid_file("f", "2147483648").is_err());
+        assert_eq!(parse_pid("2147483647"), Ok(MAX_PID));
         assert!(matches!(
             parse_pid_file("f", " \n"),
             Err(TargetError::PidFileEmpty { .. })
@@ -157,10 +156,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("big.pid");
         std::fs::write(&p, "1\n".repeat(5000)).unwrap();
-        assert!(matches!(
-            read_pid_file(&p),
-            Err(TargetError::PidFileTooBig { .. })
-        ));
+        let err = read_pid_file(&p).unwrap_err().to_string();
+        assert!(err.contains("larger than 4096 bytes"), "{err}");
     }
 
     #[test]
@@ -174,12 +171,8 @@ mod tests {
             .unwrap();
         assert!(made.success());
         for p in [fifo.as_path(), Path::new("/dev/zero"), dir.path()] {
-            assert!(
-                matches!(read_pid_file(p), Err(TargetError::PidFileNotRegular { .. })),
-                "{}: {:?}",
-                p.display(),
-                read_pid_file(p)
-            );
+            let err = read_pid_file(p).unwrap_err().to_string();
+            assert!(err.contains("not a regular file"), "{}: {err}", p.display());
         }
     }
 
@@ -190,8 +183,8 @@ mod tests {
         let p = Path::new("/proc/self/smaps");
         assert_eq!(p.metadata().unwrap().len(), 0);
         assert!(std::fs::read(p).unwrap().len() as u64 > MAX_PID_FILE);
-        let err = read_pid_file(p).unwrap_err();
-        assert!(matches!(err, TargetError::PidFileTooBig { .. }), "{err}");
+        let err = read_pid_file(p).unwrap_err().to_string();
+        assert!(err.contains("larger than 4096 bytes"), "{err}");
     }
 
     #[test]

@@ -138,10 +138,31 @@ pub fn group_thousands(x: f64) -> String {
     }
 }
 
+/// Longest span memtrack shows as a duration: 10 years. A longer one (a
+/// clock set wrong, a file edited by hand) is shown as unknown.
+pub const MAX_SHOWN_SECONDS: f64 = 10.0 * 365.25 * 86_400.0;
+
+/// Whether `s` seconds can be shown: finite, not negative, not absurd.
+pub fn plausible_seconds(s: f64) -> bool {
+    s.is_finite() && (0.0..=MAX_SHOWN_SECONDS).contains(&s)
+}
+
+/// Seconds with one decimal (`12.5 s`), or `unknown` for a negative, absurd
+/// or missing span.
+pub fn format_seconds(s: f64) -> String {
+    if plausible_seconds(s) {
+        format!("{s:.1} s")
+    } else {
+        "unknown".into()
+    }
+}
+
 /// Seconds in the two largest units, for a run's length: `75.0 s` below
 /// two minutes, `62 min 05 s` below two hours, `3 h 05 min` beyond.
 pub fn duration_two_units(s: f64) -> String {
-    let s = s.max(0.0);
+    if !plausible_seconds(s) {
+        return "unknown".into();
+    }
     if s < 120.0 {
         format!("{s:.1} s")
     } else if s < 2.0 * 3600.0 {
@@ -158,6 +179,9 @@ pub fn duration_two_units(s: f64) -> String {
 /// Seconds in one unit, for a sentence: `30 s` below two minutes,
 /// `2.5 min` below two hours, `3.1 h` beyond.
 pub fn duration_one_unit(s: f64) -> String {
+    if !plausible_seconds(s) {
+        return "unknown".into();
+    }
     if s < 120.0 {
         format!("{s:.0} s")
     } else if s < 2.0 * 3600.0 {
@@ -202,6 +226,12 @@ mod tests {
         assert_eq!(duration_two_units(7500.0), "2 h 05 min");
         assert_eq!(duration_one_unit(30.0), "30 s");
         assert_eq!(duration_one_unit(150.0), "2.5 min");
+        for absurd in [-251_606_681_963.9, -0.1, f64::NAN, f64::INFINITY, 1e12] {
+            assert_eq!(format_seconds(absurd), "unknown");
+            assert_eq!(duration_one_unit(absurd), "unknown");
+            assert_eq!(duration_two_units(absurd), "unknown");
+        }
+        assert_eq!(format_seconds(12.34), "12.3 s");
     }
 
     #[test]

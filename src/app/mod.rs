@@ -67,6 +67,9 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         store.snapshot(),
         clearml_off,
     )?;
+    if let Some(s3) = &io.s3 {
+        s3.record_destination(&run_dir);
+    }
     let entries = io.start_clearml(clearml_settings, &store.run, &run_dir)?;
     let job_env = io.job_env(is_run);
     let registration = registry::Registration::register(

@@ -107,7 +107,8 @@ pub fn live_runs() -> Vec<LiveRun> {
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }
-        let Some(run) = std::fs::read(&path)
+        // Bounded and regular-file-only: the folder may hold anything.
+        let Some(run) = crate::files::read_capped(&path, 64 * 1024)
             .ok()
             .and_then(|b| serde_json::from_slice::<LiveRun>(&b).ok())
         else {

@@ -69,6 +69,8 @@ pub struct Engine {
     flight: Option<Flight>,
     gpu_errors: RateLimited,
     journal_errors: RateLimited,
+    /// `journal_errors` as last written to the journal itself.
+    journal_errors_recorded: u64,
     last_checkpoint: Instant,
     /// An early checkpoint was asked for ([`Input::Checkpoint`]).
     checkpoint_soon: bool,
@@ -127,6 +129,7 @@ impl Engine {
             flight: None,
             gpu_errors: RateLimited::default(),
             journal_errors: RateLimited::default(),
+            journal_errors_recorded: 0,
             last_checkpoint: now,
             checkpoint_soon: false,
             last_flush: now,
@@ -166,6 +169,7 @@ impl Engine {
             let _ = tx.send(entry.clone());
         }
         self.journal_append(&record);
+        self.record_journal_errors();
         self.announce(&outcome);
         if let Some(death) = death {
             self.record_flight(death, None, None);

@@ -25,6 +25,20 @@ impl Engine {
         }
     }
 
+    /// Journals the count of journal errors when it grew: it lives in the
+    /// store, and a checkpoint that could not be written (no inode left)
+    /// would otherwise lose it to a `kill -9`, the recovered JSON saying 0
+    /// though the failure was logged.
+    pub(super) fn record_journal_errors(&mut self) {
+        let total = self.store.counters().journal_errors;
+        if self.journal.is_some() && total > self.journal_errors_recorded {
+            self.journal_errors_recorded = total;
+            let record = Record::JournalErrors { total };
+            self.store.apply(&record);
+            self.journal_append(&record);
+        }
+    }
+
     /// Hands the batch's records to the kernel, then sends the acks that
     /// waited for them: an ack means recorded.
     pub(super) fn acknowledge(&mut self) {

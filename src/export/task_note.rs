@@ -52,10 +52,13 @@ pub fn write(path: &Path, note: &TaskFile) {
     }
 }
 
+/// A task note is a few hundred bytes; a larger file is not one.
+const MAX_NOTE_BYTES: u64 = 1 << 20;
+
 /// Reads a [`TASK_FILE`]; `Ok(None)` when there is none.
 pub fn read(path: &Path) -> anyhow::Result<Option<TaskFile>> {
     use anyhow::Context;
-    let text = match std::fs::read(path) {
+    let text = match crate::files::read_capped(path, MAX_NOTE_BYTES) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),

@@ -91,7 +91,9 @@ pub fn write_document<L: serde::Serialize>(
 /// `detailed_log` and `peak_usage`).
 pub fn read_document(path: &Path) -> anyhow::Result<Document> {
     use anyhow::Context;
-    let meta = fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let meta = crate::files::open_input(path)
+        .and_then(|f| f.metadata())
+        .with_context(|| format!("cannot read {}", path.display()))?;
     anyhow::ensure!(
         meta.len() <= MAX_DOCUMENT_BYTES,
         "{} is {} MiB; memtrack reads files up to {} MiB",
@@ -99,7 +101,8 @@ pub fn read_document(path: &Path) -> anyhow::Result<Document> {
         meta.len() >> 20,
         MAX_DOCUMENT_BYTES >> 20
     );
-    let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = crate::files::read_capped(path, MAX_DOCUMENT_BYTES)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     serde_json::from_slice(&bytes)
         .with_context(|| format!("{} is not a memory_usage.json document", path.display()))
 }

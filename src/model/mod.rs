@@ -821,6 +821,10 @@ pub struct Counters {
     pub fd_fallbacks: u64,
     #[serde(default)]
     pub journal_errors: u64,
+    /// Log entries `memtrack recover` found damaged or missing in the
+    /// entries file (cut short, overwritten) and could not put back.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub entries_lost: u64,
     #[serde(default)]
     pub checkpoint_errors: u64,
     #[serde(default)]

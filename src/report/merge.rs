@@ -48,17 +48,10 @@ pub type Merged = DocumentOf<MergedLog>;
 struct TempDir(PathBuf);
 
 impl TempDir {
+    /// A private folder (0700) with a random name: never one another user
+    /// could have guessed and planted.
     fn new() -> std::io::Result<TempDir> {
-        let base = std::env::temp_dir();
-        for n in 0..1000u32 {
-            let path = base.join(format!("memtrack-merge-{}-{n}", std::process::id()));
-            match std::fs::create_dir(&path) {
-                Ok(()) => return Ok(TempDir(path)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(std::io::Error::other("no free temporary folder name"))
+        crate::files::create_temp_dir(&std::env::temp_dir(), "memtrack-merge").map(TempDir)
     }
 }
 

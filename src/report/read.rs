@@ -13,7 +13,6 @@
 //! its complete event log beside it ([`COMPLETE_LOG`], gzip'd JSON lines);
 //! [`read_complete`] reads the log from there.
 
-use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
@@ -30,8 +29,14 @@ use crate::store::entries::COMPLETE_LOG;
 /// Reads the document at `path`, handing each `detailed_log` entry to
 /// `each` in file order; the document comes back with an empty log.
 pub fn read_folded(path: &Path, each: impl FnMut(Entry)) -> anyhow::Result<Document> {
-    let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let reader = BufReader::with_capacity(256 * 1024, file);
+    // A regular file (a FIFO would hang, `/dev/zero` never end), read up
+    // to the size memtrack's readers accept.
+    let file = crate::files::open_input(path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let reader = BufReader::with_capacity(
+        256 * 1024,
+        crate::files::Budgeted::new(file, crate::model::json::MAX_DOCUMENT_BYTES),
+    );
     read_folded_from(reader, each)
         .with_context(|| format!("{} is not a memory_usage.json document", path.display()))
 }
@@ -53,7 +58,6 @@ pub fn read_folded_from(
 /// it, the event entries come from there, the document's timer entries
 /// merged in by time as memtrack merges them.
 pub fn read_complete(path: &Path, mut each: impl FnMut(Entry)) -> anyhow::Result<Document> {
-    use std::io::BufRead;
     let side = path.parent().unwrap_or(Path::new(".")).join(COMPLETE_LOG);
     if !side.is_file() {
         return read_folded(path, each);
@@ -71,19 +75,33 @@ pub fn read_complete(path: &Path, mut each: impl FnMut(Entry)) -> anyhow::Result
         // Not this document's complete log (or it was not thinned).
         return read_folded(path, each);
     }
-    let file = File::open(&side).with_context(|| format!("cannot read {}", side.display()))?;
-    let lines = BufReader::with_capacity(
+    let file = crate::files::open_input(&side)
+        .with_context(|| format!("cannot read {}", side.display()))?;
+    let budget = side_budget(file.metadata().map_or(0, |m| m.len()));
+    // Decompressed through a budget and read a bounded line at a time: a
+    // small gzip of one endless line (a bomb) is an error, not an abort.
+    let mut lines = BufReader::with_capacity(
         256 * 1024,
-        flate2::bufread::MultiGzDecoder::new(BufReader::new(file)),
+        crate::files::Budgeted::new(
+            flate2::bufread::MultiGzDecoder::new(BufReader::new(file)),
+            budget,
+        ),
     );
     let mut timers = timers.into_iter().peekable();
-    for (i, line) in lines.split(b'\n').enumerate() {
-        let line = line.with_context(|| format!("cannot read {}", side.display()))?;
+    let mut line = Vec::new();
+    let mut number = 0u64;
+    loop {
+        number += 1;
+        let more = crate::files::read_line_capped(&mut lines, &mut line, MAX_SIDE_LINE)
+            .with_context(|| format!("cannot read line {number} of {}", side.display()))?;
+        if !more {
+            break;
+        }
         if line.is_empty() {
             continue;
         }
         let e: Entry = serde_json::from_slice(&line)
-            .with_context(|| format!("line {} of {} is not a log entry", i + 1, side.display()))?;
+            .with_context(|| format!("line {number} of {} is not a log entry", side.display()))?;
         while let Some(t) = timers.next_if(|t| t.timestamp <= e.timestamp) {
             each(t);
         }
@@ -91,6 +109,17 @@ pub fn read_complete(path: &Path, mut each: impl FnMut(Entry)) -> anyhow::Result
     }
     timers.for_each(each);
     Ok(doc)
+}
+
+/// Longest line of the complete event log: one entry (a mark is at most a
+/// 64 KiB socket line, and memtrack's own fields add little).
+pub const MAX_SIDE_LINE: usize = 1 << 20;
+
+/// How many bytes the complete event log may decompress to: 200 times its
+/// compressed size (memtrack's log compresses about 10 to 30 times), at
+/// least 1 GiB. A gzip bomb (1,000 times) stops at the budget.
+pub fn side_budget(compressed: u64) -> u64 {
+    compressed.saturating_mul(200).max(1 << 30)
 }
 
 /// The document for `memtrack report` and `memtrack advise`: its log is

@@ -435,11 +435,11 @@ fn write_run(out: &mut String, doc: &Document) {
         };
         let _ = writeln!(
             out,
-            "  {} on {}, {} — {:.1} s, {exit}, {}",
+            "  {} on {}, {} — {}, {exit}, {}",
             run.mode,
             run.host,
             clock(run.start),
-            duration,
+            crate::units::format_seconds(duration),
             run.status
         );
         if !run.command.is_empty() {
@@ -492,7 +492,7 @@ fn write_stages(out: &mut String, doc: &Document) {
                     s.name.clone(),
                     s.status.clone(),
                     s.duration_s
-                        .map(|d| format!("{d:.1} s"))
+                        .map(crate::units::format_seconds)
                         .unwrap_or_else(|| "-".into()),
                     format_mib_one_decimal(s.peak.cpu_ram_used_mb),
                     format_mib_one_decimal(s.peak.gpu_ram_peak_mb.max(s.peak.gpu_process_used_mb)),
@@ -683,8 +683,8 @@ fn write_alerts(out: &mut String, doc: &Document) {
         for a in &doc.alerts {
             let _ = writeln!(
                 out,
-                "  +{:.1} s  {}",
-                a.timestamp - doc.run.start,
+                "  +{}  {}",
+                crate::units::format_seconds(a.timestamp - doc.run.start),
                 shown(&a.message)
             );
         }
@@ -740,10 +740,10 @@ fn write_flight_recorder(out: &mut String, doc: &Document) {
         };
         let _ = writeln!(
             out,
-            "\nFlight recorder: PID {} {} {what} at +{:.1} s ({} points, every {:.0} ms)",
+            "\nFlight recorder: PID {} {} {what} at +{} ({} points, every {:.0} ms)",
             w.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
             shown(&w.name),
-            w.timestamp - doc.run.start,
+            crate::units::format_seconds(w.timestamp - doc.run.start),
             w.points.len(),
             w.interval_s * 1000.0
         );

@@ -17,7 +17,7 @@
 //! A failed write keeps its bytes in memory and is retried at the next
 //! one: memory grows only while the disk refuses, and no entry is lost.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -46,15 +46,6 @@ pub const BATCH: usize = 64 * 1024;
 pub enum EntriesError {
     #[error("cannot use the entries file {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
-    #[error(
-        "the entries file {path} holds {found} bytes where the checkpoint counted {expected}; \
-         the entries past byte {found} are lost"
-    )]
-    Short {
-        path: PathBuf,
-        found: u64,
-        expected: u64,
-    },
     #[error("entry {index} of {path} cannot be read back: {message}")]
     Corrupt {
         path: PathBuf,
@@ -161,7 +152,8 @@ impl EntryLog {
             path: path.to_path_buf(),
             source,
         };
-        let file = OpenOptions::new()
+        // 0600 and never through a link, as every file memtrack writes.
+        let file = crate::files::options()
             .create(true)
             .truncate(true)
             .read(true)
@@ -191,28 +183,52 @@ impl EntryLog {
     /// file is cut back to the bytes the state counted (later entries come
     /// back with the journal's records). A state of a log held in memory
     /// starts a new file instead.
-    pub fn reattach(&mut self, path: &Path) -> Result<(), EntriesError> {
+    ///
+    /// A damaged file (cut short, a line that is not an entry, the file
+    /// gone) loses only what is damaged: the readable entries are kept, in
+    /// order, and what was lost comes back as [`Salvaged`].
+    pub fn reattach(&mut self, path: &Path) -> Result<Salvaged, EntriesError> {
         let Some(disk) = &mut self.disk else {
-            return self.create_file(path);
+            self.create_file(path)?;
+            return Ok(Salvaged::default());
         };
         let io_err = |source| EntriesError::Io {
             path: path.to_path_buf(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io_err)?;
+        let open = || crate::files::options().read(true).write(true).open(path);
+        let file = match open() {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let lost = Salvaged {
+                    lost_entries: disk.len,
+                    missing_bytes: disk.bytes,
+                    ..Salvaged::default()
+                };
+                self.disk = None;
+                self.create_file(path)?;
+                return Ok(lost);
+            }
+            Err(e) => return Err(io_err(e)),
+        };
         let found = file.metadata().map_err(io_err)?.len();
-        if found < disk.bytes {
-            return Err(EntriesError::Short {
-                path: path.to_path_buf(),
-                found,
-                expected: disk.bytes,
-            });
-        }
-        file.set_len(disk.bytes).map_err(io_err)?;
+        let scan = scan(&file, found.min(disk.bytes)).map_err(io_err)?;
+        let lost = Salvaged {
+            lost_entries: disk.len.saturating_sub(scan.good),
+            missing_bytes: disk.bytes.saturating_sub(found),
+            dropped_bytes: found.min(disk.bytes) - scan.good_bytes,
+            bad_lines: scan.bad_lines,
+        };
+        let file = if lost.is_nothing() {
+            file.set_len(disk.bytes).map_err(io_err)?;
+            file
+        } else {
+            drop(file);
+            keep_good_lines(path, scan.good_bytes).map_err(io_err)?;
+            disk.len = scan.good;
+            disk.bytes = scan.good_bytes;
+            open().map_err(io_err)?
+        };
         disk.spill = Some(Arc::new(Mutex::new(Spill {
             path: path.to_path_buf(),
             file,
@@ -220,7 +236,7 @@ impl EntryLog {
             pending: Vec::new(),
             failing: false,
         })));
-        Ok(())
+        Ok(lost)
     }
 
     /// Whether the log lives in a file.
@@ -349,6 +365,117 @@ impl EntryLog {
             },
             index: 0,
         })
+    }
+}
+
+/// Longest entry line recovery reads (a mark is bounded far below it); a
+/// longer line is damage, never held whole.
+const MAX_LINE: usize = 16 << 20;
+
+/// What recovery could not read back from an entries file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Salvaged {
+    /// Entries the checkpoint counted that are missing or unreadable.
+    pub lost_entries: u64,
+    /// Bytes the checkpoint counted that the file no longer has.
+    pub missing_bytes: u64,
+    /// Bytes of damaged lines, dropped.
+    pub dropped_bytes: u64,
+    /// 1-based numbers of the damaged lines (at most [`MAX_BAD_LINES`]).
+    pub bad_lines: Vec<u64>,
+}
+
+/// Damaged lines named one by one; more are only counted.
+pub const MAX_BAD_LINES: usize = 20;
+
+impl Salvaged {
+    /// Whether nothing was lost.
+    pub fn is_nothing(&self) -> bool {
+        self.lost_entries == 0
+            && self.missing_bytes == 0
+            && self.dropped_bytes == 0
+            && self.bad_lines.is_empty()
+    }
+}
+
+/// The readable lines of an entries file, up to `end`.
+struct Scan {
+    good: u64,
+    good_bytes: u64,
+    bad_lines: Vec<u64>,
+}
+
+/// Reads the file up to `end`, line by line, and marks every line that is
+/// not a complete entry. Then [`keep_good_lines`] keeps the others.
+fn scan(file: &File, end: u64) -> io::Result<Scan> {
+    let mut reader = BufReader::with_capacity(
+        BATCH,
+        At {
+            file: file.try_clone()?,
+            pos: 0,
+            end,
+        },
+    );
+    let mut out = Scan {
+        good: 0,
+        good_bytes: 0,
+        bad_lines: Vec::new(),
+    };
+    let mut line = Vec::new();
+    let mut number = 0u64;
+    while let Some(how) = crate::files::read_line_bounded(&mut reader, &mut line, MAX_LINE)? {
+        number += 1;
+        let ok = how == crate::files::Line::Whole && serde_json::from_slice::<Entry>(&line).is_ok();
+        if ok {
+            out.good += 1;
+            out.good_bytes += line.len() as u64 + 1;
+        } else if out.bad_lines.len() < MAX_BAD_LINES {
+            out.bad_lines.push(number);
+        }
+    }
+    Ok(out)
+}
+
+/// Rewrites the entries file with only its complete entry lines (the ones
+/// [`scan`] counted, `good_bytes` in all), through a temporary file and a
+/// rename: a crash meanwhile leaves the damaged file, never less.
+fn keep_good_lines(path: &Path, good_bytes: u64) -> io::Result<()> {
+    use std::io::Write;
+    let src = crate::files::open_input(path)?;
+    let end = src.metadata()?.len();
+    let mut reader = BufReader::with_capacity(
+        BATCH,
+        At {
+            file: src,
+            pos: 0,
+            end,
+        },
+    );
+    let (tmp, out) = crate::files::create_temp(path)?;
+    let written = (|| {
+        let mut out = io::BufWriter::new(out);
+        let mut line = Vec::new();
+        let mut kept = 0u64;
+        while kept < good_bytes {
+            let Some(how) = crate::files::read_line_bounded(&mut reader, &mut line, MAX_LINE)?
+            else {
+                break;
+            };
+            if how == crate::files::Line::Whole && serde_json::from_slice::<Entry>(&line).is_ok() {
+                out.write_all(&line)?;
+                out.write_all(b"\n")?;
+                kept += line.len() as u64 + 1;
+            }
+        }
+        out.flush()?;
+        out.get_ref().sync_all()
+    })();
+    match written.and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
 }
 
@@ -593,7 +720,7 @@ mod tests {
     }
 
     #[test]
-    fn a_file_shorter_than_its_state_is_a_clear_error() {
+    fn a_damaged_file_loses_only_its_damaged_lines() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(FILE);
         let mut log = EntryLog::new();
@@ -603,10 +730,42 @@ mod tests {
         }
         log.sync().unwrap();
         let state = serde_json::to_string(&log).unwrap();
-        std::fs::write(&path, b"{}\n").unwrap();
+        let whole = std::fs::read(&path).unwrap();
+        // Line 3 overwritten, the last line cut in half.
+        let starts: Vec<usize> = std::iter::once(0)
+            .chain(
+                whole
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &b)| b == b'\n')
+                    .map(|(i, _)| i + 1),
+            )
+            .collect();
+        let mut bytes = whole.clone();
+        bytes[starts[2]] = b'#';
+        bytes.truncate(starts[9] + 5);
+        std::fs::write(&path, &bytes).unwrap();
         let mut back: EntryLog = serde_json::from_str(&state).unwrap();
-        let err = back.reattach(&path).unwrap_err();
-        assert!(err.to_string().contains("holds 3 bytes"), "{err}");
+        let lost = back.reattach(&path).unwrap();
+        assert_eq!(lost.lost_entries, 2, "{lost:?}");
+        assert_eq!(lost.bad_lines, vec![3, 10]);
+        assert_eq!(lost.missing_bytes, (whole.len() - bytes.len()) as u64);
+        assert_eq!(
+            lost.dropped_bytes,
+            (starts[3] - starts[2] + 5) as u64,
+            "{lost:?}"
+        );
+        let got: Vec<u64> = all(&back).iter().map(|e| e.iteration.unwrap()).collect();
+        assert_eq!(got, vec![0, 1, 3, 4, 5, 6, 7, 8]);
+        // Appending goes on after the kept lines.
+        back.push(&entry(10)).unwrap();
+        assert_eq!(all(&back).last().unwrap().iteration, Some(10));
+        // The file gone: every entry lost, recovery goes on.
+        std::fs::remove_file(&path).unwrap();
+        let mut back: EntryLog = serde_json::from_str(&state).unwrap();
+        let lost = back.reattach(&path).unwrap();
+        assert_eq!(lost.lost_entries, 10);
+        assert!(all(&back).is_empty());
     }
 
     #[test]

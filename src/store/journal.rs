@@ -35,7 +35,7 @@
 //! removed once the final `memory_usage.json` is written.
 
 use std::fs::{self, File};
-use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::io::{self, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
@@ -50,6 +50,9 @@ pub const DIR: &str = ".memtrack";
 
 const JOURNAL: &str = "journal.jsonl";
 const OLD_JOURNAL: &str = "journal.old.jsonl";
+/// A journal line longer than this is not one of memtrack's records (a
+/// mark is bounded far below it): it is skipped, never held whole.
+const MAX_LINE: usize = 16 << 20;
 
 #[derive(Serialize)]
 struct LineOut<'a> {
@@ -394,6 +397,8 @@ fn write_checkpoint(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
 pub struct Recovered {
     pub replayed: u64,
     pub skipped_lines: u64,
+    /// What a damaged entries file lost (nothing, usually).
+    pub lost: super::entries::Salvaged,
 }
 
 /// Whether `run_dir` holds an unfinished journal.
@@ -409,7 +414,8 @@ pub fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
     if !state_path.is_file() {
         return Err(JournalError::NoJournal(run_dir.to_path_buf()));
     }
-    let bytes = fs::read(&state_path).map_err(io_err(&state_path))?;
+    let bytes = crate::files::read_capped(&state_path, crate::model::json::MAX_DOCUMENT_BYTES)
+        .map_err(io_err(&state_path))?;
     let mut store: Store = serde_json::from_slice(&bytes).map_err(|e| JournalError::Corrupt {
         path: state_path.clone(),
         message: e.to_string(),
@@ -417,31 +423,41 @@ pub fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
     drop(bytes);
     // Entries written after the checkpoint are cut off here and come back
     // with the journal's records.
-    store
+    let lost = store
         .reattach_entries(&dir.join(super::entries::FILE))
         .map_err(entries_err(&dir))?;
+    // Recorded in the document: its log lacks these entries.
+    store.counters_mut().entries_lost += lost.lost_entries;
     let mut report = Recovered {
         replayed: 0,
         skipped_lines: 0,
+        lost,
     };
     // The rotated journal (a checkpoint was being written) comes first.
     for journal_path in [dir.join(OLD_JOURNAL), dir.join(JOURNAL)] {
-        let Ok(f) = File::open(&journal_path) else {
+        let Ok(f) = crate::files::open_input(&journal_path) else {
             continue;
         };
-        for line in BufReader::new(f).split(b'\n') {
-            let line = line.map_err(io_err(&journal_path))?;
+        let mut reader = BufReader::new(f);
+        let mut line = Vec::new();
+        while let Some(how) = crate::files::read_line_bounded(&mut reader, &mut line, MAX_LINE)
+            .map_err(io_err(&journal_path))?
+        {
             if line.is_empty() {
                 continue;
             }
-            match serde_json::from_slice::<LineIn>(&line) {
-                Ok(l) if l.seq > store.seq => {
+            let parsed = match how {
+                crate::files::Line::TooLong => None,
+                _ => serde_json::from_slice::<LineIn>(&line).ok(),
+            };
+            match parsed {
+                Some(l) if l.seq > store.seq => {
                     store.apply(&l.record);
                     store.seq = l.seq;
                     report.replayed += 1;
                 }
-                Ok(_) => {}
-                Err(_) => report.skipped_lines += 1,
+                Some(_) => {}
+                None => report.skipped_lines += 1,
             }
         }
     }
@@ -558,7 +574,8 @@ mod tests {
             report,
             Recovered {
                 replayed: 5,
-                skipped_lines: 1
+                skipped_lines: 1,
+                lost: Default::default(),
             }
         );
         let doc: Document =

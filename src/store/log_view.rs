@@ -23,7 +23,10 @@ impl Store {
 
     /// Reattaches the entries file of a store read back from a
     /// checkpoint's state (see [`EntryLog::reattach`](super::entries::EntryLog::reattach)).
-    pub fn reattach_entries(&mut self, path: &Path) -> Result<(), EntriesError> {
+    pub fn reattach_entries(
+        &mut self,
+        path: &Path,
+    ) -> Result<super::entries::Salvaged, EntriesError> {
         self.events.reattach(path)
     }
 

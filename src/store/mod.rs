@@ -81,6 +81,11 @@ pub enum Record {
     },
     /// A flight-recorder window kept because a target died.
     Flight(Box<FlightWindow>),
+    /// The journal failed `total` times so far (journalled so that a
+    /// recovery knows, when no checkpoint could count them).
+    JournalErrors {
+        total: u64,
+    },
 }
 
 impl Store {
@@ -103,6 +108,11 @@ impl Store {
             }
             Record::Flight(w) => {
                 self.keep_flight(w);
+                Outcome::default()
+            }
+            Record::JournalErrors { total } => {
+                let c = &mut self.counters_mut().journal_errors;
+                *c = (*c).max(*total);
                 Outcome::default()
             }
             Record::Finish { timestamp, exit } => Outcome {

@@ -16,6 +16,7 @@ mod events;
 mod golden;
 mod host;
 mod http;
+mod inputs;
 mod layers;
 mod own;
 mod pidns;

@@ -182,6 +182,99 @@ fn a_journal_rotation_failed_for_want_of_descriptors_loses_no_acknowledged_mark(
     );
 }
 
+/// What once broke: killed while no checkpoint could be written (inodes or
+/// descriptors exhausted), memtrack's recovered JSON said `journal_errors`
+/// 0 though the failure was logged: the count lived only in memory.
+#[test]
+fn journal_errors_survive_a_kill_while_no_checkpoint_can_be_written() {
+    let out = scratch();
+    let d = out.path();
+    let socket = d.join("m.sock");
+    let child = Command::new("prlimit")
+        .arg("--nofile=48:48")
+        .arg(env!("CARGO_BIN_EXE_memtrack"))
+        .args([
+            "run",
+            "--listen",
+            "off",
+            "--interval",
+            "100ms",
+            "--checkpoint-interval",
+            "1s",
+            "--name",
+            "r",
+            "--output",
+        ])
+        .arg(d)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--", "python3", "-c", ACKED_MARKS_JOB])
+        .arg(d)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("prlimit memtrack");
+    let mut child = Reap(child);
+    wait_for("acknowledged marks", Duration::from_secs(20), || {
+        acked(d).len() >= 20
+    });
+    let mut hogs = Vec::new();
+    for _ in 0..200 {
+        let s = std::os::unix::net::UnixStream::connect(&socket).expect("connect");
+        s.set_nonblocking(true).unwrap();
+        hogs.push(s);
+    }
+    // memtrack logs the failed rotation: wait for that line, then kill it
+    // while the descriptors are still taken.
+    let mut log = child.0.stderr.take().unwrap();
+    let logged = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = logged.clone();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = log.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&seen).contains("journal error") {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    wait_for("a failed rotation, logged", Duration::from_secs(60), || {
+        logged.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    // One more acknowledged mark: the count was journalled before it.
+    let now = acked(d).len();
+    wait_for("a mark after the failure", Duration::from_secs(20), || {
+        acked(d).len() > now
+    });
+    signal(child.0.id(), "KILL");
+    child.0.wait().unwrap();
+    drop(hogs);
+    let job: u32 = std::fs::read_to_string(d.join("job.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    signal(job, "KILL");
+    let run_dir = d.join("r");
+    let res = run_to_end(
+        memtrack().arg("recover").arg(&run_dir),
+        Duration::from_secs(30),
+    );
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let doc = read_document(&run_dir.join("memory_usage.json"));
+    assert!(
+        doc.counters.journal_errors >= 1,
+        "the logged failure is counted: {:?}",
+        doc.counters
+    );
+}
+
 /// What once broke: as root, memtrack wrote through links another user planted in a
 /// shared output root, and recovered that user's folders.
 #[test]

@@ -46,9 +46,15 @@ impl FileServer {
 
     /// Uploads `document` as `path`; the artifact to register.
     pub async fn upload(&self, document: &Path, path: &str) -> Result<Artifact, String> {
-        let data = tokio::fs::read(document)
-            .await
-            .map_err(|e| format!("cannot read {}: {e}", document.display()))?;
+        // A regular file, read to at most the largest document, off the
+        // runtime's threads.
+        let owned = document.to_path_buf();
+        let data = tokio::task::spawn_blocking(move || {
+            crate::files::read_capped(&owned, crate::model::json::MAX_DOCUMENT_BYTES)
+        })
+        .await
+        .map_err(|e| format!("cannot read {}: {e}", document.display()))?
+        .map_err(|e| format!("cannot read {}: {e}", document.display()))?;
         let size = data.len() as u64;
         let sha256 = hex(&Sha256::digest(&data));
         let boundary = format!("memtrack-{}", &sha256[..24]);

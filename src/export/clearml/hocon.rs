@@ -26,6 +26,20 @@ const MAX_DEPTH: usize = 64;
 /// Substitutions referring to substitutions: at most this deep.
 const MAX_SUBST_DEPTH: usize = 16;
 
+/// Substitutions resolved for one value, all levels together: a file
+/// where each value refers to the previous one eight times would otherwise
+/// expand to 8^16 copies (a 1 KB file, gigabytes of memory).
+const MAX_SUBSTITUTIONS: usize = 1_000;
+
+/// The longest value substitutions may build (a URL or a key is far
+/// shorter).
+const MAX_RESOLVED_BYTES: usize = 64 * 1024;
+
+/// What resolving one value may still spend.
+struct Budget {
+    substitutions: usize,
+}
+
 /// Why a file could not be read as HOCON, with the 1-based line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
@@ -77,7 +91,8 @@ impl Document {
         path: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<String>, ParseError> {
-        self.resolve(path, env, 0)
+        let mut budget = Budget { substitutions: 0 };
+        self.resolve(path, env, 0, &mut budget)
     }
 
     fn resolve(
@@ -85,6 +100,7 @@ impl Document {
         path: &str,
         env: &dyn Fn(&str) -> Option<String>,
         depth: usize,
+        budget: &mut Budget,
     ) -> Result<Option<String>, ParseError> {
         let Some(Value::Scalar { pieces, line }) = self.get(path) else {
             return Ok(None);
@@ -104,10 +120,20 @@ impl Document {
                     if depth >= MAX_SUBST_DEPTH {
                         return Err(ParseError {
                             line: *line,
-                            message: format!("substitution ${{{target}}} refers to itself"),
+                            message: format!("substitution {} refers to itself", name("", target)),
                         });
                     }
-                    let found = match self.resolve(target, env, depth + 1)? {
+                    budget.substitutions += 1;
+                    if budget.substitutions > MAX_SUBSTITUTIONS {
+                        return Err(ParseError {
+                            line: *line,
+                            message: format!(
+                                "substitutions expand too far (more than {MAX_SUBSTITUTIONS} \
+                                 for one value)"
+                            ),
+                        });
+                    }
+                    let found = match self.resolve(target, env, depth + 1, budget)? {
                         Some(v) => Some(v),
                         None => env(target),
                     };
@@ -115,14 +141,16 @@ impl Document {
                         Some(v) => {
                             out.push_str(&v);
                             any = true;
+                            check_size(&out, *line)?;
                         }
                         None if *optional => {}
                         None => {
                             return Err(ParseError {
                                 line: *line,
                                 message: format!(
-                                    "substitution ${{{target}}} is defined neither in the file \
-                                     nor in the environment"
+                                    "substitution {} is defined neither in the file nor in \
+                                     the environment",
+                                    name("", target)
                                 ),
                             })
                         }
@@ -132,6 +160,46 @@ impl Document {
         }
         Ok(any.then_some(out))
     }
+}
+
+/// A key or substitution for an error message. A line holding only a
+/// secret parses as a key, so a name is shown only when it reads like
+/// one of clearml.conf's keys (lowercase words: `api.access_key`,
+/// `sdk.aws.s3`) or an environment variable (`CLEARML_API_HOST`): secrets
+/// and tokens mix digits and capitals. Anything else is not shown (and
+/// never a long or control-laden excerpt).
+fn name(what: &str, text: &str) -> String {
+    let lead = if what.is_empty() {
+        String::new()
+    } else {
+        format!("{what} ")
+    };
+    let lower = text
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || matches!(b, b'_' | b'-' | b'.'));
+    // An environment variable's name (`CLEARML_API_HOST`).
+    let env_var = text.contains('_') && text.bytes().all(|b| b.is_ascii_uppercase() || b == b'_');
+    let plain = !text.is_empty() && text.len() <= 64 && (lower || env_var);
+    if plain {
+        format!("{lead}`{text}`")
+    } else if what.is_empty() {
+        "a name not shown (it may be a secret)".into()
+    } else {
+        format!("{what} (not shown: it may be a secret)")
+    }
+}
+
+/// Refuses a value grown past [`MAX_RESOLVED_BYTES`].
+fn check_size(out: &str, line: usize) -> Result<(), ParseError> {
+    if out.len() > MAX_RESOLVED_BYTES {
+        return Err(ParseError {
+            line,
+            message: format!(
+                "a value built by substitutions is longer than {MAX_RESOLVED_BYTES} bytes"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Parses a whole file.
@@ -303,8 +371,8 @@ impl Parser<'_> {
                     return Err(ParseError {
                         line: key_line,
                         message: format!(
-                            "expected `:`, `=` or `{{` after the key `{}`",
-                            path.join(".")
+                            "expected `:`, `=` or `{{` after {}",
+                            name("the key", &path.join("."))
                         ),
                     })
                 }
@@ -315,9 +383,10 @@ impl Parser<'_> {
             match self.peek() {
                 None | Some(b'\n') | Some(b',') | Some(b'}') => {}
                 Some(c) => {
-                    return Err(
-                        self.unexpected(c, &format!("after the value of `{}`", path.join(".")))
-                    )
+                    return Err(self.unexpected(
+                        c,
+                        &format!("after the value of {}", name("", &path.join("."))),
+                    ))
                 }
             }
         }
@@ -896,6 +965,46 @@ sdk {
             assert!(err.message.contains(what), "{text:?}: {err}");
             assert!(!err.to_string().contains("TOPSECRET"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_substitution_bomb_stops_at_its_budget() {
+        // Each level refers to the one below eight times: 8^16 bytes.
+        let mut text = String::from("l0: aaaaaaaa\n");
+        for i in 1..16 {
+            text.push_str(&format!("l{i}: {}\n", format!("${{l{}}}", i - 1).repeat(8)));
+        }
+        assert!(text.len() < 1024, "{}", text.len());
+        let doc = parse(&text).unwrap();
+        let err = doc.get_str("l15", &no_env).unwrap_err();
+        assert!(err.message.contains("expand too far"), "{err}");
+        // Wide rather than deep: the size budget.
+        let mut text = format!("l0: \"{}\"\n", "a".repeat(60_000));
+        text.push_str("l1: ${l0}${l0}\n");
+        let err = parse(&text).unwrap().get_str("l1", &no_env).unwrap_err();
+        assert!(err.message.contains("longer than"), "{err}");
+        // A few levels stay fine.
+        let doc = parse("a: x\nb: ${a}${a}\nc: ${b}-${b}\n").unwrap();
+        assert_eq!(s(&doc, "c").as_deref(), Some("xx-xx"));
+    }
+
+    #[test]
+    fn a_secret_alone_on_a_line_or_a_binary_file_is_never_echoed() {
+        for text in [
+            "api {\n  secret_key: abc\n  Zk9TOPSECRETqW2x\n}\n",
+            "api {\n  sdk.TOPSECRET: 1 2 ]\n}\n",
+            "a: ${TOPSECRET9}\n",
+        ] {
+            let err = match parse(text) {
+                Err(e) => e,
+                Ok(doc) => doc.get_str("a", &no_env).unwrap_err(),
+            };
+            assert!(!err.to_string().contains("TOPSECRET"), "{err}");
+            assert!(err.to_string().contains("not shown"), "{err}");
+        }
+        let zeros = "\0".repeat(1 << 20);
+        let err = parse(&zeros).unwrap_err().to_string();
+        assert!(err.len() < 200 && !err.contains('\0'), "{}", err.len());
     }
 
     #[test]

@@ -110,7 +110,7 @@ impl Queue {
     /// dropped; the second number says how many.
     pub fn resume(max: usize, path: PathBuf) -> io::Result<(Queue, u64)> {
         let mut q = Queue::new(max, path);
-        let src = match File::open(&q.path) {
+        let src = match crate::files::open_input(&q.path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((q, 0)),
             Err(e) => return Err(e),
@@ -391,7 +391,7 @@ impl Queue {
                 out.write_all(b"\n")?;
             }
             if let (Some(offset), true) = (unread, self.spooled > 0) {
-                let mut src = File::open(&self.path)?;
+                let mut src = crate::files::open_input(&self.path)?;
                 src.seek(SeekFrom::Start(offset))?;
                 io::copy(&mut src, &mut out)?;
             }

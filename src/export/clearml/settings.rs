@@ -327,7 +327,9 @@ pub fn read_conf(path: &Path) -> Result<hocon::Document, ClearmlError> {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(read_err)?;
+    // Regular files only, opened without blocking: a FIFO or `/dev/zero`
+    // is refused, not waited on or read.
+    let file = crate::files::open_input(path).map_err(read_err)?;
     let size = file.metadata().map_err(read_err)?.len();
     if size > MAX_CONF_BYTES {
         return Err(ClearmlError::ConfTooLarge {
@@ -339,6 +341,13 @@ pub fn read_conf(path: &Path) -> Result<hocon::Document, ClearmlError> {
     file.take(MAX_CONF_BYTES + 1)
         .read_to_string(&mut text)
         .map_err(read_err)?;
+    if text.len() as u64 > MAX_CONF_BYTES {
+        // Larger than its size said (it grew while read).
+        return Err(ClearmlError::ConfTooLarge {
+            path: path.to_path_buf(),
+            size: text.len() as u64,
+        });
+    }
     hocon::parse(&text).map_err(|source| ClearmlError::Conf {
         path: path.to_path_buf(),
         source,

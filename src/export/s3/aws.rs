@@ -87,6 +87,60 @@ pub fn parse_ini(text: &str) -> Sections {
     sections
 }
 
+/// Splits `url` around its user information: (before, userinfo, after),
+/// `None` without one.
+fn split_userinfo(url: &str) -> Option<(&str, &str, &str)> {
+    let start = url.find("://")? + 3;
+    let rest = &url[start..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let at = rest[..end].rfind('@')?;
+    Some((&url[..start], &rest[..at], &rest[at + 1..]))
+}
+
+/// `url` with its user information (`user:password@`) shown as `***@`:
+/// for every message that names an endpoint.
+pub fn redact_userinfo(url: &str) -> String {
+    match split_userinfo(url) {
+        Some((scheme, _, rest)) => format!("{scheme}***@{rest}"),
+        None => url.to_string(),
+    }
+}
+
+/// `url` without its user information: requests are signed with the AWS
+/// keys, a password in an endpoint is never used, and the retry command
+/// must not print it.
+pub fn strip_userinfo(url: &str) -> String {
+    match split_userinfo(url) {
+        Some((scheme, _, rest)) => format!("{scheme}{rest}"),
+        None => url.to_string(),
+    }
+}
+
+/// Why `endpoint` cannot be an S3 endpoint (a configuration error, never
+/// retried as a network one): it must be an `http://` or `https://` URL
+/// with a host.
+pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    let shown = redact_userinfo(endpoint);
+    let uri: hyper::Uri = strip_userinfo(endpoint)
+        .parse()
+        .map_err(|e| format!("`{shown}` is not a URL ({e})"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => {
+            return Err(format!(
+                "`{shown}` is not an http:// or https:// URL (write e.g. http://minio:9000)"
+            ))
+        }
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("`{shown}` names no host"));
+    }
+    // The port's range, which the URI grammar leaves open.
+    reqwest::Url::parse(&strip_userinfo(endpoint))
+        .map_err(|e| format!("`{shown}` is not a URL ({e})"))?;
+    Ok(())
+}
+
 /// One resolved value and where it came from (for messages).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Setting {
@@ -111,6 +165,10 @@ pub struct Resolved {
     pub credentials_file: PathBuf,
     /// Where credentials would come from, or why none are configured.
     pub credentials: Credentials,
+    /// Whether the instance-metadata service may be asked (for
+    /// credentials): not with a custom endpoint, nor when
+    /// `AWS_EC2_METADATA_DISABLED` is true.
+    pub imds: bool,
     /// Files that exist but could not be read (named in messages).
     pub unreadable: Vec<String>,
 }
@@ -163,20 +221,15 @@ pub fn resolve(
     let (config_file, credentials_file) = file_paths(env, home);
     let mut unreadable = Vec::new();
     let mut read = |path: &Path| -> String {
-        match std::fs::metadata(path) {
-            Err(_) => String::new(),
-            Ok(m) if m.len() > MAX_PROFILE_FILE_BYTES => {
-                unreadable.push(format!(
-                    "{} ({} bytes; at most {MAX_PROFILE_FILE_BYTES} are read)",
-                    path.display(),
-                    m.len()
-                ));
-                String::new()
-            }
-            Ok(_) => std::fs::read_to_string(path).unwrap_or_else(|e| {
+        // Regular files only, read up to the cap (`/dev/zero` or a FIFO as
+        // `AWS_CONFIG_FILE` must neither grow memtrack nor hang it).
+        match crate::files::read_text_capped(path, MAX_PROFILE_FILE_BYTES) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => {
                 unreadable.push(format!("{} ({e})", path.display()));
                 String::new()
-            }),
+            }
         }
     };
     let config_text = read(&config_file);
@@ -186,6 +239,21 @@ pub fn resolve(
     r.credentials_file = credentials_file;
     r.unreadable = unreadable;
     r
+}
+
+/// Whether a profile section holds keys or a way to get them.
+fn has_profile_keys(s: &BTreeMap<String, String>) -> bool {
+    s.contains_key("aws_access_key_id")
+        || [
+            "credential_process",
+            "role_arn",
+            "sso_session",
+            "sso_start_url",
+            "web_identity_token_file",
+            "credential_source",
+        ]
+        .iter()
+        .any(|k| s.contains_key(*k))
 }
 
 /// [`resolve`] over the files' contents.
@@ -289,19 +357,12 @@ pub fn resolve_from(
     };
 
     let has = |name: &str| var(name).is_some();
-    let profile_keys = |s: &BTreeMap<String, String>| {
-        s.contains_key("aws_access_key_id")
-            || [
-                "credential_process",
-                "role_arn",
-                "sso_session",
-                "sso_start_url",
-                "web_identity_token_file",
-                "credential_source",
-            ]
-            .iter()
-            .any(|k| s.contains_key(*k))
-    };
+    // A custom endpoint is no EC2 service: its keys never come from the
+    // instance-metadata service, which is then not asked (off EC2 the
+    // SDK would wait on 169.254.169.254 and report its own failure).
+    let imds = endpoint.is_none() && !env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| truthy(&v));
+    let in_profile =
+        in_credentials.is_some_and(has_profile_keys) || in_config.is_some_and(has_profile_keys);
     let credentials = match (has("AWS_ACCESS_KEY_ID"), has("AWS_SECRET_ACCESS_KEY")) {
         (true, true) => Credentials::Environment,
         (true, false) => Credentials::HalfEnvironment {
@@ -312,13 +373,11 @@ pub fn resolve_from(
             set: "AWS_SECRET_ACCESS_KEY",
             missing: "AWS_ACCESS_KEY_ID",
         },
-        _ if in_credentials.is_some_and(profile_keys) || in_config.is_some_and(profile_keys) => {
-            Credentials::Profile
-        }
+        _ if in_profile => Credentials::Profile,
         _ if has("AWS_WEB_IDENTITY_TOKEN_FILE")
             || has("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
             || has("AWS_CONTAINER_CREDENTIALS_FULL_URI")
-            || !env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| truthy(&v)) =>
+            || imds =>
         {
             Credentials::Elsewhere
         }
@@ -335,6 +394,7 @@ pub fn resolve_from(
         config_file: PathBuf::new(),
         credentials_file: PathBuf::new(),
         credentials,
+        imds,
         unreadable: Vec::new(),
     }
 }
@@ -343,8 +403,8 @@ impl Resolved {
     /// The endpoint for messages: the URL and its source, or AWS itself.
     pub fn describe_endpoint(&self) -> String {
         match &self.endpoint {
-            Some(e) if e.source == "s3.endpoint" => e.value.clone(),
-            Some(e) => format!("{} (from {})", e.value, e.source),
+            Some(e) if e.source == "s3.endpoint" => redact_userinfo(&e.value),
+            Some(e) => format!("{} (from {})", redact_userinfo(&e.value), e.source),
             None => format!(
                 "AWS S3 (https://s3.{}.amazonaws.com)",
                 self.region
@@ -376,42 +436,53 @@ impl Resolved {
     }
 
     /// Why no credentials can be found, when the configuration alone tells
-    /// (`None`: they may come from somewhere only the SDK can probe).
+    /// (`None`: they may come from somewhere only the SDK can probe). A
+    /// profile chosen by name that neither file defines is always an error,
+    /// as for the AWS CLI: with keys in the environment a typo would
+    /// otherwise send the upload to AWS instead of the profile's endpoint.
     pub fn missing_credentials(&self) -> Option<String> {
-        let mut why = match &self.credentials {
-            Credentials::Environment | Credentials::Profile => return None,
-            Credentials::HalfEnvironment { set, missing } => {
-                format!("{set} is set but {missing} is not")
-            }
-            Credentials::Elsewhere | Credentials::None => {
-                if let Some(unknown) = self.unknown_profile() {
-                    unknown
-                } else if self.profile_defined {
-                    format!(
-                        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are not set and {} has no \
-                         aws_access_key_id (nor a role or credential_process) in {} or {}",
-                        self.describe_profile(),
-                        self.credentials_file.display(),
-                        self.config_file.display()
-                    )
-                } else {
-                    format!(
-                        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are not set and no {} is in {} or {}",
-                        self.describe_profile(),
-                        self.credentials_file.display(),
-                        self.config_file.display()
-                    )
+        let mut why = if let Some(unknown) = self.unknown_profile() {
+            unknown
+        } else {
+            match &self.credentials {
+                Credentials::Environment | Credentials::Profile | Credentials::Elsewhere => {
+                    return None
                 }
+                Credentials::HalfEnvironment { set, missing } => {
+                    format!("{set} is set but {missing} is not")
+                }
+                Credentials::None => format!("no S3 credentials found ({})", self.looked_in()),
             }
         };
-        if matches!(self.credentials, Credentials::Elsewhere) && self.unknown_profile().is_none() {
-            // The instance or container may still provide them.
-            return None;
-        }
         for u in &self.unreadable {
             why.push_str(&format!("; cannot read {u}"));
         }
         Some(why)
+    }
+
+    /// Where credentials were looked for, for messages.
+    pub fn looked_in(&self) -> String {
+        let profile = if self.profile_defined {
+            format!(
+                "{}, defined but with no aws_access_key_id, role or credential_process",
+                self.describe_profile()
+            )
+        } else {
+            self.describe_profile()
+        };
+        let imds = if self.imds {
+            "the instance-metadata service"
+        } else if self.endpoint.is_some() {
+            "not the instance-metadata service (a custom endpoint takes no EC2 credentials)"
+        } else {
+            "not the instance-metadata service (AWS_EC2_METADATA_DISABLED)"
+        };
+        format!(
+            "looked in: the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), {profile} \
+             in {} and {}, {imds}",
+            self.credentials_file.display(),
+            self.config_file.display()
+        )
     }
 }
 
@@ -602,5 +673,62 @@ s3 =
         // A defined profile without keys, instance metadata possible: unknown.
         let r = resolve_from(&S3Config::default(), &env(&[]), CONFIG, "");
         assert!(r.missing_credentials().is_none());
+    }
+
+    #[test]
+    fn a_custom_endpoint_never_asks_instance_metadata_and_a_typo_is_an_error() {
+        let config = S3Config {
+            endpoint: "http://minio:9000".into(),
+            ..S3Config::default()
+        };
+        let r = resolve_from(&config, &env(&[]), "", "");
+        assert!(!r.imds);
+        assert_eq!(r.credentials, Credentials::None);
+        let why = r.missing_credentials().unwrap();
+        assert!(
+            why.starts_with("no S3 credentials found (looked in: the environment")
+                && why.contains("custom endpoint"),
+            "{why}"
+        );
+        assert!(resolve_from(&S3Config::default(), &env(&[]), "", "").imds);
+        // Keys in the environment do not hide a profile name with a typo.
+        let vars = [
+            ("AWS_PROFILE", "mnio"),
+            ("AWS_ACCESS_KEY_ID", "AK"),
+            ("AWS_SECRET_ACCESS_KEY", "SK"),
+        ];
+        let r = resolve_from(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
+        let why = r.missing_credentials().unwrap();
+        assert!(why.contains("profile `mnio`"), "{why}");
+    }
+
+    #[test]
+    fn passwords_in_endpoints_are_never_shown() {
+        let url = "https://admin:hunter2@minio.lab:9000/path?x=@y";
+        assert_eq!(redact_userinfo(url), "https://***@minio.lab:9000/path?x=@y");
+        assert_eq!(strip_userinfo(url), "https://minio.lab:9000/path?x=@y");
+        assert_eq!(redact_userinfo("http://h:1/a@b"), "http://h:1/a@b");
+        check_endpoint(url).unwrap();
+        for bad in [
+            "minio:9000",
+            "ftp://h",
+            "http://",
+            "http://bad host:1",
+            "http://u:hunter2@",
+            "http://h:99999",
+        ] {
+            let err = check_endpoint(bad).unwrap_err();
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+        let r = resolve_from(
+            &S3Config {
+                endpoint: url.into(),
+                ..S3Config::default()
+            },
+            &env(&[]),
+            "",
+            "",
+        );
+        assert!(!r.describe_endpoint().contains("hunter2"));
     }
 }

@@ -67,6 +67,10 @@ pub enum S3Error {
         bucket: String,
         after: String,
     },
+    /// A configuration that can never work: reported at once, not
+    /// retried.
+    #[error("S3 is misconfigured: {0}")]
+    Config(String),
     #[error("bucket `{bucket}` does not exist at {endpoint}")]
     NoSuchBucket { endpoint: String, bucket: String },
     #[error(
@@ -203,13 +207,26 @@ impl Uploader {
     /// [`Uploader::new`] with the settings already resolved.
     pub async fn with(config: &S3Config, resolved: aws::Resolved) -> Result<Uploader, S3Error> {
         let dest = parse_url(&config.url)?;
+        // The SDK would read these files again, without a bound (a FIFO
+        // hangs it, `/dev/zero` grows it): refused here first.
+        if !resolved.unreadable.is_empty() {
+            return Err(S3Error::Config(format!(
+                "cannot read {}",
+                resolved.unreadable.join(", ")
+            )));
+        }
+        if let Some(endpoint) = &resolved.endpoint {
+            aws::check_endpoint(&endpoint.value).map_err(|why| {
+                S3Error::Config(format!("endpoint (from {}): {why}", endpoint.source))
+            })?;
+        }
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
             ))
             .build_https();
         let mut loader =
-            aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
+            aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http.clone());
         if resolved.profile_from != "default" {
             // The SDK reads AWS_PROFILE itself, not AWS_DEFAULT_PROFILE.
             loader = loader.profile_name(&resolved.profile);
@@ -219,7 +236,10 @@ impl Uploader {
             loader = loader.region(aws_config::Region::new(region.value.clone()));
         }
         if let Some(endpoint) = &resolved.endpoint {
-            loader = loader.endpoint_url(endpoint.value.clone());
+            loader = loader.endpoint_url(aws::strip_userinfo(&endpoint.value));
+        }
+        if !resolved.imds {
+            loader = loader.credentials_provider(chain_without_imds(&resolved, http));
         }
         let shared = loader.load().await;
         let mut b = aws_sdk_s3::config::Builder::from(&shared)
@@ -248,7 +268,7 @@ impl Uploader {
             None => b = b.region(aws_config::Region::new("us-east-1")),
         }
         if let Some(endpoint) = &resolved.endpoint {
-            b = b.endpoint_url(endpoint.value.clone());
+            b = b.endpoint_url(aws::strip_userinfo(&endpoint.value));
         }
         Ok(Uploader {
             credentials: shared.credentials_provider(),
@@ -290,7 +310,19 @@ impl Uploader {
                     .credentials_error
                     .lock()
                     .unwrap_or_else(|p| p.into_inner());
-                Some(first.get_or_insert_with(|| chain(&e)).clone())
+                // What was looked at first, in plain words; the SDK's own
+                // text after it.
+                Some(
+                    first
+                        .get_or_insert_with(|| {
+                            format!(
+                                "no S3 credentials found ({}): {}",
+                                self.resolved.looked_in(),
+                                chain(&e)
+                            )
+                        })
+                        .clone(),
+                )
             }
         }
     }
@@ -335,7 +367,12 @@ impl Uploader {
         words.push(shell_quote(&file.display().to_string()));
         words.extend(["--s3-url".into(), shell_quote(&self.url)]);
         if let Some(e) = &self.resolved.endpoint {
-            words.extend(["--s3-endpoint".into(), shell_quote(&e.value)]);
+            // Without a password it may carry: requests are signed with the
+            // AWS keys, the password is never used.
+            words.extend([
+                "--s3-endpoint".into(),
+                shell_quote(&aws::strip_userinfo(&e.value)),
+            ]);
         }
         if let Some(r) = &self.resolved.region {
             words.extend(["--s3-region".into(), shell_quote(&r.value)]);
@@ -362,7 +399,19 @@ impl Uploader {
             SdkError::DispatchFailure(d) => d.is_io() || d.is_timeout(),
             _ => false,
         };
-        let text = chain(&e);
+        // The endpoint as configured never appears with its password.
+        let text = match &self.resolved.endpoint {
+            Some(ep) if ep.value != aws::redact_userinfo(&ep.value) => {
+                chain(&e).replace(&ep.value, &aws::redact_userinfo(&ep.value))
+            }
+            _ => chain(&e),
+        };
+        if let SdkError::DispatchFailure(d) = &e {
+            if d.is_user() {
+                // A request that cannot even be built: no retry helps.
+                return S3Error::Config(format!("{endpoint} (bucket `{bucket}`): {text}"));
+            }
+        }
         if !network
             && !matches!(e, SdkError::ServiceError(_))
             && text.to_ascii_lowercase().contains("credential")
@@ -438,12 +487,17 @@ impl Uploader {
 
     /// Uploads `path` as `key`; multipart above the threshold.
     pub async fn upload(&self, path: &Path, key: &str) -> Result<Uploaded, S3Error> {
-        let bytes = tokio::fs::read(path)
-            .await
-            .map_err(|source| S3Error::Read {
-                path: path.display().to_string(),
-                source,
-            })?;
+        // A regular file, at most the size memtrack's readers accept.
+        let owned = path.to_path_buf();
+        let bytes = tokio::task::spawn_blocking(move || {
+            crate::files::read_capped(&owned, crate::model::json::MAX_DOCUMENT_BYTES)
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(|source| S3Error::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
         self.check_credentials().await?;
         self.check_bucket().await?;
         let sha256 = hex(&Sha256::digest(&bytes));
@@ -592,15 +646,107 @@ impl Uploader {
     }
 }
 
+/// The file in a run directory that records where the run uploads, so
+/// that `memtrack upload RUN_DIR` needs no `--s3-url` later.
+pub const DESTINATION_FILE: &str = "s3-destination.json";
+
+/// What [`DESTINATION_FILE`] holds: the destination and the endpoint,
+/// region and addressing style resolved at the start of the run (the
+/// endpoint without any password).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Recorded {
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default)]
+    pub path_style: bool,
+    /// The AWS profile, when one was chosen by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+}
+
+impl Uploader {
+    /// Records the destination in `run_dir` ([`DESTINATION_FILE`]). Best
+    /// effort: without it a later `memtrack upload` needs `--s3-url`.
+    pub fn record_destination(&self, run_dir: &Path) {
+        let r = &self.resolved;
+        let recorded = Recorded {
+            url: self.url.clone(),
+            endpoint: r.endpoint.as_ref().map(|e| aws::strip_userinfo(&e.value)),
+            region: r.region.as_ref().map(|e| e.value.clone()),
+            path_style: r.path_style,
+            profile: (r.profile_from != "default").then(|| r.profile.clone()),
+        };
+        let path = run_dir.join(DESTINATION_FILE);
+        let written = serde_json::to_vec_pretty(&recorded)
+            .map_err(|e| e.to_string())
+            .and_then(|b| crate::model::json::write_atomic(&path, &b).map_err(|e| e.to_string()));
+        if let Err(e) = written {
+            tracing::warn!(
+                "cannot record the S3 destination in {}: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// `config` completed with what the run of `file` recorded
+/// ([`DESTINATION_FILE`] beside it) when no destination is given: what is
+/// given (`--s3-url`, `--s3-endpoint`, …) wins.
+fn with_recorded(config: &S3Config, file: &Path) -> anyhow::Result<S3Config> {
+    use anyhow::Context;
+    let mut config = config.clone();
+    if !config.url.is_empty() {
+        return Ok(config);
+    }
+    let path = file
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(DESTINATION_FILE);
+    let bytes = match crate::files::read_capped(&path, 64 * 1024) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+            "no destination: pass --s3-url s3://bucket/prefix (or set s3.url); the run did not \
+             record one ({} is missing: it had no S3 upload configured)",
+            path.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let rec: Recorded = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a recorded S3 destination", path.display()))?;
+    config.url = rec.url;
+    if config.endpoint.is_empty() {
+        config.endpoint = rec.endpoint.unwrap_or_default();
+    }
+    if config.region.is_empty() {
+        config.region = rec.region.unwrap_or_default();
+    }
+    if config.path_style == crate::switch::Switch::Auto {
+        config.path_style = if rec.path_style {
+            crate::switch::Switch::On
+        } else {
+            crate::switch::Switch::Off
+        };
+    }
+    tracing::info!(
+        "uploading to {}, the destination the run recorded in {}{}",
+        config.url,
+        path.display(),
+        rec.profile
+            .map(|p| format!(" (it used AWS profile `{p}`)"))
+            .unwrap_or_default()
+    );
+    Ok(config)
+}
+
 /// `memtrack upload FILE`: uploads a document to the key its own run would
 /// have used (run name and labels read from the file; a bare file
 /// without a run name is named after its directory).
 pub fn upload_file(config: &S3Config, file: &Path) -> anyhow::Result<String> {
     use anyhow::Context;
-    anyhow::ensure!(
-        !config.url.is_empty(),
-        "no destination: pass --s3-url s3://bucket/prefix (or set s3.url)"
-    );
+    let config = &with_recorded(config, file)?;
     let doc = crate::model::json::read_document(file)?;
     let run = if doc.run.name.is_empty() {
         file.canonicalize()
@@ -715,6 +861,47 @@ fn chain(e: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     s
+}
+
+/// The SDK's credentials chain less the instance-metadata service
+/// (environment, profile, web identity, container), for a custom endpoint
+/// or with `AWS_EC2_METADATA_DISABLED`: nothing is ever sent to
+/// 169.254.169.254.
+fn chain_without_imds(
+    resolved: &aws::Resolved,
+    http: aws_sdk_s3::config::SharedHttpClient,
+) -> aws_config::meta::credentials::CredentialsProviderChain {
+    use aws_config::provider_config::ProviderConfig;
+    let region = resolved
+        .region
+        .as_ref()
+        .map(|r| aws_config::Region::new(r.value.clone()));
+    let conf = ProviderConfig::default()
+        .with_http_client(http)
+        .with_region(region)
+        .with_behavior_version(Some(aws_config::BehaviorVersion::latest()));
+    let mut profile =
+        aws_config::profile::ProfileFileCredentialsProvider::builder().configure(&conf);
+    if resolved.profile_from != "default" {
+        profile = profile.profile_name(&resolved.profile);
+    }
+    aws_config::meta::credentials::CredentialsProviderChain::first_try(
+        "Environment",
+        aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
+    )
+    .or_else("Profile", profile.build())
+    .or_else(
+        "WebIdentityToken",
+        aws_config::web_identity_token::WebIdentityTokenCredentialsProvider::builder()
+            .configure(&conf)
+            .build(),
+    )
+    .or_else(
+        "EcsContainer",
+        aws_config::ecs::EcsCredentialsProvider::builder()
+            .configure(&conf)
+            .build(),
+    )
 }
 
 /// `word` as one POSIX shell word.
