@@ -65,7 +65,7 @@ pub struct Shared {
     pub access: Access,
     /// The ClearML reporter's intake for `clearml_task` announcements;
     /// `None` (or closed) when the run does not report to ClearML.
-    pub clearml: Option<mpsc::UnboundedSender<crate::event::inbox::JobTask>>,
+    pub clearml: Option<mpsc::Sender<crate::event::inbox::JobTask>>,
 }
 
 /// Why the socket could not be set up.
@@ -514,13 +514,18 @@ async fn announce_task(
 ) -> Option<Vec<u8>> {
     use super::inbox::{JobTask, JobTaskReply};
     let (tx, rx) = oneshot::channel();
-    let sent = shared.clearml.as_ref().is_some_and(|c| {
-        c.send(JobTask {
-            id: task.clone(),
-            reply: ack.then_some(tx),
-        })
-        .is_ok()
-    });
+    let announcement = JobTask {
+        id: task.clone(),
+        reply: ack.then_some(tx),
+    };
+    // A full queue holds this connection back, as the engine's does.
+    let sent = match &shared.clearml {
+        Some(c) => matches!(
+            tokio::time::timeout(ENGINE_TIMEOUT, c.send(announcement)).await,
+            Ok(Ok(()))
+        ),
+        None => false,
+    };
     if !ack {
         return None;
     }

@@ -13,6 +13,7 @@ mod deploy;
 mod events;
 mod golden;
 mod host;
+mod hostile;
 mod http;
 mod layers;
 mod plot;
