@@ -318,7 +318,10 @@ mod tests {
         create(&held.path().join("f"), true).unwrap();
         assert!(moved.join("f").is_file());
         assert!(!elsewhere.join("f").exists());
-        assert_eq!(shown(Path::new("/proc/self/fd/123456/f")), Path::new("/proc/self/fd/123456/f"));
+        assert_eq!(
+            shown(Path::new("/proc/self/fd/123456/f")),
+            Path::new("/proc/self/fd/123456/f")
+        );
     }
 
     #[test]

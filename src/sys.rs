@@ -413,7 +413,11 @@ impl SockDiag {
             return Err(io::Error::last_os_error());
         }
         let reply = &reply[..got as usize];
-        let u16_at = |i: usize| reply.get(i..i + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+        let u16_at = |i: usize| {
+            reply
+                .get(i..i + 2)
+                .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+        };
         let u32_at = |i: usize| {
             reply
                 .get(i..i + 4)

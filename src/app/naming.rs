@@ -314,7 +314,16 @@ mod tests {
 
     #[test]
     fn folder_names_are_one_plain_name() {
-        for bad in ["", ".", "..", "a/b", "../x", "x\0y", "x\ny", "x\u{1b}]0;T\u{7}"] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "../x",
+            "x\0y",
+            "x\ny",
+            "x\u{1b}]0;T\u{7}",
+        ] {
             assert!(check_folder_name("name", bad).is_err(), "{bad:?}");
         }
         for good in ["train-20261122-144302", "bs128.rank3", "a..b", "ünïcode"] {

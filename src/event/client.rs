@@ -132,12 +132,7 @@ pub fn format_status(v: &serde_json::Value) -> String {
     let list = |key: &str| -> String {
         v[key]
             .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(text)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
+            .map(|a| a.iter().map(text).collect::<Vec<_>>().join(", "))
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "none".into())
     };

@@ -252,7 +252,10 @@ mod tests {
             identify_with(
                 None,
                 dir.path(),
-                &[(addr("[::ffff:127.0.0.5]:50000"), addr("[::ffff:127.0.0.1]:9464"))]
+                &[(
+                    addr("[::ffff:127.0.0.5]:50000"),
+                    addr("[::ffff:127.0.0.1]:9464")
+                )]
             ),
             [Peer::Uid(65534)]
         );

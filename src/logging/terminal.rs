@@ -89,7 +89,10 @@ mod tests {
     #[test]
     fn controls_and_bidi_are_shown_not_obeyed() {
         assert_eq!(escape("plain name-1.x"), "plain name-1.x");
-        assert_eq!(escape("\u{1b}]0;T\u{7}\u{1b}[5m"), "\\u{1b}]0;T\\u{7}\\u{1b}[5m");
+        assert_eq!(
+            escape("\u{1b}]0;T\u{7}\u{1b}[5m"),
+            "\\u{1b}]0;T\\u{7}\\u{1b}[5m"
+        );
         assert_eq!(escape("a\u{202e}b\u{2066}c"), "a\\u{202e}b\\u{2066}c");
         assert_eq!(escape("x\u{9b}31m\u{7f}"), "x\\u{9b}31m\\u{7f}");
         assert_eq!(escape("a\nb"), "a\\u{a}b");
@@ -99,12 +102,15 @@ mod tests {
 
     #[test]
     fn json_stays_json() {
-        let text = serde_json::to_string(&serde_json::json!({"n": "a\u{202e}b\u{9b}c\u{1b}"}))
-            .unwrap();
+        let text =
+            serde_json::to_string(&serde_json::json!({"n": "a\u{202e}b\u{9b}c\u{1b}"})).unwrap();
         let safe = escape_output(&text);
         assert!(!safe.chars().any(is_control), "{safe}");
         let back: serde_json::Value = serde_json::from_str(&safe).unwrap();
         assert_eq!(back["n"], "a\u{202e}b\u{9b}c\u{1b}");
-        assert_eq!(escape_output("a\u{1b}[5m\n\u{202e}"), "a\\u{1b}[5m\n\\u202e");
+        assert_eq!(
+            escape_output("a\u{1b}[5m\n\u{202e}"),
+            "a\\u{1b}[5m\n\\u202e"
+        );
     }
 }

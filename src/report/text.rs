@@ -733,7 +733,9 @@ mod tests {
         });
         let text = render(&doc);
         assert!(
-            !text.chars().any(|c| crate::logging::terminal::is_control(c) && c != '\n'),
+            !text
+                .chars()
+                .any(|c| crate::logging::terminal::is_control(c) && c != '\n'),
             "{text:?}"
         );
         for shown in [

@@ -2134,8 +2134,14 @@ fn a_flood_of_announcements_costs_a_few_lines_and_bounded_memory() {
     let text = std::fs::read_to_string(&figures).unwrap();
     let kib: Vec<u64> = text.split(' ').map(|v| v.parse().unwrap()).collect();
     let grew_mib = kib[1].saturating_sub(kib[0]) as f64 / 1024.0;
-    eprintln!("memtrack's peak RSS before the flood {} KiB, after {} KiB", kib[0], kib[1]);
+    eprintln!(
+        "memtrack's peak RSS before the flood {} KiB, after {} KiB",
+        kib[0], kib[1]
+    );
     // At most 64 announcements wait for the reporter: the flood costs
     // parsing buffers, not a queue of a million.
-    assert!(grew_mib < 16.0, "memtrack grew {grew_mib:.1} MiB during the flood");
+    assert!(
+        grew_mib < 16.0,
+        "memtrack grew {grew_mib:.1} MiB during the flood"
+    );
 }

@@ -586,7 +586,10 @@ impl State {
             Announce::Answer { reply, warn } => {
                 if warn {
                     if let Some(n) = self.announce_logged.hit() {
-                        tracing::warn!("ClearML: {} ({n} such announcements so far)", reply.message);
+                        tracing::warn!(
+                            "ClearML: {} ({n} such announcements so far)",
+                            reply.message
+                        );
                     }
                 }
                 if let Some(r) = t.reply {
