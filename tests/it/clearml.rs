@@ -2135,7 +2135,7 @@ fn a_flood_of_announcements_costs_a_few_lines_and_bounded_memory() {
     let kib: Vec<u64> = text.split(' ').map(|v| v.parse().unwrap()).collect();
     let grew_mib = kib[1].saturating_sub(kib[0]) as f64 / 1024.0;
     eprintln!(
-        "memtrack's peak RSS before the flood {} KiB, after {} KiB",
+        "{noted} warning lines; memtrack's peak RSS before the flood {} KiB, after {} KiB",
         kib[0], kib[1]
     );
     // At most 64 announcements wait for the reporter: the flood costs
