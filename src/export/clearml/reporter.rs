@@ -912,7 +912,7 @@ impl State {
             Err(e) => {
                 let m = format!(
                     "cannot write the unsent points to {}: {e}",
-                    self.queue.path().display()
+                    crate::files::shown(self.queue.path()).display()
                 );
                 tracing::error!("ClearML: {m}");
                 self.machine.problem(m);
