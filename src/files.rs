@@ -12,7 +12,12 @@
 //! - files go only into folders memtrack created, or checked: a real folder
 //!   (not a link), owned by this user, writable by nobody else;
 //! - what memtrack creates is private to its user (files 0600, folders
-//!   0700): it holds command lines and labels taken from the environment.
+//!   0700): it holds command lines and labels taken from the environment;
+//! - a run directory is held open ([`HeldDir`]) once created and checked,
+//!   and everything in it is reached through that descriptor: in an
+//!   output root others may write to (no sticky bit), another user can
+//!   rename the folder and plant a link under its name, and a path would
+//!   follow the link.
 //!
 //! And every file memtrack reads (its config, the AWS and ClearML files, PID
 //! files, `memory_usage.json`, journals and side files) goes through
@@ -149,7 +154,10 @@ pub fn private_dir(path: &Path) -> io::Result<()> {
 /// Whether memtrack may write into the folder `path`: a real folder (not a
 /// link), owned by this user, writable by no one else.
 pub fn check_dir(path: &Path) -> io::Result<()> {
-    let meta = std::fs::symlink_metadata(path)?;
+    check_meta(path, &std::fs::symlink_metadata(path)?)
+}
+
+fn check_meta(path: &Path, meta: &std::fs::Metadata) -> io::Result<()> {
     let refuse = |why: String| {
         Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -385,6 +393,96 @@ impl<R: io::Read> io::Read for Budgeted<R> {
     }
 }
 
+/// A folder held by an open descriptor. [`HeldDir::path`] is
+/// `/proc/self/fd/N`: the kernel resolves it to the folder the descriptor
+/// holds, wherever it has been moved since and whatever now has its old
+/// name, so every file reached through it is in that folder. Messages
+/// show the folder's name instead ([`shown`]).
+#[derive(Debug)]
+pub struct HeldDir {
+    dir: File,
+    via: PathBuf,
+    shown: PathBuf,
+}
+
+impl HeldDir {
+    /// Opens the folder `path` — not through a link at its last
+    /// component, and only if it is a real folder owned by this user and
+    /// writable by no one else (checked on the open descriptor, so no
+    /// swap after the check changes what is held).
+    pub fn open(path: &Path) -> io::Result<HeldDir> {
+        use std::os::fd::AsRawFd;
+        let dir = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| {
+                if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR)
+                {
+                    io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "{} is not a folder (a link?); memtrack writes only into its own folders",
+                            path.display()
+                        ),
+                    )
+                } else {
+                    e
+                }
+            })?;
+        check_meta(path, &dir.metadata()?)?;
+        let via = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        // Without procfs the descriptor cannot stand for a path.
+        let same = std::fs::metadata(&via).is_ok_and(|m| {
+            dir.metadata()
+                .is_ok_and(|d| d.dev() == m.dev() && d.ino() == m.ino())
+        });
+        if !same {
+            return Err(io::Error::other(format!(
+                "cannot hold {} open: {} does not lead to it (is /proc mounted?)",
+                path.display(),
+                via.display()
+            )));
+        }
+        crate::logging::alias_path(&via, path);
+        Ok(HeldDir {
+            dir,
+            via,
+            shown: path.to_path_buf(),
+        })
+    }
+
+    /// The path every read and write in the folder goes through.
+    pub fn path(&self) -> &Path {
+        &self.via
+    }
+
+    /// The folder's name, for messages.
+    pub fn shown(&self) -> &Path {
+        &self.shown
+    }
+
+    /// Whether `path` still names the held folder (not a folder or link
+    /// someone put in its place).
+    pub fn is_at(&self, path: &Path) -> bool {
+        match (std::fs::symlink_metadata(path), self.dir.metadata()) {
+            (Ok(a), Ok(b)) => a.is_dir() && a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+}
+
+/// `path` as a message shows it: a path through a [`HeldDir`]'s
+/// descriptor becomes one under the folder's name (log lines get the same
+/// rewriting from [`crate::logging`]).
+pub fn shown(path: &Path) -> PathBuf {
+    let text = path.to_string_lossy();
+    match crate::logging::unalias(&text) {
+        std::borrow::Cow::Owned(s) => PathBuf::from(s),
+        std::borrow::Cow::Borrowed(_) => path.to_path_buf(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,6 +537,31 @@ mod tests {
         std::os::unix::fs::symlink(dir.path(), &dlink).unwrap();
         assert!(private_dir(&dlink).is_err());
         assert!(!owned_by_me(&dlink));
+        assert!(HeldDir::open(&dlink).is_err());
+    }
+
+    #[test]
+    fn a_held_folder_is_reached_wherever_it_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        create_dir(&run).unwrap();
+        let held = HeldDir::open(&run).unwrap();
+        assert_eq!(shown(&held.path().join("f")), run.join("f"));
+        assert!(held.is_at(&run));
+        // Someone moves it away and plants a link under its name.
+        let moved = dir.path().join("moved");
+        let elsewhere = dir.path().join("elsewhere");
+        create_dir(&elsewhere).unwrap();
+        std::fs::rename(&run, &moved).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &run).unwrap();
+        assert!(!held.is_at(&run));
+        create(&held.path().join("f"), true).unwrap();
+        assert!(moved.join("f").is_file());
+        assert!(!elsewhere.join("f").exists());
+        assert_eq!(
+            shown(Path::new("/proc/self/fd/123456/f")),
+            Path::new("/proc/self/fd/123456/f")
+        );
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! descriptor): a log line that cannot be written is dropped, never a
 //! panic and never a change of the job's exit status.
 
+pub mod terminal;
+
 use std::fmt;
 
 use tracing::{Event, Subscriber};
@@ -34,8 +36,11 @@ where
         } else {
             write!(writer, "memtrack: {level} ")?;
         }
-        ctx.field_format().format_fields(writer.by_ref(), event)?;
-        writeln!(writer)
+        // Log lines quote names the job chose: shown, never obeyed.
+        let mut line = String::new();
+        ctx.field_format()
+            .format_fields(Writer::new(&mut line), event)?;
+        writeln!(writer, "{}", terminal::escape_text(&unalias(&line)))
     }
 }
 
@@ -83,10 +88,57 @@ impl std::io::Write for Stderr {
     }
 }
 
+/// Paths memtrack uses for I/O and the names messages show instead: a
+/// folder held by its descriptor is reached as `/proc/self/fd/N`, which
+/// means nothing to a reader.
+static ALIASES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// From now on, messages show `shown` for the path `via`. An alias
+/// outlives the folder held (an error about it may be printed after it is
+/// closed) until a new one for the same `via` replaces it.
+pub fn alias_path(via: &std::path::Path, shown: &std::path::Path) {
+    let via = via.to_string_lossy().into_owned();
+    if let Ok(mut a) = ALIASES.lock() {
+        a.retain(|(v, _)| *v != via);
+        a.push((via, shown.to_string_lossy().into_owned()));
+    }
+}
+
+/// `text` with every aliased path written as its shown name.
+pub fn unalias(text: &str) -> std::borrow::Cow<'_, str> {
+    let Ok(aliases) = ALIASES.lock() else {
+        return text.into();
+    };
+    let mut out = std::borrow::Cow::Borrowed(text);
+    for (via, shown) in aliases.iter() {
+        if !out.contains(via.as_str()) {
+            continue;
+        }
+        let mut next = String::with_capacity(out.len());
+        let mut rest: &str = &out;
+        while let Some(at) = rest.find(via.as_str()) {
+            let after = &rest[at + via.len()..];
+            next.push_str(&rest[..at]);
+            // `/proc/self/fd/5` is not the start of `/proc/self/fd/57`.
+            if after.starts_with(|c: char| c.is_ascii_digit()) {
+                next.push_str(via);
+            } else {
+                next.push_str(shown);
+            }
+            rest = after;
+        }
+        next.push_str(rest);
+        out = std::borrow::Cow::Owned(next);
+    }
+    out
+}
+
 /// Writes one line to stderr, as `eprintln!` would, but a dead stderr is
 /// ignored instead of a panic.
 pub fn say(line: &str) {
     use std::io::Write;
+    let line = unalias(line);
+    let line = terminal::escape_text(&line);
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(line.as_bytes());
     let _ = err.write_all(b"\n");
@@ -109,17 +161,35 @@ pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     line
 }
 
-/// Logs a repeated problem once, then every `every`-th time.
+/// Logs a repeated problem the first time, then at most once per
+/// [`LOG_INTERVAL`] with the count so far: a flood of a million costs a
+/// few lines, however fast it comes (a ratio, one line per hundred, would
+/// still be ten thousand).
 #[derive(Debug, Default)]
 pub struct RateLimited {
     count: u64,
+    last: Option<std::time::Instant>,
 }
+
+/// The least time between two lines of one [`RateLimited`] problem.
+pub const LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl RateLimited {
     /// Counts one occurrence; `Some(count so far)` when it is to be logged.
-    pub fn hit(&mut self, every: u64) -> Option<u64> {
+    pub fn hit(&mut self) -> Option<u64> {
+        self.hit_at(std::time::Instant::now())
+    }
+
+    /// [`RateLimited::hit`] at `now`.
+    pub fn hit_at(&mut self, now: std::time::Instant) -> Option<u64> {
         self.count += 1;
-        (self.count == 1 || self.count.is_multiple_of(every)).then_some(self.count)
+        let due = self
+            .last
+            .is_none_or(|t| now.saturating_duration_since(t) >= LOG_INTERVAL);
+        if due {
+            self.last = Some(now);
+        }
+        due.then_some(self.count)
     }
 }
 
@@ -145,9 +215,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rate_limited_logs_first_and_every_nth() {
+    fn rate_limited_logs_first_then_once_per_interval() {
         let mut r = RateLimited::default();
-        let hits: Vec<u64> = (0..250).filter_map(|_| r.hit(100)).collect();
-        assert_eq!(hits, [1, 100, 200]);
+        let t0 = std::time::Instant::now();
+        let second = std::time::Duration::from_secs(1);
+        // A million in the first second: one line.
+        let hits: Vec<u64> = (0..1_000_000).filter_map(|_| r.hit_at(t0)).collect();
+        assert_eq!(hits, [1]);
+        assert_eq!(r.hit_at(t0 + LOG_INTERVAL - second), None);
+        assert_eq!(r.hit_at(t0 + LOG_INTERVAL), Some(1_000_002));
+        assert_eq!(r.hit_at(t0 + LOG_INTERVAL + second), None);
+    }
+
+    #[test]
+    fn held_paths_are_shown_by_name() {
+        alias_path(
+            std::path::Path::new("/proc/self/fd/97"),
+            std::path::Path::new("/out/run"),
+        );
+        assert_eq!(
+            unalias("cannot write /proc/self/fd/97/memory_usage.json: full; /proc/self/fd/977/x"),
+            "cannot write /out/run/memory_usage.json: full; /proc/self/fd/977/x"
+        );
+        assert_eq!(unalias("nothing here"), "nothing here");
     }
 }

@@ -309,17 +309,8 @@ fn write_merged(
 }
 
 fn print_merged(merged: &memtrack::report::merge::Merged) -> Result<u8, Failure> {
-    use std::io::Write;
-    let out = std::io::stdout().lock();
-    let mut out = std::io::BufWriter::new(out);
-    let written = serde_json::to_writer_pretty(&mut out, merged)
-        .map_err(std::io::Error::from)
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush());
-    match written {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        other => other.map_err(|e| runtime(e.into()))?,
-    }
+    let text = serde_json::to_string_pretty(merged).map_err(|e| runtime(e.into()))?;
+    stdout(&format!("{text}\n")).map_err(|e| runtime(e.into()))?;
     Ok(0)
 }
 
@@ -473,8 +464,11 @@ fn mark(args: &memtrack::cli::MarkArgs) -> Result<u8, Failure> {
 }
 
 /// Writes to stdout; a closed pipe (`memtrack … | head`) is not an error.
+/// Strings a job or a file supplied are in most outputs, so terminal
+/// controls are escaped here, for every command.
 fn stdout(text: &str) -> std::io::Result<()> {
     use std::io::Write;
+    let text = memtrack::logging::terminal::escape_output(text);
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other,

@@ -26,46 +26,131 @@ pub(super) struct Saved {
 }
 
 /// A run directory that cannot take the final JSON (a full disk) must
-/// not lose the run: the document goes to the temporary directory.
+/// not lose the run: the document goes to a fresh file in the temporary
+/// directory, else in `/var/tmp`, else in the home folder. Each name is
+/// unguessable and created only if free (`O_EXCL`, never through a link,
+/// 0600), so no name another user planted can make this fail or redirect
+/// it. The partial checkpoint left in the run directory is renamed
+/// `memory_usage.partial.json` (a rename needs no free space): it must not
+/// pass for the run's result. When no place takes the document, nothing is
+/// deleted: the journal stays for `memtrack recover`, and the error says
+/// so.
 pub(super) fn save_document(
     ended: &Ended,
     store: &Store,
     document: PathBuf,
     run_dir: &Path,
 ) -> Saved {
-    let mut document = document;
-    let written = match &ended.write_error {
-        None => true,
-        Some(e) => {
-            let fallback = std::env::temp_dir().join(format!(
-                "memtrack-{}-{}",
-                store.run.id,
-                crate::model::json::FILE_NAME
-            ));
-            match crate::model::json::write_document(&fallback, &store.document_view()) {
-                Ok(()) => {
-                    tracing::error!(
-                        "{} could not be written ({e}); the run's JSON is in {} instead",
-                        document.display(),
-                        fallback.display()
-                    );
-                    supersede_journal(run_dir, &fallback);
-                    document = fallback;
-                    true
-                }
-                Err(e2) => {
-                    tracing::error!("the run's JSON could not be written anywhere: {e}; {e2}");
-                    false
-                }
-            }
-        }
+    let Some(e) = &ended.write_error else {
+        return Saved {
+            document,
+            written: true,
+            advice: String::new(),
+        };
     };
+    let shown_dir = crate::files::shown(run_dir);
+    let mut errors = vec![e.clone()];
+    for place in fallback_dirs() {
+        match write_fallback(&place, store) {
+            Ok(fallback) => {
+                tracing::error!(
+                    "{} could not be written ({e}); the run's JSON is in {} instead",
+                    document.display(),
+                    fallback.display()
+                );
+                supersede_journal(run_dir, &fallback);
+                set_aside_checkpoint(&document);
+                return Saved {
+                    document: fallback,
+                    written: true,
+                    advice: String::new(),
+                };
+            }
+            Err(e) => errors.push(format!("{}: {e}", place.display())),
+        }
+    }
+    tracing::error!(
+        "the run's JSON could not be written anywhere: {}",
+        errors.join("; ")
+    );
+    tracing::error!(
+        "nothing was deleted: the journal in {}/{} holds what reached the disk; \
+         free some space, then run: memtrack recover {}",
+        shown_dir.display(),
+        crate::store::journal::DIR,
+        crate::export::s3::shell_quote(&absolute(&shown_dir).display().to_string())
+    );
+    set_aside_checkpoint(&document);
     Saved {
         document,
-        written,
+        written: false,
         advice: String::new(),
     }
 }
+
+/// Where the final document goes when the run directory cannot take it.
+fn fallback_dirs() -> Vec<PathBuf> {
+    let mut dirs = vec![std::env::temp_dir(), PathBuf::from("/var/tmp")];
+    if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        dirs.push(PathBuf::from(home));
+    }
+    let mut seen = Vec::new();
+    dirs.retain(|d| {
+        let key = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
+        let fresh = !seen.contains(&key);
+        seen.push(key);
+        fresh
+    });
+    dirs
+}
+
+/// Writes the document to a new file in `dir`: `memtrack-<run id>-<random>-memory_usage.json`.
+fn write_fallback(dir: &Path, store: &Store) -> std::io::Result<PathBuf> {
+    use std::io::Write;
+    let path = dir.join(format!(
+        "memtrack-{}-{}-{}",
+        store.run.id,
+        &super::naming::random_id()[..12],
+        crate::model::json::FILE_NAME
+    ));
+    let file = crate::files::create_new(&path)?;
+    let written = (|| {
+        let mut w = std::io::BufWriter::with_capacity(64 * 1024, &file);
+        serde_json::to_writer_pretty(&mut w, &store.document_view())
+            .map_err(std::io::Error::other)?;
+        w.flush()?;
+        drop(w);
+        file.sync_data()
+    })();
+    match written {
+        Ok(()) => Ok(path),
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            Err(e)
+        }
+    }
+}
+
+/// The last checkpoint in the run directory says `running` and holds part
+/// of the run: renamed so that nobody takes it for the result.
+fn set_aside_checkpoint(document: &Path) {
+    let partial = document.with_file_name(PARTIAL_FILE);
+    match std::fs::rename(document, &partial) {
+        Ok(()) => tracing::warn!(
+            "the last checkpoint, which holds part of the run only, is kept as {}",
+            partial.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(
+            "{} holds part of the run only (cannot rename it: {e})",
+            document.display()
+        ),
+    }
+}
+
+/// What the last checkpoint is renamed to when the final document could not
+/// be written in the run directory.
+pub const PARTIAL_FILE: &str = "memory_usage.partial.json";
 
 /// The local file is written; now what goes over the network, unless a
 /// second signal asked to stop at once. True when an export failed.

@@ -35,7 +35,7 @@ pub(super) struct Io {
     pub s3_errors: Arc<AtomicU64>,
     pub clearml: Option<clearml::Reporter>,
     /// The job's announcements of its ClearML task, for the reporter.
-    job_tasks: Option<mpsc::UnboundedReceiver<crate::event::inbox::JobTask>>,
+    job_tasks: Option<mpsc::Receiver<crate::event::inbox::JobTask>>,
     /// The checkpoint uploader: its stop switch and its task.
     pub checkpoint_uploads: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
     /// Where `/metrics` is served.
@@ -167,11 +167,12 @@ impl Io {
         };
         let (notices, _) = tokio::sync::broadcast::channel(64);
         let stats = Arc::new(server::Stats::default());
-        let (job_tasks_tx, job_tasks_rx) = mpsc::unbounded_channel();
+        let (job_tasks_tx, job_tasks_rx) = mpsc::channel(crate::event::inbox::JOB_TASK_QUEUE);
         self.job_tasks = Some(job_tasks_rx);
         let shared = Arc::new(server::Shared {
             clearml: Some(job_tasks_tx),
             clearml_off: clearml_off.to_string(),
+            clearml_off_said: Default::default(),
             engine,
             notices: notices.clone(),
             stats: Arc::clone(&stats),

@@ -48,12 +48,16 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
             "host.memory_limit applies to `run` only: the attached processes keep their limits"
         );
     }
-    let labels = RunLabels::read(&name.name, &config);
-    let run_dir = prepare_run_dir(&config.output, &labels.dir_name, name.explicit)?;
-    let mut cleanup = Cleanup::new(&run_dir);
+    let labels = RunLabels::read(&name.name, &config)?;
+    let run_path = prepare_run_dir(&config.output, &labels.dir_name, name.explicit)?;
+    // From here on the run directory is reached through its descriptor.
+    let held = crate::files::HeldDir::open(&run_path)
+        .with_context(|| format!("cannot use run directory {}", run_path.display()))?;
+    let run_dir = held.path().to_path_buf();
+    let mut cleanup = Cleanup::new(&held);
     let (gpu, backend) = recorder::open_gpu(&config);
     let document = run_dir.join(crate::model::json::FILE_NAME);
-    let run = naming::run_info(&mode, &config, name, labels, &run_dir, backend);
+    let run = naming::run_info(&mode, &config, name, labels, &run_path, backend);
     let (store, journal) = recorder::open_store(&config, run, gpu.as_ref(), &run_dir)?;
 
     sys::raise_nofile_limit();
@@ -114,9 +118,18 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     io.stop();
     drop(registration);
     finish::log_end(&store, &saved, export_failed);
+    if !held.is_at(&run_path) {
+        let now = std::fs::read_link(held.path()).ok();
+        tracing::warn!(
+            "{} was moved or replaced while the run went on; memtrack wrote only into the folder it created{}",
+            run_path.display(),
+            now.map(|p| format!(", now at {}", p.display()))
+                .unwrap_or_default()
+        );
+    }
     Ok(Outcome {
         exit_code: finish::exit_code(&ended, first_signal, is_run, export_failed),
-        document: saved.document,
+        document: crate::files::shown(&saved.document),
     })
 }
 

@@ -45,7 +45,7 @@ pub fn run_labels(
     labels
 }
 
-fn random_id() -> String {
+pub(super) fn random_id() -> String {
     let mut bytes = [0u8; 16];
     if File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
@@ -176,21 +176,66 @@ pub(super) struct RunLabels {
 }
 
 impl RunLabels {
-    /// Reads the host name and the labelling environment.
-    pub fn read(name: &str, config: &Config) -> RunLabels {
+    /// Reads the host name and the labelling environment. The run's
+    /// folder name is checked here: a name or a rank that is not one plain
+    /// folder name (`a/b`, `..`, a control character) is an error, never a
+    /// path.
+    pub fn read(name: &str, config: &Config) -> anyhow::Result<RunLabels> {
         let host = sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into());
         let labels = run_labels(&host, |v| std::env::var(v).ok(), &config.labels);
+        check_folder_name("the run name", name)?;
         // One rank of a multi-node job shares the job's run name; its own
         // directory (and journal) carries the rank.
         let dir_name = match labels.get("rank") {
-            Some(rank) => format!("{name}.rank{rank}"),
+            Some(rank) => {
+                check_rank(rank)?;
+                format!("{name}.rank{rank}")
+            }
             None => name.to_string(),
         };
-        RunLabels {
+        check_folder_name("the run folder's name", &dir_name)?;
+        Ok(RunLabels {
             host,
             labels,
             dir_name,
-        }
+        })
+    }
+}
+
+/// A rank (`RANK`, `SLURM_PROCID` or a `rank` label) goes into the run
+/// folder's name, so it must be what ranks are: a number.
+fn check_rank(rank: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !rank.is_empty() && rank.len() <= 9 && rank.bytes().all(|b| b.is_ascii_digit()),
+        "the rank {} (from RANK, SLURM_PROCID or a rank label) is not a number; \
+         it would be part of the run folder's name",
+        crate::logging::terminal::escape(rank)
+    );
+    Ok(())
+}
+
+/// `value` must be one plain folder name: not empty, not `.` or `..`, no
+/// `/`, no NUL or other control character, at most 255 bytes.
+pub fn check_folder_name(what: &str, value: &str) -> anyhow::Result<()> {
+    let why = if value.is_empty() {
+        Some("is empty")
+    } else if value == "." || value == ".." {
+        Some("is . or ..")
+    } else if value.contains('/') {
+        Some("contains /")
+    } else if value.chars().any(crate::logging::terminal::is_control) {
+        Some("contains a control character")
+    } else if value.len() > 255 {
+        Some("is longer than 255 bytes")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => anyhow::bail!(
+            "{what} {} {why}: it must be one plain folder name",
+            crate::logging::terminal::escape(value)
+        ),
+        None => Ok(()),
     }
 }
 
@@ -274,5 +319,29 @@ mod tests {
         assert_eq!(l["rank"], "9", "RANK wins over SLURM_PROCID");
         assert_eq!(l["world_size"], "16");
         assert_eq!(l["slurm_procid"], "1");
+    }
+
+    #[test]
+    fn folder_names_are_one_plain_name() {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "../x",
+            "x\0y",
+            "x\ny",
+            "x\u{1b}]0;T\u{7}",
+        ] {
+            assert!(check_folder_name("name", bad).is_err(), "{bad:?}");
+        }
+        for good in ["train-20261122-144302", "bs128.rank3", "a..b", "ünïcode"] {
+            check_folder_name("name", good).unwrap();
+        }
+        for bad in ["", "0/../../escape", "-1", "1 ", "x", "1234567890"] {
+            assert!(check_rank(bad).is_err(), "{bad:?}");
+        }
+        check_rank("0").unwrap();
+        check_rank("127").unwrap();
     }
 }

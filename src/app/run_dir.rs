@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use crate::files::HeldDir;
 use crate::store::journal;
 
 /// Creates the run directory, private to this user (0700). A chosen name
@@ -57,7 +58,11 @@ pub fn recover_leftovers(output: &Path) {
         if !crate::files::owned_by_me(&dir) || !journal::has_journal(&dir) {
             continue;
         }
-        match journal::recover(&dir) {
+        // Held open: a folder swapped for a link meanwhile is not followed.
+        let Ok(held) = HeldDir::open(&dir) else {
+            continue;
+        };
+        match journal::recover(held.path()) {
             Ok(r) => tracing::info!(
                 "recovered the run in {} left by a memtrack that did not finish ({} journalled records replayed)",
                 dir.display(),
@@ -87,8 +92,8 @@ pub(super) fn supersede_journal(run_dir: &Path, fallback: &Path) {
 
 /// Removes what a run created when it fails before its engine starts, so
 /// a job that cannot start leaves no half-written run behind.
-pub(super) struct Cleanup {
-    dir: PathBuf,
+pub(super) struct Cleanup<'a> {
+    dir: &'a HeldDir,
     existed: bool,
     /// Whether `.memtrack/` was already there: then it belongs to another
     /// memtrack (a live run holding the lock, or a dead one's journal
@@ -97,16 +102,16 @@ pub(super) struct Cleanup {
     armed: bool,
 }
 
-impl Cleanup {
-    pub fn new(dir: &Path) -> Cleanup {
+impl Cleanup<'_> {
+    pub fn new(dir: &HeldDir) -> Cleanup<'_> {
         // prepare_run_dir has just created it unless a chosen name reused it.
-        let existed = std::fs::read_dir(dir)
+        let existed = std::fs::read_dir(dir.path())
             .map(|mut d| d.next().is_some())
             .unwrap_or(true);
         Cleanup {
-            dir: dir.to_path_buf(),
+            dir,
             existed,
-            journal_existed: dir.join(journal::DIR).exists(),
+            journal_existed: dir.path().join(journal::DIR).exists(),
             armed: true,
         }
     }
@@ -116,16 +121,17 @@ impl Cleanup {
     }
 }
 
-impl Drop for Cleanup {
+impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
         }
         if !self.journal_existed {
-            let _ = std::fs::remove_dir_all(self.dir.join(journal::DIR));
+            let _ = std::fs::remove_dir_all(self.dir.path().join(journal::DIR));
         }
-        if !self.existed {
-            let _ = std::fs::remove_dir(&self.dir);
+        // Only the folder memtrack made, not what took its name since.
+        if !self.existed && self.dir.is_at(self.dir.shown()) {
+            let _ = std::fs::remove_dir(self.dir.shown());
         }
     }
 }

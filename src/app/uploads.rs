@@ -51,7 +51,7 @@ impl Io {
             Err(e) => tracing::error!(
                 "upload failed: {e}; {} is intact; to upload it later, run: {}",
                 document.display(),
-                s3.retry_command(&absolute(document))
+                s3.retry_command(&absolute(&crate::files::shown(document)))
             ),
         }
         Some(result)

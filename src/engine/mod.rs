@@ -186,7 +186,7 @@ impl Engine {
             f.push_sample(&sample);
         }
         if let gpu::Status::Error(e) = &sample.gpu_status {
-            if let Some(n) = self.gpu_errors.hit(100) {
+            if let Some(n) = self.gpu_errors.hit() {
                 tracing::warn!("GPU figures unavailable for this sample ({n} times so far): {e}");
             }
         }

@@ -8,16 +8,13 @@ use super::{Ended, Engine};
 use crate::store::journal::JournalError;
 use crate::store::Record;
 
-/// Repeated journal errors are logged once per this many.
-const LOG_EVERY: u64 = 1000;
-
 impl Engine {
     /// Appends a record the store has just applied.
     pub(super) fn journal_append(&mut self, record: &Record) {
         if let Some(j) = &mut self.journal {
             if let Err(e) = j.append(self.store.seq, record) {
                 self.store.counters_mut().journal_errors += 1;
-                if let Some(n) = self.journal_errors.hit(LOG_EVERY) {
+                if let Some(n) = self.journal_errors.hit() {
                     tracing::warn!("cannot append to the journal ({n} times so far): {e}");
                 }
             }
@@ -66,7 +63,7 @@ impl Engine {
         if let Some(j) = &mut self.journal {
             if let Err(e) = j.flush() {
                 self.store.counters_mut().journal_errors += 1;
-                if let Some(n) = self.journal_errors.hit(LOG_EVERY) {
+                if let Some(n) = self.journal_errors.hit() {
                     tracing::warn!("cannot write the journal ({n} times so far): {e}");
                 }
             }
@@ -92,7 +89,7 @@ impl Engine {
                     ),
                     Err(e @ JournalError::Rotate { .. }) => {
                         self.store.counters_mut().journal_errors += 1;
-                        if let Some(n) = self.journal_errors.hit(LOG_EVERY) {
+                        if let Some(n) = self.journal_errors.hit() {
                             tracing::warn!("journal error ({n} so far): {e}");
                         }
                     }

@@ -84,14 +84,18 @@ pub fn format_status(v: &serde_json::Value) -> String {
     let run = &v["run"];
     let cur = &v["current"];
     let peak = &v["peak_usage"];
+    // Names are the job's: one line each, shown, never obeyed.
+    let text = |x: &serde_json::Value| {
+        crate::logging::terminal::escape(x.as_str().unwrap_or("?")).into_owned()
+    };
     let mut out = String::new();
     let _ = writeln!(
         out,
         "run {} ({}) on {}, GPU: {}",
-        run["name"].as_str().unwrap_or("?"),
-        run["mode"].as_str().unwrap_or("?"),
-        run["host"].as_str().unwrap_or("?"),
-        run["gpu_backend"].as_str().unwrap_or("?"),
+        text(&run["name"]),
+        text(&run["mode"]),
+        text(&run["host"]),
+        text(&run["gpu_backend"]),
     );
     let _ = writeln!(
         out,
@@ -121,19 +125,14 @@ pub fn format_status(v: &serde_json::Value) -> String {
             mb(&p["rss_mb"]),
             mb(&p["peak_rss_mb"]),
             mb(&p["gpu_mb"]),
-            p["name"].as_str().unwrap_or("?"),
+            text(&p["name"]),
             if p["root"] == true { " (root)" } else { "" },
         );
     }
     let list = |key: &str| -> String {
         v[key]
             .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
+            .map(|a| a.iter().map(text).collect::<Vec<_>>().join(", "))
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "none".into())
     };
@@ -146,7 +145,7 @@ pub fn format_status(v: &serde_json::Value) -> String {
     if let Some(levels) = v["levels"].as_object().filter(|l| !l.is_empty()) {
         let l: Vec<String> = levels
             .iter()
-            .map(|(k, v)| format!("{k} {}", v.as_str().unwrap_or("?")))
+            .map(|(k, v)| format!("{} {}", crate::logging::terminal::escape(k), text(v)))
             .collect();
         let _ = writeln!(out, "pressure: {}", l.join(", "));
     }
@@ -180,7 +179,7 @@ pub fn format_watch(v: &serde_json::Value, clock: &str) -> String {
         let _ = writeln!(
             out,
             "GPU {idx} {:<22} {} {:5.1}% {:.1}/{:.1} GiB  ours {:.1} GiB  util {:.0}%  {:.0}°C  {}",
-            g["name"].as_str().unwrap_or("?"),
+            crate::logging::terminal::escape(g["name"].as_str().unwrap_or("?")),
             bar(ratio, 24),
             ratio * 100.0,
             used / 1024.0,
@@ -197,7 +196,8 @@ pub fn format_watch(v: &serde_json::Value, clock: &str) -> String {
             m.iter()
                 .map(|(c, p)| {
                     format!(
-                        "{c} {:.0}/{:.0}",
+                        "{} {:.0}/{:.0}",
+                        crate::logging::terminal::escape(c),
                         num(&p["cpu_ram_used_mb"]),
                         num(&p["gpu_process_used_mb"]).max(num(&p["gpu_ram_peak_mb"]))
                     )
@@ -236,6 +236,9 @@ pub fn watch(
         };
         let clock = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
         let frame = format_watch(&reply, &clock);
+        // Process, component and stage names are the job's: shown, never
+        // obeyed.
+        let frame = crate::logging::terminal::escape_output(&frame);
         if once {
             out.write_all(frame.as_bytes())?;
             return Ok(());

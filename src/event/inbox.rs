@@ -37,6 +37,11 @@ pub struct ClientRequest {
     pub reply: Option<oneshot::Sender<Vec<u8>>>,
 }
 
+/// Announcements of the job's ClearML task waiting for the reporter: a
+/// job that announces faster than the reporter answers waits (its socket
+/// buffer fills) instead of growing memtrack's memory.
+pub const JOB_TASK_QUEUE: usize = 64;
+
 /// The job's announcement of its own ClearML task.
 #[derive(Debug)]
 pub struct JobTask {

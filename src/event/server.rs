@@ -65,10 +65,13 @@ pub struct Shared {
     pub access: Access,
     /// The ClearML reporter's intake for `clearml_task` announcements;
     /// `None` (or closed) when the run does not report to ClearML.
-    pub clearml: Option<mpsc::UnboundedSender<crate::event::inbox::JobTask>>,
+    pub clearml: Option<mpsc::Sender<crate::event::inbox::JobTask>>,
     /// Why the run does not report to ClearML, for a job that announces a
     /// task anyway (empty: not known).
     pub clearml_off: String,
+    /// The line that says so, limited by time: a job announcing in a loop
+    /// costs a few lines.
+    pub clearml_off_said: std::sync::Mutex<crate::logging::RateLimited>,
 }
 
 /// Why the socket could not be set up.
@@ -517,19 +520,35 @@ async fn announce_task(
 ) -> Option<Vec<u8>> {
     use super::inbox::{JobTask, JobTaskReply};
     let (tx, rx) = oneshot::channel();
-    let sent = shared.clearml.as_ref().is_some_and(|c| {
-        c.send(JobTask {
-            id: task.clone(),
-            reply: ack.then_some(tx),
-        })
-        .is_ok()
-    });
+    let announcement = JobTask {
+        id: task.clone(),
+        reply: ack.then_some(tx),
+    };
+    // A full queue holds this connection back, as the engine's does.
+    let sent = match &shared.clearml {
+        Some(c) => matches!(
+            tokio::time::timeout(ENGINE_TIMEOUT, c.send(announcement)).await,
+            Ok(Ok(()))
+        ),
+        None => false,
+    };
     if !sent {
         // The one line that says why a job's `Task.init` gets no charts.
-        tracing::info!(
-            "ClearML: the job announced its task {task}; {}",
-            off_message(shared)
-        );
+        let due = shared
+            .clearml_off_said
+            .lock()
+            .map_or(None, |mut said| said.hit());
+        if let Some(n) = due {
+            let times = if n > 1 {
+                format!(" ({n} announcements so far)")
+            } else {
+                String::new()
+            };
+            tracing::info!(
+                "ClearML: the job announced its task {task}{times}; {}",
+                off_message(shared)
+            );
+        }
     }
     if !ack {
         return None;

@@ -79,12 +79,23 @@ pub fn owner_in(table: &str, client: SocketAddr, server: SocketAddr) -> Option<u
 }
 
 /// Who each `(client, server)` connection is, as seen by our socket at
-/// `server`. `net` is the procfs network directory (`/proc/net`); each
-/// table is read at most once for the whole batch, so a flood of
-/// connections costs one read per batch, not one per connection.
+/// `server`. A loopback client's owner is asked of the kernel one socket
+/// at a time ([`crate::sys::SockDiag`]): its cost does not grow with the
+/// machine's connection table. Where that lookup is not available (or does
+/// not find the socket), the procfs tables under `net` (`/proc/net`) are
+/// read, each at most once for the whole batch, `tcp` and `tcp6` both: a
+/// client may reach a dual-stack listener from an IPv4 socket (listed in
+/// `tcp`) or from an IPv6 one bound to `::ffff:a.b.c.d` (listed in `tcp6`).
 pub fn identify(net: &Path, connections: &[(SocketAddr, SocketAddr)]) -> Vec<Peer> {
-    let mut owners: HashMap<(SocketAddr, SocketAddr), u32> = HashMap::new();
-    let mut read: Vec<&str> = Vec::new();
+    identify_with(crate::sys::SockDiag::open().ok(), net, connections)
+}
+
+fn identify_with(
+    diag: Option<crate::sys::SockDiag>,
+    net: &Path,
+    connections: &[(SocketAddr, SocketAddr)],
+) -> Vec<Peer> {
+    let mut tables: Option<HashMap<(SocketAddr, SocketAddr), u32>> = None;
     let mut peers = Vec::with_capacity(connections.len());
     for (client, server) in connections {
         let (client, server) = (canonical(*client), canonical(*server));
@@ -92,20 +103,29 @@ pub fn identify(net: &Path, connections: &[(SocketAddr, SocketAddr)]) -> Vec<Pee
             peers.push(Peer::Ip(client.ip()));
             continue;
         }
-        let file = if client.is_ipv4() { "tcp" } else { "tcp6" };
-        if !read.contains(&file) {
-            read.push(file);
-            if let Ok(table) = std::fs::read_to_string(net.join(file)) {
-                owners.extend(sockets(&table).map(|(l, r, uid)| ((l, r), uid)));
-            }
-        }
-        peers.push(
-            owners
+        let asked = diag
+            .as_ref()
+            .and_then(|d| d.tcp_owner(client, server).ok().flatten());
+        let owner = asked.or_else(|| {
+            tables
+                .get_or_insert_with(|| read_tables(net))
                 .get(&(client, server))
-                .map_or(Peer::Ip(client.ip()), |uid| Peer::Uid(*uid)),
-        );
+                .copied()
+        });
+        peers.push(owner.map_or(Peer::Ip(client.ip()), Peer::Uid));
     }
     peers
+}
+
+/// Every TCP socket of `tcp` and `tcp6` under `net`, by (local, remote).
+fn read_tables(net: &Path) -> HashMap<(SocketAddr, SocketAddr), u32> {
+    let mut owners = HashMap::new();
+    for file in ["tcp", "tcp6"] {
+        if let Ok(table) = std::fs::read_to_string(net.join(file)) {
+            owners.extend(sockets(&table).map(|(l, r, uid)| ((l, r), uid)));
+        }
+    }
+    owners
 }
 
 #[cfg(test)]
@@ -206,6 +226,42 @@ mod tests {
     }
 
     #[test]
+    fn a_mapped_client_is_found_in_tcp6() {
+        // An IPv6 socket bound to ::ffff:127.0.0.5 is listed in tcp6 with
+        // mapped addresses; the listener sees it as 127.0.0.5.
+        let words = |ip: Ipv6Addr| -> String {
+            ip.octets()
+                .chunks(4)
+                .map(|c| format!("{:08X}", u32::from_ne_bytes([c[0], c[1], c[2], c[3]])))
+                .collect()
+        };
+        let client: Ipv6Addr = "::ffff:127.0.0.5".parse().unwrap();
+        let server: Ipv6Addr = "::ffff:127.0.0.1".parse().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tcp"), "header\n").unwrap();
+        std::fs::write(
+            dir.path().join("tcp6"),
+            format!(
+                "header\n   0: {}:C350 {}:24F8 01 00000000:00000000 00:00000000 00000000 65534 0 9 1\n",
+                words(client),
+                words(server)
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            identify_with(
+                None,
+                dir.path(),
+                &[(
+                    addr("[::ffff:127.0.0.5]:50000"),
+                    addr("[::ffff:127.0.0.1]:9464")
+                )]
+            ),
+            [Peer::Uid(65534)]
+        );
+    }
+
+    #[test]
     fn a_real_loopback_connection_is_its_owner() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let server = listener.local_addr().unwrap();
@@ -216,9 +272,17 @@ mod tests {
             use std::os::unix::fs::MetadataExt;
             m.uid()
         });
+        let me = me.unwrap();
         assert_eq!(
             identify(Path::new("/proc/net"), &[(peer, server)]),
-            [Peer::Uid(me.unwrap())]
+            [Peer::Uid(me)]
+        );
+        // The kernel's one-socket lookup, and the tables without it.
+        let diag = crate::sys::SockDiag::open().unwrap();
+        assert_eq!(diag.tcp_owner(peer, server).unwrap(), Some(me));
+        assert_eq!(
+            identify_with(None, Path::new("/proc/net"), &[(peer, server)]),
+            [Peer::Uid(me)]
         );
     }
 }

@@ -33,7 +33,7 @@ impl WriteError {
             _ => "",
         };
         WriteError {
-            path: path.to_path_buf(),
+            path: crate::files::shown(path),
             source,
             hint,
         }

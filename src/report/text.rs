@@ -221,31 +221,16 @@ fn clock(ts: f64) -> String {
     }
 }
 
-/// Whether `c` may change what a terminal shows beyond printing a glyph:
-/// C0 and C1 controls (ESC starts colour, cursor and title sequences) and
-/// the bidirectional overrides that reorder a line.
-fn is_terminal_control(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
-
 /// `s` with every terminal control written as a visible escape (`\u{1b}`),
 /// newlines included unless `keep_newlines`. The report prints strings the
 /// job chose (component, operation and stage names, labels, the command
 /// line, the CUDA OOM summary): they are shown, never obeyed.
 pub fn escape_controls(s: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
-    let bad = |c: char| is_terminal_control(c) && !(keep_newlines && c == '\n');
-    if !s.chars().any(bad) {
-        return std::borrow::Cow::Borrowed(s);
+    if keep_newlines {
+        crate::logging::terminal::escape_text(s)
+    } else {
+        crate::logging::terminal::escape(s)
     }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        if bad(c) {
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
 }
 
 /// A job-provided string on one line of the report.
@@ -852,7 +837,9 @@ mod tests {
         });
         let text = render(&doc);
         assert!(
-            !text.chars().any(|c| is_terminal_control(c) && c != '\n'),
+            !text
+                .chars()
+                .any(|c| crate::logging::terminal::is_control(c) && c != '\n'),
             "{text:?}"
         );
         for shown in [

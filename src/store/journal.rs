@@ -140,7 +140,7 @@ pub enum JournalError {
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
     move |source| JournalError::Io {
-        path: path.to_path_buf(),
+        path: crate::files::shown(path),
         source,
     }
 }

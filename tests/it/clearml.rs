@@ -2482,3 +2482,57 @@ fn a_task_init_job_with_iterations_and_only_clearml_conf_keeps_its_axis_and_gets
     assert_eq!(files.state()["violations"], json!([]));
     server.assert_exactly_once();
 }
+
+/// What once broke: two million fire-and-forget announcements of other
+/// tasks wrote 20,000 WARN lines (one per hundred) and grew memtrack to
+/// 60.7 MiB (an unbounded queue).
+#[test]
+fn a_flood_of_announcements_costs_a_few_lines_and_bounded_memory() {
+    let server = Server::start(&[]);
+    let id = server.task("job task", "memtrack-it", "in_progress");
+    let out = scratch();
+    let figures = out.path().join("rss");
+    let script = format!(
+        "import os, socket, json\n\
+         s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET'])\n\
+         f = s.makefile('rwb')\n\
+         def ask(obj):\n\
+         \x20   f.write((json.dumps(obj) + '\\n').encode()); f.flush(); return json.loads(f.readline())\n\
+         def kib(key):\n\
+         \x20   for l in open('/proc/%d/status' % os.getppid()):\n\
+         \x20       if l.startswith(key): return int(l.split()[1])\n\
+         r = ask({{'type': 'clearml_task', 'task': {id:?}, 'ack': True}})\n\
+         assert r['reporting'], r\n\
+         before = kib('VmHWM:')\n\
+         burst = b''.join(b'{{\"type\":\"clearml_task\",\"task\":\"other%d\"}}\\n' % i for i in range(10000))\n\
+         for _ in range(100):\n\
+         \x20   f.write(burst)\n\
+         f.flush()\n\
+         r = ask({{'type': 'clearml_task', 'task': {id:?}, 'ack': True}})\n\
+         assert r['reporting'], r\n\
+         open({figures:?}, 'w').write('%d %d' % (before, kib('VmHWM:')))\n",
+        figures = figures.display().to_string()
+    );
+    let res = run_with_clearml(&server, out.path(), &[], &[], &["python3", "-c", &script]);
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    let noted = log.matches("is left alone").count();
+    assert!(
+        (1..=6).contains(&noted),
+        "a million announcements: {noted} lines, {} bytes of log",
+        log.len()
+    );
+    let text = std::fs::read_to_string(&figures).unwrap();
+    let kib: Vec<u64> = text.split(' ').map(|v| v.parse().unwrap()).collect();
+    let grew_mib = kib[1].saturating_sub(kib[0]) as f64 / 1024.0;
+    eprintln!(
+        "{noted} warning lines; memtrack's peak RSS before the flood {} KiB, after {} KiB",
+        kib[0], kib[1]
+    );
+    // At most 64 announcements wait for the reporter: the flood costs
+    // parsing buffers, not a queue of a million.
+    assert!(
+        grew_mib < 16.0,
+        "memtrack grew {grew_mib:.1} MiB during the flood"
+    );
+}

@@ -175,10 +175,21 @@ impl Daemon {
     /// `memtrack run --listen 127.0.0.1:0 --socket <out>/m.sock
     /// --output <out> EXTRA… -- JOB…`, returned once `/metrics` is up.
     pub fn start(out: &Path, extra: &[&str], job: &[String], env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_listening(out, "127.0.0.1:0", extra, job, env)
+    }
+
+    /// [`Daemon::start`] with HTTP on `listen` (`[::]:0`: dual-stack).
+    pub fn start_listening(
+        out: &Path,
+        listen: &str,
+        extra: &[&str],
+        job: &[String],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         use std::io::BufRead;
         let socket = out.join("m.sock");
         let mut cmd = memtrack();
-        cmd.args(["run", "--listen", "127.0.0.1:0", "--name", "d", "--output"])
+        cmd.args(["run", "--listen", listen, "--name", "d", "--output"])
             .arg(out)
             .arg("--socket")
             .arg(&socket)

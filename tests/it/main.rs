@@ -15,6 +15,7 @@ mod discovery;
 mod events;
 mod golden;
 mod host;
+mod hostile;
 mod http;
 mod inputs;
 mod layers;

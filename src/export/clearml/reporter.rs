@@ -89,7 +89,7 @@ impl Reporter {
         run: RunInfo,
         run_dir: PathBuf,
         entries: mpsc::UnboundedReceiver<Entry>,
-        job_tasks: Option<mpsc::UnboundedReceiver<JobTask>>,
+        job_tasks: Option<mpsc::Receiver<JobTask>>,
     ) -> Reporter {
         let spool = run_dir.join(SPOOL_FILE);
         if spool.exists() {
@@ -127,7 +127,7 @@ impl Reporter {
         run_dir: &std::path::Path,
         queue: Queue,
         entries: mpsc::UnboundedReceiver<Entry>,
-        job_tasks: Option<mpsc::UnboundedReceiver<JobTask>>,
+        job_tasks: Option<mpsc::Receiver<JobTask>>,
     ) -> Reporter {
         let errors = Arc::new(AtomicU64::new(0));
         let (task_tx, task_rx) = watch::channel(None);
@@ -194,7 +194,7 @@ impl Reporter {
             entries,
             entries_open: true,
             job_tasks_open: job_tasks.is_some(),
-            job_tasks: job_tasks.unwrap_or_else(|| mpsc::unbounded_channel().1),
+            job_tasks: job_tasks.unwrap_or_else(|| mpsc::channel(1).1),
             artifacts: artifacts_rx,
             artifacts_open: true,
             hurry: hurry_rx,
@@ -323,7 +323,7 @@ struct Inputs {
     finish_open: bool,
     entries: mpsc::UnboundedReceiver<Entry>,
     entries_open: bool,
-    job_tasks: mpsc::UnboundedReceiver<JobTask>,
+    job_tasks: mpsc::Receiver<JobTask>,
     job_tasks_open: bool,
     artifacts: mpsc::UnboundedReceiver<Result<Artifact, String>>,
     artifacts_open: bool,
@@ -637,10 +637,19 @@ impl State {
                 self.decide(Some(t.id), pending);
                 self.announce_replies.extend(t.reply);
             }
-            Announce::Hold => self.announce_replies.extend(t.reply),
+            Announce::Hold => {
+                // Clients that gave up waiting leave nothing behind.
+                self.announce_replies.retain(|r| !r.is_closed());
+                self.announce_replies.extend(t.reply);
+            }
             Announce::Answer { reply, warn } => {
-                if warn && self.announce_logged.hit(100).is_some() {
-                    tracing::warn!("ClearML: {}", reply.message);
+                if warn {
+                    if let Some(n) = self.announce_logged.hit() {
+                        tracing::warn!(
+                            "ClearML: {} ({n} such announcements so far)",
+                            reply.message
+                        );
+                    }
                 }
                 if let Some(r) = t.reply {
                     let _ = r.send(reply);
@@ -904,7 +913,7 @@ impl State {
                 self.last_ok = Instant::now();
                 if refused > 0 {
                     self.errors.fetch_add(refused, Ordering::Relaxed);
-                    if self.partial_logged.hit(100).is_some() {
+                    if self.partial_logged.hit().is_some() {
                         tracing::warn!(
                             "ClearML refused {refused} of {n} points in a batch: {info}"
                         );
@@ -922,7 +931,7 @@ impl State {
                 // batches go on; this one is kept and tried again at the
                 // end, then left for a resend.
                 self.queue.set_aside(points);
-                if self.set_aside_logged.hit(100).is_some() {
+                if self.set_aside_logged.hit().is_some() {
                     tracing::warn!(
                         "ClearML failed a batch of {n} points with server errors ({e}); it is \
                          kept and tried again at the end of the run"
@@ -966,7 +975,7 @@ impl State {
             Err(e) => {
                 let m = format!(
                     "cannot write the unsent points to {}: {e}",
-                    self.queue.path().display()
+                    crate::files::shown(self.queue.path()).display()
                 );
                 tracing::error!("ClearML: {m}");
                 self.machine.problem(m);

@@ -117,7 +117,7 @@ pub struct State {
     /// When the task's `last_iteration` was last read (job axis).
     pub last_axis: Instant,
     pub job_task_tx: watch::Sender<Option<TaskRef>>,
-    /// Announcements of another task, logged at most every 100th.
+    /// Announcements of another task, logged at most once per `LOG_INTERVAL`.
     pub announce_logged: RateLimited,
     /// Why nothing is reported ([`Settings::job_task_only`] and the job
     /// announced no task).
