@@ -65,6 +65,10 @@ pub struct Config {
     /// gives up, prints how to finish later, and exits.
     #[serde(with = "serde_duration")]
     pub finish_timeout: Duration,
+    /// `memtrack run`: give a Python job memtrack's automatic hooks (phases
+    /// from Hugging Face and Lightning trainers, the out-of-memory report)
+    /// through its `PYTHONPATH`. `MEMTRACK_AUTO_HOOKS=0` also turns them off.
+    pub auto_hooks: bool,
     /// Extra labels recorded in `run.labels` and on every metric.
     pub labels: BTreeMap<String, String>,
     pub host: HostConfig,
@@ -208,6 +212,7 @@ impl Default for Config {
             log_level: "info".into(),
             listen: DEFAULT_LISTEN.into(),
             finish_timeout: DEFAULT_FINISH_TIMEOUT,
+            auto_hooks: true,
             labels: BTreeMap::new(),
             host: HostConfig::default(),
             gpu: GpuConfig::default(),
@@ -385,6 +390,14 @@ const CLIENT_ONLY_ENV: &[&str] = &["MEMTRACK_SOCKET", "MEMTRACK_TIMEOUT", "MEMTR
 fn env_value(raw: &str, default: &Value) -> Value {
     if default.is_str() {
         return Value::String(raw.to_string());
+    }
+    // A switch also takes the shell's usual 1/0, yes/no, on/off.
+    if default.is_bool() {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "1" | "yes" | "on" => return Value::Boolean(true),
+            "0" | "no" | "off" => return Value::Boolean(false),
+            _ => {}
+        }
     }
     toml::from_str::<Table>(&format!("v = {raw}"))
         .ok()
@@ -702,6 +715,7 @@ mod tests {
     fn env_values_are_typed_like_their_defaults() {
         let env = Layer::from_env([
             ("MEMTRACK_GPU_ENABLED".into(), "false".into()),
+            ("MEMTRACK_AUTO_HOOKS".into(), "0".into()),
             ("MEMTRACK_LOG_MAX_TARGETS".into(), "50".into()),
             ("MEMTRACK_NAME".into(), "123".into()),
             ("MEMTRACK_LABELS".into(), "{ rank = '3' }".into()),
@@ -711,6 +725,7 @@ mod tests {
         .unwrap();
         let c = resolve(&[env]).unwrap();
         assert!(!c.gpu.enabled);
+        assert!(!c.auto_hooks);
         assert_eq!(c.log.max_targets, 50);
         assert_eq!(c.name, "123");
         assert_eq!(c.labels["rank"], "3");

@@ -12,6 +12,7 @@ mod finish;
 mod io;
 mod job;
 mod naming;
+mod pyhooks;
 mod recorder;
 mod resend;
 mod run_dir;
@@ -55,7 +56,13 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
     let mut io = Io::start(&config, tx.clone(), self_register, store.snapshot())?;
     let entries = io.start_clearml(clearml_settings, &store.run, &run_dir)?;
-    let job_env = io.job_env(is_run);
+    let mut job_env = io.job_env(is_run);
+    if is_run && pyhooks::wanted(config.auto_hooks) {
+        match pyhooks::job_env(&run_dir) {
+            Ok(var) => job_env.push(var),
+            Err(e) => tracing::warn!("{e:#}; the job runs without memtrack's Python hooks"),
+        }
+    }
     let (opts, footprint_opts) = job::options(&config, is_run);
     // Signals are handled before the job exists, so none can kill
     // memtrack between the spawn and the handlers.
