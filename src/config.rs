@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
 pub use crate::export::clearml::ClearmlConfig;
+pub use crate::export::mlflow::MlflowConfig;
 pub use crate::export::s3::S3Config;
 use crate::model::valid_label_name;
 use crate::sample::footprint::SourceChoice;
@@ -78,6 +79,7 @@ pub struct Config {
     pub pressure: Thresholds,
     pub socket: SocketConfig,
     pub clearml: ClearmlConfig,
+    pub mlflow: MlflowConfig,
     pub s3: S3Config,
     pub flight: FlightConfig,
 }
@@ -220,6 +222,7 @@ impl Default for Config {
             pressure: Thresholds::default(),
             socket: SocketConfig::default(),
             clearml: ClearmlConfig::default(),
+            mlflow: MlflowConfig::default(),
             s3: S3Config::default(),
             flight: FlightConfig::default(),
         }

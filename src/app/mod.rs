@@ -11,6 +11,7 @@ mod context;
 mod finish;
 mod io;
 mod job;
+mod mlflow;
 mod naming;
 mod pyhooks;
 mod recorder;
@@ -41,6 +42,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let name = RunName::choose(&mode, &config);
     job::check_attach_pids(&mode)?;
     let clearml_settings = io::clearml_settings(&config)?;
+    let mlflow_settings = mlflow::settings(&config)?;
     let is_run = matches!(mode, Mode::Run { .. });
     job::adopt_orphans(is_run);
     let labels = RunLabels::read(&name.name, &config);
@@ -86,8 +88,19 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
 
     let saved = finish::save_document(&ended, &store, document, &run_dir);
     let first_signal = signals.stop();
-    let export_failed =
+    let mut export_failed =
         finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);
+    let job_failed = finish::exit_code(&ended, first_signal, is_run, false) != 0;
+    export_failed |= !ended.urgent
+        && mlflow::finish(
+            &io.runtime,
+            mlflow_settings,
+            &config,
+            &saved.document,
+            saved.written,
+            &store.run,
+            job_failed,
+        );
     io.stop();
     finish::log_end(&store, &saved, export_failed);
     Ok(Outcome {

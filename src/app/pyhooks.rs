@@ -97,8 +97,7 @@ mod tests {
         let site = std::fs::read_to_string(dir.join("sitecustomize.py")).unwrap();
         assert!(site.contains("memtrack.hooks"));
         for (file, text) in CLIENT {
-            let written =
-                std::fs::read_to_string(dir.join("client/memtrack").join(file)).unwrap();
+            let written = std::fs::read_to_string(dir.join("client/memtrack").join(file)).unwrap();
             assert_eq!(&written, text);
         }
     }

@@ -23,7 +23,8 @@ module imports with the standard library alone.
 
 from .client import Stage, _check_labels, get_client
 
-__all__ = ["hf_callback", "lightning_callback", "attach_hf", "attach_lightning", "batch_labels"]
+__all__ = ["hf_callback", "lightning_callback", "attach_hf", "attach_lightning", "batch_labels",
+           "announce_mlflow"]
 
 _COMPONENT = "train"
 _OPERATION = "step"
@@ -92,6 +93,25 @@ class _Stages(object):
             self.end(name, exc)
 
 
+def announce_mlflow():
+    """Tell memtrack the job's active MLflow run (an ``mlflow``/``active_run``
+    mark labelled ``run_id``), so that its memory figures go into that run.
+    Only when the job already imported mlflow; returns the run id or None."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return None
+    try:
+        run = mlflow.active_run()
+        run_id = run.info.run_id if run is not None else None
+    except Exception:
+        return None
+    if run_id:
+        get_client().mark("mlflow", "active_run", labels={"run_id": str(run_id)})
+    return run_id
+
+
 def _wrap_method(obj, name, stage_name, steps_of):
     """Replace ``obj.name`` (a bound method) by one that runs inside a stage
     of that name; returns whether it could. The stage is labelled with the
@@ -150,6 +170,7 @@ def _make_hf_class():
                 getattr(args, "process_index", None))
             if not self.attached:
                 self._stages.begin("fit", state.global_step)
+            announce_mlflow()
 
         def on_step_begin(self, args, state, control, **kwargs):
             self._steps.begin(state.global_step + 1)
@@ -260,6 +281,7 @@ def _make_lightning_class(module):
 
         def on_fit_start(self, trainer, pl_module):
             self._stages.begin("fit", trainer.global_step)
+            announce_mlflow()
 
         def on_fit_end(self, trainer, pl_module):
             self._steps.end()
