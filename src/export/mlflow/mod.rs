@@ -154,7 +154,13 @@ pub fn metrics(doc: &Document) -> Vec<Metric> {
         }
     }
     for (key, value) in [
-        ("memtrack/peak_host_mb", doc.peak_usage.cpu_ram_used_mb),
+        (
+            "memtrack/peak_host_mb",
+            // The kernel's high-water mark when it saw a higher peak than the samples.
+            doc.peak_usage
+                .cpu_ram_used_mb
+                .max(doc.peak_usage.cpu_ram_hwm_mb),
+        ),
         ("memtrack/peak_gpu_mb", doc.peak_usage.gpu_ram_used_mb),
     ] {
         out.push(Metric {
