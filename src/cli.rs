@@ -118,7 +118,7 @@ pub struct DaemonArgs {
     /// Do not report to ClearML even when it is configured
     #[arg(long)]
     pub no_clearml: bool,
-    /// Do not give a Python job memtrack's automatic hooks (framework
+    /// run: do not give a Python job memtrack's automatic hooks (framework
     /// callbacks, out-of-memory report)
     #[arg(long)]
     pub no_auto_hooks: bool,
