@@ -5,7 +5,15 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::Metric;
+/// One metric value as `runs/log-batch` takes it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Metric {
+    pub key: &'static str,
+    pub value: f64,
+    /// Unix milliseconds.
+    pub timestamp: i64,
+    pub step: i64,
+}
 
 /// Why the MLflow export failed.
 #[derive(Debug, thiserror::Error)]

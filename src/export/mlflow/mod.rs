@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use api::{Api, MlflowError};
+pub use api::{Api, Metric, MlflowError};
 
 use crate::model::Document;
 
@@ -105,16 +105,6 @@ pub fn resolve(
             .unwrap_or_else(|| "0".into()),
         request_timeout: config.request_timeout,
     }))
-}
-
-/// One metric value as `runs/log-batch` takes it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Metric {
-    pub key: &'static str,
-    pub value: f64,
-    /// Unix milliseconds.
-    pub timestamp: i64,
-    pub step: i64,
 }
 
 /// The run the job announced: the last `mlflow`/`active_run` mark's
