@@ -128,6 +128,10 @@ pub struct DaemonArgs {
     /// Do not report to ClearML even when it is configured
     #[arg(long)]
     pub no_clearml: bool,
+    /// run: do not give a Python job memtrack's automatic hooks (framework
+    /// callbacks, out-of-memory report)
+    #[arg(long)]
+    pub no_auto_hooks: bool,
     /// Upload memory_usage.json to s3://bucket/prefix at the end
     #[arg(long, value_name = "S3_URL")]
     pub s3_url: Option<String>,
@@ -191,6 +195,9 @@ impl DaemonArgs {
         }
         if let Some(p) = &self.nvml_lib {
             layer.set("gpu.nvml_library", Value::String(p.display().to_string()));
+        }
+        if self.no_auto_hooks {
+            layer.set("auto_hooks", Value::Boolean(false));
         }
         if self.no_gpu {
             layer.set("gpu.enabled", Value::Boolean(false));

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
 pub use crate::export::clearml::ClearmlConfig;
+pub use crate::export::mlflow::MlflowConfig;
 pub use crate::export::s3::S3Config;
 use crate::model::valid_label_name;
 use crate::sample::footprint::SourceChoice;
@@ -74,6 +75,10 @@ pub struct Config {
     /// gives up, prints how to finish later, and exits.
     #[serde(with = "serde_duration")]
     pub finish_timeout: Duration,
+    /// `memtrack run`: give a Python job memtrack's automatic hooks (phases
+    /// from Hugging Face and Lightning trainers, the out-of-memory report)
+    /// through its `PYTHONPATH`. `MEMTRACK_AUTO_HOOKS=0` also turns them off.
+    pub auto_hooks: bool,
     /// Extra labels recorded in `run.labels` and on every metric.
     pub labels: BTreeMap<String, String>,
     pub host: HostConfig,
@@ -83,6 +88,7 @@ pub struct Config {
     pub pressure: Thresholds,
     pub socket: SocketConfig,
     pub clearml: ClearmlConfig,
+    pub mlflow: MlflowConfig,
     pub s3: S3Config,
     pub flight: FlightConfig,
     pub discovery: DiscoveryConfig,
@@ -279,6 +285,7 @@ impl Default for Config {
             log_level: "info".into(),
             listen: DEFAULT_LISTEN.into(),
             finish_timeout: DEFAULT_FINISH_TIMEOUT,
+            auto_hooks: true,
             labels: BTreeMap::new(),
             host: HostConfig::default(),
             gpu: GpuConfig::default(),
@@ -286,6 +293,7 @@ impl Default for Config {
             pressure: Thresholds::default(),
             socket: SocketConfig::default(),
             clearml: ClearmlConfig::default(),
+            mlflow: MlflowConfig::default(),
             s3: S3Config::default(),
             flight: FlightConfig::default(),
             discovery: DiscoveryConfig::default(),
@@ -474,6 +482,14 @@ const LABELS_ENV: &str = "LABELS_";
 fn env_value(raw: &str, default: &Value) -> Value {
     if default.is_str() {
         return Value::String(raw.to_string());
+    }
+    // A switch also takes the shell's usual 1/0, yes/no, on/off.
+    if default.is_bool() {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "1" | "yes" | "on" => return Value::Boolean(true),
+            "0" | "no" | "off" => return Value::Boolean(false),
+            _ => {}
+        }
     }
     toml::from_str::<Table>(&format!("v = {raw}"))
         .ok()
@@ -876,6 +892,7 @@ mod tests {
     fn env_values_are_typed_like_their_defaults() {
         let env = Layer::from_env([
             ("MEMTRACK_GPU_ENABLED".into(), "false".into()),
+            ("MEMTRACK_AUTO_HOOKS".into(), "0".into()),
             ("MEMTRACK_LOG_MAX_TARGETS".into(), "50".into()),
             ("MEMTRACK_NAME".into(), "123".into()),
             ("MEMTRACK_LABELS".into(), "{ rank = '3' }".into()),
@@ -885,6 +902,7 @@ mod tests {
         .unwrap();
         let c = resolve(&[env]).unwrap();
         assert!(!c.gpu.enabled);
+        assert!(!c.auto_hooks);
         assert_eq!(c.log.max_targets, 50);
         assert_eq!(c.name, "123");
         assert_eq!(c.labels["rank"], "3");

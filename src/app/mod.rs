@@ -11,7 +11,9 @@ mod context;
 mod finish;
 mod io;
 mod job;
+mod mlflow;
 mod naming;
+mod pyhooks;
 mod recorder;
 pub mod registry;
 mod resend;
@@ -41,6 +43,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     let name = RunName::choose(&mode, &config);
     job::check_attach_pids(&mode)?;
     let clearml_settings = io::clearml_settings(&config)?;
+    let mlflow_settings = mlflow::settings(&config)?;
     let is_run = matches!(mode, Mode::Run { .. });
     job::adopt_orphans(is_run);
     if !is_run && config.host.memory_limit().is_some() {
@@ -75,7 +78,18 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         s3.record_destination(&run_dir);
     }
     let entries = io.start_clearml(clearml_settings, &store.run, &run_dir)?;
-    let job_env = io.job_env(is_run);
+    let mut job_env = io.job_env(is_run);
+    // Kept until the run ends, then removed.
+    let mut _hooks = None;
+    if is_run && pyhooks::wanted(config.auto_hooks) {
+        match pyhooks::job_env(&std::env::temp_dir()) {
+            Ok((var, dir)) => {
+                job_env.push(var);
+                _hooks = Some(dir);
+            }
+            Err(e) => tracing::warn!("{e:#}; the job runs without memtrack's Python hooks"),
+        }
+    }
     let registration = registry::Registration::register(
         &store.run,
         &run_dir,
@@ -113,8 +127,19 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
         saved.advice = crate::model::advice::render_found(&store.document_view().advice);
     }
     let first_signal = signals.stop();
-    let export_failed =
+    let mut export_failed =
         finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);
+    let job_failed = finish::exit_code(&ended, first_signal, is_run, false) != 0;
+    export_failed |= !ended.urgent
+        && mlflow::finish(
+            &io.runtime,
+            mlflow_settings,
+            &config,
+            &saved.document,
+            saved.written,
+            &store.run,
+            job_failed,
+        );
     io.stop();
     drop(registration);
     finish::log_end(&store, &saved, export_failed);

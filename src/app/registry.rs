@@ -260,7 +260,12 @@ impl Registration {
             pid,
             socket: socket.map(Path::to_path_buf),
             metrics,
-            dir: std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf()),
+            // The folder's name, not the descriptor path memtrack reaches
+            // it through (which means nothing to another process).
+            dir: {
+                let shown = crate::files::shown(run_dir);
+                std::path::absolute(&shown).unwrap_or(shown)
+            },
             start: run.start,
             sd_file: sd_file.clone(),
         };

@@ -4,6 +4,7 @@
 pub mod clearml;
 pub mod finish;
 pub mod http;
+pub mod mlflow;
 pub mod peer;
 pub mod prometheus;
 pub mod s3;

@@ -1351,10 +1351,26 @@ def oom_guard():
 _oom_hook_installed = False
 
 
+def _report_uncaught(exc):
+    """What the exception hooks do with an uncaught error: a CUDA OOM is
+    reported with report_oom (the allocator state, the flight recorder); a
+    host MemoryError as a ``host``/``out_of_memory`` mark, waited for."""
+    try:
+        if _is_cuda_oom(exc):
+            report_oom(exc)
+        elif isinstance(exc, MemoryError):
+            text = _truncate_utf8(repr(exc), 1024)
+            get_client().mark("host", "out_of_memory", labels={"error": text}, ack=True)
+    except Exception:
+        pass
+
+
 def install_oom_hook():
-    """Report an uncaught CUDA out-of-memory error (main thread or any
-    thread) to memtrack before Python's usual handling; memtrack keeps its
-    flight recorder's last seconds of memory. Safe to call more than once."""
+    """Report an uncaught CUDA out-of-memory error or MemoryError (main
+    thread or any thread) to memtrack before Python's usual handling, which
+    then runs as before (the previous hooks are chained). memtrack keeps its
+    flight recorder's last seconds of memory for a CUDA OOM. Safe to call
+    more than once."""
     global _oom_hook_installed
     if _oom_hook_installed:
         return
@@ -1362,11 +1378,7 @@ def install_oom_hook():
     previous = sys.excepthook
 
     def hook(kind, exc, tb):
-        if _is_cuda_oom(exc):
-            try:
-                report_oom(exc)
-            except Exception:
-                pass
+        _report_uncaught(exc)
         previous(kind, exc, tb)
 
     sys.excepthook = hook
@@ -1374,11 +1386,7 @@ def install_oom_hook():
         previous_thread = threading.excepthook
 
         def thread_hook(args):
-            if _is_cuda_oom(args.exc_value):
-                try:
-                    report_oom(args.exc_value)
-                except Exception:
-                    pass
+            _report_uncaught(args.exc_value)
             previous_thread(args)
 
         threading.excepthook = thread_hook

@@ -1,0 +1,56 @@
+"""memtrack's automatic hooks, put on a job's PYTHONPATH by `memtrack run`.
+
+Python imports the first ``sitecustomize`` on its path at start-up; this one
+installs memtrack.hooks (framework callbacks, out-of-memory report) and then
+runs the ``sitecustomize`` that would have run without memtrack, if any.
+``MEMTRACK_AUTO_HOOKS=0`` (or ``memtrack run --no-auto-hooks``) turns the
+hooks off. Nothing here may stop the job: every failure is one line on
+stderr.
+"""
+
+
+def _memtrack_boot():
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.environ.get("MEMTRACK_AUTO_HOOKS", "").strip().lower() not in ("0", "false", "no", "off"):
+        try:
+            import importlib.util
+
+            if importlib.util.find_spec("memtrack") is None:
+                # No installed client: the copy memtrack wrote beside this file.
+                sys.path.append(os.path.join(here, "client"))
+            import memtrack.hooks
+
+            memtrack.hooks.install()
+        except Exception as exc:
+            try:
+                sys.stderr.write("memtrack: automatic hooks not installed (%s: %s)\n"
+                                 % (type(exc).__name__, exc))
+            except Exception:
+                pass
+    # Chain to the sitecustomize this one shadows.
+    try:
+        import importlib.machinery
+        import importlib.util
+
+        mine = os.path.realpath(here)
+        rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != mine]
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+        if spec is not None and spec.loader is not None:
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["sitecustomize"] = module
+            spec.loader.exec_module(module)
+    except Exception:
+        import traceback
+
+        try:
+            sys.stderr.write("memtrack: the job's own sitecustomize failed:\n")
+            traceback.print_exc()
+        except Exception:
+            pass
+
+
+_memtrack_boot()
+del _memtrack_boot

@@ -1,0 +1,373 @@
+"""Phases from the training frameworks' own hooks: Hugging Face ``Trainer``
+and PyTorch Lightning ``Trainer``.
+
+    from memtrack.frameworks import hf_callback, lightning_callback
+    trainer = transformers.Trainer(..., callbacks=[hf_callback()])
+    trainer = lightning.Trainer(..., callbacks=[lightning_callback()])
+
+Under ``memtrack run`` neither line is needed: the automatic hooks
+(``memtrack.hooks``) add these callbacks to every Trainer the job builds.
+
+What is marked:
+
+- each optimizer step: a span ``train``/``step`` whose iteration is the
+  global step the optimizer step makes (1 for the first), labelled
+  ``batch_size`` (per device), ``grad_accum``, ``world_size`` and ``rank``;
+- stages ``fit`` (the whole training), ``evaluate``, ``predict`` (and
+  ``test`` for Lightning) and ``save`` (a checkpoint being written), each
+  labelled with the ``global_step`` it began at.
+
+Neither library is imported here until a callback is asked for; this
+module imports with the standard library alone.
+"""
+
+from .client import Stage, _check_labels, get_client
+
+__all__ = ["hf_callback", "lightning_callback", "attach_hf", "attach_lightning", "batch_labels",
+           "announce_mlflow"]
+
+_COMPONENT = "train"
+_OPERATION = "step"
+
+
+def batch_labels(batch_size=None, grad_accum=None, world_size=None, rank=None):
+    """The labels every step span carries (values that are None are left out)."""
+    labels = {}
+    for name, value in (("batch_size", batch_size), ("grad_accum", grad_accum),
+                        ("world_size", world_size), ("rank", rank)):
+        if value is not None:
+            labels[name] = str(value)
+    return _check_labels(labels)
+
+
+class _Steps(object):
+    """One open ``train``/``step`` span at most; a step message is built
+    from a prebuilt labels dict, so a step costs two small sends."""
+
+    __slots__ = ("labels", "open_at")
+
+    def __init__(self):
+        self.labels = {}
+        self.open_at = None
+
+    def begin(self, iteration):
+        if self.open_at is not None:
+            return
+        self.open_at = iteration
+        get_client()._event("span_begin", {"component": _COMPONENT, "operation": _OPERATION,
+                                           "iteration": iteration, "labels": self.labels})
+
+    def end(self):
+        iteration = self.open_at
+        if iteration is None:
+            return
+        self.open_at = None
+        get_client()._event("span_end", {"component": _COMPONENT, "operation": _OPERATION,
+                                         "iteration": iteration, "labels": self.labels})
+
+
+class _Stages(object):
+    """Stages opened by name and closed by name (SUCCESS, or FAILED when an
+    exception is given)."""
+
+    def __init__(self):
+        self.open = {}
+
+    def begin(self, name, step):
+        if name in self.open:
+            return
+        stage = Stage(name, labels={"global_step": str(int(step or 0))})
+        self.open[name] = stage
+        stage.__enter__()
+
+    def end(self, name, exc=None):
+        stage = self.open.pop(name, None)
+        if stage is not None:
+            if exc is None:
+                stage.__exit__(None, None, None)
+            else:
+                stage.__exit__(type(exc), exc, None)
+
+    def end_all(self, exc=None):
+        for name in list(self.open)[::-1]:
+            self.end(name, exc)
+
+
+def announce_mlflow():
+    """Tell memtrack the job's active MLflow run (an ``mlflow``/``active_run``
+    mark labelled ``run_id``), so that its memory figures go into that run.
+    Only when the job already imported mlflow; returns the run id or None."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return None
+    try:
+        run = mlflow.active_run()
+        run_id = run.info.run_id if run is not None else None
+    except Exception:
+        return None
+    if run_id:
+        get_client().mark("mlflow", "active_run", labels={"run_id": str(run_id)})
+    return run_id
+
+
+def _wrap_method(obj, name, stage_name, steps_of):
+    """Replace ``obj.name`` (a bound method) by one that runs inside a stage
+    of that name; returns whether it could. The stage is labelled with the
+    global step at its start (``steps_of(obj)``)."""
+    original = getattr(obj, name, None)
+    if original is None or not callable(original) or getattr(original, "_memtrack_stage", None):
+        return False
+
+    def wrapped(*args, **kwargs):
+        try:
+            step = steps_of(obj)
+        except Exception:
+            step = 0
+        with Stage(stage_name, labels={"global_step": str(int(step or 0))}):
+            return original(*args, **kwargs)
+
+    wrapped._memtrack_stage = stage_name
+    try:
+        wrapped.__wrapped__ = original
+        wrapped.__name__ = getattr(original, "__name__", name)
+        wrapped.__doc__ = getattr(original, "__doc__", None)
+        setattr(obj, name, wrapped)
+    except Exception:
+        return False
+    return True
+
+
+# -- Hugging Face transformers ------------------------------------------------
+
+_hf_class = None
+
+
+def _hf_step(trainer):
+    return trainer.state.global_step
+
+
+def _make_hf_class():
+    from transformers import TrainerCallback  # noqa: the caller handles ImportError
+
+    class MemtrackCallback(TrainerCallback):
+        """memtrack's phases for a transformers ``Trainer``; see
+        memtrack.frameworks."""
+
+        def __init__(self):
+            self._steps = _Steps()
+            self._stages = _Stages()
+            # Set by attach_hf: the trainer's own methods then carry the
+            # fit/evaluate/predict/save stages exactly.
+            self.attached = False
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self._steps.labels = batch_labels(
+                getattr(args, "per_device_train_batch_size", None),
+                getattr(args, "gradient_accumulation_steps", None),
+                getattr(args, "world_size", None),
+                getattr(args, "process_index", None))
+            if not self.attached:
+                self._stages.begin("fit", state.global_step)
+            announce_mlflow()
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._steps.begin(state.global_step + 1)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self._steps.end()
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            if not self.attached:
+                self._stages.begin("evaluate", state.global_step)
+
+        def on_evaluate(self, args, state, control, **kwargs):
+            if not self.attached:
+                self._stages.end("evaluate")
+
+        def on_predict(self, args, state, control, **kwargs):
+            if not self.attached:
+                self._stages.end("evaluate")
+
+        def on_save(self, args, state, control, **kwargs):
+            if not self.attached:
+                get_client().mark("stage", "save", iteration=state.global_step)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self._steps.end()
+            if not self.attached:
+                self._stages.end_all()
+
+    return MemtrackCallback
+
+
+def hf_callback():
+    """A new ``transformers.TrainerCallback`` marking memtrack's phases
+    (ImportError without transformers). Given to ``Trainer(callbacks=[...])``
+    it marks steps, ``fit``, ``evaluate`` (from its first prediction step to
+    its end) and a ``stage``/``save`` mark after each checkpoint; with
+    ``attach_hf(trainer)`` instead, every stage is exact."""
+    global _hf_class
+    if _hf_class is None:
+        _hf_class = _make_hf_class()
+    return _hf_class()
+
+
+def attach_hf(trainer):
+    """Add memtrack's callback to a built transformers ``Trainer`` and run its
+    ``train``, ``evaluate``, ``predict`` and checkpoint saves inside stages.
+    Returns the callback."""
+    callback = hf_callback()
+    callback.attached = True
+    trainer.add_callback(callback)
+    _wrap_method(trainer, "train", "fit", _hf_step)
+    _wrap_method(trainer, "evaluate", "evaluate", _hf_step)
+    _wrap_method(trainer, "predict", "predict", _hf_step)
+    if not _wrap_method(trainer, "_save_checkpoint", "save", _hf_step):
+        callback.attached = False  # the stages then come from the callbacks
+    return callback
+
+
+# -- PyTorch Lightning --------------------------------------------------------
+
+_lightning_classes = {}
+
+
+def _first_dim(batch):
+    """The leading dimension of a batch: a tensor, or the first tensor of a
+    list, tuple or dict; None when there is none."""
+    for _ in range(4):
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            try:
+                return int(shape[0])
+            except Exception:
+                return None
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()), None)
+        elif isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        else:
+            return None
+    return None
+
+
+def _lightning_batch_size(trainer, batch):
+    loader = getattr(trainer, "train_dataloader", None)
+    size = getattr(loader, "batch_size", None)
+    if isinstance(size, int):
+        return size
+    return _first_dim(batch)
+
+
+def _lightning_step(trainer):
+    return trainer.global_step
+
+
+def _make_lightning_class(module):
+    callback_base = module.Callback
+
+    class MemtrackLightningCallback(callback_base):
+        """memtrack's phases for a Lightning ``Trainer``; see
+        memtrack.frameworks."""
+
+        def __init__(self):
+            super().__init__()
+            self._steps = _Steps()
+            self._stages = _Stages()
+            self._labelled = False
+            self._step_at = 0
+
+        def on_fit_start(self, trainer, pl_module):
+            self._stages.begin("fit", trainer.global_step)
+            announce_mlflow()
+
+        def on_fit_end(self, trainer, pl_module):
+            self._steps.end()
+            self._stages.end("fit")
+
+        def on_exception(self, trainer, pl_module, exception):
+            self._steps.end()
+            self._stages.end_all(exception)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if not self._labelled:
+                self._labelled = True
+                self._steps.labels = batch_labels(
+                    _lightning_batch_size(trainer, batch),
+                    getattr(trainer, "accumulate_grad_batches", None),
+                    getattr(trainer, "world_size", None),
+                    getattr(trainer, "global_rank", None))
+            if self._steps.open_at is None:
+                self._step_at = trainer.global_step
+                self._steps.begin(self._step_at + 1)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            # Under gradient accumulation a step spans several batches: it
+            # ends when the optimizer stepped.
+            if trainer.global_step != self._step_at:
+                self._steps.end()
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            self._steps.end()
+
+        def on_validation_start(self, trainer, pl_module):
+            name = "sanity_check" if getattr(trainer, "sanity_checking", False) else "evaluate"
+            self._stages.begin(name, trainer.global_step)
+
+        def on_validation_end(self, trainer, pl_module):
+            self._stages.end("sanity_check")
+            self._stages.end("evaluate")
+
+        def on_test_start(self, trainer, pl_module):
+            self._stages.begin("test", trainer.global_step)
+
+        def on_test_end(self, trainer, pl_module):
+            self._stages.end("test")
+
+        def on_predict_start(self, trainer, pl_module):
+            self._stages.begin("predict", trainer.global_step)
+
+        def on_predict_end(self, trainer, pl_module):
+            self._stages.end("predict")
+
+        def setup(self, trainer, pl_module, stage):
+            _wrap_method(trainer, "save_checkpoint", "save", _lightning_step)
+
+    return MemtrackLightningCallback
+
+
+def _lightning_module():
+    """``lightning.pytorch`` when importable and already in use, else
+    ``pytorch_lightning``."""
+    import sys
+
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        if name in sys.modules:
+            return sys.modules[name]
+    try:
+        import lightning.pytorch as module
+    except ImportError:
+        import pytorch_lightning as module
+    return module
+
+
+def lightning_callback(module=None):
+    """A new Lightning ``Callback`` marking memtrack's phases (ImportError
+    without Lightning). ``module`` is ``lightning.pytorch`` or
+    ``pytorch_lightning`` (default: whichever the job imported)."""
+    module = module or _lightning_module()
+    key = module.__name__
+    cls = _lightning_classes.get(key)
+    if cls is None:
+        cls = _lightning_classes[key] = _make_lightning_class(module)
+    return cls()
+
+
+def attach_lightning(trainer, module=None):
+    """Add memtrack's callback to a built Lightning ``Trainer``; returns it."""
+    callback = lightning_callback(module)
+    trainer.callbacks.append(callback)
+    _wrap_method(trainer, "save_checkpoint", "save", _lightning_step)
+    return callback

@@ -1,0 +1,61 @@
+//! The run's figures into MLflow once its document is written (see
+//! `export::mlflow`): off unless a tracking server is configured.
+
+use crate::config::Config;
+use crate::export::mlflow::{self, Settings};
+use crate::model::RunInfo;
+
+/// The MLflow settings, read before anything starts: a tracking URI that
+/// cannot be used refuses the run rather than losing its report.
+pub(super) fn settings(config: &Config) -> anyhow::Result<Option<Settings>> {
+    Ok(mlflow::resolve(&config.mlflow, &|v| std::env::var(v).ok())?)
+}
+
+/// Puts the finished run into MLflow within `finish_timeout`; true when
+/// that failed (the local file is kept either way).
+pub(super) fn finish(
+    runtime: &tokio::runtime::Runtime,
+    settings: Option<Settings>,
+    config: &Config,
+    document: &std::path::Path,
+    written: bool,
+    run: &RunInfo,
+    job_failed: bool,
+) -> bool {
+    let Some(settings) = settings else {
+        return false;
+    };
+    if !written {
+        tracing::error!("MLflow: nothing to report, memory_usage.json was not written");
+        return true;
+    }
+    let work = mlflow::export(&settings, document, &run.name, job_failed);
+    match runtime.block_on(async { tokio::time::timeout(config.finish_timeout, work).await }) {
+        Ok(Ok(done)) => {
+            tracing::info!(
+                "MLflow: {} memory values logged into run {} at {}",
+                done.metrics,
+                done.run_id,
+                settings.uri
+            );
+            if let Some(why) = done.artifact_skipped {
+                tracing::warn!(
+                    "MLflow: memory_usage.json not attached to run {}: {why}",
+                    done.run_id
+                );
+            }
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::error!("MLflow: the report failed: {e}; memory_usage.json is kept locally");
+            true
+        }
+        Err(_) => {
+            tracing::error!(
+                "MLflow: no answer within finish_timeout ({}); memory_usage.json is kept locally",
+                humantime::format_duration(config.finish_timeout)
+            );
+            true
+        }
+    }
+}

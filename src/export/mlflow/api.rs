@@ -1,0 +1,203 @@
+//! The few MLflow REST calls memtrack makes: `runs/create`, `runs/get`,
+//! `runs/log-batch`, `runs/update`, and the artifact proxy's `PUT`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// One metric value as `runs/log-batch` takes it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Metric {
+    pub key: &'static str,
+    pub value: f64,
+    /// Unix milliseconds.
+    pub timestamp: i64,
+    pub step: i64,
+}
+
+/// Why the MLflow export failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MlflowError {
+    #[error("{0}")]
+    Config(String),
+    #[error("MLflow {call}: {why}")]
+    Call { call: String, why: String },
+}
+
+/// A client for one tracking server.
+#[derive(Debug, Clone)]
+pub struct Api {
+    client: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    pub fn new(base: &str, timeout: Duration) -> Result<Api, MlflowError> {
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .user_agent(format!("memtrack-{}", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| MlflowError::Config(format!("cannot make an HTTP client: {e}")))?;
+        Ok(Api {
+            client,
+            base: base.to_string(),
+        })
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, MlflowError> {
+        let url = format!("{}/api/2.0/mlflow/{path}", self.base);
+        let mut request = self.client.request(method, &url);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let failed = |why: String| MlflowError::Call {
+            call: path.to_string(),
+            why,
+        };
+        let response = request.send().await.map_err(|e| failed(e.to_string()))?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| failed(e.to_string()))?;
+        if !status.is_success() {
+            let mut text = text;
+            text.truncate(500);
+            return Err(failed(format!("HTTP {status}: {text}")));
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Creates a run in `experiment`; returns its id.
+    pub async fn create_run(
+        &self,
+        experiment: &str,
+        name: &str,
+        memtrack_id: &str,
+    ) -> Result<String, MlflowError> {
+        let body = json!({
+            "experiment_id": experiment,
+            "run_name": name,
+            "start_time": now_ms(),
+            "tags": [
+                {"key": "mlflow.runName", "value": name},
+                {"key": "mlflow.source.name", "value": "memtrack"},
+                {"key": "memtrack.run_id", "value": memtrack_id},
+            ],
+        });
+        let reply = self
+            .call(reqwest::Method::POST, "runs/create", Some(body))
+            .await?;
+        reply["run"]["info"]["run_id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| MlflowError::Call {
+                call: "runs/create".into(),
+                why: "the reply names no run".into(),
+            })
+    }
+
+    pub async fn log_batch(&self, run_id: &str, metrics: &[Metric]) -> Result<(), MlflowError> {
+        let body = json!({"run_id": run_id, "metrics": metrics});
+        self.call(reqwest::Method::POST, "runs/log-batch", Some(body))
+            .await?;
+        Ok(())
+    }
+
+    /// Ends a run memtrack created: FINISHED, or FAILED.
+    pub async fn end_run(&self, run_id: &str, failed: bool) -> Result<(), MlflowError> {
+        let status = if failed { "FAILED" } else { "FINISHED" };
+        let body = json!({"run_id": run_id, "status": status, "end_time": now_ms()});
+        self.call(reqwest::Method::POST, "runs/update", Some(body))
+            .await?;
+        Ok(())
+    }
+
+    /// The run's artifact folder as the proxy's path (`Ok`), or why the
+    /// run's artifacts are not served by the tracking server (`Err`).
+    pub async fn artifact_path(&self, run_id: &str) -> Result<Result<String, String>, MlflowError> {
+        let reply = self
+            .call(
+                reqwest::Method::GET,
+                &format!("runs/get?run_id={run_id}"),
+                None,
+            )
+            .await?;
+        let uri = reply["run"]["info"]["artifact_uri"]
+            .as_str()
+            .unwrap_or_default();
+        Ok(proxy_path(uri).ok_or_else(|| {
+            format!("the run's artifact store `{uri}` is not the tracking server's proxy (mlflow-artifacts:)")
+        }))
+    }
+
+    pub async fn put_artifact(
+        &self,
+        dir: &str,
+        name: &str,
+        body: Vec<u8>,
+    ) -> Result<(), MlflowError> {
+        let url = format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{dir}/{name}",
+            self.base
+        );
+        let failed = |why: String| MlflowError::Call {
+            call: format!("artifact upload of {name}"),
+            why,
+        };
+        let response = self
+            .client
+            .put(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let status = response.status();
+        if !status.is_success() {
+            let mut text = response.text().await.unwrap_or_default();
+            text.truncate(500);
+            return Err(failed(format!("HTTP {status}: {text}")));
+        }
+        Ok(())
+    }
+}
+
+/// `mlflow-artifacts:/0/abc/artifacts` (or with `//host:port`) → `0/abc/artifacts`.
+fn proxy_path(uri: &str) -> Option<String> {
+    let rest = uri.strip_prefix("mlflow-artifacts:")?;
+    let rest = match rest.strip_prefix("//") {
+        Some(authority_and_path) => authority_and_path.split_once('/').map_or("", |(_, p)| p),
+        None => rest,
+    };
+    let path = rest.trim_matches('/');
+    (!path.is_empty() && !path.split('/').any(|s| s == "..")).then(|| path.to_string())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_paths() {
+        assert_eq!(
+            proxy_path("mlflow-artifacts:/0/ab/artifacts").as_deref(),
+            Some("0/ab/artifacts")
+        );
+        assert_eq!(
+            proxy_path("mlflow-artifacts://127.0.0.1:5000/1/ab/artifacts").as_deref(),
+            Some("1/ab/artifacts")
+        );
+        assert_eq!(proxy_path("s3://bucket/x"), None);
+        assert_eq!(proxy_path("mlflow-artifacts:/../x"), None);
+    }
+}

@@ -1,0 +1,195 @@
+"""The real libraries on CPU under `memtrack run`, with no memtrack code in
+the jobs: the automatic hooks give Hugging Face and Lightning trainers
+step spans, evaluation, checkpoint and fit stages and batch-size labels;
+MLflow gets the memory figures and the artifact; a framework that is not
+the expected one leaves the job running and is said once; an uncaught
+MemoryError is reported before the job dies.
+
+Run with the Python that has torch, transformers, lightning and mlflow
+(scripts/test makes that venv)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import JOBS, job_env, run_memtrack, stages, step_spans, events
+
+STEPS = 20
+BATCH = 4
+ACCUM = 2
+
+
+def _check_training(doc, proc):
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    spans = step_spans(doc)
+    assert [i for i, _ in spans] == list(range(1, STEPS + 1))
+    for _, labels in spans:
+        assert labels == {"batch_size": str(BATCH), "grad_accum": str(ACCUM),
+                          "rank": "0", "world_size": "1"}
+    ends = [e.get("iteration") for e in events(doc)
+            if e["component"] == "train" and e["operation"] == "after_step"]
+    assert ends == list(range(1, STEPS + 1))
+    fit = stages(doc, "fit")
+    assert len(fit) == 1 and fit[0]["status"] == "SUCCESS"
+    # Evaluation and a checkpoint every 10 steps, each at its global step.
+    for name in ("evaluate", "save"):
+        found = stages(doc, name)
+        assert [s["labels"]["global_step"] for s in found] == ["10", "20"], (name, found)
+        assert all(s["status"] == "SUCCESS" for s in found)
+    for trouble in ("not the one memtrack knows", "cannot add memtrack", "hooks not installed", "cannot hook"):
+        assert trouble not in proc.stderr, proc.stderr[-4000:]
+
+
+def test_hugging_face_trainer_gets_phases_without_code(tmp_path):
+    doc, proc = run_memtrack(tmp_path, [os.path.join(JOBS, "hf_job.py"), str(tmp_path / "ckpt"),
+                                        str(STEPS), str(BATCH), str(ACCUM)])
+    _check_training(doc, proc)
+    assert [s["labels"]["global_step"] for s in stages(doc, "predict")] == [str(STEPS)]
+    assert "job finished %d" % STEPS in proc.stdout
+
+
+def test_lightning_trainer_gets_phases_without_code(tmp_path):
+    doc, proc = run_memtrack(tmp_path, [os.path.join(JOBS, "lightning_job.py"), str(tmp_path / "ckpt"),
+                                        str(STEPS), str(BATCH), str(ACCUM)])
+    _check_training(doc, proc)
+    assert len(stages(doc, "sanity_check")) == 1
+    assert "job finished %d" % STEPS in proc.stdout
+
+
+def test_switched_off_the_job_runs_bare(tmp_path):
+    env = job_env(MEMTRACK_AUTO_HOOKS="0")
+    doc, proc = run_memtrack(tmp_path, [os.path.join(JOBS, "lightning_job.py"), str(tmp_path / "ckpt"),
+                                        "4", str(BATCH), "1"], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert step_spans(doc) == [] and doc["stages"] == []
+    (tmp_path / "flag").mkdir()
+    doc, proc = run_memtrack(tmp_path / "flag", [os.path.join(JOBS, "lightning_job.py"),
+                                                 str(tmp_path / "ckpt2"), "4", str(BATCH), "1"],
+                             flags=["--no-auto-hooks"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert step_spans(doc) == [] and doc["stages"] == []
+
+
+def test_a_trainer_memtrack_does_not_know_leaves_the_job_alone(tmp_path):
+    """A fake `transformers` whose Trainer takes no callbacks: the job runs
+    to its end, and memtrack says why once (two trainers, one line)."""
+    fake = tmp_path / "fake"
+    (fake / "transformers").mkdir(parents=True)
+    (fake / "transformers" / "__init__.py").write_text("__version__ = '0.0.1'\nfrom .trainer import Trainer\n")
+    (fake / "transformers" / "trainer.py").write_text(
+        "class Trainer:\n"
+        "    def __init__(self, model):\n"
+        "        self.model = model\n"
+        "    def train(self):\n"
+        "        return 'trained ' + self.model\n")
+    job = tmp_path / "job.py"
+    job.write_text("from transformers import Trainer\n"
+                   "print(Trainer('a').train(), Trainer('b').train())\n")
+    (tmp_path / "usersite").mkdir()
+    # The user's own sitecustomize still runs (memtrack's chains to it).
+    (tmp_path / "usersite" / "sitecustomize.py").write_text("import builtins\nbuiltins.USER_SITE_RAN = True\n")
+    job.write_text(job.read_text() + "import builtins\nprint('user site', getattr(builtins, 'USER_SITE_RAN', False))\n")
+    env = job_env(PYTHONPATH="%s:%s" % (fake, tmp_path / "usersite"))
+    doc, proc = run_memtrack(tmp_path, [str(job)], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "trained a trained b" in proc.stdout
+    assert "user site True" in proc.stdout
+    said = [line for line in proc.stderr.splitlines() if "not the one memtrack knows" in line]
+    assert len(said) == 1, proc.stderr
+    assert "transformers 0.0.1" in said[0] and "add_callback" in said[0]
+
+
+def test_an_uncaught_memory_error_is_reported_before_the_job_dies(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("raise MemoryError('cannot allocate 1 TiB')\n")
+    doc, proc = run_memtrack(tmp_path, [str(job)])
+    assert proc.returncode == 1
+    assert "MemoryError: cannot allocate 1 TiB" in proc.stderr  # Python's own report still runs
+    oom = [e for e in events(doc) if (e["component"], e["operation"]) == ("host", "out_of_memory")]
+    assert len(oom) == 1, events(doc)
+    assert "cannot allocate 1 TiB" in oom[0]["labels"]["error"]
+
+
+# -- MLflow -------------------------------------------------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    base = "http://127.0.0.1:%d" % port
+    log = open(tmp_path / "mlflow.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--backend-store-uri", "sqlite:///%s" % (tmp_path / "mlflow.db"),
+         "--artifacts-destination", str(tmp_path / "artifacts")],
+        stdout=log, stderr=subprocess.STDOUT, env=job_env(), cwd=str(tmp_path))
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2).read()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("mlflow server did not start:\n" + (tmp_path / "mlflow.log").read_text()[-4000:])
+                time.sleep(0.5)
+        yield base
+    finally:
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def test_mlflow_gets_the_memory_figures_and_the_artifact(tmp_path, mlflow_server):
+    env = job_env(MLFLOW_TRACKING_URI=mlflow_server)
+    doc, proc = run_memtrack(tmp_path, [os.path.join(JOBS, "hf_job.py"), str(tmp_path / "ckpt"),
+                                        "12", str(BATCH), "1"], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    req = urllib.request.Request(mlflow_server + "/api/2.0/mlflow/runs/search",
+                                 data=json.dumps({"experiment_ids": ["0"]}).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        runs = json.load(r)["runs"]
+    assert len(runs) == 1, runs
+    run = runs[0]
+    assert run["info"]["status"] == "FINISHED"
+    run_id = run["info"]["run_id"]
+    keys = {m["key"] for m in run["data"]["metrics"]}
+    assert {"memtrack/host_mb", "memtrack/peak_host_mb"} <= keys
+    history = _get(mlflow_server + "/api/2.0/mlflow/metrics/get-history?run_id=%s"
+                   "&metric_key=memtrack/host_mb&max_results=100000" % run_id)["metrics"]
+    samples = doc["detailed_log"]
+    # Every sample, at the last iteration seen (MLflow keeps one of equal values).
+    expected, step = set(), 0
+    for e in samples:
+        step = e.get("iteration", step)
+        expected.add((int(e["timestamp"] * 1000), step, e["cpu_ram_used_mb"]))
+    assert {(m["timestamp"], m["step"], m["value"]) for m in history} == expected
+    # The job's iteration axis: every step span's iteration is a step there.
+    assert set(range(1, 13)) <= {m["step"] for m in history}
+    peak = [m for m in run["data"]["metrics"] if m["key"] == "memtrack/peak_host_mb"][0]["value"]
+    assert peak >= max(e["cpu_ram_used_mb"] for e in samples) > 0
+    files = _get(mlflow_server + "/api/2.0/mlflow/artifacts/list?run_id=%s" % run_id).get("files", [])
+    assert [f["path"] for f in files] == ["memory_usage.json"]
+    with urllib.request.urlopen(mlflow_server + "/get-artifact?path=memory_usage.json&run_uuid=%s" % run_id,
+                                timeout=10) as r:
+        assert json.load(r)["run"]["id"] == doc["run"]["id"]
