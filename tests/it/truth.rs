@@ -16,7 +16,7 @@ use crate::common::*;
 
 /// Stdlib Python shared by the jobs: `truth(pids)` counts distinct PFNs;
 /// `steady(pids, hold)` counts, holds, counts again and writes a window
-/// when both counts agree within 1 %.
+/// when both counts agree within 3 % (counting itself allocates).
 const PRELUDE: &str = r#"
 import os, sys, struct, time, mmap
 OUT = sys.argv[1]
@@ -56,7 +56,7 @@ def steady(pids, hold=2.5):
     t0 = time.time(); a = truth(pids)
     time.sleep(hold)
     b = truth(pids); t1 = time.time()
-    if abs(a - b) <= 0.01 * max(a, b):
+    if abs(a - b) <= 0.03 * max(a, b):
         with open(OUT, 'a') as f: f.write(f'{t0} {t1} {(a + b) // 2}\n')
 def hold_then_exit(sec):
     time.sleep(sec); os._exit(0)
@@ -160,8 +160,14 @@ fn root_or_explained() -> bool {
     }
 }
 
+/// One job at a time: each counts every page of its processes in Python,
+/// which takes a core; two at once on a 2-core machine would starve the
+/// budgeted passes they are compared with.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs `job` under memtrack; returns the document and the job's windows.
 fn run_job(job: &str, extra_args: &[&str], job_args: &[&Path]) -> (Document, Vec<(f64, f64, f64)>) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out_dir = scratch();
     let windows = out_dir.path().join("windows");
     let script = format!("{PRELUDE}\n{job}");
@@ -169,6 +175,11 @@ fn run_job(job: &str, extra_args: &[&str], job_args: &[&Path]) -> (Document, Vec
         memtrack()
             .args(["run", "--interval", "100ms", "--listen", "off", "--output"])
             .arg(out_dir.path().join("runs"))
+            // The test binary is a debug build, whose page loop is several
+            // times slower than a release build's: a larger budget gives it
+            // the pass rate a release build has at the default (the budget
+            // itself is measured on a release build by bench/budget).
+            .env("MEMTRACK_HOST_PSS_BUDGET", "0.1")
             .args(extra_args)
             .arg("--")
             .args([python3(), "-c", &script])
@@ -218,6 +229,14 @@ fn pages_job(name: &str, job: &str, args: &[&Path]) -> Document {
     let host = doc.host.as_ref().expect("host");
     assert_eq!(host.source, HostSource::Pages, "{host:?}");
     check_windows(&doc, &windows, name);
+    // The run's peak is the largest count the job saw (each job holds its
+    // most inside a window).
+    let most = windows.iter().map(|w| w.2).fold(0.0, f64::max);
+    let peak = doc.peak_usage.cpu_ram_used_mb;
+    assert!(
+        (peak - most).abs() <= 0.05 * most,
+        "{name}: peak {peak:.1} MiB vs {most:.1} MiB of distinct pages"
+    );
     doc
 }
 
@@ -276,4 +295,40 @@ fn workers_restarting_each_epoch_neither_spike_nor_dip() {
     let lo = peaks.iter().copied().fold(f64::MAX, f64::min);
     let hi = peaks.iter().copied().fold(0.0, f64::max);
     assert!((hi - lo) <= 0.03 * hi, "rerun peaks {peaks:?}");
+}
+
+/// A root job that moves itself out of the cgroup memtrack made for it
+/// (`echo $$ > …/cgroup.procs` of the parent) keeps holding its memory:
+/// the headline must not fall, and `host.earlier` says what happened.
+const ESCAPE: &str = r#"
+b = bytearray(300 << 20); touch(b)
+time.sleep(1.0)
+steady([os.getpid()], hold=1.0)
+mine = [l for l in open('/proc/self/cgroup') if ':memory:' in l][0].split(':', 2)[2].strip()
+parent = os.path.dirname(mine)
+open(f'/sys/fs/cgroup/memory{parent}/cgroup.procs', 'w').write(str(os.getpid()))
+time.sleep(3.0)
+steady([os.getpid()], hold=2.0)
+"#;
+
+#[test]
+fn a_job_leaving_memtracks_cgroup_does_not_shrink_the_headline() {
+    if !root_or_explained() {
+        return;
+    }
+    if memtrack::sample::footprint::job_cgroup(Path::new("/proc"), "probe")
+        .map(|c| c.remove())
+        .is_err()
+    {
+        panic!("this test needs the cgroup v1 memory controller memtrack creates cgroups in");
+    }
+    let (doc, windows) = run_job(ESCAPE, &[], &[]);
+    assert_eq!(windows.len(), 2, "{windows:?}");
+    check_windows(&doc, &windows, "escape");
+    let host = doc.host.as_ref().expect("host");
+    assert!(
+        host.reason.contains("outside")
+            || host.earlier.iter().any(|e| e.reason.contains("outside")),
+        "the move out of the cgroup is on record: {host:#?}"
+    );
 }
