@@ -332,3 +332,130 @@ fn a_job_leaving_memtracks_cgroup_does_not_shrink_the_headline() {
         "the move out of the cgroup is on record: {host:#?}"
     );
 }
+
+/// Holds 150 MiB for a moment, lets go, says so, and waits to be told to
+/// end (argv[1]: a folder for the two flag files).
+const ONE_PEAK: &str = r#"
+import os, sys, time
+d = sys.argv[1]
+b = bytearray(150 << 20)
+for i in range(0, len(b), 4096): b[i] = 1
+time.sleep(1.0)
+del b
+time.sleep(0.5)
+open(os.path.join(d, 'ready'), 'w').close()
+for _ in range(1200):
+    if os.path.exists(os.path.join(d, 'go')): break
+    time.sleep(0.05)
+"#;
+
+/// The value of a `/metrics` line with `label` on the metric `name`.
+fn metric(page: &str, name: &str, label: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn the_end_line_report_plot_json_and_metrics_give_one_peak() {
+    let dir = scratch();
+    let flags = dir.path().join("flags");
+    std::fs::create_dir(&flags).expect("flags folder");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let child = memtrack()
+        .args(["run", "--interval", "100ms", "--listen"])
+        .arg(addr.to_string())
+        .arg("--output")
+        .arg(dir.path().join("runs"))
+        .args(["--", python3(), "-c", ONE_PEAK])
+        .arg(&flags)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("memtrack");
+    wait_for("the job's peak to pass", Duration::from_secs(60), || {
+        flags.join("ready").exists()
+    });
+    // The metrics of the live run, once a sample after the peak is in.
+    let sampled_name = "figure=\"cpu_ram_used\"";
+    let mut page = String::new();
+    wait_for("the peak on /metrics", Duration::from_secs(30), || {
+        page = http_request(addr, "GET", "/metrics").1;
+        metric(&page, "memtrack_peak_memory_bytes", sampled_name).is_some_and(|v| v > 100.0 * MIB)
+    });
+    std::fs::write(flags.join("go"), "").expect("go");
+    let out = child.wait_with_output().expect("memtrack ends");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (run_dir, doc) = only_document(&dir.path().join("runs"));
+
+    let sampled = doc.peak_usage.cpu_ram_used_mb;
+    let between = sampled.max(doc.peak_usage.cpu_ram_hwm_mb);
+    let one = |v: f64| format!("{v:.1}");
+    // The end line.
+    let log = stderr(&out);
+    let end = log
+        .lines()
+        .find(|l| l.contains("ended: peak host RAM"))
+        .unwrap_or_else(|| panic!("no end line:\n{log}"));
+    assert!(
+        end.contains(&format!(
+            "peak host RAM {} MiB sampled, {} MiB between samples",
+            one(sampled),
+            one(between)
+        )),
+        "{end} vs JSON {sampled} / {between}"
+    );
+    // The summary is the between-samples peak.
+    assert_eq!(one(doc.summary.peak_host_ram_mb), one(between));
+    // /metrics, scraped live.
+    let m_sampled =
+        metric(&page, "memtrack_peak_memory_bytes", sampled_name).expect("sampled") / MIB;
+    let m_between = metric(
+        &page,
+        "memtrack_peak_memory_bytes",
+        "figure=\"cpu_ram_hwm\"",
+    )
+    .expect("between")
+        / MIB;
+    assert_eq!(one(m_sampled), one(sampled), "{page}");
+    assert_eq!(one(m_between.max(m_sampled)), one(between), "{page}");
+    // The report's peaks table.
+    let report = run_to_end(
+        memtrack().arg("report").arg(&run_dir),
+        Duration::from_secs(30),
+    );
+    let text = String::from_utf8_lossy(&report.stdout).into_owned();
+    let row = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Peaks"))
+        .find(|l| l.trim_start().starts_with("run "))
+        .unwrap_or_else(|| panic!("no run row:\n{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        &cells[1..5],
+        [one(sampled).as_str(), "MiB", one(between).as_str(), "MiB"],
+        "{row}"
+    );
+    // The plot's header.
+    let svg = dir.path().join("plot.svg");
+    let plotted = run_to_end(
+        memtrack().arg("plot").arg(&run_dir).arg("-o").arg(&svg),
+        Duration::from_secs(60),
+    );
+    assert_eq!(plotted.status.code(), Some(0), "{}", stderr(&plotted));
+    let drawn = std::fs::read_to_string(&svg).expect("svg");
+    let header = if between > sampled {
+        format!(
+            "host peak {} MiB sampled, {} MiB between samples",
+            one(sampled),
+            one(between)
+        )
+    } else {
+        format!("host peak {} MiB sampled", one(sampled))
+    };
+    assert!(drawn.contains(&header), "no `{header}` in the plot");
+}
