@@ -63,6 +63,9 @@ pub struct Own {
     base: Option<i128>,
     /// Its file and shared-memory bytes when `base` was set.
     shared_at_base: u64,
+    /// The pages the last pass found first in this process (processes are
+    /// read parents first, so a worker's are those its parent lacks).
+    pass_own: u64,
     rss: u64,
     anon: u64,
 }
@@ -234,7 +237,9 @@ impl CostReader {
         if pages_due && !(self.last_was_pages && self.own_due(now, tree)) {
             let fresh = !self.pages.running;
             if fresh {
+                // Parents (older, lower PIDs as a rule) first.
                 self.pages.todo = tree.iter().filter(|v| v.rss > 0).map(|v| v.pid).collect();
+                self.pages.todo.sort_unstable();
                 self.pages.running = true;
                 self.pages.urgent = false;
                 self.pages.exits_during.clear();
@@ -287,9 +292,9 @@ impl CostReader {
             return;
         };
         let c = o.contribution();
-        // What it wrote since it was counted is its own, and so is its
-        // last USS (read perhaps before it wrote): the larger of the two.
-        let private = c
+        // Its own pages: those the pass found first in it and what it wrote
+        // since, or its last USS (read perhaps before it wrote) if larger.
+        let private = (i128::from(o.pass_own) + c.max(0))
             .max(o.uss.map_or(0, i128::from))
             .min(i128::from(o.rss.max(o.anon)));
         self.pages.exits += c - private;
@@ -348,6 +353,7 @@ impl CostReader {
             if let Some(o) = self.own.get_mut(&s.pid) {
                 o.base = Some(s.anon as i128);
                 o.shared_at_base = s.rss.saturating_sub(s.anon);
+                o.pass_own = s.first_seen;
             }
         }
         self.pages.total = Some(p.bytes);

@@ -84,8 +84,8 @@ pub struct Scratch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
     pub pid: u32,
-    /// Its resident and anonymous resident bytes (`statm`) just before
-    /// its pages were read: what carries its figure forward after.
+    /// Its resident and anonymous resident bytes (`statm`) just after its
+    /// pages were read: what carries its figure forward after.
     pub rss: u64,
     pub anon: u64,
     /// Pages of this process no process read before it had (bytes).
@@ -248,7 +248,12 @@ fn read_process(
             page += (got / 8) as u64;
         }
     }
-    Ok(Some((rss, anon)))
+    // The figure is carried forward from what `statm` says after the pages
+    // were read: memory the process took while they were read is then
+    // counted once (by the pass, or not until the next one), never twice.
+    let statm = std::fs::read_to_string(dir.join("statm"))?;
+    let after = parse_statm_anon(&statm, page_size).map_err(io::Error::other)?;
+    Ok(Some(if after.0 == 0 { (rss, anon) } else { after }))
 }
 
 #[cfg(test)]

@@ -286,8 +286,6 @@ impl ProcTree {
     pub fn cost(&self) -> &CostReader {
         &self.cost
     }
-
-    /// The reads off the sampling thread, to turn page counting on.
     pub fn cost_mut(&mut self) -> &mut CostReader {
         &mut self.cost
     }
@@ -378,13 +376,11 @@ impl ProcTree {
                     pid,
                     rss: m.rss,
                     anon: m.anon,
-                    // A fork's pages are its parent's until it writes:
-                    // its anonymous memory beyond its parent's is its own.
-                    parent_anon: if m.forked {
-                        self.members.get(&m.ppid).map(|p| p.anon)
-                    } else {
-                        None
-                    },
+                    // A fork's pages are its parent's until it writes.
+                    parent_anon: m
+                        .forked
+                        .then(|| self.members.get(&m.ppid).map(|p| p.anon))
+                        .flatten(),
                 }),
         );
         self.cost.update(now, &self.views, &departed);
@@ -393,8 +389,7 @@ impl ProcTree {
             if !m.read_ok {
                 continue;
             }
-            // Σ Pss mode reads every process on this thread; otherwise
-            // the reader thread's figures.
+            // Σ Pss mode reads them on this thread, else the reader thread.
             let own = self.cost.own(pid).filter(|_| self.pss_budget.is_none());
             out.processes.push(Reading {
                 pid,
