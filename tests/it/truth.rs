@@ -422,7 +422,12 @@ fn the_end_line_report_plot_json_and_metrics_give_one_peak() {
     .expect("between")
         / MIB;
     assert_eq!(one(m_sampled), one(sampled), "{page}");
-    assert_eq!(one(m_between.max(m_sampled)), one(between), "{page}");
+    // The job's exact peak from wait4 arrives when it is reaped, after
+    // this scrape: it can only raise the between-samples peak.
+    assert!(
+        m_between.max(m_sampled) <= between + 0.05,
+        "{m_between} vs {between}\n{page}"
+    );
     // The report's peaks table.
     let report = run_to_end(
         memtrack().arg("report").arg(&run_dir),
