@@ -106,7 +106,8 @@ pub struct DaemonArgs {
     pub no_smaps: bool,
     /// Source of the tree's host figure: auto (as root the distinct pages,
     /// else a memory cgroup holding only the job, else the Pss sum), pages,
-    /// pss, or rss (counts shared pages once per process) (default: auto)
+    /// cgroup, pss, or rss (counts shared pages once per process) (default:
+    /// auto)
     #[arg(long, value_name = "SOURCE")]
     pub host_source: Option<String>,
     /// How often memory_usage.json is rewritten during the run (default: 30s)

@@ -15,10 +15,12 @@
 //!   tree already had — a library, a `share_memory_()` tensor — so they
 //!   wait for the next pass, which a rise of them makes due at once);
 //! - a process forked since (same command line as its parent) adds its
-//!   anonymous growth since it joined: a fork shares its parent's pages
-//!   and adds none until it writes;
-//! - any other new process (a spawned or exec'd one) adds its RSS when it
-//!   joined, then its anonymous growth;
+//!   anonymous memory beyond its parent's: a fork shares its parent's
+//!   pages and adds none until it writes (it may have written before it
+//!   was first seen, so its own first reading is no baseline);
+//! - any other new process (a spawned or exec'd one) adds its anonymous
+//!   memory (its file and shared pages — libraries the tree mostly holds
+//!   already — wait for the next pass, due at once);
 //! - a process that left takes only its own pages (its last USS) with it:
 //!   the pages it shared stay with the others, so the figure does not dip.
 
@@ -42,8 +44,9 @@ pub struct View {
     pub pid: u32,
     pub rss: u64,
     pub anon: u64,
-    /// Forked from a followed process without exec.
-    pub forked: bool,
+    /// Forked from a followed process without exec: that process's
+    /// anonymous bytes now.
+    pub parent_anon: Option<u64>,
 }
 
 /// What is known of one process's cost.
@@ -60,6 +63,9 @@ pub struct Own {
     base: Option<i128>,
     /// Its file and shared-memory bytes when `base` was set.
     shared_at_base: u64,
+    /// The pages the last pass found first in this process (processes are
+    /// read parents first, so a worker's are those its parent lacks).
+    pass_own: u64,
     rss: u64,
     anon: u64,
 }
@@ -93,7 +99,8 @@ struct Pages {
     /// The pass under way: processes still to read.
     todo: Vec<u32>,
     running: bool,
-    /// Departures while the pass runs: applied at its end to those it read.
+    /// Departures while the pass runs, with their own pages: taken off the
+    /// pass's count at its end for those it read.
     exits_during: Vec<(u32, i128)>,
     urgent: bool,
     committed_at: Option<Instant>,
@@ -201,12 +208,15 @@ impl CostReader {
             o.anon = v.anon;
             let shared = v.rss.saturating_sub(v.anon);
             if o.base.is_none() && v.rss > 0 {
-                o.base = Some(if v.forked {
-                    v.anon as i128
-                } else {
-                    v.anon as i128 - v.rss as i128
-                });
-                o.shared_at_base = shared;
+                // A fork adds what it writes from now on; any other new
+                // process its anonymous memory. Their file and shared
+                // pages (libraries the tree has loaded already, as a
+                // rule) wait for a pass.
+                o.base = Some(v.parent_anon.map_or(0, |p| p.min(v.anon) as i128));
+                o.shared_at_base = if v.parent_anon.is_some() { shared } else { 0 };
+                if shared > o.shared_at_base + SHARED_RISE {
+                    self.pages.urgent = true;
+                }
             } else if shared > o.shared_at_base + SHARED_RISE {
                 self.pages.urgent = true;
             }
@@ -227,7 +237,9 @@ impl CostReader {
         if pages_due && !(self.last_was_pages && self.own_due(now, tree)) {
             let fresh = !self.pages.running;
             if fresh {
+                // Parents (older, lower PIDs as a rule) first.
                 self.pages.todo = tree.iter().filter(|v| v.rss > 0).map(|v| v.pid).collect();
+                self.pages.todo.sort_unstable();
                 self.pages.running = true;
                 self.pages.urgent = false;
                 self.pages.exits_during.clear();
@@ -280,13 +292,16 @@ impl CostReader {
             return;
         };
         let c = o.contribution();
-        let private = o
-            .uss
-            .map_or(c.max(0), |u| i128::from(u.min(o.rss.max(o.anon))));
-        let change = c - private;
-        self.pages.exits += change;
+        // Its own pages: those the pass found first in it and what it wrote
+        // since, or its last USS (read perhaps before it wrote) if larger.
+        let private = (i128::from(o.pass_own) + c.max(0))
+            .max(o.uss.map_or(0, i128::from))
+            .min(i128::from(o.rss.max(o.anon)));
+        self.pages.exits += c - private;
         if self.pages.running {
-            self.pages.exits_during.push((pid, change));
+            // If the pass under way read it, its own pages are in that
+            // pass's count: they leave it when the pass is committed.
+            self.pages.exits_during.push((pid, -private));
         }
     }
 
@@ -338,6 +353,7 @@ impl CostReader {
             if let Some(o) = self.own.get_mut(&s.pid) {
                 o.base = Some(s.anon as i128);
                 o.shared_at_base = s.rss.saturating_sub(s.anon);
+                o.pass_own = s.first_seen;
             }
         }
         self.pages.total = Some(p.bytes);
@@ -381,7 +397,7 @@ mod tests {
             pid,
             rss: rss * M,
             anon: anon * M,
-            forked,
+            parent_anon: forked.then_some(480 * M),
         }
     }
 
@@ -396,9 +412,10 @@ mod tests {
         r.update(now, &[view(1, 500, 480, false)], &[]);
         assert_eq!(
             used(&r, now),
-            500,
-            "before any pass: a new process counts its RSS"
+            480,
+            "before any pass: a new process counts its anonymous memory"
         );
+        assert!(r.pages.urgent, "its shared pages make a pass due");
         // A pass finds 400 MiB of distinct pages.
         r.pages.running = true;
         r.pages.todo = vec![1];
@@ -439,6 +456,11 @@ mod tests {
         );
         r.update(now, &[view(1, 500, 480, false)], &[2]);
         assert_eq!(used(&r, now), 400, "no dip: the shared pages stay");
+        // A fork first seen after it wrote 30 MiB counts them.
+        let tree = [view(1, 500, 480, false), view(3, 530, 510, true)];
+        r.update(now, &tree, &[]);
+        assert_eq!(used(&r, now), 430, "what it wrote before it was seen");
+        r.update(now, &[view(1, 500, 480, false)], &[3]);
         // The parent frees 100 MiB.
         r.update(now, &[view(1, 400, 380, false)], &[]);
         assert_eq!(used(&r, now), 300);

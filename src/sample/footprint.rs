@@ -41,6 +41,8 @@ pub enum SourceChoice {
     Auto,
     /// The tree's distinct pages (root), else the best other source.
     Pages,
+    /// A memory cgroup holding only the job, else Σ Pss (no page count).
+    Cgroup,
     /// Σ Pss even where a cgroup could be had.
     Pss,
     /// The plain RSS sum (overcounts shared pages).
@@ -53,10 +55,11 @@ impl std::str::FromStr for SourceChoice {
         match s {
             "auto" => Ok(SourceChoice::Auto),
             "pages" => Ok(SourceChoice::Pages),
+            "cgroup" => Ok(SourceChoice::Cgroup),
             "pss" => Ok(SourceChoice::Pss),
             "rss" => Ok(SourceChoice::Rss),
             other => Err(format!(
-                "unknown host source `{}`: expected auto, pages, pss or rss",
+                "unknown host source `{}`: expected auto, pages, cgroup, pss or rss",
                 other.escape_debug()
             )),
         }
@@ -155,7 +158,7 @@ impl FootprintReader {
             _ => PagesMode::Off,
         };
         let (state, info) = match opts.choice {
-            SourceChoice::Auto | SourceChoice::Pages => (
+            SourceChoice::Auto | SourceChoice::Pages | SourceChoice::Cgroup => (
                 State::Undecided,
                 SourceInfo {
                     reason: why_not.unwrap_or_default(),

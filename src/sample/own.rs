@@ -65,10 +65,11 @@ enum Batch {
 }
 
 /// The share of the budget the reader spends at a steady pace, and the
-/// credit it may save up (seconds per second of budget): together at most
-/// the budget over any [`WINDOW`] (a read that overruns is repaid before
-/// the next one starts).
-const PACE: f64 = 0.8;
+/// share of a [`WINDOW`]'s budget it may save up: together with one read
+/// that overruns what was left (repaid before the next one starts), at
+/// most the budget over any window.
+const PACE: f64 = 0.7;
+const SAVED: f64 = 0.1;
 const WINDOW: Duration = Duration::from_secs(10);
 
 /// The reader thread and the budget it reads within.
@@ -208,10 +209,10 @@ impl OwnReader {
     }
 }
 
-/// The credit saved up at most: what is left of a window's budget once
-/// the steady pace has spent its part.
+/// The credit saved up at most: a tenth of a window's budget, leaving a
+/// fifth of it for a read that overruns.
 fn burst(share: f64) -> f64 {
-    share * (1.0 - PACE) * WINDOW.as_secs_f64()
+    share * SAVED * WINDOW.as_secs_f64()
 }
 
 impl Drop for OwnReader {

@@ -96,6 +96,7 @@ struct Member {
     pending: Option<Basis>,
     /// Forked from a followed process without executing anything else.
     forked: bool,
+    ppid: u32,
     smaps_read_at: Option<Instant>,
     /// `pss` and `uss` were read for this sample.
     own_read: bool,
@@ -285,8 +286,6 @@ impl ProcTree {
     pub fn cost(&self) -> &CostReader {
         &self.cost
     }
-
-    /// The reads off the sampling thread, to turn page counting on.
     pub fn cost_mut(&mut self) -> &mut CostReader {
         &mut self.cost
     }
@@ -377,7 +376,11 @@ impl ProcTree {
                     pid,
                     rss: m.rss,
                     anon: m.anon,
-                    forked: m.forked,
+                    // A fork's pages are its parent's until it writes.
+                    parent_anon: m
+                        .forked
+                        .then(|| self.members.get(&m.ppid).map(|p| p.anon))
+                        .flatten(),
                 }),
         );
         self.cost.update(now, &self.views, &departed);
@@ -386,8 +389,7 @@ impl ProcTree {
             if !m.read_ok {
                 continue;
             }
-            // Σ Pss mode reads every process on this thread; otherwise
-            // the reader thread's figures.
+            // Σ Pss mode reads them on this thread, else the reader thread.
             let own = self.cost.own(pid).filter(|_| self.pss_budget.is_none());
             out.processes.push(Reading {
                 pid,
@@ -710,11 +712,12 @@ impl ProcTree {
         if statm.is_some() {
             self.open_now += 1;
         }
+        // Against the parent's command line now: it may have exec'd since
+        // it was described (a shell wrapper or a pyenv shim).
         let forked = cmdline_hash != 0
-            && self
-                .members
-                .get(&stat.ppid)
-                .is_some_and(|p| p.cmdline_hash == cmdline_hash);
+            && self.members.get(&stat.ppid).is_some_and(|p| {
+                p.cmdline_hash == cmdline_hash || self.read_cmdline(stat.ppid).1 == cmdline_hash
+            });
         if forked && self.pss_budget.is_some() {
             // A fork re-divides the parent's pages: reads so far no longer
             // add up with reads to come.
@@ -742,6 +745,7 @@ impl ProcTree {
                 basis: None,
                 pending: None,
                 forked,
+                ppid: stat.ppid,
                 smaps_read_at: None,
                 own_read: false,
                 anon: 0,

@@ -166,7 +166,7 @@ fn check_fork_job(doc: &Document, truth_mb: f64) {
 #[test]
 fn fork_pattern_in_cgroup_mode_counts_shared_pages_once() {
     needs_cgroup_mode!();
-    let (doc, truth, log) = run_fork_job(&[]);
+    let (doc, truth, log) = run_fork_job(&["--host-source", "cgroup"]);
     let host = doc.host.as_ref().expect("host");
     assert_eq!(host.source, HostSource::Cgroup, "{host:?}\n{log}");
     assert!(host.cgroup_created);
@@ -212,7 +212,8 @@ fn a_20ms_spike_shows_through_the_cgroup_peak() {
     let out_dir = scratch();
     let out = run_to_end(
         memtrack()
-            .args(["run", "--interval", "1s", "--listen", "off", "--output"])
+            .args(["run", "--interval", "1s", "--listen", "off"])
+            .args(["--host-source", "cgroup", "--output"])
             .arg(out_dir.path())
             .args(["--", real_python(), "-c", SPIKE_JOB]),
         Duration::from_secs(30),
@@ -285,6 +286,8 @@ fn attach_uses_the_jobs_own_cgroup_until_a_stranger_joins_it() {
                 "100ms",
                 "--listen",
                 "off",
+                "--host-source",
+                "cgroup",
                 "--output",
             ])
             .arg(out_dir.path())
@@ -368,6 +371,9 @@ fn a_cgroup_left_by_a_killed_memtrack_is_removed_by_the_next() {
     dead.wait().unwrap();
     let stale = parent.join(format!("memtrack-{dead_pid}-killedrun"));
     std::fs::create_dir(&stale).unwrap();
+    // The job had made a cgroup of its own inside: removal goes children
+    // first.
+    std::fs::create_dir(stale.join("job-child")).unwrap();
     let out_dir = scratch();
     let out = run_to_end(
         memtrack()
@@ -377,6 +383,7 @@ fn a_cgroup_left_by_a_killed_memtrack_is_removed_by_the_next() {
         Duration::from_secs(30),
     );
     let left = stale.exists();
+    let _ = std::fs::remove_dir(stale.join("job-child"));
     let _ = std::fs::remove_dir(&stale);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(!left, "the stale cgroup {} is removed", stale.display());

@@ -16,7 +16,7 @@ use crate::common::*;
 
 /// Stdlib Python shared by the jobs: `truth(pids)` counts distinct PFNs;
 /// `steady(pids, hold)` counts, holds, counts again and writes a window
-/// when both counts agree within 1 %.
+/// when both counts agree within 3 % (counting itself allocates).
 const PRELUDE: &str = r#"
 import os, sys, struct, time, mmap
 OUT = sys.argv[1]
@@ -56,7 +56,7 @@ def steady(pids, hold=2.5):
     t0 = time.time(); a = truth(pids)
     time.sleep(hold)
     b = truth(pids); t1 = time.time()
-    if abs(a - b) <= 0.01 * max(a, b):
+    if abs(a - b) <= 0.03 * max(a, b):
         with open(OUT, 'a') as f: f.write(f'{t0} {t1} {(a + b) // 2}\n')
 def hold_then_exit(sec):
     time.sleep(sec); os._exit(0)
@@ -160,8 +160,14 @@ fn root_or_explained() -> bool {
     }
 }
 
+/// One job at a time: each counts every page of its processes in Python,
+/// which takes a core; two at once on a 2-core machine would starve the
+/// budgeted passes they are compared with.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs `job` under memtrack; returns the document and the job's windows.
 fn run_job(job: &str, extra_args: &[&str], job_args: &[&Path]) -> (Document, Vec<(f64, f64, f64)>) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out_dir = scratch();
     let windows = out_dir.path().join("windows");
     let script = format!("{PRELUDE}\n{job}");
@@ -169,6 +175,11 @@ fn run_job(job: &str, extra_args: &[&str], job_args: &[&Path]) -> (Document, Vec
         memtrack()
             .args(["run", "--interval", "100ms", "--listen", "off", "--output"])
             .arg(out_dir.path().join("runs"))
+            // The test binary is a debug build, whose page loop is several
+            // times slower than a release build's: a larger budget gives it
+            // the pass rate a release build has at the default (the budget
+            // itself is measured on a release build by bench/budget).
+            .env("MEMTRACK_HOST_PSS_BUDGET", "0.1")
             .args(extra_args)
             .arg("--")
             .args([python3(), "-c", &script])
@@ -218,6 +229,14 @@ fn pages_job(name: &str, job: &str, args: &[&Path]) -> Document {
     let host = doc.host.as_ref().expect("host");
     assert_eq!(host.source, HostSource::Pages, "{host:?}");
     check_windows(&doc, &windows, name);
+    // The run's peak is the largest count the job saw (each job holds its
+    // most inside a window).
+    let most = windows.iter().map(|w| w.2).fold(0.0, f64::max);
+    let peak = doc.peak_usage.cpu_ram_used_mb;
+    assert!(
+        (peak - most).abs() <= 0.05 * most,
+        "{name}: peak {peak:.1} MiB vs {most:.1} MiB of distinct pages"
+    );
     doc
 }
 
@@ -276,4 +295,172 @@ fn workers_restarting_each_epoch_neither_spike_nor_dip() {
     let lo = peaks.iter().copied().fold(f64::MAX, f64::min);
     let hi = peaks.iter().copied().fold(0.0, f64::max);
     assert!((hi - lo) <= 0.03 * hi, "rerun peaks {peaks:?}");
+}
+
+/// A root job that moves itself out of the cgroup memtrack made for it
+/// (`echo $$ > …/cgroup.procs` of the parent) keeps holding its memory:
+/// the headline must not fall, and `host.earlier` says what happened.
+const ESCAPE: &str = r#"
+b = bytearray(300 << 20); touch(b)
+time.sleep(1.0)
+steady([os.getpid()], hold=1.0)
+mine = [l for l in open('/proc/self/cgroup') if ':memory:' in l][0].split(':', 2)[2].strip()
+parent = os.path.dirname(mine)
+open(f'/sys/fs/cgroup/memory{parent}/cgroup.procs', 'w').write(str(os.getpid()))
+time.sleep(3.0)
+steady([os.getpid()], hold=2.0)
+"#;
+
+#[test]
+fn a_job_leaving_memtracks_cgroup_does_not_shrink_the_headline() {
+    if !root_or_explained() {
+        return;
+    }
+    if memtrack::sample::footprint::job_cgroup(Path::new("/proc"), "probe")
+        .map(|c| c.remove())
+        .is_err()
+    {
+        panic!("this test needs the cgroup v1 memory controller memtrack creates cgroups in");
+    }
+    let (doc, windows) = run_job(ESCAPE, &[], &[]);
+    assert_eq!(windows.len(), 2, "{windows:?}");
+    check_windows(&doc, &windows, "escape");
+    let host = doc.host.as_ref().expect("host");
+    assert!(
+        host.reason.contains("outside")
+            || host.earlier.iter().any(|e| e.reason.contains("outside")),
+        "the move out of the cgroup is on record: {host:#?}"
+    );
+}
+
+/// Holds 150 MiB for a moment, lets go, says so, and waits to be told to
+/// end (argv[1]: a folder for the two flag files).
+const ONE_PEAK: &str = r#"
+import os, sys, time
+d = sys.argv[1]
+b = bytearray(150 << 20)
+for i in range(0, len(b), 4096): b[i] = 1
+time.sleep(1.0)
+del b
+time.sleep(0.5)
+open(os.path.join(d, 'ready'), 'w').close()
+for _ in range(1200):
+    if os.path.exists(os.path.join(d, 'go')): break
+    time.sleep(0.05)
+"#;
+
+/// The value of a `/metrics` line with `label` on the metric `name`.
+fn metric(page: &str, name: &str, label: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn the_end_line_report_plot_json_and_metrics_give_one_peak() {
+    let dir = scratch();
+    let flags = dir.path().join("flags");
+    std::fs::create_dir(&flags).expect("flags folder");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let child = memtrack()
+        .args(["run", "--interval", "100ms", "--listen"])
+        .arg(addr.to_string())
+        .arg("--output")
+        .arg(dir.path().join("runs"))
+        .args(["--", python3(), "-c", ONE_PEAK])
+        .arg(&flags)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("memtrack");
+    wait_for("the job's peak to pass", Duration::from_secs(60), || {
+        flags.join("ready").exists()
+    });
+    // The metrics of the live run, once a sample after the peak is in.
+    let sampled_name = "figure=\"cpu_ram_used\"";
+    let mut page = String::new();
+    wait_for("the peak on /metrics", Duration::from_secs(30), || {
+        page = http_request(addr, "GET", "/metrics").1;
+        metric(&page, "memtrack_peak_memory_bytes", sampled_name).is_some_and(|v| v > 100.0 * MIB)
+    });
+    std::fs::write(flags.join("go"), "").expect("go");
+    let out = child.wait_with_output().expect("memtrack ends");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (run_dir, doc) = only_document(&dir.path().join("runs"));
+
+    let sampled = doc.peak_usage.cpu_ram_used_mb;
+    let between = sampled.max(doc.peak_usage.cpu_ram_hwm_mb);
+    let one = |v: f64| format!("{v:.1}");
+    // The end line.
+    let log = stderr(&out);
+    let end = log
+        .lines()
+        .find(|l| l.contains("ended: peak host RAM"))
+        .unwrap_or_else(|| panic!("no end line:\n{log}"));
+    assert!(
+        end.contains(&format!(
+            "peak host RAM {} MiB sampled, {} MiB between samples",
+            one(sampled),
+            one(between)
+        )),
+        "{end} vs JSON {sampled} / {between}"
+    );
+    // The summary is the between-samples peak.
+    assert_eq!(one(doc.summary.peak_host_ram_mb), one(between));
+    // /metrics, scraped live.
+    let m_sampled =
+        metric(&page, "memtrack_peak_memory_bytes", sampled_name).expect("sampled") / MIB;
+    let m_between = metric(
+        &page,
+        "memtrack_peak_memory_bytes",
+        "figure=\"cpu_ram_hwm\"",
+    )
+    .expect("between")
+        / MIB;
+    assert_eq!(one(m_sampled), one(sampled), "{page}");
+    // The job's exact peak from wait4 arrives when it is reaped, after
+    // this scrape: it can only raise the between-samples peak.
+    assert!(
+        m_between.max(m_sampled) <= between + 0.05,
+        "{m_between} vs {between}\n{page}"
+    );
+    // The report's peaks table.
+    let report = run_to_end(
+        memtrack().arg("report").arg(&run_dir),
+        Duration::from_secs(30),
+    );
+    let text = String::from_utf8_lossy(&report.stdout).into_owned();
+    let row = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Peaks"))
+        .find(|l| l.trim_start().starts_with("run "))
+        .unwrap_or_else(|| panic!("no run row:\n{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        &cells[1..5],
+        [one(sampled).as_str(), "MiB", one(between).as_str(), "MiB"],
+        "{row}"
+    );
+    // The plot's header.
+    let svg = dir.path().join("plot.svg");
+    let plotted = run_to_end(
+        memtrack().arg("plot").arg(&run_dir).arg("-o").arg(&svg),
+        Duration::from_secs(60),
+    );
+    assert_eq!(plotted.status.code(), Some(0), "{}", stderr(&plotted));
+    let drawn = std::fs::read_to_string(&svg).expect("svg");
+    let header = if between > sampled {
+        format!(
+            "host peak {} MiB sampled, {} MiB between samples",
+            one(sampled),
+            one(between)
+        )
+    } else {
+        format!("host peak {} MiB sampled", one(sampled))
+    };
+    assert!(drawn.contains(&header), "no `{header}` in the plot");
 }
