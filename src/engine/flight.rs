@@ -97,6 +97,12 @@ fn point(t: f64, rss: impl Iterator<Item = (u32, u64)>, gpu: Option<&GpuSample>)
         ..FlightPoint::default()
     };
     for (pid, rss) in rss {
+        // A process whose memory reads 0 is being torn down (a SIGKILL's
+        // exit released its pages): it no longer holds anything, and a
+        // point with it would read as a live tree at 0 MiB.
+        if rss == 0 {
+            continue;
+        }
         let gpu: u64 = gpu.map_or(0, |g| {
             g.processes
                 .iter()
@@ -459,6 +465,17 @@ mod tests {
         assert_eq!((p.cpu_mb, p.gpu_mb), (96.0, 128.0));
         let host_only = point(5.0, rss.iter().copied(), None);
         assert_eq!(host_only.gpu_mb, 0.0, "no GPU figures this read");
+    }
+
+    #[test]
+    fn a_process_being_torn_down_is_not_a_live_point() {
+        // SIGKILL's exit has released the pages: statm reads 0.
+        let dying = [(7, 0u64)];
+        let p = point(5.0, dying.iter().copied(), None);
+        assert!(p.processes.is_empty(), "{:?}", p.processes);
+        let mixed = [(7, 0u64), (8, 16 * MIB as u64)];
+        let p = point(5.0, mixed.iter().copied(), None);
+        assert_eq!(p.processes, vec![[8.0, 16.0, 0.0]]);
     }
 
     #[test]

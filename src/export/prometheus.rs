@@ -80,7 +80,7 @@ pub const METRICS: &[Def] = &[
     def("memtrack_process_unique_memory_bytes", G, PROC, "USS of a followed process: the memory it alone holds."),
     def("memtrack_tree_resident_memory_bytes", G, &[], "Host memory of the followed process tree, every page once (see memtrack_tree_memory_source)."),
     def("memtrack_tree_resident_memory_high_water_bytes", G, &[], "The tree's highest host memory since the previous sample, as the kernel saw it."),
-    def("memtrack_tree_memory_source", G, &["source"], "1 for the source of the tree's host figure: cgroup, pss or rss (rss counts shared pages once per process)."),
+    def("memtrack_tree_memory_source", G, &["source"], "1 for the source of the tree's host figure: pages, cgroup, pss or rss (rss counts shared pages once per process)."),
     def("memtrack_tree_gpu_memory_bytes", G, &["gpu", "gpu_uuid", "attribution"], "NVML used GPU memory of the tree on one device: attribution per-process (the tree's processes), or device-level (every process on the device: NVML's PIDs could not be matched to the tree's)."),
     def("memtrack_tree_processes", G, &[], "Processes in the followed tree."),
     def("memtrack_gpu_attribution_info", G, &["mode"], "Always 1; mode: how the run's GPU figures are attributed so far (per-process, device-level or mixed)."),
