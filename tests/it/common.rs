@@ -400,3 +400,26 @@ pub fn can_run(need: &str, available: bool, why: &str) -> bool {
 pub fn is_root() -> bool {
     memtrack::sys::uid() == 0
 }
+
+/// A real `memory_usage.json` of more than 50 MiB (made large by a long
+/// event log) in `dir`: its path and bytes, for the multipart uploads.
+pub fn fifty_mb_document(dir: &Path) -> (PathBuf, Vec<u8>) {
+    let mut doc = memtrack::model::Document {
+        schema: memtrack::model::SCHEMA_VERSION,
+        ..Default::default()
+    };
+    doc.run.name = "big".into();
+    let entry = memtrack::model::Entry {
+        component: "model".into(),
+        operation: "step".into(),
+        timestamp: 1_795_000_000.25,
+        cpu_ram_used_mb: 1024.5,
+        ..Default::default()
+    };
+    doc.detailed_log = vec![entry; 170_000];
+    let file = dir.join("memory_usage.json");
+    memtrack::model::json::write_document(&file, &doc).unwrap();
+    let local = std::fs::read(&file).unwrap();
+    assert!(local.len() > 50 << 20, "{} bytes", local.len());
+    (file, local)
+}

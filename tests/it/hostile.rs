@@ -7,7 +7,7 @@
 //! `MEMTRACK_ALLOW_SKIP` names the reason.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,17 +19,7 @@ const NOBODY: u32 = 65534;
 
 /// Whether the test may go on: root, or a skip asked for by name.
 fn need_root(what: &str) -> bool {
-    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
-    if root {
-        return true;
-    }
-    match std::env::var("MEMTRACK_ALLOW_SKIP") {
-        Ok(why) if !why.is_empty() => {
-            eprintln!("skipped ({why}): {what} needs root");
-            false
-        }
-        _ => panic!("{what} needs root (set MEMTRACK_ALLOW_SKIP=<reason> to skip it)"),
-    }
+    can_run("root", is_root(), &format!("{what} needs root"))
 }
 
 fn sh(script: &str) {

@@ -164,24 +164,7 @@ fn server_down_at_the_end_then_memtrack_upload_succeeds() {
 fn a_50_mb_document_goes_up_in_parts_and_round_trips() {
     let server = S3Server::start();
     let dir = scratch();
-    // A real document, made large by a long event log.
-    let mut doc = memtrack::model::Document {
-        schema: memtrack::model::SCHEMA_VERSION,
-        ..Default::default()
-    };
-    doc.run.name = "big".into();
-    let entry = memtrack::model::Entry {
-        component: "model".into(),
-        operation: "step".into(),
-        timestamp: 1_795_000_000.25,
-        cpu_ram_used_mb: 1024.5,
-        ..Default::default()
-    };
-    doc.detailed_log = vec![entry; 170_000];
-    let file = dir.path().join("memory_usage.json");
-    memtrack::model::json::write_document(&file, &doc).unwrap();
-    let local = std::fs::read(&file).unwrap();
-    assert!(local.len() > 50 << 20, "{} bytes", local.len());
+    let (file, local) = fifty_mb_document(dir.path());
 
     let mut cmd = memtrack();
     cmd.arg("upload").arg(&file).args([

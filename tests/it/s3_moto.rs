@@ -119,23 +119,7 @@ fn moto_receives_the_run_file_as_written() {
 fn moto_receives_a_50_mb_document_in_parts() {
     let moto = Moto::start();
     let dir = scratch();
-    let mut doc = memtrack::model::Document {
-        schema: memtrack::model::SCHEMA_VERSION,
-        ..Default::default()
-    };
-    doc.run.name = "big".into();
-    let entry = memtrack::model::Entry {
-        component: "model".into(),
-        operation: "step".into(),
-        timestamp: 1_795_000_000.25,
-        cpu_ram_used_mb: 1024.5,
-        ..Default::default()
-    };
-    doc.detailed_log = vec![entry; 170_000];
-    let file = dir.path().join("memory_usage.json");
-    memtrack::model::json::write_document(&file, &doc).unwrap();
-    let local = std::fs::read(&file).unwrap();
-    assert!(local.len() > 50 << 20, "{} bytes", local.len());
+    let (file, local) = fifty_mb_document(dir.path());
 
     let mut cmd = memtrack();
     cmd.arg("upload").arg(&file).args([

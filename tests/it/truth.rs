@@ -148,16 +148,11 @@ for epoch in range(4):
 "#;
 
 fn root_or_explained() -> bool {
-    if memtrack::sys::euid() == 0 {
-        return true;
-    }
-    match std::env::var("MEMTRACK_ALLOW_SKIP") {
-        Ok(why) => {
-            println!("SKIPPED: counting pages needs root ({why})");
-            false
-        }
-        Err(_) => panic!("these tests read page frame numbers and need root"),
-    }
+    can_run(
+        "root",
+        memtrack::sys::euid() == 0,
+        "these tests read page frame numbers and need root",
+    )
 }
 
 /// One job at a time: each counts every page of its processes in Python,
