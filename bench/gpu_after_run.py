@@ -123,6 +123,22 @@ def main():
         lines.append("- **no cuda_oom flight window** (%s)" % [w["reason"] for w in doc.get("flight_recorder", [])])
         ok = False
     lines.append("- `report` shows the window: %s; plot exit %d" % ("flight" in text.lower(), plot_rc))
+    adv = subprocess.run([args.memtrack, "advise", "--json", os.path.join(args.out, "oom", "memory_usage.json")],
+                         capture_output=True, text=True)
+    try:
+        items = json.loads(adv.stdout)
+        items = items.get("advice", items) if isinstance(items, dict) else items
+    except ValueError:
+        items = []
+    oom_items = [a for a in items if a.get("code") == "cuda-oom"]
+    if oom_items:
+        a = oom_items[0]
+        lines.append("- `memtrack advise`: [%s] %s: %s" % (a.get("level"), a["code"], a.get("finding")))
+        lines.append("  -> %s" % a.get("action"))
+    else:
+        lines.append("- `memtrack advise` (exit %d) has **no cuda-oom item**: %s" % (
+            adv.returncode, [a.get("code") for a in items] or adv.stderr.strip()[:300]))
+    ok &= bool(oom_items)
     lines.append("")
 
     for name, code, want in (("leak", LEAK, True), ("sawtooth", SAWTOOTH, False)):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks memtrack's GPU figures against the driver and PyTorch on a real GPU.
 
-    python3 bench/gpu_check.py --memtrack target/release/memtrack --out DIR
+    python3 bench/gpu_check.py --memtrack target/release/memtrack --out DIR [--scenario all]
 
 Needs an NVIDIA GPU, nvidia-smi, PyTorch with CUDA and nvidia-ml-py. It runs
 a PyTorch job through a shell wrapper (so the CUDA process is a child of the
@@ -12,6 +12,16 @@ allocator figures memtrack logged with what torch.cuda reported at each mark.
 It also times NVML per sample: memtrack's own tick histogram against the raw
 pynvml calls the same sample needs (the floor). Prints a Markdown report and
 writes it, with the raw numbers, to DIR.
+
+Process trees (`--scenario dataloader|child|two-jobs|all`): while each job
+holds its memory, every process NVML lists is compared with the figure the
+memtrack that follows it gives, at the same moment:
+  - dataloader: a parent holding 2 GiB with a DataLoader of 4 workers
+    (fork, pin_memory): the workers hold no CUDA memory and must show none;
+  - child: a parent holding 1 GiB whose child process holds 3 GiB: both
+    processes and their sum;
+  - two-jobs: two memtracks at once, each following a job on the same GPU
+    (1 GiB and 3 GiB): each counts its own job and never the other.
 """
 
 import argparse
@@ -114,12 +124,7 @@ def nvml_floor(iterations=300):
     return n, times[len(times) // 2]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--memtrack", default=os.path.join(REPO, "target", "release", "memtrack"))
-    ap.add_argument("--out", default=tempfile.mkdtemp(prefix="gpu-check-"))
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+def single(args):
     work = tempfile.mkdtemp(prefix="gpu-check-work-")
     job = os.path.join(work, "job.py")
     open(job, "w").write(JOB)
@@ -214,6 +219,180 @@ def main():
     open(os.path.join(args.out, "gpu_check.md"), "w").write(text)
     json.dump(report, open(os.path.join(args.out, "gpu_check.json"), "w"), indent=2)
     return 0 if report["memtrack_exit"] == 0 else 1
+
+
+
+# ---------------------------------------------------------------------------
+# Process trees: every process NVML lists against the memtrack following it
+# ---------------------------------------------------------------------------
+
+TREE_JOB = r"""
+import json, os, subprocess, sys, time
+import torch
+work, role, mib = os.environ["CHECK_DIR"], os.environ["ROLE"], int(os.environ["HOLD_MIB"])
+
+def children(pid):
+    out = []
+    for t in os.listdir("/proc/%d/task" % pid):
+        try:
+            out += [int(c) for c in open("/proc/%d/task/%s/children" % (pid, t)).read().split()]
+        except OSError:
+            pass
+    return out
+
+def wait_for(name, seconds=60):
+    deadline = time.time() + seconds
+    while not os.path.exists(os.path.join(work, name)) and time.time() < deadline:
+        time.sleep(0.05)
+
+x = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+pids = [os.getpid()]
+if role == "dataloader":
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10 ** 6
+        def __getitem__(self, i):
+            return torch.full((1024,), float(i))
+    loader = iter(torch.utils.data.DataLoader(Data(), batch_size=64, num_workers=4, pin_memory=True,
+                                             persistent_workers=True, multiprocessing_context="fork"))
+    batch = next(loader).cuda()
+    torch.cuda.synchronize()
+    pids += children(os.getpid())
+elif role == "child":
+    code = ("import os, sys, time, torch; y = torch.empty(%d << 20, dtype=torch.uint8, device='cuda'); "
+            "torch.cuda.synchronize(); open(sys.argv[1], 'w').write('x'); "
+            "[time.sleep(0.05) for _ in iter(lambda: os.path.exists(sys.argv[2]), True)]" % int(os.environ["CHILD_MIB"]))
+    child = subprocess.Popen([sys.executable, "-c", code, os.path.join(work, "child_ready"), os.path.join(work, "measured")])
+    wait_for("child_ready")
+    pids.append(child.pid)
+open(os.path.join(work, "holding.tmp"), "w").write(json.dumps(pids))
+os.rename(os.path.join(work, "holding.tmp"), os.path.join(work, "holding"))
+wait_for("measured")
+if role == "child":
+    child.wait()
+"""
+
+
+class Run:
+    """One `memtrack run` of TREE_JOB in its own work folder."""
+
+    def __init__(self, memtrack, name, role, hold_mib, child_mib=0):
+        self.name, self.work = name, tempfile.mkdtemp(prefix="gpu-tree-%s-" % name)
+        job = os.path.join(self.work, "job.py")
+        open(job, "w").write(TREE_JOB)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMTRACK_")}
+        env.update(CHECK_DIR=self.work, ROLE=role, HOLD_MIB=str(hold_mib), CHILD_MIB=str(child_mib),
+                   PYTHONPATH=os.path.join(REPO, "clients", "python", "src"))
+        cmd = [memtrack, "run", "--interval", "200ms", "--name", name, "--output", os.path.join(self.work, "runs"),
+               "--listen", "127.0.0.1:0", "--", "sh", "-c", "%s %s" % (sys.executable, job)]
+        self.daemon = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+        self.addr, self.log = None, []
+        threading.Thread(target=self._read_log, daemon=True).start()
+
+    def _read_log(self):
+        for line in self.daemon.stderr:
+            self.log.append(line)
+            m = re.search(r"metrics on http://(\S+)/metrics", line)
+            if m:
+                self.addr = m.group(1)
+
+    def holding(self, seconds=180):
+        path = os.path.join(self.work, "holding")
+        deadline = time.time() + seconds
+        while not os.path.exists(path):
+            if time.time() > deadline or self.daemon.poll() is not None:
+                raise SystemExit("%s: the job never held its memory:\n%s" % (self.name, "".join(self.log)))
+            time.sleep(0.05)
+        return json.load(open(path))
+
+    def finish(self):
+        open(os.path.join(self.work, "measured"), "w").write("x")
+        self.daemon.wait(timeout=120)
+        return json.load(open(os.path.join(self.work, "runs", self.name, "memory_usage.json")))
+
+
+def compare_now(runs_pids):
+    """nvidia-smi and each memtrack's /metrics, read back to back."""
+    apps = smi_apps()
+    texts = [scrape(run.addr) for run, _ in runs_pids]
+    apps_after = smi_apps()
+    rows = []
+    for (run, pids), text in zip(runs_pids, texts):
+        tree_smi = sum(apps.get(p, 0) for p in pids)
+        for p in pids:
+            rows.append({"run": run.name, "pid": p, "nvidia_smi_mib": apps.get(p, 0),
+                         "nvidia_smi_after_mib": apps_after.get(p, 0),
+                         "memtrack_mib": sum(metric(text, "memtrack_process_gpu_memory_bytes", pid=p)) / MIB})
+        rows.append({"run": run.name, "pid": "tree", "nvidia_smi_mib": tree_smi,
+                     "nvidia_smi_after_mib": sum(apps_after.get(p, 0) for p in pids),
+                     "memtrack_mib": sum(metric(text, "memtrack_tree_gpu_memory_bytes")) / MIB})
+    foreign = sorted(set(apps) - {p for _, pids in runs_pids for p in pids})
+    return rows, foreign
+
+
+def tree_scenario(args, name, specs):
+    runs = [Run(args.memtrack, *spec) for spec in specs]
+    runs_pids = [(run, run.holding()) for run in runs]
+    while any(run.addr is None for run in runs):
+        time.sleep(0.05)
+    time.sleep(0.6)  # two ticks with everything held
+    moments = [compare_now(runs_pids) for _ in range(3)]
+    docs = [run.finish() for run in runs]
+    ok = all(r["memtrack_mib"] == r["nvidia_smi_mib"] or r["memtrack_mib"] == r["nvidia_smi_after_mib"]
+             for rows, _ in moments for r in rows)
+    ok &= all(run.daemon.returncode == 0 for run in runs)
+    lines = ["## %s" % name, "",
+             "| moment | run | pid | nvidia-smi compute-apps | memtrack /metrics |", "|---|---|---|---|---|"]
+    for i, (rows, foreign) in enumerate(moments):
+        for r in rows:
+            smi = r["nvidia_smi_mib"] if r["nvidia_smi_mib"] == r["nvidia_smi_after_mib"] else \
+                "%s → %s" % (r["nvidia_smi_mib"], r["nvidia_smi_after_mib"])
+            lines.append("| %d | %s | %s | %s | %.0f |" % (i + 1, r["run"], r["pid"], smi, r["memtrack_mib"]))
+    lines.append("")
+    for run, doc in zip(runs, docs):
+        peak = doc["peak_usage"]
+        lines.append("- %s: exit %s, peak_usage.gpu_process_used_mb %.0f, gpu_attribution %s" % (
+            run.name, run.daemon.returncode, peak.get("gpu_process_used_mb", 0),
+            (doc.get("gpu_attribution") or {}).get("mode")))
+    lines.append("- other processes on the GPU at the moments: %s" % sorted({p for _, f in moments for p in f}))
+    lines.append("- every figure equal to nvidia-smi's: %s" % ok)
+    lines.append("")
+    return ok, lines
+
+
+SCENARIOS = {
+    "dataloader": [("dataloader", "dataloader", 2048)],
+    "child": [("child", "child", 1024, 3072)],
+    "two-jobs": [("job-a", "plain", 1024), ("job-b", "plain", 3072)],
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--memtrack", default=os.path.join(REPO, "target", "release", "memtrack"))
+    ap.add_argument("--out", default=tempfile.mkdtemp(prefix="gpu-check-"))
+    ap.add_argument("--scenario", default="single", choices=["single", "all"] + sorted(SCENARIOS))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rc = 0
+    if args.scenario in ("single", "all"):
+        rc |= single(args)
+    if args.scenario != "single":
+        names = sorted(SCENARIOS) if args.scenario == "all" else [args.scenario]
+        lines = ["# memtrack GPU check: process trees", "",
+                 "Per-process GPU memory: NVML's figure for each process as nvidia-smi prints it, and as the "
+                 "memtrack following that process serves it on /metrics, read back to back ('a → b': "
+                 "nvidia-smi read before and after the scrape differ). `tree`: the sum over the job's processes "
+                 "against memtrack_tree_gpu_memory_bytes.", ""]
+        for name in names:
+            ok, part = tree_scenario(args, name, SCENARIOS[name])
+            lines += part
+            rc |= 0 if ok else 1
+        text = "\n".join(lines) + "\n"
+        print(text)
+        open(os.path.join(args.out, "gpu_trees.md"), "w").write(text)
+    return rc
 
 
 if __name__ == "__main__":

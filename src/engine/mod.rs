@@ -180,7 +180,10 @@ impl Engine {
     /// Takes one sample and commits it.
     fn sample(&mut self, kind: SampleKind) -> Outcome {
         let mut sample = Sample::default();
-        self.sampler.sample(&mut sample);
+        match kind {
+            SampleKind::Timer => self.sampler.sample(&mut sample),
+            SampleKind::Event => self.sampler.sample_at_mark(&mut sample),
+        }
         self.tick_seconds.observe(sample.took.as_secs_f64());
         if let Some(f) = &mut self.flight {
             f.push_sample(&sample);

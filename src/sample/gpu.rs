@@ -112,6 +112,13 @@ pub trait GpuSampler: Send {
     }
     /// Fills `out` (cleared first by the caller).
     fn sample(&mut self, out: &mut GpuSample) -> Status;
+    /// Fills `out` for a read between ticks (a mark, the flight
+    /// recorder): memory figures read now, while what changes slowly or
+    /// rarely matters there (utilization, temperature, graphics contexts)
+    /// may repeat the last [`GpuSampler::sample`]'s.
+    fn sample_memory(&mut self, out: &mut GpuSample) -> Status {
+        self.sample(out)
+    }
 }
 
 /// Host-only mode: GPU figures are 0 and `gpu_source` is `none`.

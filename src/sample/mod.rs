@@ -144,6 +144,18 @@ impl Sampler {
 
     /// Fills `out` with a fresh sample (its buffers are reused).
     pub fn sample(&mut self, out: &mut Sample) {
+        self.take(out, true);
+    }
+
+    /// A sample taken at a mark: the same, except that GPU figures which
+    /// change slowly or rarely repeat the last tick's
+    /// ([`gpu::GpuSampler::sample_memory`]), so the job waiting for its
+    /// acknowledgement pays only for the memory figures.
+    pub fn sample_at_mark(&mut self, out: &mut Sample) {
+        self.take(out, false);
+    }
+
+    fn take(&mut self, out: &mut Sample, full_gpu: bool) {
         let started = Instant::now();
         out.at = started;
         out.timestamp = unix_now();
@@ -158,7 +170,11 @@ impl Sampler {
             }
             info
         });
-        out.gpu_status = self.gpu.sample(&mut out.gpu);
+        out.gpu_status = if full_gpu {
+            self.gpu.sample(&mut out.gpu)
+        } else {
+            self.gpu.sample_memory(&mut out.gpu)
+        };
         if self
             .meminfo_at
             .is_none_or(|t| started.duration_since(t) >= MEMINFO_EVERY)
@@ -180,12 +196,12 @@ impl Sampler {
     }
 
     /// The cheap read between samples (the OOM flight recorder's): each
-    /// followed process's RSS from `statm` and NVML's stateless sample, no
+    /// followed process's RSS from `statm` and NVML's memory figures, no
     /// discovery. `gpu` is cleared first; false when it holds no figures.
     pub fn peek(&mut self, rss: &mut Vec<(u32, u64)>, gpu: &mut gpu::GpuSample) -> bool {
         self.tree.peek(rss);
         gpu.clear();
-        self.gpu.sample(gpu) == gpu::Status::Sampled
+        self.gpu.sample_memory(gpu) == gpu::Status::Sampled
     }
 
     /// Whether `pid` is one of the followed processes.

@@ -540,6 +540,68 @@ time.sleep(0.6)
 }
 
 #[test]
+fn a_mark_reads_gpu_memory_now_and_repeats_the_slow_figures_of_the_last_tick() {
+    let lib = fake_nvml();
+    let out_dir = scratch();
+    let state = out_dir.path().join("nvml-state");
+    let calls = out_dir.path().join("nvml-calls");
+    std::fs::write(&state, "device 0 temp=41 util_gpu=37\n").unwrap();
+    // Between the start and the end there is no tick (10 s interval): 40
+    // acknowledged marks, each after the job's GPU memory changed.
+    let script = format!(
+        r#"
+import json, os, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["MEMTRACK_SOCKET"])
+f = s.makefile("rw")
+for i in range(40):
+    tmp = {state:?} + ".tmp"
+    open(tmp, "w").write("device 0 temp=41 util_gpu=37\nprocess 0 %d %d\n" % (os.getpid(), 100 + i))
+    os.replace(tmp, {state:?})
+    f.write(json.dumps({{"component": "step", "operation": "s%d" % i, "ack": True}}) + "\n")
+    f.flush()
+    assert json.loads(f.readline())["ok"]
+"#,
+        state = state.display().to_string()
+    );
+    let out = run_to_end(
+        memtrack()
+            .args(["run", "--interval", "10s", "--output"])
+            .arg(out_dir.path().join("runs"))
+            .arg("--nvml-lib")
+            .arg(lib)
+            .env("FAKE_NVML_STATE", &state)
+            .env("FAKE_NVML_CALLS", &calls)
+            .arg("--")
+            .args(python(&script)),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (_, doc) = only_document(&out_dir.path().join("runs"));
+    // Each mark's GPU figure is the one NVML gave at that mark.
+    for i in 0..40 {
+        let e = doc
+            .detailed_log
+            .iter()
+            .find(|e| e.component == "step" && e.operation == format!("s{i}"))
+            .unwrap();
+        assert_eq!(e.gpu_process_used_mb, 100.0 + i as f64, "mark s{i}");
+    }
+    let log = std::fs::read_to_string(&calls).unwrap();
+    let count = |name: &str| log.lines().filter(|l| *l == name).count();
+    let lists = count("nvmlDeviceGetComputeRunningProcesses_v3");
+    let slow = count("nvmlDeviceGetUtilizationRates") + count("nvmlDeviceGetTemperature");
+    assert!(lists >= 40, "every mark reads the process list: {lists}");
+    // The first read and the last tick read the slow figures; the flight
+    // recorder and the marks repeat them.
+    assert!(
+        slow <= 2 * 3,
+        "utilization and temperature read {slow} times"
+    );
+    assert_eq!(doc.gpus[0].name, "NVIDIA Fake GPU");
+}
+
+#[test]
 fn a_job_that_execs_is_described_as_what_it_became() {
     let out_dir = scratch();
     let out = run_to_end(
