@@ -157,12 +157,12 @@ impl Io {
             Some(listener) => server::SocketFile::from_systemd(listener)
                 .context("cannot use the socket systemd passed")?,
             None => {
-                let path = if config.socket.path.as_os_str().is_empty() {
-                    server::default_path().context("cannot choose a socket path")?
+                if config.socket.path.as_os_str().is_empty() {
+                    let first = server::default_path().context("cannot choose a socket path")?;
+                    server::bind_first_free(&first, group)?
                 } else {
-                    config.socket.path.clone()
-                };
-                server::bind(&path, group)?
+                    server::bind(&config.socket.path, group)?
+                }
             }
         };
         let (notices, _) = tokio::sync::broadcast::channel(64);

@@ -146,14 +146,9 @@ pub fn bind(path: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    static BINDS: AtomicU64 = AtomicU64::new(0);
-    let private = parent.join(format!(
-        ".memtrack-bind-{}-{}",
-        std::process::id(),
-        BINDS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&private);
-    crate::files::create_dir(&private).map_err(io_err)?;
+    // A random name: two memtracks with one PID (each PID 1 of its own
+    // namespace, sharing /tmp) must not take each other's folder.
+    let private = crate::files::create_temp_dir(parent, ".memtrack-bind").map_err(io_err)?;
     let result = (|| {
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))
             .map_err(io_err)?;
@@ -182,6 +177,25 @@ pub fn bind(path: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
         listener: Some(listener),
         owned: true,
     })
+}
+
+/// Binds the default socket `first` ([`default_path`]) or, when a running
+/// memtrack holds it, the first free of `memtrack-PID-2.sock` …
+/// `memtrack-PID-16.sock` beside it: memtracks in separate PID namespaces
+/// that share `/tmp` all have PID 1, and so ask for one name.
+pub fn bind_first_free(first: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
+    for n in 1..=16u32 {
+        let path = if n == 1 {
+            first.to_path_buf()
+        } else {
+            first.with_file_name(format!("memtrack-{}-{n}.sock", std::process::id()))
+        };
+        match bind(&path, group) {
+            Err(BindError::InUse(_)) => continue,
+            other => return other,
+        }
+    }
+    Err(BindError::InUse(first.to_path_buf()))
 }
 
 /// Removes what is at `path` if it is a socket nobody answers on; refuses a
@@ -691,6 +705,34 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(left, vec![std::ffi::OsString::from("m.sock")]);
+    }
+
+    #[test]
+    fn a_default_socket_held_by_a_running_memtrack_gives_the_next_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = dir
+            .path()
+            .join(format!("memtrack-{}.sock", std::process::id()));
+        let held = bind(&first, None).unwrap();
+        let second = bind_first_free(&first, None).unwrap();
+        assert_eq!(
+            second.path,
+            dir.path()
+                .join(format!("memtrack-{}-2.sock", std::process::id()))
+        );
+        assert_eq!(held.path, first, "the first one keeps its socket");
+        assert!(std::os::unix::net::UnixStream::connect(&first).is_ok());
+        // A stale socket at the first name is taken over, not skipped.
+        drop(held);
+        let stale = std::os::unix::net::UnixListener::bind(&first).unwrap();
+        drop(stale);
+        assert_eq!(bind_first_free(&first, None).unwrap().path, first);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().starts_with(".memtrack-bind"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]

@@ -269,3 +269,55 @@ fn a_job_in_a_child_pid_namespace_is_matched_by_its_host_pid() {
     let text = report(&document_path(dir.path()));
     assert!(!text.contains("GPU attribution"), "nothing to say: {text}");
 }
+
+#[test]
+fn two_memtracks_each_pid_1_of_its_namespace_get_a_default_socket_each() {
+    if !can_run("root", is_root(), "PID namespaces (unshare --pid) need root") {
+        return;
+    }
+    let dir = scratch();
+    // One socket folder for both, as /tmp is shared by containers on a node.
+    let sockets = dir.path().join("xdg");
+    std::fs::create_dir(&sockets).unwrap();
+    let release = dir.path().join("release");
+    let start = |n: u32| {
+        let told = dir.path().join(format!("socket{n}"));
+        let script = format!(
+            "import os, time\nopen({told:?} + '.tmp', 'w').write(os.environ['MEMTRACK_SOCKET'])\n\
+             os.replace({told:?} + '.tmp', {told:?})\n\
+             while not os.path.exists({release:?}): time.sleep(0.05)\n",
+            told = told.display().to_string(),
+            release = release.display().to_string(),
+        );
+        let child = memtrack_in_a_pid_namespace(&dir.path().join(format!("host-proc{n}")))
+            .env("XDG_RUNTIME_DIR", &sockets)
+            .args(["run", "--no-gpu", "--listen", "off", "--output"])
+            .arg(dir.path().join(format!("runs{n}")))
+            .arg("--")
+            .args(python(&script))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, told)
+    };
+    let (mut a, told_a) = start(1);
+    wait_for("the first job to start", Duration::from_secs(30), || {
+        told_a.exists()
+    });
+    let (mut b, told_b) = start(2);
+    wait_for("the second job to start", Duration::from_secs(30), || {
+        told_b.exists() || b.try_wait().unwrap().is_some()
+    });
+    std::fs::write(&release, "").unwrap();
+    let (a_status, b_status) = (a.wait().unwrap(), b.wait().unwrap());
+    let mut b_err = String::new();
+    std::io::Read::read_to_string(b.stderr.as_mut().unwrap(), &mut b_err).unwrap();
+    assert!(a_status.success() && b_status.success(), "{b_err}");
+    let (sa, sb) = (
+        std::fs::read_to_string(&told_a).unwrap(),
+        std::fs::read_to_string(&told_b).unwrap(),
+    );
+    assert!(sa.ends_with("/memtrack-1.sock"), "{sa}");
+    assert!(sb.ends_with("/memtrack-1-2.sock"), "{sb}");
+}
