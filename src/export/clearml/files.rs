@@ -122,6 +122,7 @@ mod tests {
             id: "abc".into(),
             name: "zero config".into(),
             project: "team/mem".into(),
+            output_uri: String::new(),
         };
         let path = FileServer::path(&task, "memory_usage.json");
         assert_eq!(
