@@ -25,7 +25,12 @@ impl Io {
         deadline: &Deadline,
     ) -> Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>> {
         let s3 = self.s3.as_ref()?;
-        let key = object_key(s3, &run.name, task, &crate::export::s3::file_name(&run.labels));
+        let key = object_key(
+            s3,
+            &run.name,
+            task,
+            &crate::export::s3::file_name(&run.labels),
+        );
         let what = format!("the upload to {}", s3.endpoint);
         let result = self
             .runtime
@@ -204,7 +209,11 @@ impl Io {
         ));
         match result {
             Some(Ok(a)) => {
-                tracing::info!("uploaded {} ({} bytes) for the job's ClearML task", a.uri, a.size);
+                tracing::info!(
+                    "uploaded {} ({} bytes) for the job's ClearML task",
+                    a.uri,
+                    a.size
+                );
                 Some(a)
             }
             Some(Err(e)) => {
@@ -317,7 +326,9 @@ impl TaskOutput {
         use clearml::output::Destination;
         let said = |why: String| TaskUploadError { why, retry: None };
         let Some((chosen, dest)) = self.outputs.for_task(task) else {
-            return Err(said("the task has no output_uri and no fileserver is configured".into()));
+            return Err(said(
+                "the task has no output_uri and no fileserver is configured".into(),
+            ));
         };
         match dest.map_err(said)? {
             Destination::Files(base) => {

@@ -152,10 +152,14 @@ fn wrong_sdk_aws_s3_credentials_are_one_clear_error_and_the_printed_command_uplo
         .unwrap_or_else(|| panic!("no error line: {all}"));
     assert!(line.contains("refused the credentials"), "{line}");
     assert!(
-        line.contains("credentials entry 1 of sdk.aws.s3") && line.contains("memtrack-clearml.conf"),
+        line.contains("credentials entry 1 of sdk.aws.s3")
+            && line.contains("memtrack-clearml.conf"),
         "{line}"
     );
-    assert!(!all.contains(wrong_secret) && !all.contains(S3_SECRET), "{all}");
+    assert!(
+        !all.contains(wrong_secret) && !all.contains(S3_SECRET),
+        "{all}"
+    );
     // Nothing is lost: the document is intact, no artifact points at a
     // missing object, and the printed command uploads it.
     let document = out.path().join("badkeys/memory_usage.json");
@@ -229,7 +233,10 @@ fn hostile_sdk_aws_s3_values_cost_only_the_artifact_and_show_no_secret() {
         out.path(),
         &env(
             out.path(),
-            &[("MEMTRACK_CLEARML_CONFIG_FILE", hostile.display().to_string())],
+            &[(
+                "MEMTRACK_CLEARML_CONFIG_FILE",
+                hostile.display().to_string(),
+            )],
         ),
         &job(&uri),
     );

@@ -210,8 +210,8 @@ pub fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, String> {
                     e.bucket.to_ascii_lowercase()
                 )
             };
-            let at_boundary = lower.len() == prefix.len()
-                || lower.as_bytes().get(prefix.len()) == Some(&b'/');
+            let at_boundary =
+                lower.len() == prefix.len() || lower.as_bytes().get(prefix.len()) == Some(&b'/');
             (!e.bucket.is_empty() || !e.host.is_empty())
                 .then_some(())
                 .filter(|_| lower.starts_with(&prefix) && at_boundary)
@@ -354,9 +354,7 @@ fn entry(
     };
     let bucket = field("bucket")?;
     if bucket.len() > 255 || bucket.chars().any(|c| c.is_control() || c == '/') {
-        return Err(Bad::Said(format!(
-            "{what}: `bucket` is not a bucket name"
-        )));
+        return Err(Bad::Said(format!("{what}: `bucket` is not a bucket name")));
     }
     let host = field("host")?;
     check_host(&host).map_err(|why| Bad::Said(format!("{what}: `host` {why}")))?;
@@ -396,22 +394,23 @@ fn scalar(
                 out.push_str(t);
                 any = true;
             }
-            Piece::Subst { path, optional } => match doc.get_str(path, env)?.or_else(|| env(path))
-            {
-                Some(s) => {
-                    out.push_str(&s);
-                    any = true;
-                }
-                None if *optional => {}
-                None => {
-                    return Err(ParseError {
-                        line: *line,
-                        message: "a substitution is defined neither in the file nor in the \
+            Piece::Subst { path, optional } => {
+                match doc.get_str(path, env)?.or_else(|| env(path)) {
+                    Some(s) => {
+                        out.push_str(&s);
+                        any = true;
+                    }
+                    None if *optional => {}
+                    None => {
+                        return Err(ParseError {
+                            line: *line,
+                            message: "a substitution is defined neither in the file nor in the \
                                   environment"
-                            .into(),
-                    })
+                                .into(),
+                        })
+                    }
                 }
-            },
+            }
         }
         if out.len() > 64 * 1024 {
             return Err(ParseError {
@@ -429,7 +428,9 @@ fn keys(key: String, secret: String, what: &str) -> Result<Option<Keys>, String>
         (true, true) => Ok(None),
         (false, false) => {
             if key.chars().chain(secret.chars()).any(char::is_control) {
-                return Err(format!("{what}: the key or secret holds control characters"));
+                return Err(format!(
+                    "{what}: the key or secret holds control characters"
+                ));
             }
             Ok(Some(Keys { key, secret }))
         }
@@ -501,7 +502,11 @@ mod tests {
 
     fn conf(text: &str) -> Result<OutputConf, String> {
         let doc = super::super::hocon::parse(text).unwrap();
-        read(&doc, &|v| (v == "MINIO_SECRET").then(|| "from-env".into()), "c.conf")
+        read(
+            &doc,
+            &|v| (v == "MINIO_SECRET").then(|| "from-env".into()),
+            "c.conf",
+        )
     }
 
     const SDK: &str = r#"
@@ -529,7 +534,11 @@ sdk {
         let task = choose("s3://team-bucket/x", &c, "http://files").unwrap();
         assert_eq!(task.source, "the task's output_uri");
         let dflt = choose("", &c, "http://files").unwrap();
-        assert!(dflt.source.contains("default_output_uri"), "{}", dflt.source);
+        assert!(
+            dflt.source.contains("default_output_uri"),
+            "{}",
+            dflt.source
+        );
         let files = choose("", &OutputConf::default(), "http://files:8081").unwrap();
         assert_eq!(
             destination(&files, &c).unwrap(),
@@ -546,7 +555,10 @@ sdk {
             source: "the task's output_uri".into(),
         };
         let e = destination(&userinfo, &c).unwrap_err();
-        assert!(e.contains("gs://***@bucket/x") && !e.contains("PASSWORD"), "{e}");
+        assert!(
+            e.contains("gs://***@bucket/x") && !e.contains("PASSWORD"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -589,7 +601,10 @@ sdk {
         for (text, says) in [
             ("sdk.aws.s3.credentials: \"x\"", "not a list"),
             ("sdk.aws.s3.credentials: [ \"x\" ]", "not an object"),
-            ("sdk.aws.s3.credentials: [ { host: { a: b } } ]", "`host` is not a string"),
+            (
+                "sdk.aws.s3.credentials: [ { host: { a: b } } ]",
+                "`host` is not a string",
+            ),
             (
                 "sdk.aws.s3.credentials: [ { host: \"me:TOPSECRET@h/x\", key: K1, secret: S1 } ]",
                 "not host[:port]",
@@ -606,7 +621,10 @@ sdk {
                 "sdk.aws.s3.credentials: [ { bucket: b, secure: maybe } ]",
                 "neither true nor false",
             ),
-            ("sdk.aws.s3 { key: K, secret: \"S\\nX\" }", "control characters"),
+            (
+                "sdk.aws.s3 { key: K, secret: \"S\\nX\" }",
+                "control characters",
+            ),
             ("sdk.aws.s3.region: \"eu west\"", "not a region"),
             ("sdk.aws.s3.credentials: [ { bucket: ${NOPE} } ]", "line 1"),
         ] {

@@ -451,9 +451,7 @@ impl Resolved {
                 Credentials::Environment
                 | Credentials::Profile
                 | Credentials::Elsewhere
-                | Credentials::Given(_) => {
-                    return None
-                }
+                | Credentials::Given(_) => return None,
                 Credentials::HalfEnvironment { set, missing } => {
                     format!("{set} is set but {missing} is not")
                 }
