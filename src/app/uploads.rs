@@ -289,7 +289,7 @@ fn object_key(
 /// the AWS environment's or profile's credentials, else those of
 /// `sdk.aws.s3`; the uploader is kept while the destination stays.
 struct TaskOutput {
-    outputs: clearml::output::Outputs,
+    outputs: clearml::files::Outputs,
     s3: crate::export::s3::S3Config,
     run: String,
     file: String,
@@ -305,7 +305,7 @@ struct TaskUploadError {
 
 impl TaskOutput {
     fn new(
-        outputs: clearml::output::Outputs,
+        outputs: clearml::files::Outputs,
         s3: &crate::export::s3::S3Config,
         run: &RunInfo,
     ) -> TaskOutput {

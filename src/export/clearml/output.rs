@@ -7,9 +7,8 @@
 //! (`clearml/storage/helper.py`, `S3BucketConfigurations`): an entry of
 //! `credentials` with a `host` serves `s3://<host>/<bucket>/…`, one with
 //! only a `bucket` serves `s3://<bucket>/…`, and the section's own
-//! `key`/`secret`/`region` serve the rest. Pure but for [`Outputs`], which
-//! carries the API client: reading the file is the caller's, and nothing
-//! here ever shows a key or a secret.
+//! `key`/`secret`/`region` serve the rest. Pure: reading the file is the
+//! caller's, and nothing here ever shows a key or a secret.
 
 use std::fmt;
 
@@ -62,11 +61,7 @@ pub struct Keys {
 
 impl fmt::Debug for Keys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Keys {{ key: {}, secret: *** }}",
-            super::settings::mask(&self.key)
-        )
+        f.write_str("Keys { key: ***, secret: *** }")
     }
 }
 
@@ -104,42 +99,6 @@ pub struct S3Target {
 pub struct Chosen {
     pub uri: String,
     pub source: String,
-}
-
-/// What the run needs to put the document where the job's task keeps its
-/// artifacts: the settings, and the API client a fileserver upload
-/// authenticates with.
-#[derive(Debug, Clone)]
-pub struct Outputs {
-    api: super::api::Api,
-    files_host: String,
-    conf: OutputConf,
-}
-
-impl Outputs {
-    pub fn new(api: super::api::Api, files_host: &str, conf: OutputConf) -> Outputs {
-        Outputs {
-            api,
-            files_host: files_host.trim_end_matches('/').to_string(),
-            conf,
-        }
-    }
-
-    /// Where `task`'s artifact goes and what chose it; `None`: nowhere
-    /// (no output_uri, no default_output_uri, no fileserver).
-    pub fn for_task(
-        &self,
-        task: &super::outcome::TaskRef,
-    ) -> Option<(Chosen, Result<Destination, String>)> {
-        let chosen = choose(&task.output_uri, &self.conf, &self.files_host)?;
-        let dest = destination(&chosen, &self.conf);
-        Some((chosen, dest))
-    }
-
-    /// An uploader to the fileserver (or http store) at `base`.
-    pub fn files(&self, base: &str) -> super::files::FileServer {
-        super::files::FileServer::new(self.api.clone(), base)
-    }
 }
 
 /// The destination for the job's task: its own `output.destination`, else

@@ -74,7 +74,7 @@ pub struct Reporter {
     failed: Option<String>,
     /// Where the job's task keeps its artifacts, when the document goes
     /// there (no S3 destination of memtrack's own).
-    outputs: Option<super::output::Outputs>,
+    outputs: Option<super::files::Outputs>,
 }
 
 impl Reporter {
@@ -156,7 +156,7 @@ impl Reporter {
             Err(e) => return failed(e),
         };
         let outputs = settings.files_upload.then(|| {
-            super::output::Outputs::new(api.clone(), &settings.files_host, settings.output.clone())
+            super::files::Outputs::new(api.clone(), &settings.files_host, settings.output.clone())
         });
         let (finish_tx, finish_rx) = oneshot::channel();
         let (artifacts_tx, artifacts_rx) = mpsc::unbounded_channel();
@@ -219,7 +219,7 @@ impl Reporter {
     /// Where the document goes for the job's task without an S3
     /// destination of memtrack's own: where the task keeps its artifacts
     /// (`None`: nowhere).
-    pub fn outputs(&self) -> Option<super::output::Outputs> {
+    pub fn outputs(&self) -> Option<super::files::Outputs> {
         self.outputs.clone()
     }
 
