@@ -263,8 +263,10 @@ fn settled_task(
     config: &Config,
     deadline: &Deadline,
 ) -> Option<clearml::TaskRef> {
-    match (clearml, &io.s3) {
-        (Some(reporter), Some(_)) => {
+    match clearml {
+        // The key or the path follows the task: wait for it when the
+        // document goes to S3 or where ClearML keeps the task's artifacts.
+        Some(reporter) if io.s3.is_some() || reporter.outputs().is_some() => {
             let wait = config
                 .clearml
                 .final_flush_timeout

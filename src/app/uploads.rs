@@ -185,9 +185,10 @@ impl Io {
         Some(tx)
     }
 
-    /// The final document where the job's task keeps its artifacts (no S3
-    /// destination of memtrack's own): the object the registered artifact
-    /// points at, brought up to date. `None` when the document does not go
+    /// The final document where the task keeps its artifacts (no S3
+    /// destination of memtrack's own): for the job's task, the object the
+    /// registered artifact points at, brought up to date; for a task
+    /// memtrack created, the artifact it registers at the end. `None` when the document does not go
     /// there, or did not get there (logged, with the command that uploads
     /// it later; `failed` is then set).
     pub(super) fn upload_to_files(
@@ -202,7 +203,10 @@ impl Io {
             return None;
         }
         let mut output = TaskOutput::new(reporter.outputs()?, &self.s3_config, run);
-        let task = reporter.job_task().borrow().clone()?;
+        // The job's task, else the one memtrack created (registered with
+        // the end of the run, as an S3 upload is).
+        let job_task = reporter.job_task().borrow().clone();
+        let task = job_task.or_else(|| reporter.task())?;
         let result = self.runtime.block_on(deadline.bound(
             "the upload where the job's ClearML task keeps its artifacts",
             output.upload(document, &task),

@@ -270,3 +270,46 @@ fn hostile_sdk_aws_s3_values_cost_only_the_artifact_and_show_no_secret() {
     assert_eq!(server.state()["tasks"][&id]["artifacts"], json!([]));
     server.assert_exactly_once();
 }
+
+/// A task memtrack creates (no `Task.init`, no S3) gets the document where
+/// ClearML keeps a task's artifacts too: the fileserver, registered before
+/// memtrack completes the task.
+#[test]
+fn a_task_memtrack_creates_gets_the_artifact_on_the_fileserver() {
+    let server = Server::start(&[]);
+    let files = FileServer::start();
+    let out = scratch();
+    let res = run_to_end(
+        memtrack()
+            .args(["run", "--listen", "off", "--name", "own-task"])
+            .args(["--interval", "50ms", "--output"])
+            .arg(out.path())
+            .args(["--", "sleep", "0.3"])
+            .env("HOME", out.path())
+            .env("CLEARML_API_HOST", server.url())
+            .env("CLEARML_API_ACCESS_KEY", crate::clearml::KEY)
+            .env("CLEARML_API_SECRET_KEY", crate::clearml::SECRET)
+            .env("CLEARML_FILES_HOST", files.url())
+            .env("MEMTRACK_CLEARML_JOB_TASK_WAIT", "0s")
+            .env("AWS_EC2_METADATA_DISABLED", "true"),
+        Duration::from_secs(120),
+    );
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    let state = server.state();
+    let tasks = state["tasks"].as_object().unwrap();
+    assert_eq!(tasks.len(), 1, "{state:#}");
+    let (id, task) = tasks.iter().next().unwrap();
+    assert_eq!(state["task_creators"][id], "memtrack");
+    assert_eq!(task["status"], "completed", "{task:#}\n{log}");
+    let path = format!("memtrack/own-task.{id}/artifacts/memory_usage/memory_usage.json");
+    let artifacts = task["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 1, "{task:#}\n{log}");
+    assert_eq!(artifacts[0]["uri"], format!("{}/{path}", files.url()));
+    let local = std::fs::read_to_string(out.path().join("own-task/memory_usage.json")).unwrap();
+    let (code, object) = files.get(&format!("/{path}"));
+    assert_eq!(code, 200, "{:#}", files.state());
+    assert!(object == local, "the object is the final document");
+    assert_eq!(files.state()["violations"], json!([]));
+    server.assert_exactly_once();
+}
