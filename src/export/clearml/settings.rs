@@ -408,7 +408,11 @@ fn output_conf(conf: &ConfFile, env: &dyn Fn(&str) -> Option<String>) -> super::
         .map_err(|e| e.to_string())
         .and_then(|doc| super::output::read(&doc, env, &name));
     read.unwrap_or_else(|problem| {
-        tracing::warn!("ClearML: the artifact settings of {name} are not used: {problem}");
+        // Said once per process: the settings are resolved again at the end.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!("ClearML: the artifact settings of {name} are not used: {problem}");
+        }
         super::output::OutputConf {
             file: name,
             problem: Some(problem),
