@@ -214,8 +214,8 @@ impl Io {
         match result {
             Some(Ok(a)) => {
                 tracing::info!(
-                    "uploaded {} ({} bytes) for the job's ClearML task",
-                    a.uri,
+                    "uploaded {} ({} bytes) for the ClearML task",
+                    clearml::output::redact_userinfo(&a.uri),
                     a.size
                 );
                 Some(a)
@@ -341,7 +341,13 @@ impl TaskOutput {
                     .files(&base)
                     .upload(document, &path)
                     .await
-                    .map_err(|e| said(format!("{e} (to {base}, {})", chosen.source)))
+                    .map_err(|e| {
+                        said(format!(
+                            "{e} (to {}, {})",
+                            clearml::output::shown(&base),
+                            chosen.source
+                        ))
+                    })
             }
             Destination::S3(target) => self.upload_s3(document, task, &chosen, target).await,
         }
@@ -369,7 +375,11 @@ impl TaskOutput {
                 crate::export::s3::Uploader::with_keys(&config, keys, &target.keys_source)
                     .await
                     .map_err(|e| TaskUploadError {
-                        why: format!("{e} ({} `{}`)", chosen.source, chosen.uri),
+                        why: format!(
+                            "{e} ({} `{}`)",
+                            chosen.source,
+                            clearml::output::shown(&chosen.uri)
+                        ),
                         retry: None,
                     })?;
             self.uploader = Some((id, uploader));
@@ -401,7 +411,11 @@ impl TaskOutput {
                     _ => String::new(),
                 };
                 Err(TaskUploadError {
-                    why: format!("{e} ({} `{}`)", chosen.source, chosen.uri),
+                    why: format!(
+                        "{e} ({} `{}`)",
+                        chosen.source,
+                        clearml::output::shown(&chosen.uri)
+                    ),
                     retry: Some((uploader.clone(), note)),
                 })
             }

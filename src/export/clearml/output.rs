@@ -410,6 +410,20 @@ fn region(region: String, what: &str) -> Result<String, String> {
     }
 }
 
+/// A URL with its user part (which may hold a password) masked.
+pub fn redact_userinfo(text: &str) -> String {
+    match text.split_once("://") {
+        Some((scheme, rest)) => {
+            let host_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..host_end].rfind('@') {
+                Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+                None => text.to_string(),
+            }
+        }
+        None => text.to_string(),
+    }
+}
+
 /// `host[:port]`, nothing else (no scheme, user, path or space).
 fn check_host(host: &str) -> Result<(), String> {
     if host.is_empty() {
@@ -434,18 +448,10 @@ fn check_host(host: &str) -> Result<(), String> {
 }
 
 /// A value for a message: at most 80 characters, control characters
-/// escaped, a URL's user part (which may hold a password) masked.
-fn shown(text: &str) -> String {
-    let text = match text.split_once("://") {
-        Some((scheme, rest)) => {
-            let host_end = rest.find('/').unwrap_or(rest.len());
-            match rest[..host_end].rfind('@') {
-                Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-                None => text.to_string(),
-            }
-        }
-        None => text.to_string(),
-    };
+/// escaped, a URL's user part (which may hold a password) masked. A task's
+/// `output_uri` comes from the server: shown only this way.
+pub fn shown(text: &str) -> String {
+    let text = redact_userinfo(text);
     let cut: String = text.chars().take(80).collect();
     let escaped: String = cut.escape_debug().collect();
     if text.chars().count() > 80 {
