@@ -281,11 +281,10 @@ impl Io {
         // The task memtrack may create is named now: refuse a name the
         // server would refuse before the job starts.
         clearml::check_task_name(&settings, &run.name)?;
-        // Without S3, the job's task gets the document where its other
-        // artifacts go: its output_uri, clearml.conf's default_output_uri,
-        // else the ClearML fileserver.
-        settings.files_upload = self.s3.is_none()
-            && !(settings.files_host.is_empty() && settings.output.default_uri.is_empty());
+        // Without S3, the task gets the document where its other artifacts
+        // go: its output_uri, clearml.conf's default_output_uri, else the
+        // ClearML fileserver (nowhere when none is set: no upload).
+        settings.files_upload = self.s3.is_none();
         settings.artifact_expected = self.s3.is_some() || settings.files_upload;
         let (entries_tx, entries_rx) = mpsc::unbounded_channel();
         let _guard = self.runtime.enter();

@@ -171,13 +171,19 @@ impl Io {
                     continue;
                 };
                 let uploaded = output.upload(&document, &task).await;
-                if let Err(e) = &uploaded {
-                    tracing::warn!(
+                match &uploaded {
+                    Err(e) if e.nowhere => {
+                        tracing::debug!("ClearML: no artifact upload: {}", e.why);
+                    }
+                    Err(e) => tracing::warn!(
                         "ClearML: the checkpoint upload for the job's task failed (the final \
                          upload will try again): {}",
                         e.why
-                    );
+                    ),
+                    Ok(_) => {}
                 }
+                // Failed or not meant: the reporter answers the job's
+                // announcement without waiting for an artifact.
                 let _ = artifacts.send(uploaded.map_err(|e| e.why));
             }
         });
@@ -219,6 +225,10 @@ impl Io {
                     a.size
                 );
                 Some(a)
+            }
+            Some(Err(e)) if e.nowhere => {
+                tracing::debug!("ClearML: no artifact upload: {}", e.why);
+                None
             }
             Some(Err(e)) => {
                 *failed = true;
@@ -305,6 +315,9 @@ struct TaskOutput {
 struct TaskUploadError {
     why: String,
     retry: Option<(crate::export::s3::Uploader, String)>,
+    /// The task names no destination and none is configured: no upload
+    /// was meant, nothing failed.
+    nowhere: bool,
 }
 
 impl TaskOutput {
@@ -328,11 +341,19 @@ impl TaskOutput {
         task: &clearml::TaskRef,
     ) -> Result<clearml::Artifact, TaskUploadError> {
         use clearml::output::Destination;
-        let said = |why: String| TaskUploadError { why, retry: None };
+        let said = |why: String| TaskUploadError {
+            why,
+            retry: None,
+            nowhere: false,
+        };
         let Some((chosen, dest)) = self.outputs.for_task(task) else {
-            return Err(said(
-                "the task has no output_uri and no fileserver is configured".into(),
-            ));
+            return Err(TaskUploadError {
+                why: "the task has no output_uri, and no default_output_uri or fileserver is \
+                      configured"
+                    .into(),
+                retry: None,
+                nowhere: true,
+            });
         };
         match dest.map_err(said)? {
             Destination::Files(base) => {
@@ -375,6 +396,7 @@ impl TaskOutput {
                 crate::export::s3::Uploader::with_keys(&config, keys, &target.keys_source)
                     .await
                     .map_err(|e| TaskUploadError {
+                        nowhere: false,
                         why: format!(
                             "{e} ({} `{}`)",
                             chosen.source,
@@ -388,6 +410,7 @@ impl TaskOutput {
             return Err(TaskUploadError {
                 why: "no S3 uploader".into(),
                 retry: None,
+                nowhere: false,
             });
         };
         let key = object_key(uploader, &self.run, Some(task.clone()), &self.file);
@@ -411,6 +434,7 @@ impl TaskOutput {
                     _ => String::new(),
                 };
                 Err(TaskUploadError {
+                    nowhere: false,
                     why: format!(
                         "{e} ({} `{}`)",
                         chosen.source,

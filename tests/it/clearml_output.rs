@@ -315,3 +315,45 @@ fn a_task_memtrack_creates_gets_the_artifact_on_the_fileserver() {
     assert_eq!(files.state()["violations"], json!([]));
     server.assert_exactly_once();
 }
+
+/// `Task.init(output_uri="s3://…")` is enough: no fileserver and no
+/// `default_output_uri` configured, the artifact still lands in the bucket.
+#[test]
+fn an_s3_output_uri_needs_no_fileserver() {
+    require_clearml_sdk();
+    let server = Server::start(&[]);
+    let s3 = S3Server::start();
+    let out = scratch();
+    std::fs::write(
+        out.path().join("clearml.conf"),
+        format!(
+            "api {{\n  web_server: http://127.0.0.1:9\n  api_server: {}\n  credentials {{\n    \
+             \"access_key\" = \"{}\"\n    \"secret_key\" = \"{}\"\n  }}\n}}\n{}",
+            server.url(),
+            crate::clearml::KEY,
+            crate::clearml::SECRET,
+            sdk_s3(&s3, S3_SECRET)
+        ),
+    )
+    .unwrap();
+    let host = format!("127.0.0.1:{}", s3.port);
+    let uri = format!("s3://{host}/{}/runs", s3.bucket);
+    let (code, stdout, log) =
+        run_python_job("nofiles", out.path(), &env(out.path(), &[]), &job(&uri));
+    let all = format!("{stdout}\n{log}");
+    assert_eq!(code, 0, "{all}");
+    let id = task_id(&stdout, &all);
+    let key = format!("runs/memtrack-it/out uri.{id}/artifacts/memory_usage/memory_usage.json");
+    let local = std::fs::read(out.path().join("nofiles/memory_usage.json")).unwrap();
+    assert!(
+        s3.object(&key).as_deref() == Some(local.as_slice()),
+        "the object is the final document: {all}"
+    );
+    let task = &server.state()["tasks"][&id];
+    assert_eq!(
+        task["artifacts"][0]["uri"],
+        format!("s3://{host}/{}/{key}", s3.bucket),
+        "{task:#}"
+    );
+    server.assert_exactly_once();
+}
