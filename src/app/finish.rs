@@ -217,23 +217,33 @@ fn flush_within_deadline(
     let mut export_failed = false;
     // Everything from here on shares one deadline.
     let deadline = Deadline::start(config.finish_timeout);
-    let task = settled_task(io, clearml.as_ref(), config, &deadline);
+    let mut task = settled_task(io, clearml.as_ref(), config, &deadline);
     io.stop_checkpoint_uploads(&deadline);
     let uploaded = if saved.written {
         io.upload(&saved.document, run, task.clone(), &deadline)
     } else {
         None
     };
-    let upload_failed = matches!(uploaded, Some(Err(_)));
+    let mut upload_failed = matches!(uploaded, Some(Err(_)));
     export_failed |= upload_failed;
     if let Some(reporter) = clearml {
         let mut artifact = s3_artifact(uploaded);
         if artifact.is_none() && saved.written {
-            artifact = io.upload_to_files(&reporter, &saved.document, run, &deadline);
+            // Where the job's task keeps its artifacts (no S3 of memtrack's).
+            artifact = io.upload_to_files(
+                &reporter,
+                &saved.document,
+                (run, run_dir),
+                &deadline,
+                &mut upload_failed,
+            );
         }
-        let (failed, task) = finish_clearml(io, reporter, config, ended, artifact, &deadline);
+        let (failed, reported) = finish_clearml(io, reporter, config, ended, artifact, &deadline);
         export_failed |= failed;
-        if let (Some(task), false) = (task, saved.advice.is_empty()) {
+        if task.is_none() {
+            task.clone_from(&reported);
+        }
+        if let (Some(task), false) = (reported, saved.advice.is_empty()) {
             advise_task(io, config, &task.id, &run.id, &saved.advice, &deadline);
         }
     }
@@ -253,8 +263,10 @@ fn settled_task(
     config: &Config,
     deadline: &Deadline,
 ) -> Option<clearml::TaskRef> {
-    match (clearml, &io.s3) {
-        (Some(reporter), Some(_)) => {
+    match clearml {
+        // The key or the path follows the task: wait for it when the
+        // document goes to S3 or where ClearML keeps the task's artifacts.
+        Some(reporter) if io.s3.is_some() || reporter.outputs().is_some() => {
             let wait = config
                 .clearml
                 .final_flush_timeout

@@ -31,6 +31,9 @@ pub(super) struct Io {
     pub link: Option<EventLink>,
     pub snapshots: watch::Sender<Arc<Snapshot>>,
     pub s3: Option<crate::export::s3::Uploader>,
+    /// The `[s3]` settings: their limits serve an upload to the job's
+    /// ClearML task's own S3 destination too.
+    pub s3_config: crate::export::s3::S3Config,
     /// Failed S3 uploads (checkpoints and the final one).
     pub s3_errors: Arc<AtomicU64>,
     pub clearml: Option<clearml::Reporter>,
@@ -93,6 +96,7 @@ impl Io {
             link: None,
             snapshots,
             s3: None,
+            s3_config: config.s3.clone(),
             s3_errors: Arc::new(AtomicU64::new(0)),
             clearml: None,
             job_tasks: None,
@@ -277,9 +281,10 @@ impl Io {
         // The task memtrack may create is named now: refuse a name the
         // server would refuse before the job starts.
         clearml::check_task_name(&settings, &run.name)?;
-        // Without S3, the job's task gets the document where its other
-        // artifacts go: the ClearML fileserver.
-        settings.files_upload = self.s3.is_none() && !settings.files_host.is_empty();
+        // Without S3, the task gets the document where its other artifacts
+        // go: its output_uri, clearml.conf's default_output_uri, else the
+        // ClearML fileserver (nowhere when none is set: no upload).
+        settings.files_upload = self.s3.is_none();
         settings.artifact_expected = self.s3.is_some() || settings.files_upload;
         let (entries_tx, entries_rx) = mpsc::unbounded_channel();
         let _guard = self.runtime.enter();

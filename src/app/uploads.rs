@@ -25,7 +25,12 @@ impl Io {
         deadline: &Deadline,
     ) -> Option<Result<crate::export::s3::Uploaded, crate::export::s3::S3Error>> {
         let s3 = self.s3.as_ref()?;
-        let key = object_key(s3, run, task);
+        let key = object_key(
+            s3,
+            &run.name,
+            task,
+            &crate::export::s3::file_name(&run.labels),
+        );
         let what = format!("the upload to {}", s3.endpoint);
         let result = self
             .runtime
@@ -100,7 +105,12 @@ impl Io {
                 if !always && !for_job_task {
                     continue;
                 }
-                let key = object_key(&s3, &run, task.as_ref().and_then(|t| t.borrow().clone()));
+                let key = object_key(
+                    &s3,
+                    &run.name,
+                    task.as_ref().and_then(|t| t.borrow().clone()),
+                    &crate::export::s3::file_name(&run.labels),
+                );
                 let uploaded = s3.upload(&document, &key).await;
                 if let Err(e) = &uploaded {
                     errors.fetch_add(1, Ordering::Relaxed);
@@ -125,11 +135,12 @@ impl Io {
         Some(tx)
     }
 
-    /// Without S3: once memtrack reports into the job's own ClearML task,
-    /// the document goes to the task's fileserver after every checkpoint
-    /// and is registered as its `memory_usage` artifact while the task
-    /// takes it (as with S3, an early checkpoint is asked for as soon as
-    /// the task is known). `None` when there is no fileserver to use.
+    /// Without an S3 destination of memtrack's own: once memtrack reports
+    /// into the job's own ClearML task, the document goes where that task
+    /// keeps its artifacts ([`TaskOutput`]) after every checkpoint and is
+    /// registered as its `memory_usage` artifact while the task takes it
+    /// (as with S3, an early checkpoint is asked for as soon as the task is
+    /// known). `None` when there is nowhere to put it.
     fn upload_checkpoints_to_files(
         &mut self,
         document: PathBuf,
@@ -137,11 +148,10 @@ impl Io {
         engine: SyncSender<Input>,
     ) -> Option<tokio::sync::watch::Sender<u64>> {
         let reporter = self.clearml.as_ref()?;
-        let files = reporter.files()?;
+        let mut output = TaskOutput::new(reporter.outputs()?, &self.s3_config, run);
         let artifacts = reporter.artifacts()?;
         let mut job_task = Some(reporter.job_task());
         let (tx, mut rx) = tokio::sync::watch::channel(0u64);
-        let file = crate::export::s3::file_name(&run.labels);
         let mut shutdown = self.shutdown.subscribe();
         let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
         let handle = self.runtime.spawn(async move {
@@ -160,52 +170,90 @@ impl Io {
                 let Some(task) = job_task.as_ref().and_then(|t| t.borrow().clone()) else {
                     continue;
                 };
-                let path = clearml::FileServer::path(&task, &file);
-                let uploaded = files.upload(&document, &path).await;
-                if let Err(e) = &uploaded {
-                    tracing::warn!("ClearML: the checkpoint upload to the fileserver failed: {e}");
+                let uploaded = output.upload(&document, &task).await;
+                match &uploaded {
+                    Err(e) if e.nowhere => {
+                        tracing::debug!("ClearML: no artifact upload: {}", e.why);
+                    }
+                    Err(e) => tracing::warn!(
+                        "ClearML: the checkpoint upload for the job's task failed (the final \
+                         upload will try again): {}",
+                        e.why
+                    ),
+                    Ok(_) => {}
                 }
-                let _ = artifacts.send(uploaded);
+                // Failed or not meant: the reporter answers the job's
+                // announcement without waiting for an artifact.
+                let _ = artifacts.send(uploaded.map_err(|e| e.why));
             }
         });
         self.checkpoint_uploads = Some((stop_tx, handle));
         Some(tx)
     }
 
-    /// The final document on the job's task's fileserver (no S3): the
-    /// object the registered artifact points at, brought up to date.
-    /// `None` when the document does not go there.
+    /// The final document where the task keeps its artifacts (no S3
+    /// destination of memtrack's own): for the job's task, the object the
+    /// registered artifact points at, brought up to date; for a task
+    /// memtrack created, the artifact it registers at the end. `None` when the document does not go
+    /// there, or did not get there (logged, with the command that uploads
+    /// it later; `failed` is then set).
     pub(super) fn upload_to_files(
         &self,
         reporter: &clearml::Reporter,
         document: &Path,
-        run: &RunInfo,
+        (run, run_dir): (&RunInfo, &Path),
         deadline: &Deadline,
+        failed: &mut bool,
     ) -> Option<clearml::Artifact> {
         if self.s3.is_some() {
             return None;
         }
-        let files = reporter.files()?;
-        let task = reporter.job_task().borrow().clone()?;
-        let path = clearml::FileServer::path(&task, &crate::export::s3::file_name(&run.labels));
+        let mut output = TaskOutput::new(reporter.outputs()?, &self.s3_config, run);
+        // The job's task, else the one memtrack created (registered with
+        // the end of the run, as an S3 upload is).
+        let job_task = reporter.job_task().borrow().clone();
+        let task = job_task.or_else(|| reporter.task())?;
         let result = self.runtime.block_on(deadline.bound(
-            "the upload to the ClearML fileserver",
-            files.upload(document, &path),
+            "the upload where the job's ClearML task keeps its artifacts",
+            output.upload(document, &task),
         ));
         match result {
             Some(Ok(a)) => {
                 tracing::info!(
-                    "uploaded {} ({} bytes) to the ClearML fileserver",
-                    a.uri,
+                    "uploaded {} ({} bytes) for the ClearML task",
+                    clearml::output::redact_userinfo(&a.uri),
                     a.size
                 );
                 Some(a)
             }
-            Some(Err(e)) => {
-                tracing::error!("ClearML: the upload to the fileserver failed: {e}");
+            Some(Err(e)) if e.nowhere => {
+                tracing::debug!("ClearML: no artifact upload: {}", e.why);
                 None
             }
-            None => None,
+            Some(Err(e)) => {
+                *failed = true;
+                let later = match &e.retry {
+                    Some((uploader, note)) => {
+                        uploader.record_destination(run_dir);
+                        format!(
+                            "; {} is intact; to upload it later, run: {}{note}",
+                            document.display(),
+                            uploader.retry_command(&absolute(&crate::files::shown(document)))
+                        )
+                    }
+                    None => format!("; {} is intact", document.display()),
+                };
+                tracing::error!("ClearML: the artifact upload failed: {}{later}", e.why);
+                None
+            }
+            None => {
+                *failed = true;
+                tracing::error!(
+                    "ClearML: no time was left to upload the artifact; {} is intact",
+                    document.display()
+                );
+                None
+            }
         }
     }
 
@@ -236,18 +284,165 @@ pub(super) fn absolute(path: &Path) -> PathBuf {
 /// else `<run>/…`.
 fn object_key(
     s3: &crate::export::s3::Uploader,
-    run: &RunInfo,
+    run: &str,
     task: Option<clearml::TaskRef>,
+    file: &str,
 ) -> String {
     let task = task.map(|t| crate::export::s3::TaskKey {
         project: t.project,
         name: t.name,
         id: t.id,
     });
-    crate::export::s3::object_key(
-        &s3.dest,
-        &run.name,
-        task.as_ref(),
-        &crate::export::s3::file_name(&run.labels),
-    )
+    crate::export::s3::object_key(&s3.dest, run, task.as_ref(), file)
+}
+
+/// The document where the job's ClearML task keeps its artifacts: the
+/// task's `output_uri`, else `clearml.conf`'s `default_output_uri`, else
+/// the ClearML fileserver ([`clearml::output`]). An `s3://` destination
+/// goes through memtrack's S3 uploader with the `[s3]` settings' limits,
+/// the AWS environment's or profile's credentials, else those of
+/// `sdk.aws.s3`; the uploader is kept while the destination stays.
+struct TaskOutput {
+    outputs: clearml::files::Outputs,
+    s3: crate::export::s3::S3Config,
+    run: String,
+    file: String,
+    uploader: Option<(String, crate::export::s3::Uploader)>,
+}
+
+/// A failed upload for the job's task: why, and for S3 the uploader (for
+/// the command that uploads the file later) with a note on credentials.
+struct TaskUploadError {
+    why: String,
+    retry: Option<(crate::export::s3::Uploader, String)>,
+    /// The task names no destination and none is configured: no upload
+    /// was meant, nothing failed.
+    nowhere: bool,
+}
+
+impl TaskOutput {
+    fn new(
+        outputs: clearml::files::Outputs,
+        s3: &crate::export::s3::S3Config,
+        run: &RunInfo,
+    ) -> TaskOutput {
+        TaskOutput {
+            outputs,
+            s3: s3.clone(),
+            run: run.name.clone(),
+            file: crate::export::s3::file_name(&run.labels),
+            uploader: None,
+        }
+    }
+
+    async fn upload(
+        &mut self,
+        document: &Path,
+        task: &clearml::TaskRef,
+    ) -> Result<clearml::Artifact, TaskUploadError> {
+        use clearml::output::Destination;
+        let said = |why: String| TaskUploadError {
+            why,
+            retry: None,
+            nowhere: false,
+        };
+        let Some((chosen, dest)) = self.outputs.for_task(task) else {
+            return Err(TaskUploadError {
+                why: "the task has no output_uri, and no default_output_uri or fileserver is \
+                      configured"
+                    .into(),
+                retry: None,
+                nowhere: true,
+            });
+        };
+        match dest.map_err(said)? {
+            Destination::Files(base) => {
+                let path = clearml::FileServer::path(task, &self.file);
+                self.outputs
+                    .files(&base)
+                    .upload(document, &path)
+                    .await
+                    .map_err(|e| {
+                        said(format!(
+                            "{e} (to {}, {})",
+                            clearml::output::shown(&base),
+                            chosen.source
+                        ))
+                    })
+            }
+            Destination::S3(target) => self.upload_s3(document, task, &chosen, target).await,
+        }
+    }
+
+    async fn upload_s3(
+        &mut self,
+        document: &Path,
+        task: &clearml::TaskRef,
+        chosen: &clearml::output::Chosen,
+        target: clearml::output::S3Target,
+    ) -> Result<clearml::Artifact, TaskUploadError> {
+        let id = format!("{}|{:?}|{}", target.url, target.endpoint, target.region);
+        if self.uploader.as_ref().is_none_or(|(k, _)| *k != id) {
+            let mut config = self.s3.clone();
+            config.url = target.url.clone();
+            if let Some(e) = &target.endpoint {
+                config.endpoint = e.clone();
+            }
+            if !target.region.is_empty() {
+                config.region = target.region.clone();
+            }
+            let keys = target.keys.clone().map(|k| (k.key, k.secret));
+            let uploader =
+                crate::export::s3::Uploader::with_keys(&config, keys, &target.keys_source)
+                    .await
+                    .map_err(|e| TaskUploadError {
+                        nowhere: false,
+                        why: format!(
+                            "{e} ({} `{}`)",
+                            chosen.source,
+                            clearml::output::shown(&chosen.uri)
+                        ),
+                        retry: None,
+                    })?;
+            self.uploader = Some((id, uploader));
+        }
+        let Some((_, uploader)) = &self.uploader else {
+            return Err(TaskUploadError {
+                why: "no S3 uploader".into(),
+                retry: None,
+                nowhere: false,
+            });
+        };
+        let key = object_key(uploader, &self.run, Some(task.clone()), &self.file);
+        match uploader.upload(document, &key).await {
+            Ok(u) => Ok(clearml::Artifact {
+                // As the SDK writes it: with the store's host when the
+                // destination names one.
+                uri: match &target.host {
+                    Some(host) => format!("s3://{host}/{}/{key}", uploader.dest.bucket),
+                    None => u.uri,
+                },
+                size: u.size,
+                sha256: u.sha256,
+            }),
+            Err(e) => {
+                let note = match &uploader.resolved.credentials {
+                    crate::export::s3::aws::Credentials::Given(source) => format!(
+                        " (with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY set to the key and \
+                         secret of {source})"
+                    ),
+                    _ => String::new(),
+                };
+                Err(TaskUploadError {
+                    nowhere: false,
+                    why: format!(
+                        "{e} ({} `{}`)",
+                        chosen.source,
+                        clearml::output::shown(&chosen.uri)
+                    ),
+                    retry: Some((uploader.clone(), note)),
+                })
+            }
+        }
+    }
 }

@@ -96,7 +96,7 @@ pub const METRICS: &[Def] = &[
     def("memtrack_host_memory_available_bytes", G, &[], "Host RAM available (MemAvailable)."),
     def("memtrack_peak_memory_bytes", G, &["figure"], "Run peak of each memory_usage.json figure (cpu_ram_used, cpu_ram_hwm, gpu_ram_used, gpu_ram_peak, reserved_gpu_ram, gpu_process_used; the gpu ones only when the run has GPU memory)."),
     def("memtrack_component_peak_memory_bytes", G, &["component", "figure"], "Peak of each figure over the samples attributed to a component."),
-    def("memtrack_events_total", C, &["component", "operation"], "Events (marks, spans, stages) recorded; before the first, one series at 0 without these labels."),
+    def("memtrack_events_total", C, &["component", "operation"], "Events (marks and span boundaries) recorded; a stage's boundaries count in no component (see memtrack_current_stage); before the first, one series at 0 without these labels."),
     def("memtrack_pressure_level", G, &["resource"], "Memory pressure: 0 normal, 1 high, 2 critical, 3 emergency."),
     def("memtrack_open_spans", G, &[], "Spans open now."),
     def("memtrack_open_stages", G, &[], "Stages open now."),

@@ -334,11 +334,20 @@ pub fn build(runs: &[(String, Document)]) -> Comparison {
             .map(|s| (s.name.clone(), Peak::of(&s.peak)))
             .collect()
     });
+    // memtrack's own `system` entries are the time outside the job's
+    // spans: named for what they are, after the job's components.
     let components = parts(&docs, |d| {
-        d.peaks_by_component
+        let system = crate::store::SYSTEM;
+        let mut named: Vec<(String, Peak)> = d
+            .peaks_by_component
             .iter()
+            .filter(|(c, _)| *c != system)
             .map(|(c, p)| (c.clone(), Peak::of(p)))
-            .collect()
+            .collect();
+        if let Some(p) = d.peaks_by_component.get(system) {
+            named.push(("outside spans".to_string(), Peak::of(p)));
+        }
+        named
     });
     let gpu = columns.iter().any(|r| r.peak.gpu_mib > 0.0);
     Comparison {

@@ -276,6 +276,65 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// Whether the run has GPU memory to speak of: a GPU seen, or a GPU
+/// figure above 0 anywhere (PyTorch's allocator figures come without NVML
+/// too). Without it the report shows no GPU column: all zeros say nothing.
+pub fn has_gpu(doc: &Document) -> bool {
+    let any = |p: &Peaks| {
+        [
+            p.gpu_ram_used_mb,
+            p.gpu_ram_peak_mb,
+            p.reserved_gpu_ram_mb,
+            p.gpu_process_used_mb,
+        ]
+        .iter()
+        .any(|v| *v > 0.0)
+    };
+    !doc.gpus.is_empty()
+        || any(&doc.peak_usage)
+        || doc.peaks_by_component.values().any(any)
+        || doc.ranks.iter().any(|r| any(&r.peak_usage))
+        || doc.targets.iter().any(|t| t.peak_gpu_mb > 0.0)
+}
+
+/// A table without the columns `drop` names (by header), e.g. the GPU
+/// columns of a run without GPU memory.
+fn table_without(out: &mut String, header: &[&str], rows: &[Vec<String>], drop: &[&str]) {
+    let keep: Vec<bool> = header.iter().map(|h| !drop.contains(h)).collect();
+    let pick = |cells: &[String]| -> Vec<String> {
+        cells
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .map(|(c, _)| c.clone())
+            .collect()
+    };
+    let kept: Vec<&str> = header
+        .iter()
+        .zip(&keep)
+        .filter(|(_, k)| **k)
+        .map(|(h, _)| *h)
+        .collect();
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| pick(r)).collect();
+    table(out, &kept, &rows);
+}
+
+/// The GPU columns' headers to leave out of `doc`'s tables (none when the
+/// run has GPU memory).
+fn gpu_columns(doc: &Document) -> &'static [&'static str] {
+    if has_gpu(doc) {
+        &[]
+    } else {
+        &[
+            "GPU used",
+            "GPU peak",
+            "GPU reserved",
+            "GPU (NVML)",
+            "peak GPU",
+        ]
+    }
+}
+
 fn peaks_row(name: &str, p: &Peaks) -> Vec<String> {
     vec![
         name.to_string(),
@@ -442,14 +501,21 @@ fn write_run(out: &mut String, doc: &Document) {
     }
 }
 
-/// The run's peaks, then each component's.
+/// The run's peaks, then each component's the job named, then the time
+/// outside its spans (memtrack's own `system` entries: timer samples taken
+/// while no span was open, the run's start and end), shown only beside
+/// components of the job's: alone it is the run's row again.
 fn write_peaks(out: &mut String, doc: &Document) {
     let _ = writeln!(out, "\nPeaks");
     let mut rows = vec![peaks_row("run", &doc.peak_usage)];
-    for (c, p) in &doc.peaks_by_component {
+    let system = crate::store::SYSTEM;
+    for (c, p) in doc.peaks_by_component.iter().filter(|(c, _)| *c != system) {
         rows.push(peaks_row(c, p));
     }
-    table(
+    if let (true, Some(p)) = (rows.len() > 1, doc.peaks_by_component.get(system)) {
+        rows.push(peaks_row("outside spans", p));
+    }
+    table_without(
         out,
         &[
             "component",
@@ -462,6 +528,7 @@ fn write_peaks(out: &mut String, doc: &Document) {
             "samples",
         ],
         &rows,
+        gpu_columns(doc),
     );
 }
 
@@ -484,10 +551,11 @@ fn write_stages(out: &mut String, doc: &Document) {
                 ]
             })
             .collect();
-        table(
+        table_without(
             out,
             &["stage", "status", "duration", "peak host", "peak GPU"],
             &rows,
+            gpu_columns(doc),
         );
         // What a failed stage said (the exception), under the table.
         for s in &doc.stages {
@@ -531,10 +599,11 @@ fn write_ranks(out: &mut String, doc: &Document) {
                 ]
             })
             .collect();
-        table(
+        table_without(
             out,
             &["rank", "host", "peak host", "peak GPU", "exit"],
             &rows,
+            gpu_columns(doc),
         );
         for (figure, rank) in &doc.worst_rank {
             let _ = writeln!(out, "  worst {}: rank {}", shown(figure), shown(rank));
@@ -576,12 +645,13 @@ fn write_processes(out: &mut String, doc: &Document) {
                 ]
             })
             .collect();
-        table(
+        table_without(
             out,
             &[
                 "pid", "name", "peak USS", "peak PSS", "peak RSS", "HWM", "peak GPU", "end",
             ],
             &rows,
+            gpu_columns(doc),
         );
         if targets.len() > shown {
             let _ = writeln!(

@@ -26,12 +26,17 @@ impl Store {
         }
     }
 
+    /// `stage` is given for a stage's boundary only: its entry counts for
+    /// the run's and the stages' peaks but makes no component of its own
+    /// (no "stage" row in the peaks, no `component="stage"` in /metrics):
+    /// a stage's peaks are in `stages[]`.
     pub(super) fn record_mark(
         &mut self,
         mark: &Mark,
         operation: String,
         stage: Option<String>,
     ) -> Entry {
+        let boundary = stage.is_some();
         let mut entry = Entry {
             component: mark.component.clone(),
             operation,
@@ -51,7 +56,9 @@ impl Store {
         }
         if mark.kind == EntryKind::Event {
             self.counters.events += 1;
-            self.count_event(&entry.component, &entry.operation);
+            if !boundary {
+                self.count_event(&entry.component, &entry.operation);
+            }
         }
         if let (Some(a), Some(pid)) = (mark.allocator, mark.pid) {
             self.allocator_now.insert(
@@ -63,7 +70,11 @@ impl Store {
                 },
             );
         }
-        self.observe(&entry, 1);
+        if boundary {
+            self.observe_outside_components(&entry, 1);
+        } else {
+            self.observe(&entry, 1);
+        }
         self.push_event(&entry);
         entry
     }
@@ -196,5 +207,35 @@ mod tests {
         assert_eq!(doc.counters.stages_dropped, 7);
         // Every message is still a log entry.
         assert_eq!(doc.counters.events, 51 + 10 + 12 + 4);
+    }
+
+    #[test]
+    fn a_stages_boundaries_count_for_its_peak_not_as_a_component() {
+        let mut st = store();
+        let mut s = sample(100.0, &[(10, 100)], &[]);
+        join(&mut s, 10);
+        timer(&mut st, s);
+        st.apply(&Record::StageBegin(stage(101.0, "build_model", None)));
+        st.apply(&Record::Mark(mark(101.5, "model", "loaded")));
+        st.apply(&Record::StageEnd(stage(
+            102.0,
+            "build_model",
+            Some("SUCCESS"),
+        )));
+        let doc = st.document();
+        let names: Vec<&str> = doc.peaks_by_component.keys().map(String::as_str).collect();
+        assert_eq!(names, ["model", "system"], "no `stage` component");
+        assert!(doc.stages[0].peak.samples >= 2, "{:?}", doc.stages[0].peak);
+        assert!(doc.peak_usage.samples >= 4, "{:?}", doc.peak_usage);
+        let snap = st.snapshot();
+        assert!(!snap.events.contains_key("stage"), "{:?}", snap.events);
+        assert_eq!(snap.events["model"]["loaded"], 1);
+        // The boundaries are still in the log, with their stage.
+        let boundaries = doc
+            .detailed_log
+            .iter()
+            .filter(|e| e.operation.starts_with("build_model/"))
+            .count();
+        assert_eq!(boundaries, 2);
     }
 }

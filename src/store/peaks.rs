@@ -33,6 +33,15 @@ impl Store {
         }
     }
 
+    /// Folds an entry into the overall and open-stage peaks only (a
+    /// stage's boundary: no component of its own).
+    pub(super) fn observe_outside_components(&mut self, entry: &Entry, n: u64) {
+        self.peaks.observe_weighted(entry, n);
+        for stage in self.stages.iter_mut().filter(|s| s.end.is_none()) {
+            stage.peak.observe_weighted(entry, n);
+        }
+    }
+
     /// A reaped process's peak RSS from `wait4`, exact even when it died
     /// before a tick read its `VmHWM`: the tree held at least that much.
     pub(super) fn exact_peak(&mut self, max_rss: u64) {

@@ -20,11 +20,11 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::common::*;
 
-const KEY: &str = "memtrack-test-key";
-const SECRET: &str = "memtrack-test-secret";
+pub(crate) const KEY: &str = "memtrack-test-key";
+pub(crate) const SECRET: &str = "memtrack-test-secret";
 
 /// The contract server as a child process, killed on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     api: u16,
     admin: u16,
@@ -32,7 +32,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(extra: &[&str]) -> Server {
+    pub(crate) fn start(extra: &[&str]) -> Server {
         let dir = scratch();
         let ports = dir.path().join("ports.json");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/clearml_server.py");
@@ -67,7 +67,7 @@ impl Server {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.api)
     }
 
@@ -93,7 +93,7 @@ impl Server {
         assert_eq!(r["ok"], true, "{r}");
     }
 
-    fn state(&self) -> Value {
+    pub(crate) fn state(&self) -> Value {
         self.admin("GET", "/state", None)
     }
 
@@ -107,7 +107,7 @@ impl Server {
         r["id"].as_str().unwrap().to_string()
     }
 
-    fn points(&self, task: &str) -> Vec<Value> {
+    pub(crate) fn points(&self, task: &str) -> Vec<Value> {
         self.admin("GET", &format!("/points?task={task}"), None)["points"]
             .as_array()
             .unwrap()
@@ -122,7 +122,7 @@ impl Server {
     /// No violation, and no point sent twice on the wire either (an
     /// identical resend is legal, and harmless in ClearML, but means a
     /// batch went out again).
-    fn assert_exactly_once(&self) {
+    pub(crate) fn assert_exactly_once(&self) {
         self.assert_no_violations();
         assert_eq!(self.state()["resends"], 0, "points sent twice");
     }
@@ -1653,7 +1653,7 @@ fn sdk_env(server: &Server, s3: &S3Server, home: &Path) -> Vec<(&'static str, St
     env
 }
 
-fn require_clearml_sdk() {
+pub(crate) fn require_clearml_sdk() {
     let ok = Command::new("python3")
         .args(["-c", "import clearml"])
         .stderr(Stdio::null())
@@ -2146,14 +2146,14 @@ fn the_runs_advice_is_appended_to_its_tasks_description() {
 
 /// The fileserver stand-in (tests/servers/clearml_fileserver.py), killed
 /// on drop.
-struct FileServer {
+pub(crate) struct FileServer {
     child: Child,
     port: u16,
     _dir: tempfile::TempDir,
 }
 
 impl FileServer {
-    fn start() -> FileServer {
+    pub(crate) fn start() -> FileServer {
         let dir = scratch();
         let ports = dir.path().join("port.json");
         let script =
@@ -2191,15 +2191,15 @@ impl FileServer {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) fn get(&self, path: &str) -> (u16, String) {
         http_request(([127, 0, 0, 1], self.port).into(), "GET", path)
     }
 
-    fn state(&self) -> Value {
+    pub(crate) fn state(&self) -> Value {
         serde_json::from_str(&self.get("/__state").1).unwrap()
     }
 }
@@ -2213,7 +2213,7 @@ impl Drop for FileServer {
 
 /// A `clearml.conf` as `clearml-init` writes it, for the contract server
 /// and `files` as the fileserver; the web host at a closed loopback port.
-fn write_clearml_conf(home: &Path, server: &Server, files: &str) {
+pub(crate) fn write_clearml_conf(home: &Path, server: &Server, files: &str) {
     let closed = "http://127.0.0.1:9";
     std::fs::write(
         home.join("clearml.conf"),
@@ -2228,7 +2228,7 @@ fn write_clearml_conf(home: &Path, server: &Server, files: &str) {
 
 /// The SDK's environment with nothing of ClearML in it but what keeps the
 /// traffic on this machine: no `CLEARML_API_HOST`, no keys.
-fn bare_sdk_env(home: &Path) -> Vec<(&'static str, String)> {
+pub(crate) fn bare_sdk_env(home: &Path) -> Vec<(&'static str, String)> {
     let closed = "http://127.0.0.1:9".to_string();
     vec![
         ("HOME", home.display().to_string()),
@@ -2251,7 +2251,7 @@ fn bare_sdk_env(home: &Path) -> Vec<(&'static str, String)> {
 
 /// `memtrack run` of `script` (Python, memtrack's client importable) with
 /// `env` only for ClearML, S3 off.
-fn run_python_job(
+pub(crate) fn run_python_job(
     name: &str,
     out: &Path,
     env: &[(&'static str, String)],

@@ -7,6 +7,7 @@
 mod advice;
 mod bounds;
 mod clearml;
+mod clearml_output;
 mod cli;
 mod common;
 mod core;

@@ -1,6 +1,7 @@
 //! After the run: report, compare, the OOM flight recorder, leak
 //! detection on a real job, and the live view under a terminal.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -528,4 +529,87 @@ fn compare_names_every_run_and_gives_durations_exits_parts_and_differences() {
             }
         }
     }
+}
+
+/// A run on a host without GPU memory, with a stage and a span: `report`
+/// shows no GPU column (all zeros would say nothing), no "stage"
+/// component (the stage has its own table) and the time outside the spans
+/// under that name; `compare` shows no GPU column either.
+#[test]
+fn a_host_only_run_reports_no_gpu_columns_and_no_invented_components() {
+    let out = scratch();
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/src");
+    let script = format!(
+        "import sys\nsys.path.insert(0, {:?})\nimport memtrack\n\
+         with memtrack.stage('build_model'):\n    with memtrack.span('model', 'load'):\n        \
+         b = bytearray(16 << 20)\n        for i in range(0, len(b), 4096): b[i] = 1\n",
+        client.display().to_string()
+    );
+    let mut files = Vec::new();
+    for name in ["host-a", "host-b"] {
+        let res = run_to_end(
+            memtrack()
+                .args(["run", "--no-gpu", "--listen", "off", "--interval", "50ms"])
+                .args(["--name", name, "--output"])
+                .arg(out.path())
+                .arg("--")
+                .args(python(&script)),
+            Duration::from_secs(60),
+        );
+        assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+        files.push(out.path().join(name).join("memory_usage.json"));
+    }
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap();
+    let components: Vec<&String> = doc["peaks_by_component"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
+    assert_eq!(components, ["model", "system"], "{doc:#}");
+    assert_eq!(doc["stages"][0]["name"], "build_model");
+
+    let res = run_to_end(
+        memtrack().arg("report").arg(&files[0]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let report = String::from_utf8_lossy(&res.stdout).into_owned();
+    assert!(
+        !report.contains("GPU used") && !report.contains("peak GPU"),
+        "{report}"
+    );
+    let peaks: Vec<&str> = report
+        .lines()
+        .skip_while(|l| *l != "Peaks")
+        .skip(2)
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(peaks, ["run", "model", "outside"], "{report}");
+    let stages = report
+        .lines()
+        .skip_while(|l| *l != "Stages")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(
+        stages.split_whitespace().collect::<Vec<_>>(),
+        ["stage", "status", "duration", "peak", "host"]
+    );
+
+    let res = run_to_end(
+        memtrack().arg("compare").args(&files),
+        Duration::from_secs(20),
+    );
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let compared = String::from_utf8_lossy(&res.stdout);
+    assert!(!compared.contains("GPU"), "{compared}");
+    let components: Vec<&str> = compared
+        .lines()
+        .skip_while(|l| !l.starts_with("Host peak by component"))
+        .skip(2)
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(components, ["model", "outside"], "{compared}");
 }

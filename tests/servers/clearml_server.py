@@ -991,7 +991,7 @@ class App(object):
             return {"id": self._create_project(name, body.get("description") or "")["id"]}
 
     # -------------------------------------------------------------- tasks
-    def _create_task(self, name, ttype, project, client="admin", comment=""):
+    def _create_task(self, name, ttype, project, client="admin", comment="", output_dest=None):
         tid = uuid.uuid4().hex
         now = _now_iso()
         t = {"id": tid, "name": name, "type": ttype, "project": project,
@@ -999,7 +999,12 @@ class App(object):
              "status_changed": now, "created": now, "started": None, "completed": None,
              "published": None, "last_update": now, "last_iteration": 0,
              "company": "memtrack-test-company", "user": "memtrack-test-user",
-             "comment": comment, "tags": [], "system_tags": [], "artifacts": OrderedDict()}
+             "comment": comment, "tags": [], "system_tags": [], "artifacts": OrderedDict(),
+             # The server's Task model defaults its `output` to an empty
+             # embedded document; `tasks.create`'s `output_dest` and
+             # `tasks.edit`'s `output` set `output.destination`, where the
+             # task's artifacts and models go (`Task.init(output_uri=...)`).
+             "output": {"destination": output_dest} if output_dest else {}}
         self.tasks[tid] = t
         self.task_creators[tid] = client
         self.mark_dirty()
@@ -1037,8 +1042,12 @@ class App(object):
                                ("unknown_project", "tasks.create with unknown project id %r"
                                 % project))
             comment = body.get("comment") if isinstance(body.get("comment"), str) else ""
+            dest = body.get("output_dest")
+            if dest is not None and not isinstance(dest, str):
+                raise ApiError(400, 12, "Validation error (output_dest must be a string)", {},
+                               ("invalid_request", "tasks.create output_dest=%r" % (dest,)))
             return {"id": self._create_task(body["name"], body["type"], project, ctx.client,
-                                            comment)["id"]}
+                                            comment, dest)["id"]}
 
     def _task_public(self, t, only=None):
         v = {k: val for k, val in t.items() if k not in ("artifacts", "execution")}
@@ -1149,6 +1158,20 @@ class App(object):
                         self._check_name(ctx, "task", val if isinstance(val, str) else "")
                     t[k] = val
                     fields[k] = val
+            # `output_dest` is stored as `output.destination` (the SDK's
+            # `Task.init(output_uri=...)` sends it this way).
+            if "output_dest" in body:
+                dest = body["output_dest"]
+                if dest is not None and not isinstance(dest, str):
+                    raise ApiError(400, 12, "Validation error (output_dest must be a string)",
+                                   {}, ("invalid_request", "tasks.edit output_dest=%r" % (dest,)))
+                out = dict(t.get("output") or {})
+                if dest:
+                    out["destination"] = dest
+                else:
+                    out.pop("destination", None)
+                t["output"] = out
+                fields["output"] = out
             t["last_update"] = _now_iso()
             self.mark_dirty()
         return {"updated": 1, "fields": fields}

@@ -70,6 +70,45 @@ impl FileServer {
     }
 }
 
+/// What the run needs to put the document where the job's task keeps its
+/// artifacts: the settings, and the API client a fileserver upload
+/// authenticates with.
+#[derive(Debug, Clone)]
+pub struct Outputs {
+    api: Api,
+    files_host: String,
+    conf: super::output::OutputConf,
+}
+
+impl Outputs {
+    pub fn new(api: Api, files_host: &str, conf: super::output::OutputConf) -> Outputs {
+        Outputs {
+            api,
+            files_host: files_host.trim_end_matches('/').to_string(),
+            conf,
+        }
+    }
+
+    /// Where `task`'s artifact goes and what chose it; `None`: nowhere
+    /// (no output_uri, no default_output_uri, no fileserver).
+    pub fn for_task(
+        &self,
+        task: &TaskRef,
+    ) -> Option<(
+        super::output::Chosen,
+        Result<super::output::Destination, String>,
+    )> {
+        let chosen = super::output::choose(&task.output_uri, &self.conf, &self.files_host)?;
+        let dest = super::output::destination(&chosen, &self.conf);
+        Some((chosen, dest))
+    }
+
+    /// An uploader to the fileserver (or http store) at `base`.
+    pub fn files(&self, base: &str) -> FileServer {
+        FileServer::new(self.api.clone(), base)
+    }
+}
+
 /// One file field named (and with the file name) `path`.
 fn multipart(boundary: &str, path: &str, data: &[u8]) -> (String, Vec<u8>) {
     // Quotes and line breaks cannot stand in a quoted header value.
@@ -122,6 +161,7 @@ mod tests {
             id: "abc".into(),
             name: "zero config".into(),
             project: "team/mem".into(),
+            output_uri: String::new(),
         };
         let path = FileServer::path(&task, "memory_usage.json");
         assert_eq!(

@@ -542,6 +542,7 @@ mod tests {
                 id: id.into(),
                 name: "run".into(),
                 project: "memtrack".into(),
+                output_uri: String::new(),
             },
             project_id: "p1".into(),
             created,

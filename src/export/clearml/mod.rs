@@ -17,6 +17,8 @@
 //! - [`queue`]: the bounded in-memory queue and its spool file;
 //! - [`api`]: the HTTP client (auth, envelopes, retry classification);
 //! - [`files`]: the artifact on the ClearML fileserver (no S3 destination);
+//! - [`output`]: where the job's task keeps its artifacts (`output_uri`,
+//!   `clearml.conf`'s `default_output_uri` and `sdk.aws.s3`);
 //! - [`tasks`]: the REST calls on tasks and projects (find, create, end,
 //!   register the artifact);
 //! - `jobs`: the network jobs the reporter runs, as futures;
@@ -36,6 +38,7 @@ pub mod hocon;
 mod jobs;
 pub mod machine;
 pub mod outcome;
+pub mod output;
 pub mod points;
 pub mod queue;
 pub mod reporter;

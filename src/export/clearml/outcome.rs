@@ -13,6 +13,9 @@ pub struct TaskRef {
     pub name: String,
     /// The project's name (empty when the task has none).
     pub project: String,
+    /// Where the task keeps its artifacts (`output.destination`, set by
+    /// `Task.init(output_uri=...)`); empty when not set or not read.
+    pub output_uri: String,
 }
 
 /// How the run ended, for the task's final status and its artifact.

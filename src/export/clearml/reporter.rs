@@ -72,9 +72,9 @@ pub struct Reporter {
     finish: Option<oneshot::Sender<Finish>>,
     /// Set when the reporter could not start at all.
     failed: Option<String>,
-    /// The fileserver the job's task keeps its artifacts on, when the
-    /// document goes there (no S3 destination).
-    files: Option<super::files::FileServer>,
+    /// Where the job's task keeps its artifacts, when the document goes
+    /// there (no S3 destination of memtrack's own).
+    outputs: Option<super::files::Outputs>,
 }
 
 impl Reporter {
@@ -145,7 +145,7 @@ impl Reporter {
                 errors: Arc::clone(&errors),
                 finish: None,
                 failed: Some(why),
-                files: None,
+                outputs: None,
             }
         };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -155,8 +155,9 @@ impl Reporter {
             Ok(a) => a,
             Err(e) => return failed(e),
         };
-        let files = (settings.files_upload && !settings.files_host.is_empty())
-            .then(|| super::files::FileServer::new(api.clone(), &settings.files_host));
+        let outputs = settings.files_upload.then(|| {
+            super::files::Outputs::new(api.clone(), &settings.files_host, settings.output.clone())
+        });
         let (finish_tx, finish_rx) = oneshot::channel();
         let (artifacts_tx, artifacts_rx) = mpsc::unbounded_channel();
         let (hurry_tx, hurry_rx) = watch::channel(false);
@@ -211,14 +212,15 @@ impl Reporter {
             errors,
             finish: Some(finish_tx),
             failed: None,
-            files,
+            outputs,
         }
     }
 
-    /// Where the document goes for the job's task without S3: its
-    /// fileserver (`None`: nowhere).
-    pub fn files(&self) -> Option<super::files::FileServer> {
-        self.files.clone()
+    /// Where the document goes for the job's task without an S3
+    /// destination of memtrack's own: where the task keeps its artifacts
+    /// (`None`: nowhere).
+    pub fn outputs(&self) -> Option<super::files::Outputs> {
+        self.outputs.clone()
     }
 
     /// The task, once known: id, name, project name.

@@ -168,6 +168,9 @@ pub struct Settings {
     /// No S3 destination: the job's task gets `memory_usage.json` on the
     /// fileserver ([`Settings::files_host`]), as its other artifacts.
     pub files_upload: bool,
+    /// Where the SDK would put the task's artifacts, from `clearml.conf`
+    /// (`sdk.development.default_output_uri`, `sdk.aws.s3`).
+    pub output: super::output::OutputConf,
     /// `X-ClearML-Worker`.
     pub worker: String,
     pub verify_certificate: bool,
@@ -385,7 +388,37 @@ pub fn resolve(
     found.fill_from_conf(&conf, env)?;
     let server = found.require(why, conf.name())?;
     let target = Target::of(config, env_task)?;
-    Ok(Some(assemble(config, env, server, target)))
+    let mut settings = assemble(config, env, server, target);
+    settings.output = output_conf(&conf, env);
+    Ok(Some(settings))
+}
+
+/// The output settings of `clearml.conf`, when it exists; a problem is
+/// kept (and said once) rather than stopping the reporting: it matters
+/// only for an `s3://` destination.
+fn output_conf(conf: &ConfFile, env: &dyn Fn(&str) -> Option<String>) -> super::output::OutputConf {
+    let name = conf.name();
+    let Some(path) = conf.path.as_ref().filter(|p| p.exists()) else {
+        return super::output::OutputConf {
+            file: name,
+            ..Default::default()
+        };
+    };
+    let read = read_conf(path)
+        .map_err(|e| e.to_string())
+        .and_then(|doc| super::output::read(&doc, env, &name));
+    read.unwrap_or_else(|problem| {
+        // Said once per process: the settings are resolved again at the end.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!("ClearML: the artifact settings of {name} are not used: {problem}");
+        }
+        super::output::OutputConf {
+            file: name,
+            problem: Some(problem),
+            ..Default::default()
+        }
+    })
 }
 
 /// ClearML as the job's own SDK finds it, for a run [`resolve`] left off
@@ -431,6 +464,7 @@ pub fn zero_config(
     };
     let mut settings = assemble(config, env, server, target);
     settings.job_task_only = true;
+    settings.output = output_conf(&conf, env);
     Ok(settings)
 }
 
@@ -741,6 +775,7 @@ fn assemble(
             .trim_end_matches('/')
             .to_string(),
         files_upload: false,
+        output: super::output::OutputConf::default(),
         worker,
         verify_certificate: server.verify.unwrap_or(true),
         timer_every: config.timer_every,

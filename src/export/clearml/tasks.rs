@@ -79,11 +79,18 @@ async fn reuse_task(api: &Api, s: &Settings, id: &str) -> Result<TaskCtx, String
         .unwrap_or_default()
         .to_string();
     let project = project_name(api, id, &project_id).await?;
+    let output_uri = task
+        .pointer("/output/destination")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     Ok(TaskCtx {
         task: TaskRef {
             id: id.to_string(),
             name,
             project,
+            output_uri,
         },
         project_id,
         // A task an earlier run created and could not end.
@@ -139,6 +146,7 @@ async fn new_task(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, Str
             id,
             name,
             project: s.project.clone(),
+            output_uri: String::new(),
         },
         project_id,
         created: true,

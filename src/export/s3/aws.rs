@@ -190,6 +190,9 @@ pub enum Credentials {
     Elsewhere,
     /// Nothing configured.
     None,
+    /// Keys memtrack was handed for this destination (`sdk.aws.s3` of
+    /// `clearml.conf`): where they come from, for messages.
+    Given(String),
 }
 
 /// The AWS CLI's files: `AWS_CONFIG_FILE` / `AWS_SHARED_CREDENTIALS_FILE`,
@@ -445,9 +448,10 @@ impl Resolved {
             unknown
         } else {
             match &self.credentials {
-                Credentials::Environment | Credentials::Profile | Credentials::Elsewhere => {
-                    return None
-                }
+                Credentials::Environment
+                | Credentials::Profile
+                | Credentials::Elsewhere
+                | Credentials::Given(_) => return None,
                 Credentials::HalfEnvironment { set, missing } => {
                     format!("{set} is set but {missing} is not")
                 }

@@ -206,6 +206,45 @@ impl Uploader {
 
     /// [`Uploader::new`] with the settings already resolved.
     pub async fn with(config: &S3Config, resolved: aws::Resolved) -> Result<Uploader, S3Error> {
+        Uploader::build(config, resolved, None).await
+    }
+
+    /// [`Uploader::new`], with `keys` (access key, secret) from `source`
+    /// (named in messages, never the keys) when neither the AWS
+    /// environment nor the profile gives credentials: theirs win, as the
+    /// destination's owner set them for every tool.
+    pub async fn with_keys(
+        config: &S3Config,
+        keys: Option<(String, String)>,
+        source: &str,
+    ) -> Result<Uploader, S3Error> {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let mut resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref());
+        let own = matches!(
+            resolved.credentials,
+            aws::Credentials::Environment | aws::Credentials::Profile
+        ) || resolved.unknown_profile().is_some();
+        let given = match keys {
+            Some((key, secret)) if !own => {
+                resolved.credentials = aws::Credentials::Given(source.to_string());
+                Some(aws_sdk_s3::config::Credentials::new(
+                    key,
+                    secret,
+                    None,
+                    None,
+                    "clearml.conf",
+                ))
+            }
+            _ => None,
+        };
+        Uploader::build(config, resolved, given).await
+    }
+
+    async fn build(
+        config: &S3Config,
+        resolved: aws::Resolved,
+        given: Option<aws_sdk_s3::config::Credentials>,
+    ) -> Result<Uploader, S3Error> {
         let dest = parse_url(&config.url)?;
         // The SDK would read these files again, without a bound (a FIFO
         // hangs it, `/dev/zero` grows it): refused here first.
@@ -238,7 +277,9 @@ impl Uploader {
         if let Some(endpoint) = &resolved.endpoint {
             loader = loader.endpoint_url(aws::strip_userinfo(&endpoint.value));
         }
-        if !resolved.imds {
+        if let Some(given) = given {
+            loader = loader.credentials_provider(given);
+        } else if !resolved.imds {
             loader = loader.credentials_provider(chain_without_imds(&resolved, http));
         }
         let shared = loader.load().await;
@@ -348,6 +389,7 @@ impl Uploader {
             aws::Credentials::Environment => {
                 "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY".to_string()
             }
+            aws::Credentials::Given(ref source) => source.clone(),
             _ => self.resolved.describe_profile(),
         }
     }
