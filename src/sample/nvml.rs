@@ -3,7 +3,8 @@
 //! Per tick and visible device: memory info, utilization, temperature, and
 //! the compute and graphics process lists (a process on both lists is
 //! counted once, with the larger figure). Per-process utilization is not
-//! read: it costs ~1.4 ms per call on an H100.
+//! read: on an H100 it costs far more than the rest of a tick together
+//! (measured once by hand; no bench in the repository repeats it).
 //!
 //! NVML lists processes by host PID. Inside a PID namespace they are turned
 //! into the tree's PIDs through a [`PidMap`], or, when that cannot be done,

@@ -13,6 +13,7 @@ mod core;
 mod deploy;
 mod discovery;
 mod events;
+mod figures;
 mod golden;
 mod host;
 mod hostile;
