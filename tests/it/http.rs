@@ -6,8 +6,6 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
-use memtrack::model::EntryKind;
-
 use crate::common::*;
 
 /// `name{labels} value` lines of a scrape.
@@ -390,18 +388,8 @@ fn hostile_http_clients_never_stop_sampling() {
 
     let (code, doc) = d.finish();
     assert_eq!(code, Some(0));
-    let t: Vec<f64> = doc
-        .detailed_log
-        .iter()
-        .filter(|e| e.kind == EntryKind::Timer)
-        .map(|e| e.timestamp)
-        .collect();
-    let gap = t.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
-    assert!(
-        gap <= 0.5,
-        "largest gap between timer samples {gap:.3}s > 2 intervals"
-    );
-    assert_eq!(doc.counters.missed_ticks, 0);
+    // A sampler the crowd held up would stop for seconds.
+    assert_sampling_went_on(&doc, 2.0);
 }
 
 #[test]
