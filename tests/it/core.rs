@@ -496,13 +496,23 @@ def put(text):
     tmp = {state:?} + '.tmp'
     open(tmp, 'w').write(text)
     os.replace(tmp, {state:?})
+import json, socket
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET']); f = s.makefile('rwb')
+def seen(pred):
+    # Each state is held until memtrack's status shows it was sampled.
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        f.write(b'{{"type":"status","id":1}}\n'); f.flush()
+        if pred(json.loads(f.readline())): return
+        time.sleep(0.05)
 dev = 'device 0 name=NVIDIA_Fake_H100 total_mib=81559\n'
 put(dev + 'process 0 %d 1500\nprocess 0 1 9999\nprocess 0 %d 1500 graphics\n' % (os.getpid(), os.getpid()))
-time.sleep(0.6)
+seen(lambda st: st['peak_usage']['gpu_process_used_mb'] >= 1500)
 put(dev + 'process 0 %d 2048\n' % os.getpid())
-time.sleep(0.6)
+seen(lambda st: st['peak_usage']['gpu_process_used_mb'] >= 2048)
 put(dev + 'process 0 %d 512\nfail nvmlDeviceGetComputeRunningProcesses_v3 GPU_IS_LOST\n' % os.getpid())
-time.sleep(0.6)
+seen(lambda st: st['counters']['nvml_errors'] > 0)
+time.sleep(0.3)
 "#,
         state = state.display().to_string()
     );
