@@ -168,14 +168,15 @@ impl SocketConfig {
 pub struct HostConfig {
     /// Where procfs is mounted (tests point this at a fake tree).
     pub proc_root: PathBuf,
-    /// How often `VmHWM` is read from `/proc/PID/status` (it costs ~10×
-    /// the `statm` read done every tick; the value is a running maximum,
-    /// so reading it less often loses nothing while the process lives).
+    /// How often `VmHWM` is read from `/proc/PID/status` (it costs many
+    /// times the `statm` read done every tick, `cargo bench --bench tick`;
+    /// the value is a running maximum, so reading it less often loses
+    /// nothing while the process lives).
     #[serde(with = "serde_duration")]
     pub hwm_interval: Duration,
     /// Read each process's own cost (USS and PSS) from `smaps_rollup`:
     /// on by default, on a thread of its own within `pss_budget` of one
-    /// core (a read costs ~10 ms per GiB of RSS).
+    /// core (a read's cost grows with the process's RSS).
     pub smaps: bool,
     /// A process's own cost is read again at most this often.
     #[serde(with = "serde_duration")]

@@ -3,10 +3,11 @@
 //! Per tick and visible device: memory info, utilization, temperature, and
 //! the compute and graphics process lists (a process on both lists is
 //! counted once, with the larger figure). Per-process utilization is not
-//! read: it costs ~1.4 ms per call on an H100. Between ticks (at a mark,
-//! for the flight recorder) only memory info and the compute list are
-//! read; utilization, temperature and graphics contexts repeat the last
-//! tick's.
+//! read: on an H100 it costs far more than the rest of a tick together
+//! (measured once by hand; no bench in the repository repeats it). Between
+//! ticks (at a mark, for the flight recorder) only memory info and the
+//! compute list are read; utilization, temperature and graphics contexts
+//! repeat the last tick's.
 //!
 //! NVML lists processes by host PID. Inside a PID namespace they are turned
 //! into the tree's PIDs through a [`PidMap`], or, when that cannot be done,

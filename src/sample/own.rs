@@ -3,7 +3,8 @@
 //! its own, within a share of one core.
 //!
 //! A `smaps_rollup` read makes the kernel walk the process's page tables
-//! (~10 ms per GiB of RSS), so it never runs on the sampling thread: the
+//! (time grows with the RSS; `cargo bench --bench tick` prints one pass
+//! over a tree), so it never runs on the sampling thread: the
 //! sampler hands the reader a batch of processes, longest unread first,
 //! with the CPU time the budget allows; the reader reads until that is
 //! spent and hands the figures back, which the next sample picks up. The

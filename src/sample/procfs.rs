@@ -14,9 +14,10 @@
 //! large, and every few seconds as a safety net.
 //!
 //! `VmHWM` (the kernel's high-water mark) lives in `/proc/PID/status`,
-//! which costs ~10× `statm`; it is a running maximum, so it is refreshed at
-//! `hwm_interval` rather than every tick without losing anything while the
-//! process lives.
+//! which costs many `statm` reads (`cargo bench --bench tick`: the
+//! `sample + VmHWM read` column against `memtrack sample`); it is a running
+//! maximum, so it is refreshed at `hwm_interval` rather than every tick
+//! without losing anything while the process lives.
 //!
 //! Parsers are pure functions over `&str`; the reader takes the procfs root
 //! as an argument so tests can run against a fake tree.
@@ -140,8 +141,8 @@ fn carried(value: u64, then: u64, now: u64) -> u64 {
 }
 
 /// Reads of `smaps_rollup` for the tree's footprint, within a share of one
-/// core: a read costs ~10 ms per GiB of RSS (the kernel walks the page
-/// tables), so a large job is read a few processes at a time, the newest
+/// core: a read costs time in proportion to the RSS (the kernel walks the
+/// page tables), so a large job is read a few processes at a time, the newest
 /// and the longest unread first, and carried forward with RSS in between.
 #[derive(Debug, Clone, Copy)]
 pub struct PssBudget {

@@ -378,6 +378,30 @@ pub fn largest_timer_gap(doc: &Document) -> f64 {
     t.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max)
 }
 
+/// Sampling went on through a disturbance. A sampler the disturbance
+/// blocked would show a gap between timer samples of at least `stall`
+/// seconds and a run of missed ticks; a loaded machine (CI's 2 cores, other
+/// builds) legitimately delays a few ticks (docs/soak.md counts them). So:
+/// every gap shorter than `stall`, and at most a tenth of the run's ticks
+/// missed (two, for a run too short for a tenth to be one).
+pub fn assert_sampling_went_on(doc: &Document, stall: f64) {
+    let gap = largest_timer_gap(doc);
+    assert!(
+        gap < stall,
+        "largest gap between timer samples {gap:.3}s: sampling stalled (bound {stall}s)"
+    );
+    let ticks = doc
+        .detailed_log
+        .iter()
+        .filter(|e| e.kind == memtrack::model::EntryKind::Timer)
+        .count() as u64;
+    let missed = doc.counters.missed_ticks;
+    assert!(
+        missed <= (ticks / 10).max(2),
+        "{missed} missed ticks in a run of {ticks}: more than a loaded machine explains"
+    );
+}
+
 /// Whether a test that needs `need` (a short name: `root`, `cgroup`,
 /// `setpriv`, …) may go on. When it cannot, the test fails — a skipped test
 /// would show as passed — unless `MEMTRACK_ALLOW_SKIP` (comma-separated)

@@ -1,5 +1,6 @@
 //! The core: real jobs, real memory, real exits.
 
+use std::path::Path;
 use std::time::Duration;
 
 use memtrack::model::{EntryKind, GpuSource};
@@ -290,6 +291,19 @@ fn a_second_signal_stops_memtrack_at_once_with_the_json_written() {
     assert!(!doc.detailed_log.is_empty());
 }
 
+/// The timestamps of the timer samples in a run's journal (empty while
+/// there is none).
+fn journalled_timers(run_dir: &Path) -> Vec<f64> {
+    let journal =
+        std::fs::read_to_string(run_dir.join(".memtrack/journal.jsonl")).unwrap_or_default();
+    journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["record"]["record"] == "sample" && v["record"]["kind"] == "timer")
+        .filter_map(|v| v["record"]["sample"]["timestamp"].as_f64())
+        .collect()
+}
+
 #[test]
 fn kill_9_of_memtrack_then_recover_keeps_every_journalled_sample() {
     let out_dir = scratch();
@@ -316,13 +330,15 @@ fn kill_9_of_memtrack_then_recover_keeps_every_journalled_sample() {
         .spawn()
         .unwrap();
     let run_dir = out_dir.path().join("crashed");
-    // Past one checkpoint, with journalled records after it.
-    // Checkpoints at 2 s and 4 s, journal flushes every second: killed at
-    // ~3.5 s, the journal holds the flushed second after the checkpoint.
-    wait_for("a checkpoint", Duration::from_secs(10), || {
+    // Past one checkpoint, with journalled records after it: killed once
+    // the journal (flushed every second, emptied at each 2 s checkpoint)
+    // holds five timer samples, however late a loaded machine gets there.
+    wait_for("a checkpoint", Duration::from_secs(30), || {
         run_dir.join("memory_usage.json").exists()
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_for("five journalled samples", Duration::from_secs(30), || {
+        journalled_timers(&run_dir).len() >= 5
+    });
     signal(child.id(), "KILL");
     child.wait().unwrap();
     let job: u32 = std::fs::read_to_string(&pid_file)
@@ -333,13 +349,7 @@ fn kill_9_of_memtrack_then_recover_keeps_every_journalled_sample() {
     signal(job, "KILL");
 
     // What the journal and the checkpoint hold, read before recovery.
-    let journal = std::fs::read_to_string(run_dir.join(".memtrack/journal.jsonl")).unwrap();
-    let journalled: Vec<f64> = journal
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["record"]["record"] == "sample" && v["record"]["kind"] == "timer")
-        .map(|v| v["record"]["sample"]["timestamp"].as_f64().unwrap())
-        .collect();
+    let journalled = journalled_timers(&run_dir);
     assert!(
         journalled.len() >= 5,
         "records after the checkpoint: {}",
@@ -405,10 +415,14 @@ fn the_next_start_recovers_a_killed_run() {
         .spawn()
         .unwrap();
     let state = out_dir.path().join("first/.memtrack/state.json");
-    wait_for("the run to start", Duration::from_secs(10), || {
+    wait_for("the run to start", Duration::from_secs(30), || {
         state.exists()
     });
-    std::thread::sleep(Duration::from_millis(1200));
+    // Killed once something is journalled, rather than after a fixed time.
+    let run_dir = out_dir.path().join("first");
+    wait_for("a journalled sample", Duration::from_secs(30), || {
+        !journalled_timers(&run_dir).is_empty()
+    });
     signal(child.id(), "KILL");
     child.wait().unwrap();
     let job = std::fs::read_to_string(out_dir.path().join("job.pid")).unwrap();
@@ -482,13 +496,23 @@ def put(text):
     tmp = {state:?} + '.tmp'
     open(tmp, 'w').write(text)
     os.replace(tmp, {state:?})
+import json, socket
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET']); f = s.makefile('rwb')
+def seen(pred):
+    # Each state is held until memtrack's status shows it was sampled.
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        f.write(b'{{"type":"status","id":1}}\n'); f.flush()
+        if pred(json.loads(f.readline())): return
+        time.sleep(0.05)
 dev = 'device 0 name=NVIDIA_Fake_H100 total_mib=81559\n'
 put(dev + 'process 0 %d 1500\nprocess 0 1 9999\nprocess 0 %d 1500 graphics\n' % (os.getpid(), os.getpid()))
-time.sleep(0.6)
+seen(lambda st: st['peak_usage']['gpu_process_used_mb'] >= 1500)
 put(dev + 'process 0 %d 2048\n' % os.getpid())
-time.sleep(0.6)
+seen(lambda st: st['peak_usage']['gpu_process_used_mb'] >= 2048)
 put(dev + 'process 0 %d 512\nfail nvmlDeviceGetComputeRunningProcesses_v3 GPU_IS_LOST\n' % os.getpid())
-time.sleep(0.6)
+seen(lambda st: st['counters']['nvml_errors'] > 0)
+time.sleep(0.3)
 "#,
         state = state.display().to_string()
     );

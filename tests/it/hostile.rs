@@ -564,6 +564,11 @@ fn mapped_clients_of_one_user_share_one_quota() {
     let job = vec!["sleep".to_string(), "60".to_string()];
     let d = Daemon::start_listening(dir.path(), "[::]:0", &[], &job, &[]);
     let port = d.http.port();
+    // Before its first sample memtrack is not healthy ("stale", 503): wait
+    // for that state to pass, so that only the holder can fail /healthz.
+    wait_for("the first sample", Duration::from_secs(30), || {
+        d.http("GET", "/healthz").0 == 200
+    });
     let theirs = dir.path().join("theirs");
     std::fs::create_dir(&theirs).unwrap();
     std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();

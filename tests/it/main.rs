@@ -14,6 +14,7 @@ mod core;
 mod deploy;
 mod discovery;
 mod events;
+mod figures;
 mod golden;
 mod host;
 mod hostile;
