@@ -257,9 +257,9 @@ impl Worker {
                 fresh,
                 allowed,
             } => {
-                let (pass, read, complete) =
-                    self.walk
-                        .step(&self.root, &pids, fresh, &mut || spent() >= allowed);
+                let (pass, read, complete) = self
+                    .walk
+                    .step(&self.root, &pids, fresh, &mut || spent() >= allowed);
                 Found::Pages {
                     pass,
                     read,
