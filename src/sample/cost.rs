@@ -38,6 +38,11 @@ const PAGES_EVERY: Duration = Duration::from_secs(2);
 /// pass due at once.
 const SHARED_RISE: u64 = 4 << 20;
 
+/// While a page pass runs, own-cost reads take at most this share of the
+/// reader's CPU time (none before the first pass is complete): the
+/// headline rests on the pass.
+const OWN_SHARE_IN_PASS: f64 = 0.2;
+
 /// One process as the sampler reads it every tick.
 #[derive(Debug, Clone, Copy)]
 pub struct View {
@@ -104,6 +109,12 @@ struct Pages {
     exits_during: Vec<(u32, i128)>,
     urgent: bool,
     committed_at: Option<Instant>,
+    /// When the pass under way began, its slices so far, and the CPU time
+    /// the reader spent on the pass and on own-cost reads since it began.
+    started_at: Option<Instant>,
+    slices: u32,
+    cpu_pages: Duration,
+    cpu_own: Duration,
     /// Why pages cannot be counted (no permission, a read error).
     failed: Option<String>,
     passes: u64,
@@ -115,7 +126,6 @@ pub struct CostReader {
     reader: Option<OwnReader>,
     own: HashMap<u32, Own>,
     pages: Pages,
-    last_was_pages: bool,
 }
 
 impl std::fmt::Debug for CostReader {
@@ -147,7 +157,6 @@ impl CostReader {
             opts,
             own: HashMap::new(),
             pages: Pages::default(),
-            last_was_pages: false,
         }
     }
 
@@ -221,7 +230,13 @@ impl CostReader {
                 self.pages.urgent = true;
             }
         }
+        let cpu_before = self.cost().1;
         if let Some(found) = self.reader.as_mut().and_then(OwnReader::collect) {
+            let cpu = self.cost().1.saturating_sub(cpu_before);
+            match found {
+                Found::Own(_) => self.pages.cpu_own += cpu,
+                Found::Pages { .. } => self.pages.cpu_pages += cpu,
+            }
             self.found(now, found);
         }
         if !self.reader.as_mut().is_some_and(|r| r.ready(now)) {
@@ -234,7 +249,11 @@ impl CostReader {
                     .pages
                     .committed_at
                     .is_none_or(|t| now.saturating_duration_since(t) >= PAGES_EVERY));
-        if pages_due && !(self.last_was_pages && self.own_due(now, tree)) {
+        let own_turn = self.pages.total.is_some()
+            && self.pages.cpu_own.as_secs_f64()
+                < OWN_SHARE_IN_PASS * (self.pages.cpu_own + self.pages.cpu_pages).as_secs_f64()
+            && self.own_due(now, tree);
+        if pages_due && !own_turn {
             let fresh = !self.pages.running;
             if fresh {
                 // Parents (older, lower PIDs as a rule) first.
@@ -243,12 +262,16 @@ impl CostReader {
                 self.pages.running = true;
                 self.pages.urgent = false;
                 self.pages.exits_during.clear();
+                self.pages.started_at = Some(now);
+                self.pages.slices = 0;
+                self.pages.cpu_pages = Duration::ZERO;
+                self.pages.cpu_own = Duration::ZERO;
             }
+            self.pages.slices += 1;
             let todo = self.pages.todo.clone();
             if let Some(reader) = &mut self.reader {
                 reader.submit_pages(todo, fresh);
             }
-            self.last_was_pages = true;
         } else if let Some(interval) = self.opts.own_interval {
             let due = |at: Option<Instant>| {
                 at.is_none_or(|t| now.saturating_duration_since(t) >= interval)
@@ -266,7 +289,6 @@ impl CostReader {
             if let Some(reader) = &mut self.reader {
                 reader.submit(order.into_iter().map(|(_, pid)| pid).collect());
             }
-            self.last_was_pages = false;
         }
     }
 
@@ -367,6 +389,19 @@ impl CostReader {
         self.pages.running = false;
         self.pages.committed_at = Some(now);
         self.pages.passes += 1;
+        tracing::debug!(
+            "page pass {}: {:.1} MiB of distinct pages in {} processes, {} slices, {:.1} ms of CPU \
+             ({:.1} ms on own-cost reads meanwhile) over {:.2} s",
+            self.pages.passes,
+            p.bytes as f64 / f64::from(1u32 << 20),
+            p.seen.len(),
+            self.pages.slices,
+            self.pages.cpu_pages.as_secs_f64() * 1e3,
+            self.pages.cpu_own.as_secs_f64() * 1e3,
+            self.pages
+                .started_at
+                .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64()),
+        );
     }
 }
 

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
-use super::pages::{self, Pass, PfnSet};
+use super::pages::{self, Pass};
 use super::parse::parse_smaps_rollup;
 use crate::sys;
 
@@ -109,10 +109,7 @@ impl OwnReader {
                 let mut worker = Worker {
                     root,
                     buf: Vec::with_capacity(4096),
-                    set: PfnSet::default(),
-                    pass: Pass::default(),
-                    scratch: pages::Scratch::default(),
-                    page_size: crate::sys::page_size(),
+                    walk: pages::Walk::new(crate::sys::page_size()),
                 };
                 for batch in batches {
                     if done_tx.send(worker.run(batch)).is_err() {
@@ -227,10 +224,8 @@ impl Drop for OwnReader {
 struct Worker {
     root: PathBuf,
     buf: Vec<u8>,
-    set: PfnSet,
-    pass: Pass,
-    scratch: pages::Scratch,
-    page_size: u64,
+    /// The page pass under way.
+    walk: pages::Walk,
 }
 
 impl Worker {
@@ -263,40 +258,13 @@ impl Worker {
                 fresh,
                 allowed,
             } => {
-                if fresh {
-                    self.set.clear();
-                    self.pass = Pass::default();
-                }
-                let mut done = 0;
-                let mut failed = None;
-                for pid in &pids {
-                    if done > 0 && spent() >= allowed {
-                        break;
-                    }
-                    done += 1;
-                    if let Err(e) = pages::add(
-                        &self.root,
-                        *pid,
-                        self.page_size,
-                        &mut self.set,
-                        &mut self.pass,
-                        &mut self.scratch,
-                    ) {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-                match failed {
-                    Some(e) => Found::Pages {
-                        pass: Err(e),
-                        read: done,
-                        complete: true,
-                    },
-                    None => Found::Pages {
-                        pass: Ok(self.pass.clone()),
-                        read: done,
-                        complete: done == pids.len(),
-                    },
+                let (pass, read, complete) = self
+                    .walk
+                    .step(&self.root, &pids, fresh, &mut || spent() >= allowed);
+                Found::Pages {
+                    pass,
+                    read,
+                    complete,
                 }
             }
         };

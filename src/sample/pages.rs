@@ -73,13 +73,6 @@ impl PfnSet {
     }
 }
 
-/// Buffers a pass reuses from one process to the next.
-#[derive(Debug, Default)]
-pub struct Scratch {
-    words: Vec<u8>,
-    text: String,
-}
-
 /// One process as the pass saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
@@ -142,94 +135,131 @@ fn coalesced(
     })
 }
 
-/// Reads the pages of `pids` into `set` (cleared first). A process gone
-/// meanwhile is left out; any other error is returned.
+/// Reads the pages of `pids` into `set` (cleared first), in one go. A
+/// process gone meanwhile is left out; any other error is returned.
 pub fn pass(root: &Path, pids: &[u32], page_size: u64, set: &mut PfnSet) -> io::Result<Pass> {
-    set.clear();
-    let mut out = Pass::default();
-    let mut scratch = Scratch::default();
-    for &pid in pids {
-        add(root, pid, page_size, set, &mut out, &mut scratch)?;
-    }
-    Ok(out)
+    let mut walk = Walk::new(page_size);
+    std::mem::swap(&mut walk.set, set);
+    let (pass, _, _) = walk.step(root, pids, true, &mut || false);
+    std::mem::swap(&mut walk.set, set);
+    pass
 }
 
-/// Adds one process's pages to a pass. A process gone meanwhile is left
-/// out; any other error is returned.
-pub fn add(
-    root: &Path,
+/// A process being read: where the read stopped.
+#[derive(Debug)]
+struct Cursor {
     pid: u32,
-    page_size: u64,
-    set: &mut PfnSet,
-    out: &mut Pass,
-    scratch: &mut Scratch,
-) -> io::Result<()> {
-    let dir = root.join(pid.to_string());
-    let before = set.len();
-    if scratch.words.is_empty() {
-        scratch.words = vec![0u8; CHUNK_PAGES * 8];
-    }
-    match read_process(
-        &dir,
-        page_size,
-        set,
-        &mut scratch.words,
-        &mut scratch.text,
-        out,
-    ) {
-        Ok(Some((rss, anon))) => out.seen.push(Seen {
-            pid,
-            rss,
-            anon,
-            first_seen: (set.len() - before) * page_size,
-        }),
-        Ok(None) => {}
-        Err(e) if gone(&e) => {}
-        Err(e) => return Err(e),
-    }
-    out.bytes = set.len() * page_size;
-    Ok(())
+    pagemap: File,
+    /// The ranges to read, in pages, and the next page to read.
+    ranges: Vec<(u64, u64)>,
+    at: usize,
+    page: u64,
+    /// The set's size when this process's read began.
+    before: u64,
+    /// Its `statm` (resident, anonymous) when its read began.
+    statm: (u64, u64),
 }
 
-fn gone(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT))
-        || e.kind() == io::ErrorKind::NotFound
+/// A page pass read in slices: a slice stops when its CPU time is spent,
+/// between two pagemap reads — inside a process if need be, where the
+/// next slice resumes — so no slice runs much past what it was allowed.
+#[derive(Debug)]
+pub struct Walk {
+    page_size: u64,
+    set: PfnSet,
+    pass: Pass,
+    current: Option<Cursor>,
+    words: Vec<u8>,
+    text: String,
 }
 
-/// One process: `statm`, then its mappings' pages. `None`: a zombie.
-fn read_process(
-    dir: &Path,
-    page_size: u64,
-    set: &mut PfnSet,
-    words: &mut [u8],
-    text: &mut String,
-    out: &mut Pass,
-) -> io::Result<Option<(u64, u64)>> {
-    let statm = std::fs::read_to_string(dir.join("statm"))?;
-    let (rss, anon) = parse_statm_anon(&statm, page_size).map_err(io::Error::other)?;
-    if rss == 0 {
-        return Ok(None);
+impl Walk {
+    pub fn new(page_size: u64) -> Walk {
+        Walk {
+            page_size,
+            set: PfnSet::default(),
+            pass: Pass::default(),
+            current: None,
+            words: Vec::new(),
+            text: String::new(),
+        }
     }
-    text.clear();
-    {
-        use std::io::Read;
-        File::open(dir.join("maps"))?.read_to_string(text)?;
+
+    /// Reads `pids` in order (`fresh`: as a new pass; else resuming the
+    /// process the last slice stopped in, when it is `pids[0]`) until
+    /// `stop` says so, checked after each pagemap read. Returns the pass so
+    /// far, how many of `pids` are done (read or found gone), and whether
+    /// all are. A process gone meanwhile is left out (what was read of it
+    /// stays in the pass); any other error ends the pass.
+    pub fn step(
+        &mut self,
+        root: &Path,
+        pids: &[u32],
+        fresh: bool,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> (io::Result<Pass>, usize, bool) {
+        if fresh {
+            self.set.clear();
+            self.pass = Pass::default();
+            self.current = None;
+        }
+        let mut done = 0;
+        for (i, &pid) in pids.iter().enumerate() {
+            if i > 0 && stop() {
+                break;
+            }
+            match self.read(root, pid, stop) {
+                Ok(true) => done += 1,
+                Ok(false) => break,
+                Err(e) => {
+                    self.current = None;
+                    return (Err(e), done, true);
+                }
+            }
+        }
+        self.pass.bytes = self.set.len() * self.page_size;
+        (Ok(self.pass.clone()), done, done == pids.len())
     }
-    let pagemap = File::open(dir.join("pagemap"))?;
-    for (start, end) in coalesced(mappings(text), page_size) {
-        let mut page = start / page_size;
-        let last = end / page_size;
-        while page < last {
-            let n = ((last - page) as usize).min(CHUNK_PAGES);
-            let buf = &mut words[..n * 8];
-            let got = match pagemap.read_at(buf, page * 8) {
+
+    /// Reads (on) `pid`: true when done with it.
+    fn read(&mut self, root: &Path, pid: u32, stop: &mut dyn FnMut() -> bool) -> io::Result<bool> {
+        if self.current.as_ref().is_none_or(|c| c.pid != pid) {
+            self.current = None;
+            match self.open(root, pid) {
+                Ok(Some(c)) => self.current = Some(c),
+                Ok(None) => return Ok(true),
+                Err(e) if gone(&e) => return Ok(true),
+                Err(e) => return Err(e),
+            }
+        }
+        let Some(cur) = self.current.as_mut() else {
+            return Ok(true);
+        };
+        if self.words.is_empty() {
+            self.words = vec![0u8; CHUNK_PAGES * 8];
+        }
+        let mut left = false;
+        while let Some(&(start, end)) = cur.ranges.get(cur.at) {
+            let page = cur.page.max(start);
+            if page >= end {
+                cur.at += 1;
+                continue;
+            }
+            let n = ((end - page) as usize).min(CHUNK_PAGES);
+            let buf = &mut self.words[..n * 8];
+            let got = match cur.pagemap.read_at(buf, page * 8) {
                 Ok(got) => got,
                 // A mapping removed since `maps` was read.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => 0,
+                Err(e) if gone(&e) => {
+                    left = true;
+                    break;
+                }
                 Err(e) => return Err(e),
             };
-            if got == 0 {
-                break;
+            if got < 8 {
+                cur.at += 1;
+                continue;
             }
             for w in buf[..got - got % 8].chunks_exact(8) {
                 let mut b = [0u8; 8];
@@ -240,20 +270,73 @@ fn read_process(
                 }
                 let pfn = v & PFN_MASK;
                 if pfn == 0 {
-                    out.unreadable = true;
+                    self.pass.unreadable = true;
                     continue;
                 }
-                set.insert(pfn);
+                self.set.insert(pfn);
             }
-            page += (got / 8) as u64;
+            cur.page = page + (got / 8) as u64;
+            if stop() {
+                return Ok(false);
+            }
         }
+        // The figure is carried forward from what `statm` says after the
+        // pages were read: memory the process took while they were read is
+        // then counted once (by the pass, or not until the next one), never
+        // twice. A process that left mid-read keeps what was read of it.
+        let after = if left {
+            None
+        } else {
+            std::fs::read_to_string(root.join(pid.to_string()).join("statm"))
+                .ok()
+                .and_then(|t| parse_statm_anon(&t, self.page_size).ok())
+                .filter(|s| s.0 > 0)
+        };
+        let (rss, anon) = after.unwrap_or(cur.statm);
+        self.pass.seen.push(Seen {
+            pid,
+            rss,
+            anon,
+            first_seen: (self.set.len() - cur.before) * self.page_size,
+        });
+        self.current = None;
+        Ok(true)
     }
-    // The figure is carried forward from what `statm` says after the pages
-    // were read: memory the process took while they were read is then
-    // counted once (by the pass, or not until the next one), never twice.
-    let statm = std::fs::read_to_string(dir.join("statm"))?;
-    let after = parse_statm_anon(&statm, page_size).map_err(io::Error::other)?;
-    Ok(Some(if after.0 == 0 { (rss, anon) } else { after }))
+
+    /// Starts reading `pid`: its `statm`, mappings and pagemap. `None`: a
+    /// zombie.
+    fn open(&mut self, root: &Path, pid: u32) -> io::Result<Option<Cursor>> {
+        let dir = root.join(pid.to_string());
+        let statm = std::fs::read_to_string(dir.join("statm"))?;
+        let statm = parse_statm_anon(&statm, self.page_size).map_err(io::Error::other)?;
+        if statm.0 == 0 {
+            return Ok(None);
+        }
+        self.text.clear();
+        {
+            use std::io::Read;
+            File::open(dir.join("maps"))?.read_to_string(&mut self.text)?;
+        }
+        let pagemap = File::open(dir.join("pagemap"))?;
+        let ps = self.page_size;
+        let ranges = coalesced(mappings(&self.text), ps)
+            .map(|(a, b)| (a / ps, b / ps))
+            .collect();
+        Ok(Some(Cursor {
+            pid,
+            pagemap,
+            ranges,
+            at: 0,
+            page: 0,
+            before: self.set.len(),
+            statm,
+        }))
+    }
+}
+
+fn gone(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT))
+        || e.kind() == io::ErrorKind::NotFound
 }
 
 #[cfg(test)]
@@ -296,6 +379,77 @@ mod tests {
         assert_eq!(m, [(0x400000, 0x452000), (0x7ffd000, 0x7ffe000)]);
     }
 
+    /// A procfs stand-in: each process's `statm`, `maps` and a `pagemap`
+    /// file holding `(page, pfn)` entries (present), the rest not present.
+    /// A process: its PID, mapped page ranges and `(page, pfn)` entries.
+    type FakeProcess<'a> = (u32, &'a [(u64, u64)], &'a [(u64, u64)]);
+
+    fn fake_proc(procs: &[FakeProcess<'_>]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (pid, ranges, pages) in procs {
+            let d = dir.path().join(pid.to_string());
+            std::fs::create_dir(&d).expect("dir");
+            std::fs::write(d.join("statm"), "1000 300 100 1 0 200 0\n").expect("statm");
+            let maps: String = ranges
+                .iter()
+                .map(|(a, b)| format!("{:x}-{:x} rw-p 00000000 00:00 0\n", a * 4096, b * 4096))
+                .collect();
+            std::fs::write(d.join("maps"), maps).expect("maps");
+            let end = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+            let mut words = vec![0u8; end as usize * 8];
+            for (page, pfn) in pages.iter() {
+                let v = PRESENT | pfn;
+                words[*page as usize * 8..][..8].copy_from_slice(&v.to_le_bytes());
+            }
+            std::fs::write(d.join("pagemap"), words).expect("pagemap");
+        }
+        dir
+    }
+
+    #[test]
+    fn a_pass_stopped_anywhere_resumes_to_the_same_count() {
+        // Two processes over more than one pagemap read each; the second
+        // shares half the first's pages (a fork) and has 3 of its own.
+        let big = CHUNK_PAGES as u64 * 2 + 10;
+        let first: Vec<(u64, u64)> = (0..big).step_by(7).map(|p| (p, 1000 + p)).collect();
+        let mut second: Vec<(u64, u64)> = first.iter().step_by(2).copied().collect();
+        second.extend([(big + 1, 9), (big + 2, 10), (big + 3, 11)]);
+        let r1: &[(u64, u64)] = &[(0, big)];
+        let r2: &[(u64, u64)] = &[(0, big), (big + 1, big + 4)];
+        let proc = fake_proc(&[(10, r1, &first), (11, r2, &second), (12, r1, &[])]);
+        let pids = [10, 11, 12, 13];
+        let mut whole = Walk::new(4096);
+        let (one_go, done, complete) = whole.step(proc.path(), &pids, true, &mut || false);
+        let one_go = one_go.expect("pass");
+        assert_eq!(
+            (done, complete),
+            (4, true),
+            "a missing process counts as done"
+        );
+        assert_eq!(one_go.bytes, (first.len() as u64 + 3) * 4096);
+        assert_eq!(one_go.seen.len(), 3);
+        assert_eq!(one_go.seen[1].first_seen, 3 * 4096, "the fork's own pages");
+        assert_eq!(one_go.seen[0].rss, 300 * 4096, "statm after the read");
+
+        // Stopped after every pagemap read: several slices per process.
+        let mut walk = Walk::new(4096);
+        let mut todo: Vec<u32> = pids.to_vec();
+        let mut fresh = true;
+        let mut slices = 0;
+        let last = loop {
+            let (p, done, complete) = walk.step(proc.path(), &todo, fresh, &mut || true);
+            fresh = false;
+            slices += 1;
+            todo.drain(..done);
+            if complete {
+                break p.expect("pass");
+            }
+            assert!(slices < 100, "no progress");
+        };
+        assert!(slices >= 5, "{slices} slices");
+        assert_eq!(last, one_go);
+    }
+
     #[test]
     fn this_process_pages_are_counted_or_unreadable() {
         let page = crate::sys::page_size();
@@ -316,8 +470,9 @@ mod tests {
             );
             // The same pages again add nothing but what this process (the
             // pass, tests on other threads) touched in between.
+            let grew = p.seen[1].rss.saturating_sub(p.seen[0].rss);
             assert!(
-                p.seen[1].first_seen < p.seen[0].first_seen / 2,
+                p.seen[1].first_seen < p.seen[0].first_seen / 2 + grew,
                 "{:?}",
                 p.seen
             );
