@@ -22,7 +22,15 @@
 //!   memory (its file and shared pages — libraries the tree mostly holds
 //!   already — wait for the next pass, due at once);
 //! - a process that left takes only its own pages (its last USS) with it:
-//!   the pages it shared stay with the others, so the figure does not dip.
+//!   the pages it shared stay with the others, so the figure does not dip;
+//!   a process that left a fork of itself behind (a worker's parent, a
+//!   daemon forking away from its parent) takes nothing: its pages may all
+//!   be its fork's now, until the next pass says which are not.
+//!
+//! Without root the pass sums each process's Pss instead
+//! ([`super::pss`]), carried forward by the same rules; such a pass is
+//! dropped when a fork or an exit overlapped it (shares are then not
+//! consistent) and the next one starts at once.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use super::own::{Found, OwnReader};
 use super::pages::Pass;
+use super::pss::PassKind;
 
 /// How often a page pass is due when nothing calls for one sooner.
 const PAGES_EVERY: Duration = Duration::from_secs(2);
@@ -47,6 +56,8 @@ pub struct View {
     /// Forked from a followed process without exec: that process's
     /// anonymous bytes now.
     pub parent_anon: Option<u64>,
+    /// Forked from this followed process (alive or not).
+    pub parent: Option<u32>,
 }
 
 /// What is known of one process's cost.
@@ -107,6 +118,12 @@ struct Pages {
     /// Why pages cannot be counted (no permission, a read error).
     failed: Option<String>,
     passes: u64,
+    /// What a pass counts.
+    kind: PassKind,
+    /// Bumped when a Σ Pss pass is dropped: a slice handed over before
+    /// belongs to the dropped pass.
+    generation: u64,
+    in_flight: Option<u64>,
 }
 
 /// The reader of costs and its bookkeeping.
@@ -159,6 +176,17 @@ impl CostReader {
         }
     }
 
+    /// Sums each process's Pss instead of counting pages (no root needed).
+    pub fn count_pss(&mut self) {
+        self.pages = Pages {
+            on: true,
+            urgent: true,
+            kind: PassKind::Pss,
+            generation: self.pages.generation + 1,
+            ..Pages::default()
+        };
+    }
+
     /// Why pages cannot be counted, once a pass found out.
     pub fn pages_failed(&self) -> Option<&str> {
         self.pages.failed.as_deref()
@@ -200,9 +228,13 @@ impl CostReader {
             o.fresh = false;
         }
         for pid in departed {
-            self.leave(*pid);
+            self.leave(*pid, tree);
         }
         for v in tree {
+            if v.parent.is_some() && self.own.get(&v.pid).is_none_or(|o| o.base.is_none()) {
+                // A fork re-divides its parent's pages.
+                self.spoil();
+            }
             let o = self.own.entry(v.pid).or_default();
             o.rss = v.rss;
             o.anon = v.anon;
@@ -246,7 +278,8 @@ impl CostReader {
             }
             let todo = self.pages.todo.clone();
             if let Some(reader) = &mut self.reader {
-                reader.submit_pages(todo, fresh);
+                reader.submit_pages(todo, fresh, self.pages.kind);
+                self.pages.in_flight = Some(self.pages.generation);
             }
             self.last_was_pages = true;
         } else if let Some(interval) = self.opts.own_interval {
@@ -285,18 +318,40 @@ impl CostReader {
         })
     }
 
+    /// A Σ Pss pass under way no longer adds up (a fork or an exit): it is
+    /// dropped and the next one is due at once.
+    fn spoil(&mut self) {
+        if self.pages.kind != PassKind::Pss || !self.pages.running {
+            return;
+        }
+        self.pages.generation += 1;
+        self.pages.running = false;
+        self.pages.urgent = true;
+        self.pages.todo.clear();
+        self.pages.exits_during.clear();
+    }
+
     /// A process left: its own pages leave the figure, the ones it shared
     /// stay with the others until the next pass counts them again.
-    fn leave(&mut self, pid: u32) {
+    fn leave(&mut self, pid: u32, tree: &[View]) {
         let Some(o) = self.own.remove(&pid) else {
             return;
         };
+        if o.rss > 0 {
+            self.spoil();
+        }
         let c = o.contribution();
         // Its own pages: those the pass found first in it and what it wrote
         // since, or its last USS (read perhaps before it wrote) if larger.
-        let private = (i128::from(o.pass_own) + c.max(0))
-            .max(o.uss.map_or(0, i128::from))
-            .min(i128::from(o.rss.max(o.anon)));
+        // Once a fork of it lives on, none is known to be its own.
+        let forked = tree.iter().any(|v| v.parent == Some(pid));
+        let private = if forked {
+            0
+        } else {
+            (i128::from(o.pass_own) + c.max(0))
+                .max(o.uss.map_or(0, i128::from))
+                .min(i128::from(o.rss.max(o.anon)))
+        };
         self.pages.exits += c - private;
         if self.pages.running {
             // If the pass under way read it, its own pages are in that
@@ -320,12 +375,20 @@ impl CostReader {
                     }
                 }
             }
+            Found::Pages { .. }
+                if std::mem::take(&mut self.pages.in_flight) != Some(self.pages.generation) =>
+            {
+                // A slice of a dropped pass.
+            }
             Found::Pages {
                 pass,
                 read,
                 complete,
             } => match pass {
-                Err(e) => self.pages_fail(format!("cannot read the tree's pages: {e}")),
+                Err(e) => self.pages_fail(match self.pages.kind {
+                    PassKind::Pages => format!("cannot read the tree's pages: {e}"),
+                    PassKind::Pss => format!("cannot read a process's smaps_rollup: {e}"),
+                }),
                 Ok(p) if p.unreadable => {
                     self.pages_fail("page frame numbers read as 0 (reading them needs root)".into())
                 }
@@ -398,6 +461,7 @@ mod tests {
             rss: rss * M,
             anon: anon * M,
             parent_anon: forked.then_some(480 * M),
+            parent: forked.then_some(1),
         }
     }
 

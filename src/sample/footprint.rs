@@ -10,8 +10,10 @@
 //!    (a container, a SLURM step, a systemd unit) when it holds nothing
 //!    else. Exact, with the kernel's peak catching spikes between ticks.
 //! 2. [`HostSource::Pss`]: the sum of each process's proportional share
-//!    (`smaps_rollup`), read within a CPU budget and carried forward with
-//!    RSS changes in between.
+//!    (`smaps_rollup`), read off the sampling thread within a CPU budget
+//!    and carried forward in between by the rules the page count uses
+//!    ([`super::cost`]): a fork adds only what it writes beyond its
+//!    parent, an exit takes only the pages the process alone had.
 //! 3. [`HostSource::Rss`]: the plain RSS sum, when asked for or when
 //!    `smaps_rollup` cannot be read — labelled as such, never silently.
 //!
@@ -29,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::cgroup::{self, Cgroup, Hierarchies};
 use super::host::{Footprint, HostSample};
 use super::parse::parse_statm;
-use super::procfs::{ProcTree, PssBudget};
+use super::procfs::ProcTree;
 pub use crate::model::HostSource;
 
 /// Which sources a run may use (`host.source`).
@@ -127,6 +129,8 @@ pub struct FootprintReader {
     /// (until a process of the tree leaves the cgroup).
     floor: bool,
     state: State,
+    /// The cost reader sums Pss (turned on with the first Σ Pss sample).
+    pss_on: bool,
     info: SourceInfo,
     /// Set when the source changed: the store records the new one.
     changed: bool,
@@ -189,6 +193,7 @@ impl FootprintReader {
             pages,
             floor: true,
             state,
+            pss_on: false,
             info,
             changed: true,
             self_statm,
@@ -326,18 +331,22 @@ impl FootprintReader {
                 }
             }
         }
-        let (used, peak, age_s) = match self.state {
-            State::Pss => {
-                // From the next sample on, when Pss was chosen at start.
-                tree.set_pss_budget(Some(PssBudget {
-                    share: self.opts.pss_budget,
-                }));
-                let (used, age) = host.tree_pss();
-                (used, used + host.tree_hwm_rise(), age)
-            }
-            _ => (host.tree_rss(), host.tree_hwm(), None),
+        if matches!(self.state, State::Pss) {
+            self.pss_state(tree, timestamp);
+        }
+        let pss = match self.state {
+            State::Pss => tree.cost().pages_figure(now),
+            _ => None,
         };
-        let (pss_reads, pss_time) = tree.pss_cost();
+        let (used, peak, age_s) = match pss {
+            Some(fig) => (fig.used, fig.used + host.tree_hwm_rise(), fig.age_s),
+            None => (host.tree_rss(), host.tree_hwm(), None),
+        };
+        let (pss_reads, pss_time) = if pss.is_some() {
+            tree.cost().cost()
+        } else {
+            (0, Duration::ZERO)
+        };
         host.footprint = Some(Footprint {
             source: self.info.source,
             used,
@@ -348,6 +357,26 @@ impl FootprintReader {
             pss_read_s: pss_time.as_secs_f64(),
         });
         self.pages_figure(now, tree, host);
+    }
+
+    /// Σ Pss: the cost reader sums it from the first sample on; once it
+    /// cannot (no permission to read a process's `smaps_rollup`), the RSS
+    /// sum takes over, and says why.
+    fn pss_state(&mut self, tree: &mut ProcTree, at: f64) {
+        if !self.pss_on {
+            tree.cost_mut().count_pss();
+            self.pss_on = true;
+        }
+        if let Some(why) = tree.cost().pages_failed().map(str::to_string) {
+            tracing::warn!("host memory: {why}; summing RSS from now on");
+            self.switch(
+                State::Rss,
+                HostSource::Rss,
+                format!("{why}: shared pages count once per process"),
+                at,
+                tree,
+            );
+        }
     }
 
     /// Turns page counting on (first sample), or off once a pass found it
@@ -433,9 +462,8 @@ impl FootprintReader {
             }
         }
         if source == HostSource::Pss {
-            tree.set_pss_budget(Some(PssBudget {
-                share: self.opts.pss_budget,
-            }));
+            tree.cost_mut().count_pss();
+            self.pss_on = true;
         }
         self.state = state;
         self.info = SourceInfo {

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::pages::{self, Pass, PfnSet};
 use super::parse::parse_smaps_rollup;
+use super::pss::{self, PassKind};
 use crate::sys;
 
 /// One process's read: `(pss, uss)` in bytes, or why not.
@@ -56,10 +57,12 @@ enum Batch {
         pids: Vec<u32>,
         allowed: Duration,
     },
-    /// The next processes of a page pass; `fresh` starts a new one.
+    /// The next processes of a page (or Σ Pss) pass; `fresh` starts a
+    /// new one.
     Pages {
         pids: Vec<u32>,
         fresh: bool,
+        kind: PassKind,
         allowed: Duration,
     },
 }
@@ -141,9 +144,10 @@ impl OwnReader {
                 self.busy = false;
                 self.credit -= done.cpu.as_secs_f64();
                 self.cpu += done.cpu;
-                if let Found::Own(r) = &done.found {
-                    self.reads += r.len() as u64;
-                }
+                self.reads += match &done.found {
+                    Found::Own(r) => r.len() as u64,
+                    Found::Pages { read, .. } => *read as u64,
+                };
                 Some(done.found)
             }
             Err(TryRecvError::Empty) => None,
@@ -176,13 +180,14 @@ impl OwnReader {
         self.send(Batch::Own { pids, allowed });
     }
 
-    /// Hands the next processes of a page pass to the reader (`fresh`:
-    /// the first slice of a new pass).
-    pub fn submit_pages(&mut self, pids: Vec<u32>, fresh: bool) {
+    /// Hands the next processes of a page (or Σ Pss) pass to the reader
+    /// (`fresh`: the first slice of a new pass).
+    pub fn submit_pages(&mut self, pids: Vec<u32>, fresh: bool, kind: PassKind) {
         let allowed = self.allowed();
         self.send(Batch::Pages {
             pids,
             fresh,
+            kind,
             allowed,
         });
     }
@@ -260,6 +265,7 @@ impl Worker {
             Batch::Pages {
                 pids,
                 fresh,
+                kind,
                 allowed,
             } => {
                 if fresh {
@@ -273,14 +279,20 @@ impl Worker {
                         break;
                     }
                     done += 1;
-                    if let Err(e) = pages::add(
-                        &self.root,
-                        *pid,
-                        self.page_size,
-                        &mut self.set,
-                        &mut self.pass,
-                        &mut self.scratch,
-                    ) {
+                    let read = match kind {
+                        PassKind::Pages => pages::add(
+                            &self.root,
+                            *pid,
+                            self.page_size,
+                            &mut self.set,
+                            &mut self.pass,
+                            &mut self.scratch,
+                        ),
+                        PassKind::Pss => {
+                            pss::add(&self.root, *pid, self.page_size, &mut self.pass, &mut self.buf)
+                        }
+                    };
+                    if let Err(e) = read {
                         failed = Some(e);
                         break;
                     }
