@@ -376,7 +376,9 @@ impl CostReader {
                 }
             }
             Found::Pages { .. }
-                if std::mem::take(&mut self.pages.in_flight) != Some(self.pages.generation) =>
+                if self.pages.kind == PassKind::Pss
+                    && std::mem::take(&mut self.pages.in_flight)
+                        != Some(self.pages.generation) =>
             {
                 // A slice of a dropped pass.
             }
@@ -528,6 +530,93 @@ mod tests {
         // The parent frees 100 MiB.
         r.update(now, &[view(1, 400, 380, false)], &[]);
         assert_eq!(used(&r, now), 300);
+    }
+
+    fn pass(pid_figures: &[(u32, u64, u64, u64)], bytes: u64) -> Found {
+        Found::Pages {
+            pass: Ok(Pass {
+                bytes: bytes * M,
+                seen: pid_figures
+                    .iter()
+                    .map(|&(pid, rss, anon, own)| Seen {
+                        pid,
+                        rss: rss * M,
+                        anon: anon * M,
+                        first_seen: own * M,
+                    })
+                    .collect(),
+                unreadable: false,
+            }),
+            read: pid_figures.len(),
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn a_process_that_forks_away_and_exits_leaves_its_pages_to_the_fork() {
+        // A daemon holding 2 GiB forks and exits in a loop: each fork holds
+        // the pages, the exits take none of them.
+        let now = Instant::now();
+        let mut r = reader();
+        r.update(now, &[view(1, 2060, 2048, false)], &[]);
+        r.pages.running = true;
+        r.pages.todo = vec![1];
+        r.pages.in_flight = Some(r.pages.generation);
+        r.found(now, pass(&[(1, 2060, 2048, 2048)], 2050));
+        assert_eq!(used(&r, now), 2050);
+        let mut parent = 1;
+        for child in 2..20 {
+            let fork = View {
+                parent: Some(parent),
+                parent_anon: Some(2048 * M),
+                ..view(child, 2060, 2048, true)
+            };
+            r.update(now, &[view(parent, 2060, 2048, false), fork], &[]);
+            assert_eq!(used(&r, now), 2050, "a fork adds nothing");
+            r.update(now, &[fork], &[parent]);
+            assert_eq!(used(&r, now), 2050, "its parent's exit takes nothing");
+            parent = child;
+        }
+    }
+
+    #[test]
+    fn a_pss_pass_overlapped_by_a_fork_or_an_exit_is_dropped() {
+        let now = Instant::now();
+        let mut r = reader();
+        r.count_pss();
+        let tree = [view(1, 500, 480, false), view(2, 100, 90, false)];
+        r.update(now, &tree, &[]);
+        // A pass is handed over; a fork shows up before it comes back.
+        r.pages.running = true;
+        r.pages.todo = vec![1, 2];
+        r.pages.in_flight = Some(r.pages.generation);
+        let fork = View {
+            parent: Some(1),
+            parent_anon: Some(480 * M),
+            ..view(3, 500, 480, true)
+        };
+        r.update(now, &[tree[0], tree[1], fork], &[]);
+        assert!(!r.pages.running && r.pages.urgent, "the pass is dropped");
+        r.found(now, pass(&[(1, 500, 480, 200), (2, 100, 90, 80)], 450));
+        assert!(
+            !r.pages_figure(now).expect("on").exact,
+            "its late result is not taken"
+        );
+        // The next pass, undisturbed, is.
+        r.pages.running = true;
+        r.pages.todo = vec![1, 2, 3];
+        r.pages.in_flight = Some(r.pages.generation);
+        r.found(
+            now,
+            pass(&[(1, 500, 480, 10), (2, 100, 90, 80), (3, 500, 480, 10)], 600),
+        );
+        assert_eq!(used(&r, now), 600);
+        // An exit drops a pass under way too.
+        r.pages.running = true;
+        r.pages.in_flight = Some(r.pages.generation);
+        r.update(now, &[tree[0], fork], &[2]);
+        assert!(!r.pages.running);
+        assert_eq!(used(&r, now), 600 - 80, "the exit takes its own pages");
     }
 
     #[test]
