@@ -100,7 +100,13 @@ pub fn format_status(v: &serde_json::Value) -> String {
     let _ = writeln!(
         out,
         "now:  host {:.1} MiB (high-water {:.1}), GPU {:.1} MiB",
-        mb(&cur["cpu_rss_mb"]),
+        // `cpu_rss_mb`: a daemon from before the name was made the
+        // document's.
+        mb(if cur["cpu_ram_used_mb"].is_null() {
+            &cur["cpu_rss_mb"]
+        } else {
+            &cur["cpu_ram_used_mb"]
+        }),
         mb(&cur["cpu_hwm_mb"]),
         mb(&cur["gpu_tree_mb"])
     );
