@@ -231,6 +231,11 @@ impl CostReader {
             self.leave(*pid, tree);
         }
         for v in tree {
+            if v.rss == 0 {
+                // Tearing down (its memory is gone before it shows as a
+                // zombie): it counts as it was until it has left.
+                continue;
+            }
             if v.parent.is_some() && self.own.get(&v.pid).is_none_or(|o| o.base.is_none()) {
                 // A fork re-divides its parent's pages.
                 self.spoil();
@@ -282,7 +287,7 @@ impl CostReader {
                 self.pages.in_flight = Some(self.pages.generation);
             }
             self.last_was_pages = true;
-        } else if let Some(interval) = self.opts.own_interval {
+        } else if let Some(interval) = self.own_interval() {
             let due = |at: Option<Instant>| {
                 at.is_none_or(|t| now.saturating_duration_since(t) >= interval)
             };
@@ -303,8 +308,16 @@ impl CostReader {
         }
     }
 
+    /// How often own costs are read on their own: never while Σ Pss passes
+    /// run, which read them too.
+    fn own_interval(&self) -> Option<Duration> {
+        self.opts
+            .own_interval
+            .filter(|_| !(self.pages.on && self.pages.kind == PassKind::Pss))
+    }
+
     fn own_due(&self, now: Instant, tree: &[View]) -> bool {
-        let Some(interval) = self.opts.own_interval else {
+        let Some(interval) = self.own_interval() else {
             return false;
         };
         tree.iter().any(|v| {
@@ -377,8 +390,7 @@ impl CostReader {
             }
             Found::Pages { .. }
                 if self.pages.kind == PassKind::Pss
-                    && std::mem::take(&mut self.pages.in_flight)
-                        != Some(self.pages.generation) =>
+                    && std::mem::take(&mut self.pages.in_flight) != Some(self.pages.generation) =>
             {
                 // A slice of a dropped pass.
             }
@@ -395,7 +407,20 @@ impl CostReader {
                     self.pages_fail("page frame numbers read as 0 (reading them needs root)".into())
                 }
                 Ok(p) => {
-                    self.pages.todo.drain(..read.min(self.pages.todo.len()));
+                    let slice: Vec<u32> = self
+                        .pages
+                        .todo
+                        .drain(..read.min(self.pages.todo.len()))
+                        .collect();
+                    // A Σ Pss pass reads each process's own cost too.
+                    for s in p.seen.iter().filter(|s| slice.contains(&s.pid)) {
+                        if let (Some(pss), Some(o)) = (s.pss, self.own.get_mut(&s.pid)) {
+                            o.read_at = Some(now);
+                            o.pss = Some(pss);
+                            o.uss = Some(s.first_seen);
+                            o.fresh = true;
+                        }
+                    }
                     if complete || self.pages.todo.is_empty() {
                         self.commit(now, &p);
                     }
@@ -495,6 +520,7 @@ mod tests {
                         rss: 500 * M,
                         anon: 480 * M,
                         first_seen: 400 * M,
+                        pss: None,
                     }],
                     unreadable: false,
                 }),
@@ -543,6 +569,7 @@ mod tests {
                         rss: rss * M,
                         anon: anon * M,
                         first_seen: own * M,
+                        pss: None,
                     })
                     .collect(),
                 unreadable: false,
@@ -608,7 +635,10 @@ mod tests {
         r.pages.in_flight = Some(r.pages.generation);
         r.found(
             now,
-            pass(&[(1, 500, 480, 10), (2, 100, 90, 80), (3, 500, 480, 10)], 600),
+            pass(
+                &[(1, 500, 480, 10), (2, 100, 90, 80), (3, 500, 480, 10)],
+                600,
+            ),
         );
         assert_eq!(used(&r, now), 600);
         // An exit drops a pass under way too.

@@ -288,9 +288,13 @@ impl Worker {
                             &mut self.pass,
                             &mut self.scratch,
                         ),
-                        PassKind::Pss => {
-                            pss::add(&self.root, *pid, self.page_size, &mut self.pass, &mut self.buf)
-                        }
+                        PassKind::Pss => pss::add(
+                            &self.root,
+                            *pid,
+                            self.page_size,
+                            &mut self.pass,
+                            &mut self.buf,
+                        ),
                     };
                     if let Err(e) = read {
                         failed = Some(e);

@@ -88,8 +88,11 @@ pub struct Seen {
     /// pages were read: what carries its figure forward after.
     pub rss: u64,
     pub anon: u64,
-    /// Pages of this process no process read before it had (bytes).
+    /// Pages of this process no process read before it had (bytes); in a
+    /// Σ Pss pass, its USS.
     pub first_seen: u64,
+    /// Its Pss, in a Σ Pss pass.
+    pub pss: Option<u64>,
 }
 
 /// A pass over the tree.
@@ -182,6 +185,7 @@ pub fn add(
             rss,
             anon,
             first_seen: (set.len() - before) * page_size,
+            pss: None,
         }),
         Ok(None) => {}
         Err(e) if gone(&e) => {}

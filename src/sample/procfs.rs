@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use super::cost::{CostOptions, CostReader, View};
 use super::host::{Described, HostSample, Identity, Joined, Left, Reading};
 use super::parse::{
-    parse_btime, parse_cmdline, parse_loadavg_last_pid, parse_stat,
-    parse_statm, parse_statm_anon, parse_status, ParseError, Stat,
+    parse_btime, parse_cmdline, parse_loadavg_last_pid, parse_stat, parse_statm, parse_statm_anon,
+    parse_status, ParseError, Stat,
 };
 use crate::model::Exit;
 use crate::sys;
@@ -279,9 +279,9 @@ impl ProcTree {
                     rss: m.rss,
                     anon: m.anon,
                     // A fork's pages are its parent's until it writes.
-                    parent_anon: m.fork_of.map(|(parent, anon)| {
-                        self.members.get(&parent).map_or(anon, |p| p.anon)
-                    }),
+                    parent_anon: m
+                        .fork_of
+                        .map(|(parent, anon)| self.members.get(&parent).map_or(anon, |p| p.anon)),
                     parent: m.fork_of.map(|(parent, _)| parent),
                 }),
         );

@@ -37,7 +37,13 @@ pub enum PassKind {
 /// Adds one process's Pss to a pass. A process gone meanwhile (or a
 /// zombie, whose `smaps_rollup` is empty) is left out; any other error
 /// (no permission) is returned.
-pub fn add(root: &Path, pid: u32, page_size: u64, out: &mut Pass, buf: &mut Vec<u8>) -> io::Result<()> {
+pub fn add(
+    root: &Path,
+    pid: u32,
+    page_size: u64,
+    out: &mut Pass,
+    buf: &mut Vec<u8>,
+) -> io::Result<()> {
     let dir = root.join(pid.to_string());
     match read_process(&dir, page_size, buf) {
         Ok(Some((rss, anon, pss, uss))) => {
@@ -47,6 +53,7 @@ pub fn add(root: &Path, pid: u32, page_size: u64, out: &mut Pass, buf: &mut Vec<
                 rss,
                 anon,
                 first_seen: uss,
+                pss: Some(pss),
             });
             Ok(())
         }
