@@ -241,9 +241,12 @@ impl CostReader {
                 self.spoil();
             }
             let o = self.own.entry(v.pid).or_default();
+            let shared_before = o.base.map(|_| o.rss.saturating_sub(o.anon));
             o.rss = v.rss;
             o.anon = v.anon;
             let shared = v.rss.saturating_sub(v.anon);
+            // Mapping or unmapping pages others map re-divides their shares.
+            let remapped = shared_before.is_some_and(|b| b.abs_diff(shared) > SHARED_RISE);
             if o.base.is_none() && v.rss > 0 {
                 // A fork adds what it writes from now on; any other new
                 // process its anonymous memory. Their file and shared
@@ -256,6 +259,9 @@ impl CostReader {
                 }
             } else if shared > o.shared_at_base + SHARED_RISE {
                 self.pages.urgent = true;
+            }
+            if remapped {
+                self.spoil();
             }
         }
         if let Some(found) = self.reader.as_mut().and_then(OwnReader::collect) {

@@ -718,6 +718,13 @@ fn read_member(
             Ok(Ok(stat)) if stat.state != 'Z' && stat.state != 'X' => {}
             _ => return MemberRead::Gone,
         }
+        if m.rss > 0 {
+            // Tearing down (its memory is gone before it shows as a
+            // zombie): it holds what it held until it has left, so a fork
+            // of it is not taken for a process of its own.
+            m.read_ok = true;
+            return MemberRead::Ok;
+        }
     }
     m.rss = rss;
     m.anon = anon;
