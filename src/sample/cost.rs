@@ -124,6 +124,8 @@ struct Pages {
     /// belongs to the dropped pass.
     generation: u64,
     in_flight: Option<u64>,
+    /// Σ Pss: a fork, an exit or a remapping this tick.
+    changing: bool,
 }
 
 /// The reader of costs and its bookkeeping.
@@ -227,6 +229,7 @@ impl CostReader {
         for o in self.own.values_mut() {
             o.fresh = false;
         }
+        self.pages.changing = false;
         for pid in departed {
             self.leave(*pid, tree);
         }
@@ -272,11 +275,12 @@ impl CostReader {
         }
         let pages_due = self.pages.on
             && (self.pages.running
-                || self.pages.urgent
-                || self
-                    .pages
-                    .committed_at
-                    .is_none_or(|t| now.saturating_duration_since(t) >= PAGES_EVERY));
+                || (!self.pages.changing
+                    && (self.pages.urgent
+                        || self
+                            .pages
+                            .committed_at
+                            .is_none_or(|t| now.saturating_duration_since(t) >= PAGES_EVERY))));
         if pages_due && !(self.last_was_pages && self.own_due(now, tree)) {
             let fresh = !self.pages.running;
             if fresh {
@@ -339,8 +343,14 @@ impl CostReader {
 
     /// A Σ Pss pass under way no longer adds up (a fork or an exit): it is
     /// dropped and the next one is due at once.
+    /// No new one starts in the same tick: it would be dropped as well
+    /// while the tree is still changing, spending the budget for nothing.
     fn spoil(&mut self) {
-        if self.pages.kind != PassKind::Pss || !self.pages.running {
+        if self.pages.kind != PassKind::Pss {
+            return;
+        }
+        self.pages.changing = true;
+        if !self.pages.running {
             return;
         }
         self.pages.generation += 1;
