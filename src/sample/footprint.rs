@@ -726,3 +726,128 @@ pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, String> {
     );
     Cgroup::create_v1(&parent.join(name)).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::procfs::ProcOptions;
+
+    /// Files recorded from a real cgroup v2 memory cgroup (Linux 6.18),
+    /// whose `cgroup.procs` lists 4 processes.
+    const RECORDED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cgroup_v2");
+
+    fn write(path: &Path, text: &str) {
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    }
+
+    /// A process of a fake procfs, in the cgroup `/job.scope`.
+    fn process(proc_root: &Path, pid: u32, ppid: u32) {
+        let dir = proc_root.join(pid.to_string());
+        write(
+            &dir.join("stat"),
+            &format!("{pid} (python3) S {ppid} {pid} {ppid} 0 -1 4194560 100 0 0 0 5 1 0 0 20 0 1 0 {} 123456789 2500 0\n", 1000 + pid),
+        );
+        write(&dir.join("statm"), "50000 1536 512 10 0 900 0\n");
+        write(
+            &dir.join("status"),
+            &format!("Name:\tpython3\nState:\tS (sleeping)\nTgid:\t{pid}\nPid:\t{pid}\nPPid:\t{ppid}\nVmHWM:\t    6144 kB\nVmRSS:\t    6144 kB\n"),
+        );
+        write(&dir.join("cmdline"), "python3\0train.py\0");
+        write(&dir.join("cgroup"), "0::/job.scope\n");
+    }
+
+    #[test]
+    fn a_recorded_cgroup_v2_holding_only_the_job_is_the_source_until_a_stranger_joins() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let proc_root = tmp.path().join("proc");
+        let mount = tmp.path().join("cgroup");
+        let job = mount.join("job.scope");
+        std::fs::create_dir_all(&job).expect("mkdir");
+        for f in ["cgroup.procs", "memory.current", "memory.peak", "memory.stat", "memory.events"] {
+            std::fs::copy(Path::new(RECORDED).join(f), job.join(f)).expect("copy the recording");
+        }
+        let procs = std::fs::read_to_string(job.join("cgroup.procs")).expect("procs");
+        let pids = cgroup::parse_procs(&procs);
+        assert_eq!(pids.len(), 4, "{procs}");
+        write(&proc_root.join("stat"), "cpu 1 2 3\nbtime 1700000000\n");
+        write(
+            &proc_root.join("self/mountinfo"),
+            &format!(
+                "32 23 0:28 / {} rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n",
+                mount.display()
+            ),
+        );
+        write(&proc_root.join("self/cgroup"), "0::/memtrack.scope\n");
+        // The first recorded process is the job; the others its workers.
+        process(&proc_root, pids[0], 1);
+        for &pid in &pids[1..] {
+            process(&proc_root, pid, pids[0]);
+        }
+        let mut tree = ProcTree::new(ProcOptions {
+            root: proc_root.clone(),
+            hwm_interval: Duration::from_secs(1),
+            reaper: None,
+            job: None,
+            smaps: None,
+            read_share: 0.02,
+        })
+        .expect("fake procfs");
+        tree.add_root(pids[0]).expect("the job");
+        let mut reader = FootprintReader::new(
+            FootprintOptions {
+                choice: SourceChoice::Cgroup,
+                proc_root: proc_root.clone(),
+                pss_budget: 0.02,
+            },
+            Some("memtrack does not create cgroups on cgroup v2".into()),
+        );
+        let now = Instant::now();
+        let mut host = HostSample::default();
+        tree.sample(now, &mut host);
+        assert_eq!(tree.len(), 4, "the job and its 3 workers");
+        reader.sample(now, 1.0, &mut tree, &mut host);
+        let info = reader.info().clone();
+        assert_eq!(info.source, HostSource::Cgroup, "{info:?}");
+        assert_eq!(info.cgroup_version, Some(2));
+        assert_eq!(info.cgroup.as_deref(), Some(job.as_path()));
+        assert!(!info.cgroup_created);
+        assert!(info.reason.contains("holds only the job"), "{}", info.reason);
+        let number = |f: &str| -> u64 {
+            std::fs::read_to_string(Path::new(RECORDED).join(f))
+                .expect("recorded")
+                .trim()
+                .parse()
+                .expect("a number")
+        };
+        let stat = cgroup::parse_memory_stat(
+            &std::fs::read_to_string(Path::new(RECORDED).join("memory.stat")).expect("stat"),
+            cgroup::Version::V2,
+        )
+        .expect("recorded stat");
+        let f = host.footprint.expect("a figure");
+        assert_eq!(f.source, HostSource::Cgroup);
+        // The charge less cold page cache; the kernel's peak likewise.
+        assert_eq!(f.used, number("memory.current") - stat.inactive_file);
+        assert_eq!(f.peak, number("memory.peak") - stat.inactive_file);
+        assert_eq!(
+            reader.oom_counter(),
+            Some(job.join("memory.events")),
+            "v2 counts OOM kills in memory.events"
+        );
+
+        // A process that is not the job's joins the cgroup: from the next
+        // membership check on, the figure is Σ Pss, and says why.
+        process(&proc_root, 999, 1);
+        write(&job.join("cgroup.procs"), &format!("{procs}999\n"));
+        let later = now + MEMBERSHIP_EVERY + Duration::from_millis(100);
+        host.clear();
+        tree.sample(later, &mut host);
+        reader.sample(later, 3.0, &mut tree, &mut host);
+        let info = reader.take_change().expect("the source changed");
+        assert_eq!(info.source, HostSource::Pss, "{info:?}");
+        assert!(info.reason.contains("1 other process"), "{}", info.reason);
+        assert_eq!(host.footprint.map(|f| f.source), Some(HostSource::Pss));
+        assert!(job.exists(), "a cgroup memtrack did not create is left alone");
+    }
+}
