@@ -764,7 +764,13 @@ mod tests {
         let mount = tmp.path().join("cgroup");
         let job = mount.join("job.scope");
         std::fs::create_dir_all(&job).expect("mkdir");
-        for f in ["cgroup.procs", "memory.current", "memory.peak", "memory.stat", "memory.events"] {
+        for f in [
+            "cgroup.procs",
+            "memory.current",
+            "memory.peak",
+            "memory.stat",
+            "memory.events",
+        ] {
             std::fs::copy(Path::new(RECORDED).join(f), job.join(f)).expect("copy the recording");
         }
         let procs = std::fs::read_to_string(job.join("cgroup.procs")).expect("procs");
@@ -812,7 +818,11 @@ mod tests {
         assert_eq!(info.cgroup_version, Some(2));
         assert_eq!(info.cgroup.as_deref(), Some(job.as_path()));
         assert!(!info.cgroup_created);
-        assert!(info.reason.contains("holds only the job"), "{}", info.reason);
+        assert!(
+            info.reason.contains("holds only the job"),
+            "{}",
+            info.reason
+        );
         let number = |f: &str| -> u64 {
             std::fs::read_to_string(Path::new(RECORDED).join(f))
                 .expect("recorded")
@@ -851,6 +861,9 @@ mod tests {
         assert_eq!(info.source, HostSource::Pss, "{info:?}");
         assert!(info.reason.contains("1 other process"), "{}", info.reason);
         assert_eq!(host.footprint.map(|f| f.source), Some(HostSource::Pss));
-        assert!(job.exists(), "a cgroup memtrack did not create is left alone");
+        assert!(
+            job.exists(),
+            "a cgroup memtrack did not create is left alone"
+        );
     }
 }
