@@ -255,3 +255,17 @@ pub fn watch(
         std::thread::sleep(interval);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::format_status;
+
+    #[test]
+    fn the_host_figure_is_read_by_its_name_or_its_earlier_one() {
+        let now = serde_json::json!({"current": {"cpu_ram_used_mb": 512.5, "cpu_rss_mb": 512.5}});
+        assert!(format_status(&now).contains("now:  host 512.5 MiB"));
+        // A daemon from before the rename.
+        let before = serde_json::json!({"current": {"cpu_rss_mb": 300.0}});
+        assert!(format_status(&before).contains("now:  host 300.0 MiB"));
+    }
+}
