@@ -100,7 +100,13 @@ pub fn format_status(v: &serde_json::Value) -> String {
     let _ = writeln!(
         out,
         "now:  host {:.1} MiB (high-water {:.1}), GPU {:.1} MiB",
-        mb(&cur["cpu_rss_mb"]),
+        // `cpu_rss_mb`: a daemon from before the name was made the
+        // document's.
+        mb(if cur["cpu_ram_used_mb"].is_null() {
+            &cur["cpu_rss_mb"]
+        } else {
+            &cur["cpu_ram_used_mb"]
+        }),
         mb(&cur["cpu_hwm_mb"]),
         mb(&cur["gpu_tree_mb"])
     );
@@ -247,5 +253,19 @@ pub fn watch(
         write!(out, "\x1b[H{}\x1b[J", frame.replace('\n', "\x1b[K\n"))?;
         out.flush()?;
         std::thread::sleep(interval);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_status;
+
+    #[test]
+    fn the_host_figure_is_read_by_its_name_or_its_earlier_one() {
+        let now = serde_json::json!({"current": {"cpu_ram_used_mb": 512.5, "cpu_rss_mb": 512.5}});
+        assert!(format_status(&now).contains("now:  host 512.5 MiB"));
+        // A daemon from before the rename.
+        let before = serde_json::json!({"current": {"cpu_rss_mb": 300.0}});
+        assert!(format_status(&before).contains("now:  host 300.0 MiB"));
     }
 }

@@ -304,7 +304,8 @@ pub struct HostInfo {
     pub pss_reads: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pss_read_s: Option<f64>,
-    /// Age of the oldest exact Pss read behind the peak figure (seconds).
+    /// Seconds since the last complete pass (pages or Σ Pss) behind the
+    /// peak figure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pss_age_at_peak_s: Option<f64>,
 }

@@ -22,7 +22,15 @@
 //!   memory (its file and shared pages — libraries the tree mostly holds
 //!   already — wait for the next pass, due at once);
 //! - a process that left takes only its own pages (its last USS) with it:
-//!   the pages it shared stay with the others, so the figure does not dip.
+//!   the pages it shared stay with the others, so the figure does not dip;
+//!   a process that left a fork of itself behind (a worker's parent, a
+//!   daemon forking away from its parent) takes nothing: its pages may all
+//!   be its fork's now, until the next pass says which are not.
+//!
+//! Without root the pass sums each process's Pss instead
+//! ([`super::pss`]), carried forward by the same rules; such a pass is
+//! dropped when a fork or an exit overlapped it (shares are then not
+//! consistent) and the next one starts at once.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use super::own::{Found, OwnReader};
 use super::pages::Pass;
+use super::pss::PassKind;
 
 /// How often a page pass is due when nothing calls for one sooner.
 const PAGES_EVERY: Duration = Duration::from_secs(2);
@@ -52,6 +61,8 @@ pub struct View {
     /// Forked from a followed process without exec: that process's
     /// anonymous bytes now.
     pub parent_anon: Option<u64>,
+    /// Forked from this followed process (alive or not).
+    pub parent: Option<u32>,
 }
 
 /// What is known of one process's cost.
@@ -118,6 +129,14 @@ struct Pages {
     /// Why pages cannot be counted (no permission, a read error).
     failed: Option<String>,
     passes: u64,
+    /// What a pass counts.
+    kind: PassKind,
+    /// Bumped when a Σ Pss pass is dropped: a slice handed over before
+    /// belongs to the dropped pass.
+    generation: u64,
+    in_flight: Option<u64>,
+    /// Σ Pss: a fork, an exit or a remapping this tick.
+    changing: bool,
 }
 
 /// The reader of costs and its bookkeeping.
@@ -168,6 +187,17 @@ impl CostReader {
         }
     }
 
+    /// Sums each process's Pss instead of counting pages (no root needed).
+    pub fn count_pss(&mut self) {
+        self.pages = Pages {
+            on: true,
+            urgent: true,
+            kind: PassKind::Pss,
+            generation: self.pages.generation + 1,
+            ..Pages::default()
+        };
+    }
+
     /// Why pages cannot be counted, once a pass found out.
     pub fn pages_failed(&self) -> Option<&str> {
         self.pages.failed.as_deref()
@@ -208,14 +238,27 @@ impl CostReader {
         for o in self.own.values_mut() {
             o.fresh = false;
         }
+        self.pages.changing = false;
         for pid in departed {
-            self.leave(*pid);
+            self.leave(*pid, tree);
         }
         for v in tree {
+            if v.rss == 0 {
+                // Tearing down (its memory is gone before it shows as a
+                // zombie): it counts as it was until it has left.
+                continue;
+            }
+            if v.parent.is_some() && self.own.get(&v.pid).is_none_or(|o| o.base.is_none()) {
+                // A fork re-divides its parent's pages.
+                self.spoil();
+            }
             let o = self.own.entry(v.pid).or_default();
+            let shared_before = o.base.map(|_| o.rss.saturating_sub(o.anon));
             o.rss = v.rss;
             o.anon = v.anon;
             let shared = v.rss.saturating_sub(v.anon);
+            // Mapping or unmapping pages others map re-divides their shares.
+            let remapped = shared_before.is_some_and(|b| b.abs_diff(shared) > SHARED_RISE);
             if o.base.is_none() && v.rss > 0 {
                 // A fork adds what it writes from now on; any other new
                 // process its anonymous memory. Their file and shared
@@ -228,6 +271,9 @@ impl CostReader {
                 }
             } else if shared > o.shared_at_base + SHARED_RISE {
                 self.pages.urgent = true;
+            }
+            if remapped {
+                self.spoil();
             }
         }
         let cpu_before = self.cost().1;
@@ -244,11 +290,12 @@ impl CostReader {
         }
         let pages_due = self.pages.on
             && (self.pages.running
-                || self.pages.urgent
-                || self
-                    .pages
-                    .committed_at
-                    .is_none_or(|t| now.saturating_duration_since(t) >= PAGES_EVERY));
+                || (!self.pages.changing
+                    && (self.pages.urgent
+                        || self
+                            .pages
+                            .committed_at
+                            .is_none_or(|t| now.saturating_duration_since(t) >= PAGES_EVERY))));
         let own_turn = self.pages.total.is_some()
             && self.pages.cpu_own.as_secs_f64()
                 < OWN_SHARE_IN_PASS * (self.pages.cpu_own + self.pages.cpu_pages).as_secs_f64()
@@ -270,9 +317,10 @@ impl CostReader {
             self.pages.slices += 1;
             let todo = self.pages.todo.clone();
             if let Some(reader) = &mut self.reader {
-                reader.submit_pages(todo, fresh);
+                reader.submit_pages(todo, fresh, self.pages.kind);
+                self.pages.in_flight = Some(self.pages.generation);
             }
-        } else if let Some(interval) = self.opts.own_interval {
+        } else if let Some(interval) = self.own_interval() {
             let due = |at: Option<Instant>| {
                 at.is_none_or(|t| now.saturating_duration_since(t) >= interval)
             };
@@ -292,8 +340,16 @@ impl CostReader {
         }
     }
 
+    /// How often own costs are read on their own: never while Σ Pss passes
+    /// run, which read them too.
+    fn own_interval(&self) -> Option<Duration> {
+        self.opts
+            .own_interval
+            .filter(|_| !(self.pages.on && self.pages.kind == PassKind::Pss))
+    }
+
     fn own_due(&self, now: Instant, tree: &[View]) -> bool {
-        let Some(interval) = self.opts.own_interval else {
+        let Some(interval) = self.own_interval() else {
             return false;
         };
         tree.iter().any(|v| {
@@ -307,18 +363,46 @@ impl CostReader {
         })
     }
 
+    /// A Σ Pss pass under way no longer adds up (a fork or an exit): it is
+    /// dropped and the next one is due at once.
+    /// No new one starts in the same tick: it would be dropped as well
+    /// while the tree is still changing, spending the budget for nothing.
+    fn spoil(&mut self) {
+        if self.pages.kind != PassKind::Pss {
+            return;
+        }
+        self.pages.changing = true;
+        if !self.pages.running {
+            return;
+        }
+        self.pages.generation += 1;
+        self.pages.running = false;
+        self.pages.urgent = true;
+        self.pages.todo.clear();
+        self.pages.exits_during.clear();
+    }
+
     /// A process left: its own pages leave the figure, the ones it shared
     /// stay with the others until the next pass counts them again.
-    fn leave(&mut self, pid: u32) {
+    fn leave(&mut self, pid: u32, tree: &[View]) {
         let Some(o) = self.own.remove(&pid) else {
             return;
         };
+        if o.rss > 0 {
+            self.spoil();
+        }
         let c = o.contribution();
         // Its own pages: those the pass found first in it and what it wrote
         // since, or its last USS (read perhaps before it wrote) if larger.
-        let private = (i128::from(o.pass_own) + c.max(0))
-            .max(o.uss.map_or(0, i128::from))
-            .min(i128::from(o.rss.max(o.anon)));
+        // Once a fork of it lives on, none is known to be its own.
+        let forked = tree.iter().any(|v| v.parent == Some(pid));
+        let private = if forked {
+            0
+        } else {
+            (i128::from(o.pass_own) + c.max(0))
+                .max(o.uss.map_or(0, i128::from))
+                .min(i128::from(o.rss.max(o.anon)))
+        };
         self.pages.exits += c - private;
         if self.pages.running {
             // If the pass under way read it, its own pages are in that
@@ -342,17 +426,39 @@ impl CostReader {
                     }
                 }
             }
+            Found::Pages { .. }
+                if self.pages.kind == PassKind::Pss
+                    && std::mem::take(&mut self.pages.in_flight) != Some(self.pages.generation) =>
+            {
+                // A slice of a dropped pass.
+            }
             Found::Pages {
                 pass,
                 read,
                 complete,
             } => match pass {
-                Err(e) => self.pages_fail(format!("cannot read the tree's pages: {e}")),
+                Err(e) => self.pages_fail(match self.pages.kind {
+                    PassKind::Pages => format!("cannot read the tree's pages: {e}"),
+                    PassKind::Pss => format!("cannot read a process's smaps_rollup: {e}"),
+                }),
                 Ok(p) if p.unreadable => {
                     self.pages_fail("page frame numbers read as 0 (reading them needs root)".into())
                 }
                 Ok(p) => {
-                    self.pages.todo.drain(..read.min(self.pages.todo.len()));
+                    let slice: Vec<u32> = self
+                        .pages
+                        .todo
+                        .drain(..read.min(self.pages.todo.len()))
+                        .collect();
+                    // A Σ Pss pass reads each process's own cost too.
+                    for s in p.seen.iter().filter(|s| slice.contains(&s.pid)) {
+                        if let (Some(pss), Some(o)) = (s.pss, self.own.get_mut(&s.pid)) {
+                            o.read_at = Some(now);
+                            o.pss = Some(pss);
+                            o.uss = Some(s.first_seen);
+                            o.fresh = true;
+                        }
+                    }
                     if complete || self.pages.todo.is_empty() {
                         self.commit(now, &p);
                     }
@@ -433,6 +539,7 @@ mod tests {
             rss: rss * M,
             anon: anon * M,
             parent_anon: forked.then_some(480 * M),
+            parent: forked.then_some(1),
         }
     }
 
@@ -464,6 +571,7 @@ mod tests {
                         rss: 500 * M,
                         anon: 480 * M,
                         first_seen: 400 * M,
+                        pss: None,
                     }],
                     unreadable: false,
                 }),
@@ -499,6 +607,97 @@ mod tests {
         // The parent frees 100 MiB.
         r.update(now, &[view(1, 400, 380, false)], &[]);
         assert_eq!(used(&r, now), 300);
+    }
+
+    fn pass(pid_figures: &[(u32, u64, u64, u64)], bytes: u64) -> Found {
+        Found::Pages {
+            pass: Ok(Pass {
+                bytes: bytes * M,
+                seen: pid_figures
+                    .iter()
+                    .map(|&(pid, rss, anon, own)| Seen {
+                        pid,
+                        rss: rss * M,
+                        anon: anon * M,
+                        first_seen: own * M,
+                        pss: None,
+                    })
+                    .collect(),
+                unreadable: false,
+            }),
+            read: pid_figures.len(),
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn a_process_that_forks_away_and_exits_leaves_its_pages_to_the_fork() {
+        // A daemon holding 2 GiB forks and exits in a loop: each fork holds
+        // the pages, the exits take none of them.
+        let now = Instant::now();
+        let mut r = reader();
+        r.update(now, &[view(1, 2060, 2048, false)], &[]);
+        r.pages.running = true;
+        r.pages.todo = vec![1];
+        r.pages.in_flight = Some(r.pages.generation);
+        r.found(now, pass(&[(1, 2060, 2048, 2048)], 2050));
+        assert_eq!(used(&r, now), 2050);
+        let mut parent = 1;
+        for child in 2..20 {
+            let fork = View {
+                parent: Some(parent),
+                parent_anon: Some(2048 * M),
+                ..view(child, 2060, 2048, true)
+            };
+            r.update(now, &[view(parent, 2060, 2048, false), fork], &[]);
+            assert_eq!(used(&r, now), 2050, "a fork adds nothing");
+            r.update(now, &[fork], &[parent]);
+            assert_eq!(used(&r, now), 2050, "its parent's exit takes nothing");
+            parent = child;
+        }
+    }
+
+    #[test]
+    fn a_pss_pass_overlapped_by_a_fork_or_an_exit_is_dropped() {
+        let now = Instant::now();
+        let mut r = reader();
+        r.count_pss();
+        let tree = [view(1, 500, 480, false), view(2, 100, 90, false)];
+        r.update(now, &tree, &[]);
+        // A pass is handed over; a fork shows up before it comes back.
+        r.pages.running = true;
+        r.pages.todo = vec![1, 2];
+        r.pages.in_flight = Some(r.pages.generation);
+        let fork = View {
+            parent: Some(1),
+            parent_anon: Some(480 * M),
+            ..view(3, 500, 480, true)
+        };
+        r.update(now, &[tree[0], tree[1], fork], &[]);
+        assert!(!r.pages.running && r.pages.urgent, "the pass is dropped");
+        r.found(now, pass(&[(1, 500, 480, 200), (2, 100, 90, 80)], 450));
+        assert!(
+            !r.pages_figure(now).expect("on").exact,
+            "its late result is not taken"
+        );
+        // The next pass, undisturbed, is.
+        r.pages.running = true;
+        r.pages.todo = vec![1, 2, 3];
+        r.pages.in_flight = Some(r.pages.generation);
+        r.found(
+            now,
+            pass(
+                &[(1, 500, 480, 10), (2, 100, 90, 80), (3, 500, 480, 10)],
+                600,
+            ),
+        );
+        assert_eq!(used(&r, now), 600);
+        // An exit drops a pass under way too.
+        r.pages.running = true;
+        r.pages.in_flight = Some(r.pages.generation);
+        r.update(now, &[tree[0], fork], &[2]);
+        assert!(!r.pages.running);
+        assert_eq!(used(&r, now), 600 - 80, "the exit takes its own pages");
     }
 
     #[test]

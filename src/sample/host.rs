@@ -59,14 +59,6 @@ pub struct Reading {
     /// earlier one): a point of the process's own-cost series.
     #[serde(default, skip_serializing_if = "is_false")]
     pub own_read: bool,
-    /// This process's part of the tree's footprint when Pss is the source:
-    /// its last exact Pss carried forward by the RSS change since (RSS
-    /// until its first read).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pss_now: Option<u64>,
-    /// Seconds since `pss_now`'s exact read (absent: never read).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pss_age_s: Option<f64>,
     /// How far `VmHWM` rose above what was known since the last read: a
     /// peak this process reached between two samples.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -95,10 +87,6 @@ pub struct HostSample {
     /// out of descriptors: they are followed by path instead.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub fd_fallbacks: u32,
-    /// Σ Pss: the shared part of processes that left since the last
-    /// complete pass, still resident with the others.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub pss_carry: u64,
     /// The tree's headline figure (every page once), when computed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub footprint: Option<Footprint>,
@@ -116,7 +104,6 @@ impl HostSample {
         self.left.clear();
         self.errors = 0;
         self.fd_fallbacks = 0;
-        self.pss_carry = 0;
         self.footprint = None;
     }
 
@@ -126,23 +113,6 @@ impl HostSample {
 
     pub fn tree_hwm(&self) -> u64 {
         self.processes.iter().map(|p| p.hwm.max(p.rss)).sum()
-    }
-
-    /// Σ Pss carried forward (RSS for processes not read yet), and the age
-    /// of the oldest exact read behind it.
-    pub fn tree_pss(&self) -> (u64, Option<f64>) {
-        let used = self
-            .processes
-            .iter()
-            .map(|p| p.pss_now.unwrap_or(p.rss))
-            .sum::<u64>()
-            + self.pss_carry;
-        let age = self
-            .processes
-            .iter()
-            .map(|p| p.pss_age_s.unwrap_or(f64::INFINITY))
-            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
-        (used, age.filter(|a| a.is_finite()))
     }
 
     /// The peaks processes reached between two samples beyond what they
@@ -161,13 +131,14 @@ pub struct Footprint {
     /// The highest `used` since the previous sample, as far as the source
     /// can tell (the kernel's peak; rises of processes' `VmHWM`).
     pub peak: u64,
-    /// Pss: seconds since the oldest exact read behind `used`.
+    /// Pages or Σ Pss: seconds since the last complete pass behind `used`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub age_s: Option<f64>,
     /// Cgroup: the reading behind `used`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<cgroup::Reading>,
-    /// Pss: `smaps_rollup` reads so far and the seconds they took.
+    /// Pages or Σ Pss: reads so far off the sampling thread and the CPU
+    /// seconds they took.
     #[serde(default)]
     pub pss_reads: u64,
     #[serde(default)]

@@ -17,6 +17,7 @@ pub mod pages;
 pub mod parse;
 pub mod pidns;
 pub mod procfs;
+pub mod pss;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -235,9 +236,10 @@ impl Sampler {
         self.footprint.oom_counter()
     }
 
-    /// `smaps_rollup` reads done for the footprint and their total time.
+    /// Reads done off the sampling thread (own cost, page or Σ Pss passes)
+    /// and their CPU time.
     pub fn pss_cost(&self) -> (u64, Duration) {
-        self.tree.pss_cost()
+        self.tree.cost().cost()
     }
 }
 

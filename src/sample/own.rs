@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::pages::{self, Pass};
 use super::parse::parse_smaps_rollup;
+use super::pss::{self, PassKind};
 use crate::sys;
 
 /// One process's read: `(pss, uss)` in bytes, or why not.
@@ -57,10 +58,12 @@ enum Batch {
         pids: Vec<u32>,
         allowed: Duration,
     },
-    /// The next processes of a page pass; `fresh` starts a new one.
+    /// The next processes of a page (or Σ Pss) pass; `fresh` starts a
+    /// new one.
     Pages {
         pids: Vec<u32>,
         fresh: bool,
+        kind: PassKind,
         allowed: Duration,
     },
 }
@@ -110,6 +113,8 @@ impl OwnReader {
                     root,
                     buf: Vec::with_capacity(4096),
                     walk: pages::Walk::new(crate::sys::page_size()),
+                    pss: Pass::default(),
+                    page_size: crate::sys::page_size(),
                 };
                 for batch in batches {
                     if done_tx.send(worker.run(batch)).is_err() {
@@ -139,9 +144,10 @@ impl OwnReader {
                 self.busy = false;
                 self.credit -= done.cpu.as_secs_f64();
                 self.cpu += done.cpu;
-                if let Found::Own(r) = &done.found {
-                    self.reads += r.len() as u64;
-                }
+                self.reads += match &done.found {
+                    Found::Own(r) => r.len() as u64,
+                    Found::Pages { read, .. } => *read as u64,
+                };
                 Some(done.found)
             }
             Err(TryRecvError::Empty) => None,
@@ -174,13 +180,14 @@ impl OwnReader {
         self.send(Batch::Own { pids, allowed });
     }
 
-    /// Hands the next processes of a page pass to the reader (`fresh`:
-    /// the first slice of a new pass).
-    pub fn submit_pages(&mut self, pids: Vec<u32>, fresh: bool) {
+    /// Hands the next processes of a page (or Σ Pss) pass to the reader
+    /// (`fresh`: the first slice of a new pass).
+    pub fn submit_pages(&mut self, pids: Vec<u32>, fresh: bool, kind: PassKind) {
         let allowed = self.allowed();
         self.send(Batch::Pages {
             pids,
             fresh,
+            kind,
             allowed,
         });
     }
@@ -226,6 +233,9 @@ struct Worker {
     buf: Vec<u8>,
     /// The page pass under way.
     walk: pages::Walk,
+    /// The Σ Pss pass under way.
+    pss: Pass,
+    page_size: u64,
 }
 
 impl Worker {
@@ -256,21 +266,56 @@ impl Worker {
             Batch::Pages {
                 pids,
                 fresh,
+                kind,
                 allowed,
             } => {
-                let (pass, read, complete) = self
-                    .walk
-                    .step(&self.root, &pids, fresh, &mut || spent() >= allowed);
-                Found::Pages {
-                    pass,
-                    read,
-                    complete,
+                match kind {
+                    PassKind::Pages => {
+                        let (pass, read, complete) = self
+                            .walk
+                            .step(&self.root, &pids, fresh, &mut || spent() >= allowed);
+                        Found::Pages {
+                            pass,
+                            read,
+                            complete,
+                        }
+                    }
+                    PassKind::Pss => self.pss_slice(&pids, fresh, &mut || spent() >= allowed),
                 }
             }
         };
         Done {
             found,
             cpu: spent(),
+        }
+    }
+
+    /// One slice of a Σ Pss pass: each process's `smaps_rollup` (its share
+    /// and its own pages) in order, until `stop` says so (checked between
+    /// processes, after at least one). Any error but a process gone ends
+    /// the pass.
+    fn pss_slice(&mut self, pids: &[u32], fresh: bool, stop: &mut dyn FnMut() -> bool) -> Found {
+        if fresh {
+            self.pss = Pass::default();
+        }
+        let mut done = 0;
+        for &pid in pids {
+            if done > 0 && stop() {
+                break;
+            }
+            done += 1;
+            if let Err(e) = pss::add(&self.root, pid, self.page_size, &mut self.pss, &mut self.buf) {
+                return Found::Pages {
+                    pass: Err(e),
+                    read: done,
+                    complete: true,
+                };
+            }
+        }
+        Found::Pages {
+            pass: Ok(self.pss.clone()),
+            read: done,
+            complete: done == pids.len(),
         }
     }
 }

@@ -81,8 +81,11 @@ pub struct Seen {
     /// pages were read: what carries its figure forward after.
     pub rss: u64,
     pub anon: u64,
-    /// Pages of this process no process read before it had (bytes).
+    /// Pages of this process no process read before it had (bytes); in a
+    /// Σ Pss pass, its USS.
     pub first_seen: u64,
+    /// Its Pss, in a Σ Pss pass.
+    pub pss: Option<u64>,
 }
 
 /// A pass over the tree.
@@ -298,6 +301,7 @@ impl Walk {
             rss,
             anon,
             first_seen: (self.set.len() - cur.before) * self.page_size,
+            pss: None,
         });
         self.current = None;
         Ok(true)

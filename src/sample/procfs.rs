@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use super::cost::{CostOptions, CostReader, View};
 use super::host::{Described, HostSample, Identity, Joined, Left, Reading};
 use super::parse::{
-    parse_btime, parse_cmdline, parse_loadavg_last_pid, parse_smaps_rollup, parse_stat,
-    parse_statm, parse_statm_anon, parse_status, ParseError, Stat,
+    parse_btime, parse_cmdline, parse_loadavg_last_pid, parse_stat, parse_statm, parse_statm_anon,
+    parse_status, ParseError, Stat,
 };
 use crate::model::Exit;
 use crate::sys;
@@ -85,22 +85,11 @@ struct Member {
     hwm_rise: u64,
     /// Anonymous resident bytes (RSS less file and shared memory).
     anon: u64,
-    pss: Option<u64>,
-    uss: Option<u64>,
-    /// The exact read this process's part of Σ Pss is carried forward
-    /// from (by its RSS change since), once a whole pass over the tree
-    /// committed it. A process forked from a followed one (same command
-    /// line) starts from nothing at its RSS when it joined: a fork adds no
-    /// page to the tree, it only re-divides the shared ones.
-    basis: Option<Basis>,
-    /// This pass's read, committed when every process has one.
-    pending: Option<Basis>,
-    /// Forked from a followed process without executing anything else.
-    forked: bool,
-    ppid: u32,
-    smaps_read_at: Option<Instant>,
-    /// `pss` and `uss` were read for this sample.
-    own_read: bool,
+    /// Forked without executing anything else from this followed process
+    /// (its parent, or for an orphan re-parented to memtrack the process
+    /// of the same command line that died), and that process's anonymous
+    /// bytes when this one joined.
+    fork_of: Option<(u32, u64)>,
     /// This sample's read succeeded (its figures are current).
     read_ok: bool,
     /// Samples left in which to retry an empty command line.
@@ -109,60 +98,6 @@ struct Member {
     /// process exec'd (a shell wrapper, a pyenv shim) and is re-described.
     cmdline_hash: u64,
 }
-
-/// An exact `smaps_rollup` read (bytes) and when it was taken.
-#[derive(Debug, Clone, Copy)]
-struct Basis {
-    pss: u64,
-    uss: u64,
-    rss: u64,
-    at: Instant,
-}
-
-impl Member {
-    /// Its part of Σ Pss now: the basis carried forward by the RSS change
-    /// since; the RSS itself when nothing better is known.
-    fn pss_now(&self) -> u64 {
-        self.basis
-            .map_or(self.rss, |b| carried(b.pss, b.rss, self.rss))
-    }
-
-    /// Its private part now (≤ [`Member::pss_now`]).
-    fn uss_now(&self) -> u64 {
-        self.basis
-            .map_or(self.rss, |b| carried(b.uss, b.rss, self.rss))
-            .min(self.pss_now())
-    }
-}
-
-/// `value` read at RSS `then`, moved by the RSS change since.
-fn carried(value: u64, then: u64, now: u64) -> u64 {
-    ((value as i128 + now as i128 - then as i128).max(0) as u64).min(now)
-}
-
-/// Reads of `smaps_rollup` for the tree's footprint, within a share of one
-/// core: a read costs time in proportion to the RSS (the kernel walks the
-/// page tables), so a large job is read a few processes at a time, the newest
-/// and the longest unread first, and carried forward with RSS in between.
-#[derive(Debug, Clone, Copy)]
-pub struct PssBudget {
-    /// Fraction of one core spent reading (0.02 = 2 %).
-    pub share: f64,
-}
-
-/// A process's Pss is read again at most this often unless the tree
-/// changed. (Its RSS staying flat proves nothing: a worker writing to a
-/// page it shares copy-on-write gets a private copy, raising the tree's Pss
-/// sum while no RSS moves.)
-const PSS_MIN_AGE: Duration = Duration::from_secs(1);
-
-/// How far reads after a change in the tree may run ahead of the budget
-/// (seconds of reading), repaid before routine re-reads resume.
-const PSS_DEBT: Duration = Duration::from_secs(2);
-
-/// Largest credit the budget saves up (seconds of reading): enough to
-/// read a new tree at once, not enough to stall it for long.
-const PSS_BURST: Duration = Duration::from_millis(500);
 
 /// How many samples an empty command line is retried: a process caught in
 /// `execve` (a just-spawned job always is) shows none for a moment.
@@ -194,21 +129,9 @@ pub struct ProcTree {
     /// headroom for the reads, sockets and files memtrack opens besides.
     max_open: usize,
     open_now: usize,
-    /// Pss reads for the footprint, when that is the source.
-    pss_budget: Option<PssBudget>,
-    /// Seconds of reading the budget allows now (may run negative).
-    pss_credit: f64,
-    /// The shared part of processes that left since the last committed
-    /// pass: those pages stay with the processes that share them.
-    pss_carry: u64,
-    /// The pass was spoiled by a change in the tree: the next one is due
-    /// at once.
-    pss_urgent: bool,
-    pss_committed_at: Option<Instant>,
-    pss_credited_at: Option<Instant>,
-    /// Pss reads done and the time they took, for the cost report.
-    pss_reads: u64,
-    pss_read_time: Duration,
+    /// Members that left with the last sample: (pid, command-line hash,
+    /// anonymous bytes), for an orphan found a sample late.
+    recently_left: Vec<(u32, u64, u64)>,
     /// Own cost and distinct pages, read on a thread of their own.
     cost: CostReader,
     views: Vec<View>,
@@ -262,25 +185,8 @@ impl ProcTree {
                 limit.saturating_sub((limit / 2).min(256)) as usize
             },
             open_now: 0,
-            pss_budget: None,
-            pss_credit: PSS_BURST.as_secs_f64(),
-            pss_carry: 0,
-            pss_urgent: true,
-            pss_committed_at: None,
-            pss_credited_at: None,
-            pss_reads: 0,
-            pss_read_time: Duration::ZERO,
+            recently_left: Vec::new(),
         })
-    }
-
-    /// Turns budgeted Pss reads (the footprint's source) on or off.
-    pub fn set_pss_budget(&mut self, budget: Option<PssBudget>) {
-        self.pss_budget = budget;
-    }
-
-    /// `smaps_rollup` reads done for the footprint and their total time.
-    pub fn pss_cost(&self) -> (u64, Duration) {
-        (self.pss_reads, self.pss_read_time)
     }
 
     /// The reads off the sampling thread: own cost and distinct pages.
@@ -364,10 +270,6 @@ impl ProcTree {
             }
         }
         self.buf = buf;
-        if self.pss_budget.is_some() {
-            self.pss_departures(&departed);
-        }
-        self.read_smaps(now, &departed);
         self.views.clear();
         self.views.extend(
             self.members
@@ -379,212 +281,39 @@ impl ProcTree {
                     anon: m.anon,
                     // A fork's pages are its parent's until it writes.
                     parent_anon: m
-                        .forked
-                        .then(|| self.members.get(&m.ppid).map(|p| p.anon))
-                        .flatten(),
+                        .fork_of
+                        .map(|(parent, anon)| self.members.get(&parent).map_or(anon, |p| p.anon)),
+                    parent: m.fork_of.map(|(parent, _)| parent),
                 }),
         );
         self.cost.update(now, &self.views, &departed);
-        out.pss_carry = self.pss_carry;
         for (&pid, m) in &self.members {
             if !m.read_ok {
                 continue;
             }
-            // Σ Pss mode reads them on this thread, else the reader thread.
-            let own = self.cost.own(pid).filter(|_| self.pss_budget.is_none());
+            let own = self.cost.own(pid);
             out.processes.push(Reading {
                 pid,
                 rss: m.rss,
                 hwm: m.hwm.max(m.rss),
-                pss: own.map_or(m.pss, |o| o.pss),
-                uss: own.map_or(m.uss, |o| o.uss),
-                own_read: own.map_or(m.own_read, |o| o.fresh),
-                pss_now: self.pss_budget.map(|_| m.pss_now()),
-                pss_age_s: self
-                    .pss_budget
-                    .and(m.basis)
-                    .map(|b| now.saturating_duration_since(b.at).as_secs_f64()),
+                pss: own.and_then(|o| o.pss),
+                uss: own.and_then(|o| o.uss),
+                own_read: own.is_some_and(|o| o.fresh),
                 hwm_rise: m.hwm_rise,
             });
         }
         if self.members.values().any(|m| m.describe_tries > 0) {
             self.describe_late(out);
         }
+        self.recently_left.clear();
         for &pid in &departed {
+            if let Some(m) = self.members.get(&pid) {
+                self.recently_left.push((pid, m.cmdline_hash, m.anon));
+            }
             self.leave(pid, out);
         }
         departed.clear();
         self.departed = departed;
-    }
-
-    /// Reads `smaps_rollup` within the Pss budget when Σ Pss is the
-    /// footprint (each process's own cost comes with it). Otherwise the
-    /// reader thread reads own costs ([`CostReader`]).
-    fn read_smaps(&mut self, now: Instant, departed: &[u32]) {
-        for m in self.members.values_mut() {
-            m.own_read = false;
-        }
-        if let Some(budget) = self.pss_budget {
-            let mut buf = std::mem::take(&mut self.buf);
-            self.pss_pass(now, budget, departed, &mut buf);
-            self.buf = buf;
-        }
-    }
-
-    /// Processes that left: their private part leaves the sum, their share
-    /// of pages they shared stays (the others still map those pages, and
-    /// their own shares grow by as much once read again).
-    fn pss_departures(&mut self, departed: &[u32]) {
-        for pid in departed {
-            let Some(m) = self.members.get(pid) else {
-                continue;
-            };
-            let shared = m.pss_now().saturating_sub(m.uss_now());
-            self.pss_carry += shared;
-            if shared > 1 << 20 {
-                self.abort_pss_pass();
-            }
-        }
-    }
-
-    fn abort_pss_pass(&mut self) {
-        for m in self.members.values_mut() {
-            m.pending = None;
-        }
-        self.pss_urgent = true;
-    }
-
-    /// Reads `smaps_rollup` of the processes this pass has not read yet,
-    /// within the budget, and commits the pass once all are read. Shares of
-    /// pages are only consistent when read without a fork or an exit in
-    /// between, so a pass spoiled by one starts again.
-    fn pss_pass(&mut self, now: Instant, budget: PssBudget, departed: &[u32], buf: &mut Vec<u8>) {
-        let elapsed = self
-            .pss_credited_at
-            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-        self.pss_credited_at = Some(now);
-        self.pss_credit =
-            (self.pss_credit + elapsed.as_secs_f64() * budget.share).min(PSS_BURST.as_secs_f64());
-        let rested = self
-            .pss_committed_at
-            .is_none_or(|t| now.saturating_duration_since(t) >= PSS_MIN_AGE);
-        if !self.pss_urgent && !rested {
-            return;
-        }
-        // A pass after a change may borrow ahead of the budget; a routine
-        // one waits for credit.
-        let floor = if self.pss_urgent {
-            -PSS_DEBT.as_secs_f64()
-        } else {
-            0.0
-        };
-        // Never read first, then the longest unread.
-        let mut order: Vec<(bool, Option<Instant>, u32)> = self
-            .members
-            .iter()
-            .filter(|(pid, m)| m.pending.is_none() && m.rss > 0 && !departed.contains(pid))
-            .map(|(&pid, m)| (m.basis.is_some(), m.smaps_read_at, pid))
-            .collect();
-        order.sort_unstable();
-        for (_, _, pid) in order {
-            if self.pss_credit <= floor {
-                return;
-            }
-            // CPU time, not wall time: the budget is what the reads cost
-            // the machine, not how long a loaded machine took.
-            let started = sys::thread_cpu_time();
-            let dir = self.opts.root.join(pid.to_string());
-            let read = read_small(&dir.join("smaps_rollup"), buf)
-                .and_then(|t| parse_smaps_rollup(t).map_err(io::Error::other));
-            let took = sys::thread_cpu_time().saturating_sub(started);
-            self.pss_credit -= took.as_secs_f64();
-            self.pss_reads += 1;
-            self.pss_read_time += took;
-            let Some(m) = self.members.get_mut(&pid) else {
-                continue;
-            };
-            m.smaps_read_at = Some(now);
-            if let Ok((pss, uss)) = read {
-                m.pss = Some(pss);
-                m.uss = Some(uss);
-                m.own_read = true;
-                m.pending = Some(Basis {
-                    pss,
-                    uss,
-                    rss: m.rss,
-                    at: now,
-                });
-            }
-        }
-        let complete = self
-            .members
-            .iter()
-            .all(|(pid, m)| m.pending.is_some() || m.rss == 0 || departed.contains(pid));
-        if complete && !self.tree_still(departed, buf) {
-            // A process left or a new one was forked while the pass read:
-            // its reads do not add up. Read again from scratch.
-            self.abort_pss_pass();
-            return;
-        }
-        if complete {
-            for m in self.members.values_mut() {
-                if let Some(p) = m.pending.take() {
-                    m.basis = Some(p);
-                }
-            }
-            self.pss_carry = 0;
-            self.pss_urgent = false;
-            self.pss_committed_at = Some(now);
-        }
-    }
-
-    /// Whether the tree is still the one the pass read: every process
-    /// alive, none with a child that is not followed (a fork the next
-    /// sample would find). One `statm` read and one `children` read each.
-    fn tree_still(&self, departed: &[u32], buf: &mut Vec<u8>) -> bool {
-        let mut small = [0u8; 128];
-        for (&pid, m) in &self.members {
-            if departed.contains(&pid) || m.rss == 0 {
-                continue;
-            }
-            let alive = match &m.statm {
-                Some(f) => f.read_at(&mut small, 0).is_ok_and(|n| {
-                    std::str::from_utf8(&small[..n])
-                        .ok()
-                        .and_then(|t| parse_statm(t, self.page_size).ok())
-                        .is_some_and(|rss| rss > 0)
-                }),
-                None => true,
-            };
-            if !alive {
-                return false;
-            }
-            let path = self
-                .opts
-                .root
-                .join(pid.to_string())
-                .join("task")
-                .join(pid.to_string())
-                .join("children");
-            let Ok(text) = read_small(&path, buf) else {
-                continue;
-            };
-            let unknown: Vec<u32> = text
-                .split_ascii_whitespace()
-                .filter_map(|t| t.parse::<u32>().ok())
-                .filter(|c| !self.members.contains_key(c))
-                .collect();
-            for child in unknown {
-                let dir = self.opts.root.join(child.to_string());
-                let mut b = Vec::new();
-                if let Ok(Ok(stat)) = read_small(&dir.join("stat"), &mut b).map(parse_stat) {
-                    if stat.state != 'Z' && stat.state != 'X' {
-                        return false;
-                    }
-                }
-            }
-        }
-        true
     }
 
     /// The RSS of every followed process now: one `statm` read each, no
@@ -713,17 +442,7 @@ impl ProcTree {
         if statm.is_some() {
             self.open_now += 1;
         }
-        // Against the parent's command line now: it may have exec'd since
-        // it was described (a shell wrapper or a pyenv shim).
-        let forked = cmdline_hash != 0
-            && self.members.get(&stat.ppid).is_some_and(|p| {
-                p.cmdline_hash == cmdline_hash || self.read_cmdline(stat.ppid).1 == cmdline_hash
-            });
-        if forked && self.pss_budget.is_some() {
-            // A fork re-divides the parent's pages: reads so far no longer
-            // add up with reads to come.
-            self.abort_pss_pass();
-        }
+        let fork_of = self.fork_of(&stat, cmdline_hash);
         out.joined.push(Joined {
             id,
             ppid: stat.ppid,
@@ -741,20 +460,59 @@ impl ProcTree {
                 hwm: 0,
                 hwm_read_at: None,
                 hwm_rise: 0,
-                pss: None,
-                uss: None,
-                basis: None,
-                pending: None,
-                forked,
-                ppid: stat.ppid,
-                smaps_read_at: None,
-                own_read: false,
                 anon: 0,
+                fork_of,
                 read_ok: false,
                 describe_tries,
                 cmdline_hash,
             },
         );
+    }
+
+    /// The followed process `stat`'s process was forked from without an
+    /// exec since (the same command line), and its anonymous bytes now.
+    /// A process whose parent died is re-parented to memtrack (the
+    /// subreaper): its parent is then the dead member of the same command
+    /// line, the latest started (a daemon forking away from itself, a
+    /// worker whose parent exited).
+    fn fork_of(&self, stat: &Stat, cmdline_hash: u64) -> Option<(u32, u64)> {
+        if cmdline_hash == 0 {
+            return None;
+        }
+        if let Some(p) = self.members.get(&stat.ppid) {
+            // Against the parent's command line now: it may have exec'd
+            // since it was described (a shell wrapper or a pyenv shim).
+            let same =
+                p.cmdline_hash == cmdline_hash || self.read_cmdline(stat.ppid).1 == cmdline_hash;
+            return same.then_some((stat.ppid, p.anon));
+        }
+        if Some(stat.ppid) != self.opts.reaper || Some(stat.pid) == self.opts.job {
+            return None;
+        }
+        let mut buf = Vec::new();
+        let mut dead = |pid: u32, start: u64| {
+            read_small(&self.opts.root.join(pid.to_string()).join("stat"), &mut buf)
+                .ok()
+                .and_then(|t| parse_stat(t).ok())
+                .is_none_or(|s| s.start_ticks != start || s.state == 'Z' || s.state == 'X')
+        };
+        let mut found = None;
+        for (&pid, m) in &self.members {
+            if m.cmdline_hash == cmdline_hash
+                && m.id.start_ticks <= stat.start_ticks
+                && found.is_none_or(|(_, _, start)| m.id.start_ticks > start)
+                && dead(pid, m.id.start_ticks)
+            {
+                found = Some((pid, m.anon, m.id.start_ticks));
+            }
+        }
+        found.map(|(pid, anon, _)| (pid, anon)).or_else(|| {
+            self.recently_left
+                .iter()
+                .rev()
+                .find(|(_, hash, _)| *hash == cmdline_hash)
+                .map(|&(pid, _, anon)| (pid, anon))
+        })
     }
 
     fn belongs(&self, ppid: u32) -> bool {
@@ -910,8 +668,8 @@ enum MemberRead {
 }
 
 /// Reads one followed process: `statm` every time, `VmHWM` when due. The
-/// figures land in the member; `smaps_rollup` is read afterwards, by
-/// [`ProcTree::read_smaps`].
+/// figures land in the member; `smaps_rollup` is read off this thread, by
+/// the cost reader.
 fn read_member(
     m: &mut Member,
     pid: u32,
@@ -961,17 +719,16 @@ fn read_member(
             Ok(Ok(stat)) if stat.state != 'Z' && stat.state != 'X' => {}
             _ => return MemberRead::Gone,
         }
+        if m.rss > 0 {
+            // Tearing down (its memory is gone before it shows as a
+            // zombie): it holds what it held until it has left, so a fork
+            // of it is not taken for a process of its own.
+            m.read_ok = true;
+            return MemberRead::Ok;
+        }
     }
     m.rss = rss;
     m.anon = anon;
-    if m.forked && m.basis.is_none() {
-        m.basis = Some(Basis {
-            pss: 0,
-            uss: 0,
-            rss,
-            at: now,
-        });
-    }
     let due =
         |at: Option<Instant>, every: Duration| at.is_none_or(|t| now.duration_since(t) >= every);
     if due(m.hwm_read_at, opts.hwm_interval) {
@@ -1058,7 +815,7 @@ impl SelfUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::parse::Status;
+    use crate::sample::parse::{parse_smaps_rollup, Status};
 
     const STAT: &str = "1234 (python3 (worker) x) S 1000 1234 1000 0 -1 4194560 100 0 0 0 5 1 0 0 20 0 4 0 98765 123456789 2500 18446744073709551615 1 1 0 0 0 0 0 16781312 134234626 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
 

@@ -19,9 +19,10 @@ use crate::sample::HostMemory;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Current {
     pub timestamp: f64,
-    /// The tree's host memory, every page once (named for the protocol's
-    /// `status` reply, which has always called it so).
-    #[serde(rename = "cpu_rss_mb")]
+    /// The tree's host memory, every page once: the document's headline
+    /// name. The `status` reply also gives it as `cpu_rss_mb`, its name
+    /// before, for readers that know only that.
+    #[serde(rename = "cpu_ram_used_mb", alias = "cpu_rss_mb")]
     pub cpu_used_mb: f64,
     /// The tree's peak since the previous sample.
     pub cpu_hwm_mb: f64,

@@ -31,12 +31,17 @@ impl Store {
             .filter(|s| s.end.is_none())
             .map(|s| s.name.as_str())
             .collect();
+        let mut current = serde_json::json!(self.current);
+        if let Some(c) = current.as_object_mut() {
+            // Its name before `cpu_ram_used_mb`, kept for older readers.
+            c.insert("cpu_rss_mb".into(), self.current.cpu_used_mb.into());
+        }
         let mut status = serde_json::json!({
             "run": {
                 "id": self.run.id, "name": self.run.name, "mode": self.run.mode, "host": self.run.host,
                 "start": self.run.start, "labels": self.run.labels, "gpu_backend": self.run.gpu_backend,
             },
-            "current": self.current,
+            "current": current,
             "peak_usage": self.peaks,
             "peaks_by_component": self.by_component,
             "processes": processes,
@@ -140,7 +145,11 @@ mod tests {
         );
         assert!(st.levels().is_empty(), "no level crossed");
         let status = st.status();
-        assert_eq!(status["current"]["cpu_rss_mb"], 100.0);
+        assert_eq!(status["current"]["cpu_ram_used_mb"], 100.0);
+        assert_eq!(
+            status["current"]["cpu_rss_mb"], 100.0,
+            "the old name stays readable"
+        );
         assert_eq!(status["open_stages"], serde_json::json!([]));
     }
 }

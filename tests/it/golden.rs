@@ -1234,6 +1234,7 @@ const VARYING_REPLY_FIELDS: &[&str] = &[
     "run.host",
     "run.start",
     "current.timestamp",
+    "current.cpu_ram_used_mb",
     "current.cpu_rss_mb",
     "current.cpu_hwm_mb",
     "peak_usage.cpu_ram_used_mb",

@@ -31,3 +31,4 @@ mod s3;
 mod s3_moto;
 mod safety;
 mod truth;
+mod truth_pss;

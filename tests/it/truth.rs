@@ -17,7 +17,7 @@ use crate::common::*;
 /// Stdlib Python shared by the jobs: `truth(pids)` counts distinct PFNs;
 /// `steady(pids, hold)` counts, holds, counts again and writes a window
 /// when both counts agree within 3 % (counting itself allocates).
-const PRELUDE: &str = r#"
+pub(crate) const PRELUDE: &str = r#"
 import os, sys, struct, time, mmap
 OUT = sys.argv[1]
 PAGE = os.sysconf('SC_PAGE_SIZE')
@@ -64,7 +64,7 @@ def hold_then_exit(sec):
 
 /// A parent holding 300 MiB forks 4 workers that each write 20 MiB of
 /// their own and read the parent's; then they exit and the parent holds.
-const FORK: &str = r#"
+pub(crate) const FORK: &str = r#"
 b = bytearray(300 << 20); touch(b)
 kids = []
 for i in range(4):
@@ -94,7 +94,7 @@ for k in kids: k.wait()
 
 /// A 200 MiB `/dev/shm` file written by the parent, then mapped and read
 /// by 3 forked workers (a shared tensor's pattern).
-const SHM: &str = r#"
+pub(crate) const SHM: &str = r#"
 path = f'/dev/shm/memtrack-truth-{os.getpid()}'
 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 os.ftruncate(fd, 200 << 20)
@@ -131,7 +131,7 @@ for k in kids: k.wait()
 
 /// Each epoch forks 4 workers that copy part of the parent's data and
 /// exit (non-persistent DataLoader workers).
-const RESTART: &str = r#"
+pub(crate) const RESTART: &str = r#"
 b = bytearray(200 << 20); touch(b)
 for epoch in range(4):
     kids = []
@@ -158,7 +158,7 @@ fn root_or_explained() -> bool {
 /// One job at a time: each counts every page of its processes in Python,
 /// which takes a core; two at once on a 2-core machine would starve the
 /// budgeted passes they are compared with.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(crate) static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Runs `job` under memtrack; returns the document and the job's windows.
 fn run_job(job: &str, extra_args: &[&str], job_args: &[&Path]) -> (Document, Vec<(f64, f64, f64)>) {
@@ -201,7 +201,7 @@ fn run_job(job: &str, extra_args: &[&str], job_args: &[&Path]) -> (Document, Vec
 }
 
 /// Every timer sample inside a window is within 5 % of the job's count.
-fn check_windows(doc: &Document, windows: &[(f64, f64, f64)], what: &str) {
+pub(crate) fn check_windows(doc: &Document, windows: &[(f64, f64, f64)], what: &str) {
     for &(t0, t1, truth) in windows {
         let inside: Vec<f64> = doc
             .detailed_log
