@@ -268,21 +268,19 @@ impl Worker {
                 fresh,
                 kind,
                 allowed,
-            } => {
-                match kind {
-                    PassKind::Pages => {
-                        let (pass, read, complete) = self
-                            .walk
+            } => match kind {
+                PassKind::Pages => {
+                    let (pass, read, complete) =
+                        self.walk
                             .step(&self.root, &pids, fresh, &mut || spent() >= allowed);
-                        Found::Pages {
-                            pass,
-                            read,
-                            complete,
-                        }
+                    Found::Pages {
+                        pass,
+                        read,
+                        complete,
                     }
-                    PassKind::Pss => self.pss_slice(&pids, fresh, &mut || spent() >= allowed),
                 }
-            }
+                PassKind::Pss => self.pss_slice(&pids, fresh, &mut || spent() >= allowed),
+            },
         };
         Done {
             found,
@@ -304,7 +302,13 @@ impl Worker {
                 break;
             }
             done += 1;
-            if let Err(e) = pss::add(&self.root, pid, self.page_size, &mut self.pss, &mut self.buf) {
+            if let Err(e) = pss::add(
+                &self.root,
+                pid,
+                self.page_size,
+                &mut self.pss,
+                &mut self.buf,
+            ) {
                 return Found::Pages {
                     pass: Err(e),
                     read: done,

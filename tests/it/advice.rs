@@ -45,11 +45,7 @@ fn figure(a: &Value, name: &str) -> f64 {
 /// Whether a memory cgroup with a limit can be made here; the test may
 /// only skip when `MEMTRACK_ALLOW_SKIP` says why.
 fn cgroup_or_skip() -> bool {
-    let probe = memtrack::sample::footprint::job_cgroup(Path::new("/proc"), "probe");
-    let why = probe.as_ref().err().cloned().unwrap_or_default();
-    if let Ok(cg) = probe {
-        cg.remove().expect("remove the probe cgroup");
-    }
+    let why = cgroup_unavailable().unwrap_or_default();
     can_run(
         "cgroup",
         why.is_empty(),

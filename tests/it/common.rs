@@ -420,6 +420,21 @@ pub fn can_run(need: &str, available: bool, why: &str) -> bool {
     panic!("cannot run here: {why} (set MEMTRACK_ALLOW_SKIP={need} to skip knowingly)");
 }
 
+/// Why memtrack cannot create a memory cgroup here (`None`: it can), found
+/// by creating and removing one. Each call has its own name: tests probing
+/// at once in one test process must not collide on one cgroup.
+pub fn cgroup_unavailable() -> Option<String> {
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    match memtrack::sample::footprint::job_cgroup(Path::new("/proc"), &format!("probe{n}")) {
+        Ok(cg) => {
+            cg.remove().expect("remove the probe cgroup");
+            None
+        }
+        Err(why) => Some(why),
+    }
+}
+
 /// Whether this process runs as root.
 pub fn is_root() -> bool {
     memtrack::sys::uid() == 0

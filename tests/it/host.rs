@@ -23,13 +23,7 @@ fn real_python() -> &'static str {
 
 /// Why cgroup mode cannot be tested here, if it cannot.
 fn no_cgroup_mode() -> Option<String> {
-    match memtrack::sample::footprint::job_cgroup(Path::new("/proc"), "probe") {
-        Ok(cg) => {
-            cg.remove().expect("remove the probe cgroup");
-            None
-        }
-        Err(why) => Some(why),
-    }
+    cgroup_unavailable()
 }
 
 macro_rules! needs_cgroup_mode {

@@ -272,7 +272,11 @@ fn a_job_in_a_child_pid_namespace_is_matched_by_its_host_pid() {
 
 #[test]
 fn two_memtracks_each_pid_1_of_its_namespace_get_a_default_socket_each() {
-    if !can_run("root", is_root(), "PID namespaces (unshare --pid) need root") {
+    if !can_run(
+        "root",
+        is_root(),
+        "PID namespaces (unshare --pid) need root",
+    ) {
         return;
     }
     let dir = scratch();
