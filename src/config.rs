@@ -24,6 +24,7 @@ use crate::model::valid_label_name;
 use crate::sample::footprint::SourceChoice;
 pub use crate::sample::gpu::GpuConfig;
 use crate::store::pressure::Thresholds;
+pub use crate::store::Limits;
 use crate::units::serde_duration;
 
 /// Where `/metrics` is served unless told otherwise (loopback only).
@@ -83,7 +84,7 @@ pub struct Config {
     pub labels: BTreeMap<String, String>,
     pub host: HostConfig,
     pub gpu: GpuConfig,
-    pub log: LogConfig,
+    pub log: Limits,
     /// Used-memory ratios at which host RAM and each GPU change level.
     pub pressure: Thresholds,
     pub socket: SocketConfig,
@@ -240,37 +241,6 @@ fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error
     }
 }
 
-/// Bounds that keep a long run's memory and JSON size flat.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
-    /// Timer entries kept in `detailed_log`; beyond it neighbours are merged
-    /// (keeping every maximum).
-    pub max_timer_entries: usize,
-    /// Event entries (marks, spans, stages) written to `detailed_log`;
-    /// beyond it they are merged per component and operation over
-    /// stretches of the run (keeping every maximum), and the complete event
-    /// log goes beside the JSON, gzip'd. 0: no bound.
-    pub max_event_entries: usize,
-    /// Points kept in each target's `series`.
-    pub target_series_points: usize,
-    /// Processes kept in `targets`; beyond it the exited ones with the
-    /// smallest peak are dropped (and counted).
-    pub max_targets: usize,
-    /// Distinct component names with their own `peaks_by_component` entry
-    /// and metric series; beyond it new names count under `_other`
-    /// (counted). Log entries keep the name the job sent.
-    pub max_components: usize,
-    /// Distinct component/operation pairs counted separately in
-    /// `memtrack_events_total`; beyond it new pairs count under `_other`.
-    pub max_event_kinds: usize,
-    /// Spans open at once; a `span_begin` beyond it is logged, not opened.
-    pub max_open_spans: usize,
-    /// Stages kept in `stages`; beyond it the closed stage with the
-    /// smallest peak is dropped (counted).
-    pub max_stages: usize,
-}
-
 /// The largest value each `log.max_*` cardinality bound accepts: every
 /// bounded name costs memory, a `/metrics` series and `status` bytes.
 pub const MAX_CARDINALITY: usize = 100_000;
@@ -289,7 +259,7 @@ impl Default for Config {
             labels: BTreeMap::new(),
             host: HostConfig::default(),
             gpu: GpuConfig::default(),
-            log: LogConfig::default(),
+            log: Limits::default(),
             pressure: Thresholds::default(),
             socket: SocketConfig::default(),
             clearml: ClearmlConfig::default(),
@@ -312,23 +282,6 @@ impl Default for HostConfig {
             source: SourceChoice::Auto,
             pss_budget: 0.02,
             memory_limit: 0,
-        }
-    }
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        let limits = crate::store::Limits::default();
-        LogConfig {
-            max_timer_entries: limits.max_timer_entries,
-            // The store keeps every entry unless told; a run gets a bound.
-            max_event_entries: 250_000,
-            target_series_points: limits.target_series_points,
-            max_targets: limits.max_targets,
-            max_components: limits.max_components,
-            max_event_kinds: limits.max_event_kinds,
-            max_open_spans: limits.max_open_spans,
-            max_stages: limits.max_stages,
         }
     }
 }
