@@ -238,7 +238,7 @@ impl Io {
         let local = listener.local_addr().unwrap_or(addr);
         tracing::debug!("metrics on http://{local}/metrics");
         self.metrics = Some(local);
-        let state = http::State {
+        let state = http::HttpState {
             snapshots: snapshots_rx,
             notices: self.link.as_ref().map(|l| l.notices.clone()),
         };

@@ -29,7 +29,7 @@ use crate::event::inbox::Input;
 use crate::shutdown::SignalThread;
 use crate::sys;
 
-pub use context::{Mode, Outcome};
+pub use context::{Mode, RunOutcome};
 pub use naming::{default_run_name, run_labels, LABEL_ENV};
 pub use resend::{clearml_resend, Resent};
 pub use run_dir::{prepare_run_dir, recover_leftovers};
@@ -39,7 +39,7 @@ use naming::{RunLabels, RunName};
 use run_dir::Cleanup;
 
 /// Runs `memtrack run` or `memtrack attach` to the end.
-pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
+pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     let name = RunName::choose(&mode, &config);
     job::check_attach_pids(&mode)?;
     let clearml_settings = io::clearml_settings(&config)?;
@@ -152,7 +152,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                 .unwrap_or_default()
         );
     }
-    Ok(Outcome {
+    Ok(RunOutcome {
         exit_code: finish::exit_code(&ended, first_signal, is_run, export_failed),
         document: crate::files::shown(&saved.document),
     })

@@ -36,7 +36,7 @@ use crate::model::Entry;
 use crate::sample::{gpu, Sample, Sampler};
 use crate::store::journal::Journal;
 use crate::store::snapshot::{Histogram, Snapshot};
-use crate::store::{Outcome, Record, SampleKind, Store};
+use crate::store::{Applied, Record, SampleKind, Store};
 use crate::units::unix_now;
 use flight::{Death, Flight};
 
@@ -162,7 +162,7 @@ impl Engine {
 
     /// Applies a record and journals it; forwards its entry, announces the
     /// pressure it crossed and keeps a flight window for a death.
-    fn commit(&mut self, record: Record) -> Outcome {
+    fn commit(&mut self, record: Record) -> Applied {
         let death = self.flight.as_mut().and_then(|f| f.death(&record));
         let outcome = self.store.apply(&record);
         if let (Some(tx), Some(entry)) = (&self.entries, &outcome.entry) {
@@ -178,7 +178,7 @@ impl Engine {
     }
 
     /// Takes one sample and commits it.
-    fn sample(&mut self, kind: SampleKind) -> Outcome {
+    fn sample(&mut self, kind: SampleKind) -> Applied {
         let mut sample = Sample::default();
         self.sampler.sample(&mut sample);
         self.tick_seconds.observe(sample.took.as_secs_f64());

@@ -54,12 +54,12 @@ pub const CLEANUP_MIN_INTERVAL: Duration = Duration::from_secs(5);
 
 /// What the handlers read.
 #[derive(Debug, Clone)]
-pub struct State {
+pub struct HttpState {
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
     pub notices: Option<broadcast::Sender<Notice>>,
 }
 
-/// The server's own state beside [`State`]: the cleanup throttle and what
+/// The server's own state beside [`HttpState`]: the cleanup throttle and what
 /// the guards counted.
 #[derive(Debug, Default)]
 struct Guard {
@@ -145,7 +145,7 @@ const ROUTES: &[(&str, &str)] = &[
 ];
 
 /// Answers one request.
-async fn handle(state: &State, guard: &Guard, req: Request<Incoming>) -> Response<Body> {
+async fn handle(state: &HttpState, guard: &Guard, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let Some((_, allow)) = ROUTES.iter().find(|(p, _)| *p == path) else {
         return error(StatusCode::NOT_FOUND, "no such endpoint; see GET /");
@@ -409,7 +409,7 @@ impl Drop for Busy {
 /// Serves HTTP until `shutdown` turns true.
 pub async fn serve(
     listener: TcpListener,
-    state: State,
+    state: HttpState,
     max_connections: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -465,7 +465,7 @@ fn admit(
     max_connections: usize,
     slots: &Arc<Mutex<Slots>>,
     guard: &Arc<Guard>,
-    state: &Arc<State>,
+    state: &Arc<HttpState>,
     shutdown: &watch::Receiver<bool>,
 ) {
     let (id, busy, evict) = {

@@ -460,7 +460,7 @@ fn levelling_off(used: &[(f64, f64)], cfg: &LeakConfig, aside: &str) -> Option<S
 /// maximum of each figure over neighbouring entries once a long series is
 /// thinned (the same max-envelope memtrack keeps for its timer log).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Point {
+pub struct LeakPoint {
     /// The first entry's time and the last one's end (Unix seconds).
     pub t0: f64,
     pub t1: f64,
@@ -469,9 +469,9 @@ pub struct Point {
     pub gpu_used: f64,
 }
 
-impl Point {
-    pub fn of(e: &Entry) -> Point {
-        Point {
+impl LeakPoint {
+    pub fn of(e: &Entry) -> LeakPoint {
+        LeakPoint {
             t0: e.timestamp,
             t1: e.timestamp_end.unwrap_or(e.timestamp),
             cpu: e.cpu_ram_used_mb,
@@ -491,8 +491,8 @@ impl Point {
     }
 }
 
-impl Mergeable for Point {
-    fn absorb(&mut self, later: &Point) {
+impl Mergeable for LeakPoint {
+    fn absorb(&mut self, later: &LeakPoint) {
         self.t1 = self.t1.max(later.t1);
         self.cpu = self.cpu.max(later.cpu);
         self.gpu_process = self.gpu_process.max(later.gpu_process);
@@ -503,7 +503,7 @@ impl Mergeable for Point {
 /// A timer sample's point and the component of the span it was taken in.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimerPoint {
-    pub point: Point,
+    pub point: LeakPoint,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub component: Option<String>,
 }
@@ -511,7 +511,7 @@ pub struct TimerPoint {
 impl TimerPoint {
     pub fn of(e: &Entry) -> TimerPoint {
         TimerPoint {
-            point: Point::of(e),
+            point: LeakPoint::of(e),
             component: e
                 .span
                 .as_ref()
@@ -550,8 +550,8 @@ pub const SERIES_POINTS: usize = 16_384;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Series {
     timers: Thinned<TimerPoint>,
-    all: Thinned<Point>,
-    alloc: Thinned<Point>,
+    all: Thinned<LeakPoint>,
+    alloc: Thinned<LeakPoint>,
 }
 
 impl Default for Series {
@@ -576,7 +576,7 @@ impl Series {
     /// Folds in an entry that is not a timer sample, leaving the timer
     /// series to the caller (the store keeps its own timer log).
     pub fn push_untimed(&mut self, e: &Entry) {
-        let p = Point::of(e);
+        let p = LeakPoint::of(e);
         self.all.push(p);
         if e.gpu_source == GpuSource::Allocator {
             self.alloc.push(p);
@@ -584,7 +584,7 @@ impl Series {
     }
 
     /// Every point of the series of all entries, in log order.
-    pub fn all(&self) -> impl Iterator<Item = &Point> {
+    pub fn all(&self) -> impl Iterator<Item = &LeakPoint> {
         self.all.iter()
     }
 
@@ -600,17 +600,17 @@ impl Series {
         cfg: &LeakConfig,
     ) -> LeakReport {
         let points: Vec<TimerPoint> = timers.iter().map(|e| TimerPoint::of(e)).collect();
-        let alloc: Vec<Point> = self.alloc.iter().copied().collect();
+        let alloc: Vec<LeakPoint> = self.alloc.iter().copied().collect();
         let all = || {
             let mut out = Vec::with_capacity(self.all.len() + timers.len());
             let mut t = timers.iter().peekable();
             for p in self.all.iter() {
                 while let Some(e) = t.next_if(|e| e.timestamp <= p.t0) {
-                    out.push(Point::of(e));
+                    out.push(LeakPoint::of(e));
                 }
                 out.push(*p);
             }
-            out.extend(t.map(|e| Point::of(e)));
+            out.extend(t.map(|e| LeakPoint::of(e)));
             out
         };
         analyze_parts(&points, &all, &alloc, targets, schema, cfg)
@@ -619,7 +619,7 @@ impl Series {
     /// The verdicts on a log folded here with [`Series::push`].
     pub fn analyze(&self, targets: &[Target], schema: u32, cfg: &LeakConfig) -> LeakReport {
         let timers: Vec<TimerPoint> = self.timers.iter().cloned().collect();
-        let alloc: Vec<Point> = self.alloc.iter().copied().collect();
+        let alloc: Vec<LeakPoint> = self.alloc.iter().copied().collect();
         analyze_parts(
             &timers,
             &|| self.all.iter().copied().collect(),
@@ -650,8 +650,8 @@ pub fn analyze(doc: &Document, cfg: &LeakConfig) -> LeakReport {
 /// for a bare file).
 pub fn analyze_parts(
     timers: &[TimerPoint],
-    all: &dyn Fn() -> Vec<Point>,
-    alloc: &[Point],
+    all: &dyn Fn() -> Vec<LeakPoint>,
+    alloc: &[LeakPoint],
     targets: &[Target],
     schema: u32,
     cfg: &LeakConfig,
@@ -696,19 +696,19 @@ impl Judge<'_> {
 fn tree_verdicts(
     judge: &mut Judge<'_>,
     timers: &[TimerPoint],
-    all: &dyn Fn() -> Vec<Point>,
-    alloc: &[Point],
+    all: &dyn Fn() -> Vec<LeakPoint>,
+    alloc: &[LeakPoint],
     schema: u32,
 ) -> (Verdict, Option<Verdict>) {
     // The tree's samples: timer entries (uniformly thinned, maxima kept),
     // or every entry of a log that has too few of them (a bare
     // file).
-    let log: Vec<Point> = if timers.len() >= judge.cfg.min_points {
+    let log: Vec<LeakPoint> = if timers.len() >= judge.cfg.min_points {
         timers.iter().map(|t| t.point).collect()
     } else {
         all()
     };
-    let t: Vec<f64> = log.iter().map(Point::mid).collect();
+    let t: Vec<f64> = log.iter().map(LeakPoint::mid).collect();
     let host: Vec<f64> = log.iter().map(|p| p.cpu).collect();
     let host_v = judge.verdict("host".into(), &t, &host);
 
@@ -720,14 +720,14 @@ fn tree_verdicts(
         (t.clone(), log.iter().map(|p| p.gpu_process).collect())
     } else {
         let seed;
-        let pts: &[Point] = if schema == 0 {
+        let pts: &[LeakPoint] = if schema == 0 {
             seed = all();
             &seed
         } else {
             alloc
         };
         (
-            pts.iter().map(Point::mid).collect(),
+            pts.iter().map(LeakPoint::mid).collect(),
             pts.iter().map(|p| p.gpu_used).collect(),
         )
     };

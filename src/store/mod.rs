@@ -46,7 +46,7 @@ mod testkit;
 pub use document::HEADROOM;
 pub use limits::{Limits, MAX_FLIGHTS, OTHER};
 pub use log_view::LogView;
-pub use record::{Boundary, Mark, Outcome, SampleKind};
+pub use record::{Applied, Boundary, Mark, SampleKind};
 pub use snapshot::Current;
 pub use state::{Store, SYSTEM};
 
@@ -90,13 +90,13 @@ pub enum Record {
 
 impl Store {
     /// Applies one record: the only way state changes.
-    pub fn apply(&mut self, record: &Record) -> Outcome {
+    pub fn apply(&mut self, record: &Record) -> Applied {
         self.seq += 1;
         match record {
             Record::Sample { kind, sample } => self.apply_sample(*kind, sample),
-            Record::Mark(mark) => Outcome {
+            Record::Mark(mark) => Applied {
                 entry: Some(self.record_mark(mark, mark.operation.clone(), None)),
-                ..Outcome::default()
+                ..Applied::default()
             },
             Record::SpanBegin(b) => self.begin_span(b),
             Record::SpanEnd(b) => self.end_span(b),
@@ -104,20 +104,20 @@ impl Store {
             Record::StageEnd(b) => self.end_stage(b),
             Record::Exit { pid, exit, max_rss } => {
                 self.exit(*pid, *exit, *max_rss);
-                Outcome::default()
+                Applied::default()
             }
             Record::Flight(w) => {
                 self.keep_flight(w);
-                Outcome::default()
+                Applied::default()
             }
             Record::JournalErrors { total } => {
                 let c = &mut self.counters_mut().journal_errors;
                 *c = (*c).max(*total);
-                Outcome::default()
+                Applied::default()
             }
-            Record::Finish { timestamp, exit } => Outcome {
+            Record::Finish { timestamp, exit } => Applied {
                 entry: Some(self.finish(*timestamp, *exit)),
-                ..Outcome::default()
+                ..Applied::default()
             },
         }
     }

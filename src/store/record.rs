@@ -1,5 +1,5 @@
 //! What records carry and what applying one gives: the kind of a sample,
-//! a mark, a span or stage boundary, and the [`Outcome`] of applying a
+//! a mark, a span or stage boundary, and the [`Applied`] of applying a
 //! [`Record`](super::Record).
 
 use std::collections::BTreeMap;
@@ -50,7 +50,7 @@ pub struct Boundary {
 
 /// What applying a record produced, for those who react to it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Outcome {
+pub struct Applied {
     /// The log entry recorded, if any.
     pub entry: Option<Entry>,
     /// Pressure levels crossed.

@@ -65,11 +65,11 @@ pub enum Piece {
 
 /// A parsed document: the root object.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Document {
+pub struct ConfTree {
     root: BTreeMap<String, Value>,
 }
 
-impl Document {
+impl ConfTree {
     /// The value at a dotted path (`api.credentials.access_key`).
     pub fn get(&self, path: &str) -> Option<&Value> {
         let mut parts = path.split('.');
@@ -203,7 +203,7 @@ fn check_size(out: &str, line: usize) -> Result<(), ParseError> {
 }
 
 /// Parses a whole file.
-pub fn parse(text: &str) -> Result<Document, ParseError> {
+pub fn parse(text: &str) -> Result<ConfTree, ParseError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut p = Parser {
         s: text.as_bytes(),
@@ -224,7 +224,7 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
     } else {
         p.object_body(None, 0)?
     };
-    Ok(Document { root })
+    Ok(ConfTree { root })
 }
 
 struct Parser<'a> {
@@ -744,7 +744,7 @@ mod tests {
         None
     }
 
-    fn s(doc: &Document, path: &str) -> Option<String> {
+    fn s(doc: &ConfTree, path: &str) -> Option<String> {
         doc.get_str(path, &no_env).unwrap()
     }
 
