@@ -64,13 +64,24 @@ pub enum Command {
     Config(ConfigArgs),
 }
 
+/// A flag whose value cannot become a setting.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FlagError {
+    #[error("--label `{0}`: expected KEY=VALUE")]
+    Label(String),
+    #[error("--memory-limit: {0}")]
+    MemoryLimit(#[source] crate::units::UnitError),
+    #[error("--memory-limit: too large")]
+    MemoryLimitTooLarge,
+}
+
 /// What a command reads its configuration from, above the defaults and
 /// the environment: its `--config` file and its flags.
 pub trait ConfigSources {
     /// The `--config` file, if given.
     fn config_file(&self) -> Option<&Path>;
     /// The flags as the top configuration layer.
-    fn flags(&self) -> Result<Layer, String>;
+    fn flags(&self) -> Result<Layer, FlagError>;
 }
 
 /// Options shared by `run` and `attach`.
@@ -158,7 +169,7 @@ pub struct DaemonArgs {
 
 impl DaemonArgs {
     /// The flags as the top configuration layer.
-    pub fn layer(&self) -> Result<Layer, String> {
+    pub fn layer(&self) -> Result<Layer, FlagError> {
         let mut layer = Layer::new("command line");
         let mut set_str = |key: &str, v: &Option<String>| {
             if let Some(v) = v {
@@ -215,7 +226,7 @@ impl DaemonArgs {
         for l in &self.labels {
             let (k, v) = l
                 .split_once('=')
-                .ok_or_else(|| format!("--label `{l}`: expected KEY=VALUE"))?;
+                .ok_or_else(|| FlagError::Label(l.clone()))?;
             layer.set(&format!("labels.{k}"), Value::String(v.to_string()));
         }
         Ok(layer)
@@ -227,7 +238,7 @@ impl ConfigSources for DaemonArgs {
         self.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         self.layer()
     }
 }
@@ -251,12 +262,11 @@ impl ConfigSources for RunArgs {
         self.daemon.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         let mut layer = self.daemon.layer()?;
         if let Some(limit) = &self.memory_limit {
-            let bytes =
-                crate::config::parse_limit(limit).map_err(|e| format!("--memory-limit: {e}"))?;
-            let bytes = i64::try_from(bytes).map_err(|_| "--memory-limit: too large")?;
+            let bytes = crate::config::parse_limit(limit).map_err(FlagError::MemoryLimit)?;
+            let bytes = i64::try_from(bytes).map_err(|_| FlagError::MemoryLimitTooLarge)?;
             layer.set("host.memory_limit", Value::Integer(bytes));
         }
         Ok(layer)
@@ -361,7 +371,7 @@ impl ConfigSources for UploadArgs {
         self.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         Ok(self.layer())
     }
 }
@@ -403,7 +413,7 @@ impl ConfigSources for ClearmlResendArgs {
         self.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         Ok(self.layer())
     }
 }
@@ -479,7 +489,7 @@ impl ConfigSources for MergeArgs {
         self.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         Ok(self.layer())
     }
 }

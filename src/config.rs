@@ -207,7 +207,7 @@ impl HostConfig {
 /// A memory limit: `2G`, `512M`, `2Gi` are binary (GiB, MiB), as the
 /// kernel's own cgroup files and container runtimes read them; otherwise
 /// any size [`crate::units::parse_bytes`] reads (`2GiB`, `2GB` = 2·10⁹).
-pub fn parse_limit(text: &str) -> Result<u64, String> {
+pub fn parse_limit(text: &str) -> Result<u64, crate::units::UnitError> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -220,9 +220,10 @@ pub fn parse_limit(text: &str) -> Result<u64, String> {
         "t" | "ti" => 40,
         _ => return crate::units::parse_bytes(t),
     };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size; write e.g. `2G`, `512M`"))?;
+    let value: f64 = num.parse().map_err(|_| crate::units::UnitError::Size {
+        text: text.to_string(),
+        examples: "`2G`, `512M`",
+    })?;
     Ok((value * (1u64 << shift) as f64) as u64)
 }
 
@@ -752,7 +753,7 @@ impl Config {
             );
         }
         if let Err(e) = self.pressure.validate() {
-            return bad("pressure", e);
+            return bad("pressure", e.to_string());
         }
         if tracing_subscriber::EnvFilter::try_new(&self.log_level).is_err() {
             return bad(

@@ -17,14 +17,19 @@ pub enum Switch {
     Off,
 }
 
+/// A word that is not `auto`, `true` or `false`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}`: use auto, true or false")]
+pub struct NotASwitch(pub String);
+
 impl Switch {
     /// The words a setting accepts: `auto`, `true`, `false`.
-    pub fn parse(word: &str) -> Result<Switch, String> {
+    pub fn parse(word: &str) -> Result<Switch, NotASwitch> {
         match word {
             "auto" => Ok(Switch::Auto),
             "true" => Ok(Switch::On),
             "false" => Ok(Switch::Off),
-            other => Err(format!("`{other}`: use auto, true or false")),
+            other => Err(NotASwitch(other.to_string())),
         }
     }
 

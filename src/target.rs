@@ -49,14 +49,19 @@ impl TargetError {
 /// every process, for -1).
 pub const MAX_PID: u32 = i32::MAX as u32;
 
+/// A word that is not a PID.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a PID is a decimal number from 1 to {MAX_PID} (0 and larger values name process groups, \
+     not a process)"
+)]
+pub struct NotAPid;
+
 /// Parses one PID (`--pid`): a decimal number from 1 to [`MAX_PID`].
-pub fn parse_pid(text: &str) -> Result<u32, String> {
+pub fn parse_pid(text: &str) -> Result<u32, NotAPid> {
     match text.trim().parse::<u32>() {
         Ok(pid) if (1..=MAX_PID).contains(&pid) => Ok(pid),
-        _ => Err(format!(
-            "a PID is a decimal number from 1 to {MAX_PID} (0 and larger values name process \
-             groups, not a process)"
-        )),
+        _ => Err(NotAPid),
     }
 }
 

@@ -26,11 +26,31 @@ pub fn unix_seconds(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Why a duration or a size could not be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum UnitError {
+    #[error("`{text}` is not a duration ({source}); write e.g. `100ms`, `1s`, `5m`")]
+    Duration {
+        text: String,
+        source: humantime::DurationError,
+    },
+    /// `examples`: sizes written the way the caller reads them.
+    #[error("`{text}` is not a size; write e.g. {examples}")]
+    Size {
+        text: String,
+        examples: &'static str,
+    },
+    #[error("`{text}`: unknown size unit `{unit}`")]
+    SizeUnit { text: String, unit: String },
+}
+
 /// Parses `100ms`, `1s`, `2m`, `1h 30m` (humantime syntax). A bare number is
 /// refused: a unit-less interval in a config file is a bug waiting to happen.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("`{text}` is not a duration ({e}); write e.g. `100ms`, `1s`, `5m`"))
+pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
+    humantime::parse_duration(text.trim()).map_err(|source| UnitError::Duration {
+        text: text.to_string(),
+        source,
+    })
 }
 
 /// Formats a duration the way `parse_duration` reads it back.
@@ -54,15 +74,16 @@ pub mod serde_duration {
 }
 
 /// Parses a byte size: `512MiB`, `4GiB`, `1024` (bytes), `10MB` (decimal).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, UnitError> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size; write e.g. `512MiB`, `4GiB`"))?;
+    let value: f64 = num.parse().map_err(|_| UnitError::Size {
+        text: text.to_string(),
+        examples: "`512MiB`, `4GiB`",
+    })?;
     let factor: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -72,7 +93,12 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "mib" => MIB,
         "gib" => MIB * 1024.0,
         "tib" => MIB * 1024.0 * 1024.0,
-        other => return Err(format!("`{text}`: unknown size unit `{other}`")),
+        other => {
+            return Err(UnitError::SizeUnit {
+                text: text.to_string(),
+                unit: other.to_string(),
+            })
+        }
     };
     Ok((value * factor) as u64)
 }

@@ -42,6 +42,17 @@ pub(super) struct Io {
     pub metrics: Option<std::net::SocketAddr>,
 }
 
+/// Why a run does not report to ClearML.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ClearmlOff {
+    /// Nothing asks for ClearML (the reason says what is missing).
+    #[error("{0}")]
+    Unconfigured(String),
+    /// clearml.conf could not be read.
+    #[error(transparent)]
+    Conf(clearml::ClearmlError),
+}
+
 /// The run's ClearML settings, or why the run does not report to ClearML
 /// (for a job that announces a task anyway). A half configuration is
 /// refused before anything starts; an unreadable clearml.conf costs only
@@ -49,19 +60,20 @@ pub(super) struct Io {
 /// setup (clearml.conf) is enough to report into a task the job announces.
 pub(super) fn clearml_settings(
     config: &Config,
-) -> anyhow::Result<Result<clearml::Settings, String>> {
+) -> anyhow::Result<Result<clearml::Settings, ClearmlOff>> {
     let env = |v: &str| std::env::var(v).ok();
     let home = std::env::var_os("HOME").map(PathBuf::from);
     match clearml::resolve(&config.clearml, &env, home.as_deref()) {
         Ok(Some(settings)) => Ok(Ok(settings)),
-        Ok(None) => Ok(clearml::zero_config(&config.clearml, &env, home.as_deref())),
+        Ok(None) => Ok(clearml::zero_config(&config.clearml, &env, home.as_deref())
+            .map_err(ClearmlOff::Unconfigured)),
         Err(
             e @ (clearml::ClearmlError::Conf { .. }
             | clearml::ClearmlError::ConfRead { .. }
             | clearml::ClearmlError::ConfTooLarge { .. }),
         ) => {
             tracing::error!("ClearML reporting is off for this run: {e}");
-            Ok(Err(e.to_string()))
+            Ok(Err(ClearmlOff::Conf(e)))
         }
         Err(e) => Err(e.into()),
     }
@@ -252,7 +264,7 @@ impl Io {
     /// the engine forwards its log entries on.
     pub fn start_clearml(
         &mut self,
-        clearml_settings: Result<clearml::Settings, String>,
+        clearml_settings: Result<clearml::Settings, ClearmlOff>,
         run: &RunInfo,
         run_dir: &Path,
     ) -> anyhow::Result<Option<mpsc::UnboundedSender<crate::model::Entry>>> {

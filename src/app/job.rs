@@ -242,9 +242,9 @@ fn spawn_job(
             let joined = std::fs::OpenOptions::new()
                 .write(true)
                 .open(cgroup.procs_path())
-                .map_err(|e| e.to_string())
+                .map_err(anyhow::Error::from)
                 .and_then(|procs| {
-                    target::spawn_in(argv, env, Some(procs)).map_err(|e| e.to_string())
+                    target::spawn_in(argv, env, Some(procs)).map_err(anyhow::Error::from)
                 });
             match joined {
                 Ok(child) => {

@@ -66,13 +66,13 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     sys::raise_nofile_limit();
     let (tx, rx) = sync_channel::<Input>(65_536);
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
-    let clearml_off = clearml_settings.as_ref().err().map(String::as_str);
+    let clearml_off = clearml_settings.as_ref().err().map(ToString::to_string);
     let mut io = Io::start(
         &config,
         tx.clone(),
         self_register,
         store.snapshot(),
-        clearml_off,
+        clearml_off.as_deref(),
     )?;
     if let Some(s3) = &io.s3 {
         s3.record_destination(&run_dir);

@@ -116,6 +116,18 @@ impl<L> DocumentOf<L> {
     }
 }
 
+/// Why a log streamed entry by entry stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The serializer refused an entry; [`serialize_streamed`] returns the
+    /// serializer's own error.
+    #[error("an entry could not be written")]
+    Refused,
+    /// The entries could not be read back.
+    #[error(transparent)]
+    Read(Box<dyn std::error::Error + Send + Sync>),
+}
+
 /// Serializes a log whose entries are produced one at a time by
 /// `for_each` (read back from a file, merged from sorted runs), as a JSON
 /// array: an entry the serializer refuses stops the walk with that error,
@@ -123,16 +135,15 @@ impl<L> DocumentOf<L> {
 pub fn serialize_streamed<S: serde::Serializer>(
     serializer: S,
     len: Option<usize>,
-    for_each: impl FnOnce(&mut dyn FnMut(&Entry) -> Result<(), String>) -> Result<(), String>,
+    for_each: impl FnOnce(&mut dyn FnMut(&Entry) -> Result<(), StreamError>) -> Result<(), StreamError>,
 ) -> Result<S::Ok, S::Error> {
     use serde::ser::{Error, SerializeSeq};
     let mut seq = serializer.serialize_seq(len)?;
     let mut failed: Option<S::Error> = None;
     let outcome = for_each(&mut |e| {
         seq.serialize_element(e).map_err(|err| {
-            let text = err.to_string();
             failed = Some(err);
-            text
+            StreamError::Refused
         })
     });
     if let Some(err) = failed {

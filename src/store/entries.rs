@@ -56,6 +56,12 @@ pub enum EntriesError {
     Detached,
 }
 
+impl From<EntriesError> for crate::model::StreamError {
+    fn from(e: EntriesError) -> Self {
+        crate::model::StreamError::Read(Box::new(e))
+    }
+}
+
 /// The file and the bytes not yet written to it, shared by the store and
 /// its clones (only the live store appends).
 #[derive(Debug)]

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::entries::EntriesError;
 use super::state::Store;
 use crate::model::thin::Mergeable;
-use crate::model::Entry;
+use crate::model::{Entry, StreamError};
 
 impl Store {
     /// entries already recorded move there first), so memory stays flat
@@ -82,11 +82,11 @@ impl<'a> LogView<'a> {
     /// Visits every entry in order; stops at the first error.
     pub fn try_for_each(
         &self,
-        mut f: impl FnMut(&Entry) -> Result<(), String>,
-    ) -> Result<(), String> {
-        let events = self.store.events.read().map_err(|e| e.to_string())?;
+        mut f: impl FnMut(&Entry) -> Result<(), StreamError>,
+    ) -> Result<(), StreamError> {
+        let events = self.store.events.read()?;
         let mut timer = self.store.timer.iter().peekable();
-        let mut emit = |e: &Entry| -> Result<(), String> {
+        let mut emit = |e: &Entry| -> Result<(), StreamError> {
             while let Some(t) = timer.next_if(|t| t.timestamp <= e.timestamp) {
                 f(t)?;
             }
@@ -96,7 +96,7 @@ impl<'a> LogView<'a> {
             let width = self.chunk_width();
             let mut chunk = Chunk::default();
             for e in events {
-                chunk.add(e.map_err(|e| e.to_string())?);
+                chunk.add(e?);
                 if chunk.seen >= width {
                     chunk.drain(&mut emit)?;
                 }
@@ -104,7 +104,7 @@ impl<'a> LogView<'a> {
             chunk.drain(&mut emit)?;
         } else {
             for e in events {
-                emit(&e.map_err(|e| e.to_string())?)?;
+                emit(&e?)?;
             }
         }
         timer.try_for_each(f)
@@ -164,7 +164,10 @@ impl Chunk {
         }
     }
 
-    fn drain(&mut self, emit: &mut impl FnMut(&Entry) -> Result<(), String>) -> Result<(), String> {
+    fn drain(
+        &mut self,
+        emit: &mut impl FnMut(&Entry) -> Result<(), StreamError>,
+    ) -> Result<(), StreamError> {
         self.index.clear();
         self.seen = 0;
         for e in self.entries.drain(..) {

@@ -58,8 +58,13 @@ impl Default for Thresholds {
     }
 }
 
+/// Thresholds out of order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("need 0 < high < critical < emergency <= 1 and 0 <= hysteresis < 0.5")]
+pub struct ThresholdsOutOfOrder;
+
 impl Thresholds {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ThresholdsOutOfOrder> {
         let ok = 0.0 < self.high
             && self.high < self.critical
             && self.critical < self.emergency
@@ -68,7 +73,7 @@ impl Thresholds {
         if ok {
             Ok(())
         } else {
-            Err("need 0 < high < critical < emergency <= 1 and 0 <= hysteresis < 0.5".into())
+            Err(ThresholdsOutOfOrder)
         }
     }
 

@@ -118,7 +118,10 @@ impl Api {
 
     /// The run's artifact folder as the proxy's path (`Ok`), or why the
     /// run's artifacts are not served by the tracking server (`Err`).
-    pub async fn artifact_path(&self, run_id: &str) -> Result<Result<String, String>, MlflowError> {
+    pub async fn artifact_path(
+        &self,
+        run_id: &str,
+    ) -> Result<Result<String, NotProxied>, MlflowError> {
         let reply = self
             .call(
                 reqwest::Method::GET,
@@ -129,8 +132,8 @@ impl Api {
         let uri = reply["run"]["info"]["artifact_uri"]
             .as_str()
             .unwrap_or_default();
-        Ok(proxy_path(uri).ok_or_else(|| {
-            format!("the run's artifact store `{uri}` is not the tracking server's proxy (mlflow-artifacts:)")
+        Ok(proxy_path(uri).ok_or_else(|| NotProxied {
+            uri: uri.to_string(),
         }))
     }
 
@@ -181,6 +184,14 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Why a run's artifacts are not uploaded: its artifact store is not the
+/// tracking server's proxy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the run's artifact store `{uri}` is not the tracking server's proxy (mlflow-artifacts:)")]
+pub struct NotProxied {
+    pub uri: String,
 }
 
 #[cfg(test)]

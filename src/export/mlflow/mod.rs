@@ -204,7 +204,7 @@ pub async fn export(
                 .await?;
             None
         }
-        Err(why) => Some(why),
+        Err(why) => Some(why.to_string()),
     };
     if created {
         api.end_run(&run_id, failed).await?;

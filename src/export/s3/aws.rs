@@ -119,26 +119,40 @@ pub fn strip_userinfo(url: &str) -> String {
 /// Why `endpoint` cannot be an S3 endpoint (a configuration error, never
 /// retried as a network one): it must be an `http://` or `https://` URL
 /// with a host.
-pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+pub fn check_endpoint(endpoint: &str) -> Result<(), EndpointError> {
     let shown = redact_userinfo(endpoint);
+    let not_url = |e: Box<dyn std::error::Error + Send + Sync>| EndpointError::NotUrl {
+        shown: shown.clone(),
+        source: e,
+    };
     let uri: hyper::Uri = strip_userinfo(endpoint)
         .parse()
-        .map_err(|e| format!("`{shown}` is not a URL ({e})"))?;
+        .map_err(|e: hyper::http::uri::InvalidUri| not_url(e.into()))?;
     match uri.scheme_str() {
         Some("http" | "https") => {}
-        _ => {
-            return Err(format!(
-                "`{shown}` is not an http:// or https:// URL (write e.g. http://minio:9000)"
-            ))
-        }
+        _ => return Err(EndpointError::NotHttp { shown }),
     }
     if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("`{shown}` names no host"));
+        return Err(EndpointError::NoHost { shown });
     }
     // The port's range, which the URI grammar leaves open.
-    reqwest::Url::parse(&strip_userinfo(endpoint))
-        .map_err(|e| format!("`{shown}` is not a URL ({e})"))?;
+    reqwest::Url::parse(&strip_userinfo(endpoint)).map_err(|e| not_url(e.into()))?;
     Ok(())
+}
+
+/// Why a string cannot be an S3 endpoint; `shown` is the endpoint with any
+/// password left out.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("`{shown}` is not a URL ({source})")]
+    NotUrl {
+        shown: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("`{shown}` is not an http:// or https:// URL (write e.g. http://minio:9000)")]
+    NotHttp { shown: String },
+    #[error("`{shown}` names no host")]
+    NoHost { shown: String },
 }
 
 /// One resolved value and where it came from (for messages).
@@ -717,7 +731,7 @@ s3 =
             "http://u:hunter2@",
             "http://h:99999",
         ] {
-            let err = check_endpoint(bad).unwrap_err();
+            let err = check_endpoint(bad).unwrap_err().to_string();
             assert!(!err.contains("hunter2"), "{err}");
         }
         let r = resolve_from(

@@ -681,8 +681,8 @@ impl Uploader {
         };
         let path = run_dir.join(DESTINATION_FILE);
         let written = serde_json::to_vec_pretty(&recorded)
-            .map_err(|e| e.to_string())
-            .and_then(|b| crate::model::json::write_atomic(&path, &b).map_err(|e| e.to_string()));
+            .map_err(anyhow::Error::from)
+            .and_then(|b| crate::model::json::write_atomic(&path, &b).map_err(anyhow::Error::from));
         if let Err(e) = written {
             tracing::warn!(
                 "cannot record the S3 destination in {}: {e}",

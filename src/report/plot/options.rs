@@ -90,8 +90,8 @@ pub enum PlotError {
     Size { width: u32, height: u32 },
     #[error("nothing to plot: the document has no detailed_log entries and no target series")]
     Empty,
-    #[error("cannot load the embedded font: {0}")]
-    Font(String),
+    #[error("cannot load the embedded font: DejaVu Sans is not a valid font")]
+    Font,
     #[error("cannot draw {}: {message}", path.display())]
     Draw { path: PathBuf, message: String },
 }
