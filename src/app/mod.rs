@@ -32,7 +32,7 @@ use crate::sys;
 pub use context::{Mode, RunOutcome};
 pub use naming::{default_run_name, run_labels, LABEL_ENV};
 pub use resend::{clearml_resend, Resent};
-pub use run_dir::{prepare_run_dir, recover_leftovers};
+pub(crate) use run_dir::prepare_run_dir;
 
 use io::Io;
 use naming::{RunLabels, RunName};

@@ -5,7 +5,7 @@
 //! request never reaches the sampler. Hostile clients are bounded, and
 //! cannot lock others out: connections are served concurrently, at most
 //! `max_connections` at once and a quarter of that per client (a local
-//! user, or a remote address: [`super::peer`]). A client at its share, or
+//! user, or a remote address: `super::peer`). A client at its share, or
 //! a new client finding every connection taken, makes room by closing the
 //! oldest connection that is not in the middle of a request (idle, slow to
 //! send its head, or not reading its reply) — the client's own, or that
@@ -42,9 +42,9 @@ use crate::units::{unix_now, MIB};
 /// Longest time a client may take to send its request headers or body.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request head accepted.
-pub const MAX_HEAD: usize = 16 * 1024;
+pub(crate) const MAX_HEAD: usize = 16 * 1024;
 /// Largest request body accepted (`/cleanup-memory` takes none).
-pub const MAX_BODY: usize = 1024;
+pub(crate) const MAX_BODY: usize = 1024;
 
 /// `POST /cleanup-memory` is honoured at most once per this long: each
 /// one runs every subscribed client's cleanup handler (`gc.collect()`,
@@ -247,7 +247,7 @@ async fn handle(state: &HttpState, guard: &Guard, req: Request<Incoming>) -> Res
 
 /// `/memory-info`: current and peak figures per process, component and
 /// GPU, with pressure levels, in MiB and percent.
-pub fn memory_info(snap: &Snapshot) -> serde_json::Value {
+pub(crate) fn memory_info(snap: &Snapshot) -> serde_json::Value {
     let level = |resource: &str| {
         snap.levels
             .get(resource)

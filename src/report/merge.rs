@@ -9,7 +9,7 @@
 //!
 //! Ranks' files can hold millions of entries each. They are read with the
 //! streaming reader ([`super::read`]); their entries are sorted in chunks
-//! of [`CHUNK`], each chunk kept in a temporary file, and the merged log is
+//! of `CHUNK`, each chunk kept in a temporary file, and the merged log is
 //! written by merging those sorted chunks: memory stays bounded by the
 //! chunk size, and the order is exactly that of a stable sort by time of
 //! every rank's log one after the other.
@@ -28,7 +28,7 @@ use crate::store::entries::EntryLog;
 /// Entries sorted in memory at a time; a longer log is sorted in chunks of
 /// this many, each kept in a temporary file until the merged log is
 /// written.
-pub const CHUNK: usize = 32_768;
+pub(crate) const CHUNK: usize = 32_768;
 
 /// One rank's file to merge.
 #[derive(Debug)]
@@ -112,16 +112,8 @@ impl Ord for Head {
 }
 
 impl MergedLog {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Visits the merged entries in order; stops at the first error.
-    pub fn try_for_each(
+    pub(crate) fn try_for_each(
         &self,
         mut f: impl FnMut(&Entry) -> Result<(), StreamError>,
     ) -> Result<(), StreamError> {
@@ -152,7 +144,7 @@ impl MergedLog {
     }
 
     /// Every merged entry, owned.
-    pub fn collect(&self) -> Result<Vec<Entry>, StreamError> {
+    pub(crate) fn collect(&self) -> Result<Vec<Entry>, StreamError> {
         let mut out = Vec::with_capacity(self.len);
         self.try_for_each(|e| {
             out.push(e.clone());

@@ -16,7 +16,7 @@ pub struct Limits {
     /// beyond it they are merged per component and operation over
     /// stretches of the run (keeping every maximum), and the complete event
     /// log goes beside the JSON, gzip'd (see
-    /// [`LogView`](super::log_view::LogView)). 0: no bound.
+    /// `LogView`). 0: no bound.
     pub max_event_entries: usize,
     /// Points kept in each target's `series`.
     pub target_series_points: usize,

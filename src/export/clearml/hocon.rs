@@ -44,13 +44,13 @@ struct Budget {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
 pub struct ParseError {
-    pub line: usize,
-    pub message: String,
+    pub(crate) line: usize,
+    pub(crate) message: String,
 }
 
 /// A parsed value. Scalars keep their text (numbers and booleans too).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     Scalar { pieces: Vec<Piece>, line: usize },
     Object(BTreeMap<String, Value>),
     List(Vec<Value>),
@@ -58,7 +58,7 @@ pub enum Value {
 
 /// One part of a (possibly concatenated) scalar.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Piece {
+pub(crate) enum Piece {
     Text(String),
     Subst { path: String, optional: bool },
 }
@@ -71,7 +71,7 @@ pub struct ConfTree {
 
 impl ConfTree {
     /// The value at a dotted path (`api.credentials.access_key`).
-    pub fn get(&self, path: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, path: &str) -> Option<&Value> {
         let mut parts = path.split('.');
         let mut cur = self.root.get(parts.next()?)?;
         for part in parts {
@@ -86,7 +86,7 @@ impl ConfTree {
     /// The string at `path`, substitutions resolved (`${x}` from the file,
     /// else from `env`). `Ok(None)`: absent, not a string, or an optional
     /// substitution that resolved to nothing.
-    pub fn get_str(
+    pub(crate) fn get_str(
         &self,
         path: &str,
         env: &dyn Fn(&str) -> Option<String>,

@@ -49,7 +49,7 @@ pub enum Format {
 
 impl Format {
     /// `.svg` or `.png`, any case.
-    pub fn from_path(path: &Path) -> Option<Format> {
+    pub(crate) fn from_path(path: &Path) -> Option<Format> {
         let ext = path.extension()?.to_str()?.to_ascii_lowercase();
         match ext.as_str() {
             "svg" => Some(Format::Svg),
