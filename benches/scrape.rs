@@ -124,7 +124,7 @@ fn main() {
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
     rt.spawn(http::serve(
         listener,
-        http::State {
+        http::HttpState {
             snapshots: rx,
             notices: None,
         },

@@ -64,13 +64,24 @@ pub enum Command {
     Config(ConfigArgs),
 }
 
+/// A flag whose value cannot become a setting.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FlagError {
+    #[error("--label `{0}`: expected KEY=VALUE")]
+    Label(String),
+    #[error("--memory-limit: {0}")]
+    MemoryLimit(#[source] crate::units::UnitError),
+    #[error("--memory-limit: too large")]
+    MemoryLimitTooLarge,
+}
+
 /// What a command reads its configuration from, above the defaults and
 /// the environment: its `--config` file and its flags.
 pub trait ConfigSources {
     /// The `--config` file, if given.
     fn config_file(&self) -> Option<&Path>;
     /// The flags as the top configuration layer.
-    fn flags(&self) -> Result<Layer, String>;
+    fn flags(&self) -> Result<Layer, FlagError>;
 }
 
 /// Options shared by `run` and `attach`.
@@ -78,87 +89,87 @@ pub trait ConfigSources {
 pub struct DaemonArgs {
     /// TOML configuration file
     #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Timer period between samples, e.g. 100ms, 1s (default: 1s)
     #[arg(long, value_name = "DURATION")]
-    pub interval: Option<String>,
+    pub(crate) interval: Option<String>,
     /// Run name: the output folder outputs/NAME/ (default: script name and time)
     #[arg(long, value_name = "NAME")]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Directory holding one folder per run (default: ./outputs)
     #[arg(long, value_name = "DIR")]
-    pub output: Option<PathBuf>,
+    pub(crate) output: Option<PathBuf>,
     /// Extra label for the run and its metrics (repeatable)
     #[arg(long = "label", value_name = "KEY=VALUE")]
-    pub labels: Vec<String>,
+    pub(crate) labels: Vec<String>,
     /// Host-only mode: do not load NVML
     #[arg(long)]
-    pub no_gpu: bool,
+    pub(crate) no_gpu: bool,
     /// NVML library to load instead of libnvidia-ml.so.1
     #[arg(long, value_name = "PATH")]
-    pub nvml_lib: Option<PathBuf>,
+    pub(crate) nvml_lib: Option<PathBuf>,
     /// Read each process's own cost, USS and PSS (the default; kept for
     /// older command lines)
     #[arg(long, hide = true)]
-    pub smaps: bool,
+    pub(crate) smaps: bool,
     /// Do not read each process's own cost (USS and PSS per process)
     #[arg(long, conflicts_with = "smaps")]
-    pub no_smaps: bool,
+    pub(crate) no_smaps: bool,
     /// Source of the tree's host figure: auto (as root the distinct pages,
     /// else a memory cgroup holding only the job, else the Pss sum), pages,
     /// cgroup, pss, or rss (counts shared pages once per process) (default:
     /// auto)
     #[arg(long, value_name = "SOURCE")]
-    pub host_source: Option<String>,
+    pub(crate) host_source: Option<String>,
     /// How often memory_usage.json is rewritten during the run (default: 30s)
     #[arg(long, value_name = "DURATION")]
-    pub checkpoint_interval: Option<String>,
+    pub(crate) checkpoint_interval: Option<String>,
     /// Log level: error, warn, info, debug or trace (default: info)
     #[arg(long, value_name = "LEVEL")]
-    pub log_level: Option<String>,
+    pub(crate) log_level: Option<String>,
     /// HTTP address for /metrics and /memory-info; `off`: none (default:
     /// 127.0.0.1:9464, or a free port when another run holds it)
     #[arg(long, value_name = "ADDR:PORT")]
-    pub listen: Option<String>,
+    pub(crate) listen: Option<String>,
     /// Report into this ClearML task (default: $CLEARML_TASK_ID, else a new task)
     #[arg(long, value_name = "TASK_ID")]
-    pub clearml_task: Option<String>,
+    pub(crate) clearml_task: Option<String>,
     /// ClearML project of the task memtrack creates (turns ClearML on)
     #[arg(long, value_name = "NAME")]
-    pub clearml_project: Option<String>,
+    pub(crate) clearml_project: Option<String>,
     /// Do not report to ClearML even when it is configured
     #[arg(long)]
-    pub no_clearml: bool,
+    pub(crate) no_clearml: bool,
     /// run: do not give a Python job memtrack's automatic hooks (framework
     /// callbacks, out-of-memory report)
     #[arg(long)]
-    pub no_auto_hooks: bool,
+    pub(crate) no_auto_hooks: bool,
     /// Upload memory_usage.json to s3://bucket/prefix at the end
     #[arg(long, value_name = "S3_URL")]
-    pub s3_url: Option<String>,
+    pub(crate) s3_url: Option<String>,
     /// S3 endpoint (MinIO), e.g. http://127.0.0.1:9000
     #[arg(long, value_name = "URL")]
-    pub s3_endpoint: Option<String>,
+    pub(crate) s3_endpoint: Option<String>,
     /// Region to sign for (default: AWS_REGION, the profile's, us-east-1 with an endpoint)
     #[arg(long, value_name = "REGION")]
-    pub s3_region: Option<String>,
+    pub(crate) s3_region: Option<String>,
     /// Path-style addressing: auto (on with an endpoint), true or false (default: auto)
     #[arg(long, value_name = "auto|true|false")]
-    pub s3_path_style: Option<String>,
+    pub(crate) s3_path_style: Option<String>,
     /// How long the end of the run may wait on the network (the S3 upload,
     /// ClearML's last points) before it gives up and says how to finish
     /// later (default: 1m)
     #[arg(long, value_name = "DURATION")]
-    pub finish_timeout: Option<String>,
+    pub(crate) finish_timeout: Option<String>,
     /// Event socket path; `off`: none. The job gets it as MEMTRACK_SOCKET
     /// (default: $XDG_RUNTIME_DIR/memtrack-PID.sock, else /tmp/memtrack-UID/)
     #[arg(long, value_name = "PATH")]
-    pub socket: Option<PathBuf>,
+    pub(crate) socket: Option<PathBuf>,
 }
 
 impl DaemonArgs {
     /// The flags as the top configuration layer.
-    pub fn layer(&self) -> Result<Layer, String> {
+    pub(crate) fn layer(&self) -> Result<Layer, FlagError> {
         let mut layer = Layer::new("command line");
         let mut set_str = |key: &str, v: &Option<String>| {
             if let Some(v) = v {
@@ -215,7 +226,7 @@ impl DaemonArgs {
         for l in &self.labels {
             let (k, v) = l
                 .split_once('=')
-                .ok_or_else(|| format!("--label `{l}`: expected KEY=VALUE"))?;
+                .ok_or_else(|| FlagError::Label(l.clone()))?;
             layer.set(&format!("labels.{k}"), Value::String(v.to_string()));
         }
         Ok(layer)
@@ -227,7 +238,7 @@ impl ConfigSources for DaemonArgs {
         self.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         self.layer()
     }
 }
@@ -251,12 +262,11 @@ impl ConfigSources for RunArgs {
         self.daemon.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         let mut layer = self.daemon.layer()?;
         if let Some(limit) = &self.memory_limit {
-            let bytes =
-                crate::config::parse_limit(limit).map_err(|e| format!("--memory-limit: {e}"))?;
-            let bytes = i64::try_from(bytes).map_err(|_| "--memory-limit: too large")?;
+            let bytes = crate::config::parse_limit(limit).map_err(FlagError::MemoryLimit)?;
+            let bytes = i64::try_from(bytes).map_err(|_| FlagError::MemoryLimitTooLarge)?;
             layer.set("host.memory_limit", Value::Integer(bytes));
         }
         Ok(layer)
@@ -338,7 +348,7 @@ pub struct UploadArgs {
 
 impl UploadArgs {
     /// The flags as the top configuration layer.
-    pub fn layer(&self) -> Layer {
+    pub(crate) fn layer(&self) -> Layer {
         let mut layer = Layer::new("command line");
         if let Some(v) = &self.s3_url {
             layer.set("s3.url", Value::String(v.clone()));
@@ -361,7 +371,7 @@ impl ConfigSources for UploadArgs {
         self.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         Ok(self.layer())
     }
 }
@@ -386,7 +396,7 @@ pub struct ClearmlResendArgs {
 
 impl ClearmlResendArgs {
     /// The flags as the top configuration layer.
-    pub fn layer(&self) -> Layer {
+    pub(crate) fn layer(&self) -> Layer {
         let mut layer = Layer::new("command line");
         if let Some(v) = &self.clearml_task {
             layer.set("clearml.task", Value::String(v.clone()));
@@ -403,7 +413,7 @@ impl ConfigSources for ClearmlResendArgs {
         self.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         Ok(self.layer())
     }
 }
@@ -465,7 +475,7 @@ pub struct MergeArgs {
 
 impl MergeArgs {
     /// The flags as the top configuration layer.
-    pub fn layer(&self) -> Layer {
+    pub(crate) fn layer(&self) -> Layer {
         let mut layer = Layer::new("command line");
         if let Some(e) = &self.s3_endpoint {
             layer.set("s3.endpoint", Value::String(e.clone()));
@@ -479,7 +489,7 @@ impl ConfigSources for MergeArgs {
         self.config.as_deref()
     }
 
-    fn flags(&self) -> Result<Layer, String> {
+    fn flags(&self) -> Result<Layer, FlagError> {
         Ok(self.layer())
     }
 }

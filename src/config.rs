@@ -18,12 +18,13 @@ use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
 pub use crate::export::clearml::ClearmlConfig;
-pub use crate::export::mlflow::MlflowConfig;
-pub use crate::export::s3::S3Config;
+pub(crate) use crate::export::mlflow::MlflowConfig;
+pub(crate) use crate::export::s3::S3Config;
 use crate::model::valid_label_name;
 use crate::sample::footprint::SourceChoice;
-pub use crate::sample::gpu::GpuConfig;
+pub(crate) use crate::sample::gpu::GpuConfig;
 use crate::store::pressure::Thresholds;
+pub(crate) use crate::store::Limits;
 use crate::units::serde_duration;
 
 /// Where `/metrics` is served unless told otherwise (loopback only).
@@ -33,10 +34,10 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 /// for an upload and ClearML's last batch on a working network (seconds),
 /// short enough that a dead server costs a CI job or a SLURM allocation
 /// one minute, not five.
-pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Config files larger than this are refused before parsing.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Every setting with its default and a comment saying what it is, as
 /// `memtrack config --defaults` prints it (`memtrack.example.toml`; a test
@@ -44,10 +45,10 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 pub const EXAMPLE: &str = include_str!("../memtrack.example.toml");
 
 /// Prefix of every environment variable that maps onto a config key.
-pub const ENV_PREFIX: &str = "MEMTRACK_";
+pub(crate) const ENV_PREFIX: &str = "MEMTRACK_";
 
 /// The smallest `host.memory_limit` accepted, bytes.
-pub const MIN_MEMORY_LIMIT: u64 = 4 << 20;
+pub(crate) const MIN_MEMORY_LIMIT: u64 = 4 << 20;
 
 /// Everything the daemon (`run`, `attach`) can be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,7 +84,7 @@ pub struct Config {
     pub labels: BTreeMap<String, String>,
     pub host: HostConfig,
     pub gpu: GpuConfig,
-    pub log: LogConfig,
+    pub log: Limits,
     /// Used-memory ratios at which host RAM and each GPU change level.
     pub pressure: Thresholds,
     pub socket: SocketConfig,
@@ -101,7 +102,7 @@ pub struct DiscoveryConfig {
     /// The folder of the runs' discovery files (`file_sd_configs`). Empty:
     /// `$XDG_RUNTIME_DIR/memtrack/sd`, `/run/memtrack/sd` for root, else
     /// `/tmp/memtrack-<uid>/sd`. `off`: none.
-    pub sd_dir: PathBuf,
+    pub(crate) sd_dir: PathBuf,
 }
 
 /// The OOM flight recorder: the last seconds before a target dies, sampled
@@ -109,14 +110,14 @@ pub struct DiscoveryConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FlightConfig {
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// Between timer ticks, the tree's RSS (a `statm` read per process) and
     /// NVML's per-process figures are read this often into a ring.
     #[serde(with = "serde_duration")]
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// How far back the ring reaches.
     #[serde(with = "serde_duration")]
-    pub window: Duration,
+    pub(crate) window: Duration,
 }
 
 impl Default for FlightConfig {
@@ -135,14 +136,14 @@ impl Default for FlightConfig {
 pub struct SocketConfig {
     /// Empty: `$XDG_RUNTIME_DIR/memtrack-<pid>.sock`, else
     /// `/tmp/memtrack-<uid>/memtrack-<pid>.sock`. `off`: no socket.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// A group (name or number) whose members may connect: the socket is
     /// then mode 0660 with that group. Empty: 0600, this user only.
-    pub group: String,
+    pub(crate) group: String,
     /// Other users allowed to connect (checked with SO_PEERCRED).
-    pub allow_uids: Vec<u32>,
+    pub(crate) allow_uids: Vec<u32>,
     /// Connections beyond this are closed at once.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
 }
 
 impl Default for SocketConfig {
@@ -167,39 +168,39 @@ impl SocketConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct HostConfig {
     /// Where procfs is mounted (tests point this at a fake tree).
-    pub proc_root: PathBuf,
+    pub(crate) proc_root: PathBuf,
     /// How often `VmHWM` is read from `/proc/PID/status` (it costs many
     /// times the `statm` read done every tick, `cargo bench --bench tick`;
     /// the value is a running maximum, so reading it less often loses
     /// nothing while the process lives).
     #[serde(with = "serde_duration")]
-    pub hwm_interval: Duration,
+    pub(crate) hwm_interval: Duration,
     /// Read each process's own cost (USS and PSS) from `smaps_rollup`:
     /// on by default, on a thread of its own within `pss_budget` of one
     /// core (a read's cost grows with the process's RSS).
-    pub smaps: bool,
+    pub(crate) smaps: bool,
     /// A process's own cost is read again at most this often.
     #[serde(with = "serde_duration")]
-    pub smaps_interval: Duration,
+    pub(crate) smaps_interval: Duration,
     /// Processes above this RSS are skipped by the `smaps_rollup` read.
-    pub smaps_max_rss_mb: u64,
+    pub(crate) smaps_max_rss_mb: u64,
     /// Where the tree's host figure comes from: `auto` (a memory cgroup
     /// holding only the job, else Σ Pss), `pss`, or `rss` (the plain sum,
     /// which counts pages shared between processes once per process).
-    pub source: SourceChoice,
+    pub(crate) source: SourceChoice,
     /// Share of one core spent reading `smaps_rollup` (0.02 = 2 %): for
     /// Σ Pss when that is the source, else for each process's own cost.
-    pub pss_budget: f64,
+    pub(crate) pss_budget: f64,
     /// `run` only: cap the job's memory at this many bytes (`2G`, `512M`
     /// or a byte count; 0: no limit) in the memory cgroup memtrack creates
     /// for it (docs/advice.md, "Checking a smaller machine").
     #[serde(deserialize_with = "bytes_or_size")]
-    pub memory_limit: u64,
+    pub(crate) memory_limit: u64,
 }
 
 impl HostConfig {
     /// The job's memory limit, bytes, if one is set.
-    pub fn memory_limit(&self) -> Option<u64> {
+    pub(crate) fn memory_limit(&self) -> Option<u64> {
         (self.memory_limit > 0).then_some(self.memory_limit)
     }
 }
@@ -207,7 +208,7 @@ impl HostConfig {
 /// A memory limit: `2G`, `512M`, `2Gi` are binary (GiB, MiB), as the
 /// kernel's own cgroup files and container runtimes read them; otherwise
 /// any size [`crate::units::parse_bytes`] reads (`2GiB`, `2GB` = 2·10⁹).
-pub fn parse_limit(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_limit(text: &str) -> Result<u64, crate::units::UnitError> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -220,9 +221,10 @@ pub fn parse_limit(text: &str) -> Result<u64, String> {
         "t" | "ti" => 40,
         _ => return crate::units::parse_bytes(t),
     };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size; write e.g. `2G`, `512M`"))?;
+    let value: f64 = num.parse().map_err(|_| crate::units::UnitError::Size {
+        text: text.to_string(),
+        examples: "`2G`, `512M`",
+    })?;
     Ok((value * (1u64 << shift) as f64) as u64)
 }
 
@@ -241,40 +243,9 @@ fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error
     }
 }
 
-/// Bounds that keep a long run's memory and JSON size flat.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
-    /// Timer entries kept in `detailed_log`; beyond it neighbours are merged
-    /// (keeping every maximum).
-    pub max_timer_entries: usize,
-    /// Event entries (marks, spans, stages) written to `detailed_log`;
-    /// beyond it they are merged per component and operation over
-    /// stretches of the run (keeping every maximum), and the complete event
-    /// log goes beside the JSON, gzip'd. 0: no bound.
-    pub max_event_entries: usize,
-    /// Points kept in each target's `series`.
-    pub target_series_points: usize,
-    /// Processes kept in `targets`; beyond it the exited ones with the
-    /// smallest peak are dropped (and counted).
-    pub max_targets: usize,
-    /// Distinct component names with their own `peaks_by_component` entry
-    /// and metric series; beyond it new names count under `_other`
-    /// (counted). Log entries keep the name the job sent.
-    pub max_components: usize,
-    /// Distinct component/operation pairs counted separately in
-    /// `memtrack_events_total`; beyond it new pairs count under `_other`.
-    pub max_event_kinds: usize,
-    /// Spans open at once; a `span_begin` beyond it is logged, not opened.
-    pub max_open_spans: usize,
-    /// Stages kept in `stages`; beyond it the closed stage with the
-    /// smallest peak is dropped (counted).
-    pub max_stages: usize,
-}
-
 /// The largest value each `log.max_*` cardinality bound accepts: every
 /// bounded name costs memory, a `/metrics` series and `status` bytes.
-pub const MAX_CARDINALITY: usize = 100_000;
+pub(crate) const MAX_CARDINALITY: usize = 100_000;
 
 impl Default for Config {
     fn default() -> Self {
@@ -290,7 +261,7 @@ impl Default for Config {
             labels: BTreeMap::new(),
             host: HostConfig::default(),
             gpu: GpuConfig::default(),
-            log: LogConfig::default(),
+            log: Limits::default(),
             pressure: Thresholds::default(),
             socket: SocketConfig::default(),
             clearml: ClearmlConfig::default(),
@@ -313,23 +284,6 @@ impl Default for HostConfig {
             source: SourceChoice::Auto,
             pss_budget: 0.02,
             memory_limit: 0,
-        }
-    }
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        let limits = crate::store::Limits::default();
-        LogConfig {
-            max_timer_entries: limits.max_timer_entries,
-            // The store keeps every entry unless told; a run gets a bound.
-            max_event_entries: 250_000,
-            target_series_points: limits.target_series_points,
-            max_targets: limits.max_targets,
-            max_components: limits.max_components,
-            max_event_kinds: limits.max_event_kinds,
-            max_open_spans: limits.max_open_spans,
-            max_stages: limits.max_stages,
         }
     }
 }
@@ -362,8 +316,8 @@ pub enum ConfigError {
 #[derive(Debug, Clone)]
 pub struct Layer {
     /// Human name used in error messages: "config file x.toml", …
-    pub name: String,
-    pub table: Table,
+    pub(crate) name: String,
+    pub(crate) table: Table,
 }
 
 impl Layer {
@@ -375,7 +329,7 @@ impl Layer {
     }
 
     /// Sets `dotted.key` to `value`, creating the intermediate tables.
-    pub fn set(&mut self, dotted: &str, value: Value) {
+    pub(crate) fn set(&mut self, dotted: &str, value: Value) {
         let mut table = &mut self.table;
         let mut parts = dotted.split('.').peekable();
         while let Some(part) = parts.next() {
@@ -396,7 +350,7 @@ impl Layer {
         }
     }
 
-    /// Reads a TOML file (a regular file of at most [`MAX_CONFIG_BYTES`]).
+    /// Reads a TOML file (a regular file of at most `MAX_CONFIG_BYTES`).
     pub fn from_file(path: &Path) -> Result<Layer, ConfigError> {
         let name = format!("config file {}", path.display());
         let read_err = |source| ConfigError::Read {
@@ -467,7 +421,7 @@ impl Layer {
 /// Variables read by clients (`memtrack mark`, the Python client) rather
 /// than by the daemon's config: the daemon passes them over. `BIN` is the
 /// memtrack binary the Python client starts.
-pub const CLIENT_ONLY_ENV: &[&str] = &[
+pub(crate) const CLIENT_ONLY_ENV: &[&str] = &[
     "MEMTRACK_SOCKET",
     "MEMTRACK_TIMEOUT",
     "MEMTRACK_DISABLE",
@@ -800,7 +754,7 @@ impl Config {
             );
         }
         if let Err(e) = self.pressure.validate() {
-            return bad("pressure", e);
+            return bad("pressure", e.to_string());
         }
         if tracing_subscriber::EnvFilter::try_new(&self.log_level).is_err() {
             return bad(
@@ -813,7 +767,7 @@ impl Config {
 }
 
 /// Parses `--listen`: `off`, or an address (`127.0.0.1:9464`, `[::1]:9464`).
-pub fn parse_listen(text: &str) -> Result<Option<std::net::SocketAddr>, String> {
+pub(crate) fn parse_listen(text: &str) -> Result<Option<std::net::SocketAddr>, String> {
     if text == "off" {
         return Ok(None);
     }

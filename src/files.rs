@@ -13,7 +13,7 @@
 //!   (not a link), owned by this user, writable by nobody else;
 //! - what memtrack creates is private to its user (files 0600, folders
 //!   0700): it holds command lines and labels taken from the environment;
-//! - a run directory is held open ([`HeldDir`]) once created and checked,
+//! - a run directory is held open (`HeldDir`) once created and checked,
 //!   and everything in it is reached through that descriptor: in an
 //!   output root others may write to (no sticky bit), another user can
 //!   rename the folder and plant a link under its name, and a path would
@@ -21,7 +21,7 @@
 //!
 //! And every file memtrack reads (its config, the AWS and ClearML files, PID
 //! files, `memory_usage.json`, journals and side files) goes through
-//! [`open_input`] / [`read_capped`]: opened without blocking (a FIFO with no
+//! `open_input` / `read_capped`: opened without blocking (a FIFO with no
 //! writer would hang), refused unless a regular file (`/dev/zero` never
 //! ends, a folder or a socket is no file), and read up to a hard cap
 //! whatever its size claims (a `/proc` file says 0, a file may grow while
@@ -35,12 +35,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The mode of every file memtrack creates.
-pub const FILE_MODE: u32 = 0o600;
+pub(crate) const FILE_MODE: u32 = 0o600;
 /// The mode of every folder memtrack creates.
-pub const DIR_MODE: u32 = 0o700;
+pub(crate) const DIR_MODE: u32 = 0o700;
 
 /// Open options for memtrack's files: created 0600, never through a link.
-pub fn options() -> OpenOptions {
+pub(crate) fn options() -> OpenOptions {
     let mut o = OpenOptions::new();
     o.mode(FILE_MODE)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
@@ -48,7 +48,7 @@ pub fn options() -> OpenOptions {
 }
 
 /// Opens `path` for writing, creating it if missing; `truncate` empties it.
-pub fn create(path: &Path, truncate: bool) -> io::Result<File> {
+pub(crate) fn create(path: &Path, truncate: bool) -> io::Result<File> {
     options()
         .write(true)
         .create(true)
@@ -58,19 +58,19 @@ pub fn create(path: &Path, truncate: bool) -> io::Result<File> {
 
 /// Creates `path`, which must not exist yet: a name someone planted (a
 /// file or a link) is an error, not a target.
-pub fn create_new(path: &Path) -> io::Result<File> {
+pub(crate) fn create_new(path: &Path) -> io::Result<File> {
     options().write(true).create_new(true).open(path)
 }
 
 /// Opens an existing file for writing.
-pub fn open_write(path: &Path) -> io::Result<File> {
+pub(crate) fn open_write(path: &Path) -> io::Result<File> {
     options().write(true).open(path)
 }
 
 /// A new temporary file beside `path` (`.NAME.tmp-PID-N-R`), for a write
 /// that ends with a rename onto `path`. The name is unique in this process
 /// and hard to guess from outside; one that exists anyway is skipped.
-pub fn create_temp(path: &Path) -> io::Result<(PathBuf, File)> {
+pub(crate) fn create_temp(path: &Path) -> io::Result<(PathBuf, File)> {
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let dir = path
         .parent()
@@ -102,7 +102,7 @@ pub fn create_temp(path: &Path) -> io::Result<(PathBuf, File)> {
 /// A fresh private folder under `base` (`PREFIX-XXXXXXXXXXXXXXXX`, 0700),
 /// as `mkdtemp` makes one: the name is random, and a name that exists (a
 /// folder or a link someone planted) is skipped, never used.
-pub fn create_temp_dir(base: &Path, prefix: &str) -> io::Result<PathBuf> {
+pub(crate) fn create_temp_dir(base: &Path, prefix: &str) -> io::Result<PathBuf> {
     use std::io::Read;
     let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
     for n in 0..64u64 {
@@ -129,13 +129,13 @@ pub fn create_temp_dir(base: &Path, prefix: &str) -> io::Result<PathBuf> {
 }
 
 /// Creates the folder `path` (0700); an existing one is an error.
-pub fn create_dir(path: &Path) -> io::Result<()> {
+pub(crate) fn create_dir(path: &Path) -> io::Result<()> {
     DirBuilder::new().mode(DIR_MODE).create(path)
 }
 
 /// Creates every missing folder of `path` (0700 each); existing ones are
 /// left as they are.
-pub fn create_dir_all(path: &Path) -> io::Result<()> {
+pub(crate) fn create_dir_all(path: &Path) -> io::Result<()> {
     DirBuilder::new()
         .recursive(true)
         .mode(DIR_MODE)
@@ -144,7 +144,7 @@ pub fn create_dir_all(path: &Path) -> io::Result<()> {
 
 /// Creates the folder `path` (0700), or checks an existing one with
 /// [`check_dir`].
-pub fn private_dir(path: &Path) -> io::Result<()> {
+pub(crate) fn private_dir(path: &Path) -> io::Result<()> {
     match create_dir(path) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => check_dir(path),
         other => other,
@@ -153,7 +153,7 @@ pub fn private_dir(path: &Path) -> io::Result<()> {
 
 /// Whether memtrack may write into the folder `path`: a real folder (not a
 /// link), owned by this user, writable by no one else.
-pub fn check_dir(path: &Path) -> io::Result<()> {
+pub(crate) fn check_dir(path: &Path) -> io::Result<()> {
     check_meta(path, &std::fs::symlink_metadata(path)?)
 }
 
@@ -190,7 +190,7 @@ fn check_meta(path: &Path, meta: &std::fs::Metadata) -> io::Result<()> {
 }
 
 /// Whether `path` is a real folder (not a link) owned by this user.
-pub fn owned_by_me(path: &Path) -> bool {
+pub(crate) fn owned_by_me(path: &Path) -> bool {
     std::fs::symlink_metadata(path)
         .is_ok_and(|m| m.is_dir() && !m.file_type().is_symlink() && m.uid() == crate::sys::uid())
 }
@@ -219,7 +219,7 @@ fn kind_of(meta: &std::fs::Metadata) -> &'static str {
 /// terminal, not inherited by the job; anything but a regular file is an
 /// error saying what it is ("it is a FIFO (named pipe), not a regular
 /// file"). Errors do not repeat the path: callers name it.
-pub fn open_input(path: &Path) -> io::Result<File> {
+pub(crate) fn open_input(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
@@ -237,7 +237,7 @@ pub fn open_input(path: &Path) -> io::Result<File> {
 /// Reads an input file whole, at most `cap` bytes whatever its size claims
 /// (a file growing while read cannot grow memtrack): a larger one is an
 /// error ("is larger than N bytes"), never a truncated read.
-pub fn read_capped(path: &Path, cap: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_capped(path: &Path, cap: u64) -> io::Result<Vec<u8>> {
     use std::io::Read;
     let file = open_input(path)?;
     let mut bytes = Vec::new();
@@ -249,7 +249,7 @@ pub fn read_capped(path: &Path, cap: u64) -> io::Result<Vec<u8>> {
 }
 
 /// [`read_capped`] as UTF-8 text.
-pub fn read_text_capped(path: &Path, cap: u64) -> io::Result<String> {
+pub(crate) fn read_text_capped(path: &Path, cap: u64) -> io::Result<String> {
     String::from_utf8(read_capped(path, cap)?).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -271,7 +271,7 @@ fn too_large(cap: u64) -> io::Error {
 
 /// How [`read_line_bounded`] found a line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Line {
+pub(crate) enum Line {
     /// Ended by a newline, within the cap.
     Whole,
     /// Cut short by the end of the input (a torn last line).
@@ -283,7 +283,7 @@ pub enum Line {
 
 /// Reads one line into `buf` (without its newline), holding at most `cap`
 /// bytes of it however long it is. `None` at the end of the input.
-pub fn read_line_bounded(
+pub(crate) fn read_line_bounded(
     reader: &mut impl io::BufRead,
     buf: &mut Vec<u8>,
     cap: usize,
@@ -320,7 +320,7 @@ pub fn read_line_bounded(
 /// passes `cap` bytes: for input where an over-long line means the whole
 /// input is wrong (a decompression bomb), so nothing more of it is read.
 /// `Ok(false)` at the end of the input.
-pub fn read_line_capped(
+pub(crate) fn read_line_capped(
     reader: &mut impl io::BufRead,
     buf: &mut Vec<u8>,
     cap: usize,
@@ -350,7 +350,7 @@ pub fn read_line_capped(
 /// a decompressing reader wrapped in it cannot turn a small file into an
 /// unbounded stream (a gzip bomb).
 #[derive(Debug)]
-pub struct Budgeted<R> {
+pub(crate) struct Budgeted<R> {
     inner: R,
     left: u64,
     budget: u64,
@@ -399,7 +399,7 @@ impl<R: io::Read> io::Read for Budgeted<R> {
 /// name, so every file reached through it is in that folder. Messages
 /// show the folder's name instead ([`shown`]).
 #[derive(Debug)]
-pub struct HeldDir {
+pub(crate) struct HeldDir {
     dir: File,
     via: PathBuf,
     shown: PathBuf,
@@ -453,18 +453,18 @@ impl HeldDir {
     }
 
     /// The path every read and write in the folder goes through.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.via
     }
 
     /// The folder's name, for messages.
-    pub fn shown(&self) -> &Path {
+    pub(crate) fn shown(&self) -> &Path {
         &self.shown
     }
 
     /// Whether `path` still names the held folder (not a folder or link
     /// someone put in its place).
-    pub fn is_at(&self, path: &Path) -> bool {
+    pub(crate) fn is_at(&self, path: &Path) -> bool {
         match (std::fs::symlink_metadata(path), self.dir.metadata()) {
             (Ok(a), Ok(b)) => a.is_dir() && a.dev() == b.dev() && a.ino() == b.ino(),
             _ => false,
@@ -475,7 +475,7 @@ impl HeldDir {
 /// `path` as a message shows it: a path through a [`HeldDir`]'s
 /// descriptor becomes one under the folder's name (log lines get the same
 /// rewriting from [`crate::logging`]).
-pub fn shown(path: &Path) -> PathBuf {
+pub(crate) fn shown(path: &Path) -> PathBuf {
     let text = path.to_string_lossy();
     match crate::logging::unalias(&text) {
         std::borrow::Cow::Owned(s) => PathBuf::from(s),

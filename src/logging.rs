@@ -96,7 +96,7 @@ static ALIASES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(
 /// From now on, messages show `shown` for the path `via`. An alias
 /// outlives the folder held (an error about it may be printed after it is
 /// closed) until a new one for the same `via` replaces it.
-pub fn alias_path(via: &std::path::Path, shown: &std::path::Path) {
+pub(crate) fn alias_path(via: &std::path::Path, shown: &std::path::Path) {
     let via = via.to_string_lossy().into_owned();
     if let Ok(mut a) = ALIASES.lock() {
         a.retain(|(v, _)| *v != via);
@@ -105,7 +105,7 @@ pub fn alias_path(via: &std::path::Path, shown: &std::path::Path) {
 }
 
 /// `text` with every aliased path written as its shown name.
-pub fn unalias(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn unalias(text: &str) -> std::borrow::Cow<'_, str> {
     let Ok(aliases) = ALIASES.lock() else {
         return text.into();
     };
@@ -166,22 +166,22 @@ pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
 /// few lines, however fast it comes (a ratio, one line per hundred, would
 /// still be ten thousand).
 #[derive(Debug, Default)]
-pub struct RateLimited {
+pub(crate) struct RateLimited {
     count: u64,
     last: Option<std::time::Instant>,
 }
 
 /// The least time between two lines of one [`RateLimited`] problem.
-pub const LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl RateLimited {
     /// Counts one occurrence; `Some(count so far)` when it is to be logged.
-    pub fn hit(&mut self) -> Option<u64> {
+    pub(crate) fn hit(&mut self) -> Option<u64> {
         self.hit_at(std::time::Instant::now())
     }
 
     /// [`RateLimited::hit`] at `now`.
-    pub fn hit_at(&mut self, now: std::time::Instant) -> Option<u64> {
+    pub(crate) fn hit_at(&mut self, now: std::time::Instant) -> Option<u64> {
         self.count += 1;
         let due = self
             .last

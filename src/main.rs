@@ -69,7 +69,7 @@ fn load_config(args: &impl ConfigSources) -> Result<Config, Failure> {
         layers.push(Layer::from_file(path).map_err(usage)?);
     }
     layers.push(Layer::from_env(std::env::vars()).map_err(usage)?);
-    layers.push(args.flags().map_err(|e| usage(anyhow::anyhow!(e)))?);
+    layers.push(args.flags().map_err(usage)?);
     config::resolve(&layers).map_err(usage)
 }
 
@@ -339,7 +339,7 @@ fn plot(args: &PlotArgs) -> Result<u8, Failure> {
 fn watch(args: &WatchArgs) -> Result<u8, Failure> {
     let path = socket_of(&args.socket).map_err(runtime)?;
     let interval = memtrack::units::parse_duration(&args.interval)
-        .map_err(|e| usage(anyhow::anyhow!("--interval: {e}")))?;
+        .map_err(|e| usage(anyhow::Error::new(e).context("--interval")))?;
     let mut out = std::io::stdout().lock();
     client::watch(&path, interval, args.once, &mut out).map_err(runtime)?;
     Ok(0)

@@ -32,7 +32,7 @@ use crate::sys;
 
 /// The signal-handling thread; dropping it stops the thread.
 #[derive(Debug)]
-pub struct SignalThread {
+pub(crate) struct SignalThread {
     handle: Handle,
     thread: Option<JoinHandle<Option<i32>>>,
     /// The job's PID once spawned (0 before).
@@ -53,7 +53,10 @@ impl SignalThread {
     /// are forwarded to the job whose PID [`SignalThread::set_job`] gives;
     /// installing the handlers before the job is spawned leaves no moment
     /// in which a signal kills memtrack and orphans the job.
-    pub fn start(run_mode: bool, engine: SyncSender<Input>) -> std::io::Result<SignalThread> {
+    pub(crate) fn start(
+        run_mode: bool,
+        engine: SyncSender<Input>,
+    ) -> std::io::Result<SignalThread> {
         let mut signals = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM, SIGHUP])?;
         let handle = signals.handle();
         let job = Arc::new(AtomicU32::new(0));
@@ -117,12 +120,12 @@ impl SignalThread {
     }
 
     /// The job to forward signals to, once spawned.
-    pub fn set_job(&self, pid: u32) {
+    pub(crate) fn set_job(&self, pid: u32) {
         self.job.store(pid, Ordering::Release);
     }
 
     /// Stops handling and returns the first signal received, if any.
-    pub fn stop(mut self) -> Option<i32> {
+    pub(crate) fn stop(mut self) -> Option<i32> {
         self.handle.close();
         self.thread.take().and_then(|t| t.join().ok()).flatten()
     }

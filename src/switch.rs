@@ -17,19 +17,24 @@ pub enum Switch {
     Off,
 }
 
+/// A word that is not `auto`, `true` or `false`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}`: use auto, true or false")]
+pub(crate) struct NotASwitch(pub String);
+
 impl Switch {
     /// The words a setting accepts: `auto`, `true`, `false`.
-    pub fn parse(word: &str) -> Result<Switch, String> {
+    pub(crate) fn parse(word: &str) -> Result<Switch, NotASwitch> {
         match word {
             "auto" => Ok(Switch::Auto),
             "true" => Ok(Switch::On),
             "false" => Ok(Switch::Off),
-            other => Err(format!("`{other}`: use auto, true or false")),
+            other => Err(NotASwitch(other.to_string())),
         }
     }
 
     /// What an explicit value says; `None` for `auto`.
-    pub fn explicit(self) -> Option<bool> {
+    pub(crate) fn explicit(self) -> Option<bool> {
         match self {
             Switch::Auto => None,
             Switch::On => Some(true),
@@ -37,7 +42,7 @@ impl Switch {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Switch::Auto => "auto",
             Switch::On => "true",

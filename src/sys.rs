@@ -10,7 +10,7 @@ use std::io;
 /// Makes this process the reaper of orphaned descendants
 /// (`PR_SET_CHILD_SUBREAPER`), so a worker whose parent dies stays in the
 /// followed tree and its exit status reaches us.
-pub fn become_subreaper() -> io::Result<()> {
+pub(crate) fn become_subreaper() -> io::Result<()> {
     // SAFETY: prctl with integer arguments only.
     let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     if rc == 0 {
@@ -43,18 +43,18 @@ pub fn join_cgroup_before_exec(cmd: &mut std::process::Command, procs: std::fs::
 
 /// What `wait4` reports for a reaped child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reaped {
+pub(crate) struct Reaped {
     /// The raw wait status (`WIFSIGNALED`, `WEXITSTATUS`, …).
-    pub status: i32,
+    pub(crate) status: i32,
     /// `ru_maxrss` in KiB: the child's own peak RSS, exact even for spikes
     /// shorter than any sampling interval.
-    pub max_rss_kib: u64,
+    pub(crate) max_rss_kib: u64,
 }
 
 /// Waits for one specific child. `block = false` returns `Ok(None)` when
 /// it has not exited yet. Never waits for "any child", so it cannot steal
 /// the status of a process somebody else spawned.
-pub fn wait_child(pid: u32, block: bool) -> io::Result<Option<Reaped>> {
+pub(crate) fn wait_child(pid: u32, block: bool) -> io::Result<Option<Reaped>> {
     let mut status: libc::c_int = 0;
     // SAFETY: zeroed rusage is a valid value of a plain C struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -96,7 +96,7 @@ pub fn kill(pid: u32, signal: i32) -> io::Result<()> {
 }
 
 /// Whether a process with this PID exists (it may belong to another user).
-pub fn pid_exists(pid: u32) -> bool {
+pub(crate) fn pid_exists(pid: u32) -> bool {
     match kill(pid, 0) {
         Ok(()) => true,
         Err(e) => e.raw_os_error() == Some(libc::EPERM),
@@ -104,7 +104,7 @@ pub fn pid_exists(pid: u32) -> bool {
 }
 
 /// Bytes per page, for `statm`.
-pub fn page_size() -> u64 {
+pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf with a constant name.
     let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if v > 0 {
@@ -138,7 +138,7 @@ pub fn uid() -> u32 {
 }
 
 /// A group's id from its name or number.
-pub fn group_id(group: &str) -> Option<u32> {
+pub(crate) fn group_id(group: &str) -> Option<u32> {
     if let Ok(gid) = group.parse::<u32>() {
         return Some(gid);
     }
@@ -163,7 +163,7 @@ pub fn group_id(group: &str) -> Option<u32> {
 
 /// Raises the soft limit of open files to the hard limit: every client
 /// connection and followed process holds a descriptor.
-pub fn raise_nofile_limit() {
+pub(crate) fn raise_nofile_limit() {
     // SAFETY: zeroed rlimit is a valid value of a plain C struct.
     let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: a pointer to a local.
@@ -176,7 +176,7 @@ pub fn raise_nofile_limit() {
 }
 
 /// CPU time the calling thread has used.
-pub fn thread_cpu_time() -> std::time::Duration {
+pub(crate) fn thread_cpu_time() -> std::time::Duration {
     // SAFETY: zeroed timespec is a valid value of a plain C struct.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: a pointer to a local.
@@ -191,7 +191,7 @@ pub fn thread_cpu_time() -> std::time::Duration {
 }
 
 /// The soft limit of open files now.
-pub fn nofile_limit() -> u64 {
+pub(crate) fn nofile_limit() -> u64 {
     // SAFETY: zeroed rlimit is a valid value of a plain C struct.
     let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: a pointer to a local.
@@ -227,7 +227,7 @@ pub fn take_socket_activation() {
 /// The listening Unix socket systemd passed (socket activation: fd 3 with
 /// `LISTEN_PID` = this process, as [`take_socket_activation`] recorded), if
 /// any and if it really is a listening stream socket.
-pub fn systemd_listener() -> Option<std::os::unix::net::UnixListener> {
+pub(crate) fn systemd_listener() -> Option<std::os::unix::net::UnixListener> {
     use std::os::fd::FromRawFd;
     if SOCKET_ACTIVATION.get() != Some(&true) {
         return None;
@@ -262,7 +262,7 @@ pub fn systemd_listener() -> Option<std::os::unix::net::UnixListener> {
 }
 
 /// The name of a signal number, for messages (`SIGTERM`).
-pub fn signal_name(signal: i32) -> String {
+pub(crate) fn signal_name(signal: i32) -> String {
     let name = match signal {
         libc::SIGHUP => "SIGHUP",
         libc::SIGINT => "SIGINT",
@@ -285,7 +285,7 @@ pub fn signal_name(signal: i32) -> String {
 
 /// Hands the allocator's free memory back to the kernel (glibc keeps what a
 /// burst of allocations freed, per thread arena). Elsewhere a no-op.
-pub fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe {

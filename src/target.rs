@@ -47,21 +47,26 @@ impl TargetError {
 /// The largest PID: `kill()` takes a signed PID, and a value above this
 /// one would wrap to a negative number, which signals a process group (or
 /// every process, for -1).
-pub const MAX_PID: u32 = i32::MAX as u32;
+pub(crate) const MAX_PID: u32 = i32::MAX as u32;
+
+/// A word that is not a PID.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a PID is a decimal number from 1 to {MAX_PID} (0 and larger values name process groups, \
+     not a process)"
+)]
+pub(crate) struct NotAPid;
 
 /// Parses one PID (`--pid`): a decimal number from 1 to [`MAX_PID`].
-pub fn parse_pid(text: &str) -> Result<u32, String> {
+pub(crate) fn parse_pid(text: &str) -> Result<u32, NotAPid> {
     match text.trim().parse::<u32>() {
         Ok(pid) if (1..=MAX_PID).contains(&pid) => Ok(pid),
-        _ => Err(format!(
-            "a PID is a decimal number from 1 to {MAX_PID} (0 and larger values name process \
-             groups, not a process)"
-        )),
+        _ => Err(NotAPid),
     }
 }
 
 /// Parses a PID file: PIDs separated by whitespace (one per line is usual).
-pub fn parse_pid_file(path: &str, text: &str) -> Result<Vec<u32>, TargetError> {
+pub(crate) fn parse_pid_file(path: &str, text: &str) -> Result<Vec<u32>, TargetError> {
     let mut pids = Vec::new();
     for (i, token) in text.split_ascii_whitespace().enumerate() {
         match parse_pid(token) {
@@ -83,7 +88,7 @@ pub fn parse_pid_file(path: &str, text: &str) -> Result<Vec<u32>, TargetError> {
 }
 
 /// Reads a PID file, refusing anything that cannot be one: through
-/// [`crate::files::read_capped`] (no blocking on a FIFO, regular files
+/// `crate::files::read_capped` (no blocking on a FIFO, regular files
 /// only, `MAX_PID_FILE` (4 KiB) at most whatever its size claims).
 pub fn read_pid_file(path: &Path) -> Result<Vec<u32>, TargetError> {
     let shown = path.display().to_string();
@@ -99,13 +104,13 @@ pub fn read_pid_file(path: &Path) -> Result<Vec<u32>, TargetError> {
 /// Starts the job with the extra environment. It stays in memtrack's
 /// process group, so a terminal's Ctrl-C reaches it directly and an
 /// interactive debugger (pdb) keeps the terminal.
-pub fn spawn(argv: &[String], env: &[(String, String)]) -> Result<Child, TargetError> {
+pub(crate) fn spawn(argv: &[String], env: &[(String, String)]) -> Result<Child, TargetError> {
     spawn_in(argv, env, None)
 }
 
 /// [`spawn`], the job joining a cgroup (its `cgroup.procs`, open for
 /// writing) before it executes.
-pub fn spawn_in(
+pub(crate) fn spawn_in(
     argv: &[String],
     env: &[(String, String)],
     cgroup_procs: Option<std::fs::File>,

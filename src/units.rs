@@ -6,10 +6,10 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Bytes in one "MB" of `memory_usage.json`: the trackers divide by 1024².
-pub const MIB: f64 = 1024.0 * 1024.0;
+pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
 /// Bytes → MiB as the JSON reports them.
-pub fn mib(bytes: u64) -> f64 {
+pub(crate) fn mib(bytes: u64) -> f64 {
     bytes as f64 / MIB
 }
 
@@ -20,49 +20,70 @@ pub fn unix_now() -> f64 {
 }
 
 /// A `SystemTime` as Unix seconds; times before the epoch map to 0.
-pub fn unix_seconds(t: SystemTime) -> f64 {
+pub(crate) fn unix_seconds(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
 }
 
+/// Why a duration or a size could not be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum UnitError {
+    #[error("`{text}` is not a duration ({source}); write e.g. `100ms`, `1s`, `5m`")]
+    Duration {
+        text: String,
+        source: humantime::DurationError,
+    },
+    /// `examples`: sizes written the way the caller reads them.
+    #[error("`{text}` is not a size; write e.g. {examples}")]
+    Size {
+        text: String,
+        examples: &'static str,
+    },
+    #[error("`{text}`: unknown size unit `{unit}`")]
+    SizeUnit { text: String, unit: String },
+}
+
 /// Parses `100ms`, `1s`, `2m`, `1h 30m` (humantime syntax). A bare number is
 /// refused: a unit-less interval in a config file is a bug waiting to happen.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("`{text}` is not a duration ({e}); write e.g. `100ms`, `1s`, `5m`"))
+pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
+    humantime::parse_duration(text.trim()).map_err(|source| UnitError::Duration {
+        text: text.to_string(),
+        source,
+    })
 }
 
 /// Formats a duration the way `parse_duration` reads it back.
-pub fn format_duration(d: Duration) -> String {
+pub(crate) fn format_duration(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
 
 /// Serde adapter: durations as humantime strings in TOML and JSON.
-pub mod serde_duration {
+pub(crate) mod serde_duration {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&super::format_duration(*d))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
         super::parse_duration(&text).map_err(serde::de::Error::custom)
     }
 }
 
 /// Parses a byte size: `512MiB`, `4GiB`, `1024` (bytes), `10MB` (decimal).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(text: &str) -> Result<u64, UnitError> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size; write e.g. `512MiB`, `4GiB`"))?;
+    let value: f64 = num.parse().map_err(|_| UnitError::Size {
+        text: text.to_string(),
+        examples: "`512MiB`, `4GiB`",
+    })?;
     let factor: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -72,14 +93,19 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "mib" => MIB,
         "gib" => MIB * 1024.0,
         "tib" => MIB * 1024.0 * 1024.0,
-        other => return Err(format!("`{text}`: unknown size unit `{other}`")),
+        other => {
+            return Err(UnitError::SizeUnit {
+                text: text.to_string(),
+                unit: other.to_string(),
+            })
+        }
     };
     Ok((value * factor) as u64)
 }
 
 /// MiB for people: `1,234 MiB`, `3.2 MiB` below 10 MiB, and
 /// `12.3 GiB (12,595 MiB)` from 10 GiB on.
-pub fn format_mib(x: f64) -> String {
+pub(crate) fn format_mib(x: f64) -> String {
     if x >= 10.0 * 1024.0 {
         format!("{:.1} GiB ({} MiB)", x / 1024.0, group_thousands(x.round()))
     } else if x >= 10.0 {
@@ -91,7 +117,7 @@ pub fn format_mib(x: f64) -> String {
 
 /// [`format_mib`] without the MiB figure beside GiB: `1,234 MiB`, or
 /// `12.3 GiB` from 10 GiB on.
-pub fn format_mib_short(x: f64) -> String {
+pub(crate) fn format_mib_short(x: f64) -> String {
     if x >= 10.0 * 1024.0 {
         format!("{:.1} GiB", x / 1024.0)
     } else {
@@ -111,7 +137,7 @@ pub fn format_mib_one_decimal(x: f64) -> String {
 
 /// MiB as the GiB of comparison tables, rounded to a tenth and written
 /// `GB` without a needless `.0`: `2 GB`, `2.5 GB`.
-pub fn format_gb_rounded(mib: f64) -> String {
+pub(crate) fn format_gb_rounded(mib: f64) -> String {
     let g = (mib / 1024.0 * 10.0).round() / 10.0;
     if g.fract() == 0.0 {
         format!("{g:.0} GB")
@@ -121,7 +147,7 @@ pub fn format_gb_rounded(mib: f64) -> String {
 }
 
 /// A whole number with commas between thousands: `1,234,567`.
-pub fn group_thousands(x: f64) -> String {
+pub(crate) fn group_thousands(x: f64) -> String {
     let neg = x < 0.0;
     let digits = format!("{:.0}", x.abs());
     let mut out = String::new();
@@ -140,16 +166,16 @@ pub fn group_thousands(x: f64) -> String {
 
 /// Longest span memtrack shows as a duration: 10 years. A longer one (a
 /// clock set wrong, a file edited by hand) is shown as unknown.
-pub const MAX_SHOWN_SECONDS: f64 = 10.0 * 365.25 * 86_400.0;
+pub(crate) const MAX_SHOWN_SECONDS: f64 = 10.0 * 365.25 * 86_400.0;
 
 /// Whether `s` seconds can be shown: finite, not negative, not absurd.
-pub fn plausible_seconds(s: f64) -> bool {
+pub(crate) fn plausible_seconds(s: f64) -> bool {
     s.is_finite() && (0.0..=MAX_SHOWN_SECONDS).contains(&s)
 }
 
 /// Seconds with one decimal (`12.5 s`), or `unknown` for a negative, absurd
 /// or missing span.
-pub fn format_seconds(s: f64) -> String {
+pub(crate) fn format_seconds(s: f64) -> String {
     if plausible_seconds(s) {
         format!("{s:.1} s")
     } else {
@@ -159,7 +185,7 @@ pub fn format_seconds(s: f64) -> String {
 
 /// Seconds in the two largest units, for a run's length: `75.0 s` below
 /// two minutes, `62 min 05 s` below two hours, `3 h 05 min` beyond.
-pub fn duration_two_units(s: f64) -> String {
+pub(crate) fn duration_two_units(s: f64) -> String {
     if !plausible_seconds(s) {
         return "unknown".into();
     }
@@ -178,7 +204,7 @@ pub fn duration_two_units(s: f64) -> String {
 
 /// Seconds in one unit, for a sentence: `30 s` below two minutes,
 /// `2.5 min` below two hours, `3.1 h` beyond.
-pub fn duration_one_unit(s: f64) -> String {
+pub(crate) fn duration_one_unit(s: f64) -> String {
     if !plausible_seconds(s) {
         return "unknown".into();
     }

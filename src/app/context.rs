@@ -1,5 +1,5 @@
 //! What the phases of a run share: what the run follows ([`Mode`]) and
-//! what it reports to `main` at the end ([`Outcome`]).
+//! what it reports to `main` at the end ([`RunOutcome`]).
 
 use std::path::PathBuf;
 
@@ -14,7 +14,7 @@ pub enum Mode {
 
 /// What a finished daemon reports to `main`.
 #[derive(Debug)]
-pub struct Outcome {
+pub struct RunOutcome {
     /// The process exit status memtrack should use.
     pub exit_code: i32,
     pub document: PathBuf,

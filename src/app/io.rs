@@ -25,24 +25,35 @@ const HTTP_CONNECTIONS: usize = 64;
 /// The I/O side of a run: one small tokio runtime serving the event
 /// socket and HTTP, and the channel carrying snapshots to them.
 pub(super) struct Io {
-    pub runtime: tokio::runtime::Runtime,
-    pub shutdown: watch::Sender<bool>,
+    pub(crate) runtime: tokio::runtime::Runtime,
+    pub(crate) shutdown: watch::Sender<bool>,
     socket: Option<crate::event::server::SocketFile>,
-    pub link: Option<EventLink>,
-    pub snapshots: watch::Sender<Arc<Snapshot>>,
-    pub s3: Option<crate::export::s3::Uploader>,
+    pub(crate) link: Option<EventLink>,
+    pub(crate) snapshots: watch::Sender<Arc<Snapshot>>,
+    pub(crate) s3: Option<crate::export::s3::Uploader>,
     /// The `[s3]` settings: their limits serve an upload to the job's
     /// ClearML task's own S3 destination too.
-    pub s3_config: crate::export::s3::S3Config,
+    pub(crate) s3_config: crate::export::s3::S3Config,
     /// Failed S3 uploads (checkpoints and the final one).
-    pub s3_errors: Arc<AtomicU64>,
-    pub clearml: Option<clearml::Reporter>,
+    pub(crate) s3_errors: Arc<AtomicU64>,
+    pub(crate) clearml: Option<clearml::Reporter>,
     /// The job's announcements of its ClearML task, for the reporter.
     job_tasks: Option<mpsc::Receiver<crate::event::inbox::JobTask>>,
     /// The checkpoint uploader: its stop switch and its task.
-    pub checkpoint_uploads: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+    pub(crate) checkpoint_uploads: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
     /// Where `/metrics` is served.
-    pub metrics: Option<std::net::SocketAddr>,
+    pub(crate) metrics: Option<std::net::SocketAddr>,
+}
+
+/// Why a run does not report to ClearML.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ClearmlOff {
+    /// Nothing asks for ClearML (the reason says what is missing).
+    #[error("{0}")]
+    Unconfigured(String),
+    /// clearml.conf could not be read.
+    #[error(transparent)]
+    Conf(clearml::ClearmlError),
 }
 
 /// The run's ClearML settings, or why the run does not report to ClearML
@@ -52,19 +63,20 @@ pub(super) struct Io {
 /// setup (clearml.conf) is enough to report into a task the job announces.
 pub(super) fn clearml_settings(
     config: &Config,
-) -> anyhow::Result<Result<clearml::Settings, String>> {
+) -> anyhow::Result<Result<clearml::Settings, ClearmlOff>> {
     let env = |v: &str| std::env::var(v).ok();
     let home = std::env::var_os("HOME").map(PathBuf::from);
     match clearml::resolve(&config.clearml, &env, home.as_deref()) {
         Ok(Some(settings)) => Ok(Ok(settings)),
-        Ok(None) => Ok(clearml::zero_config(&config.clearml, &env, home.as_deref())),
+        Ok(None) => Ok(clearml::zero_config(&config.clearml, &env, home.as_deref())
+            .map_err(ClearmlOff::Unconfigured)),
         Err(
             e @ (clearml::ClearmlError::Conf { .. }
             | clearml::ClearmlError::ConfRead { .. }
             | clearml::ClearmlError::ConfTooLarge { .. }),
         ) => {
             tracing::error!("ClearML reporting is off for this run: {e}");
-            Ok(Err(e.to_string()))
+            Ok(Err(ClearmlOff::Conf(e)))
         }
         Err(e) => Err(e.into()),
     }
@@ -73,7 +85,7 @@ pub(super) fn clearml_settings(
 impl Io {
     /// Starts the runtime, then the S3 uploader, the event socket and the
     /// HTTP server, each when configured.
-    pub fn start(
+    pub(crate) fn start(
         config: &Config,
         engine: SyncSender<Input>,
         self_register: bool,
@@ -242,7 +254,7 @@ impl Io {
         let local = listener.local_addr().unwrap_or(addr);
         tracing::debug!("metrics on http://{local}/metrics");
         self.metrics = Some(local);
-        let state = http::State {
+        let state = http::HttpState {
             snapshots: snapshots_rx,
             notices: self.link.as_ref().map(|l| l.notices.clone()),
         };
@@ -254,9 +266,9 @@ impl Io {
     /// Starts the ClearML reporter when the run reports to ClearML; it
     /// hears the job's announcements of its own task. Returns the channel
     /// the engine forwards its log entries on.
-    pub fn start_clearml(
+    pub(crate) fn start_clearml(
         &mut self,
-        clearml_settings: Result<clearml::Settings, String>,
+        clearml_settings: Result<clearml::Settings, ClearmlOff>,
         run: &RunInfo,
         run_dir: &Path,
     ) -> anyhow::Result<Option<mpsc::UnboundedSender<crate::model::Entry>>> {
@@ -300,7 +312,7 @@ impl Io {
 
     /// What the job's environment gains: `MEMTRACK_SOCKET` when the event
     /// socket is served.
-    pub fn job_env(&self, is_run: bool) -> Vec<(String, String)> {
+    pub(crate) fn job_env(&self, is_run: bool) -> Vec<(String, String)> {
         let mut job_env = Vec::new();
         if let Some(path) = self.socket_path() {
             job_env.push(("MEMTRACK_SOCKET".to_string(), path.display().to_string()));
@@ -317,11 +329,11 @@ impl Io {
         job_env
     }
 
-    pub fn socket_path(&self) -> Option<&Path> {
+    pub(crate) fn socket_path(&self) -> Option<&Path> {
         self.socket.as_ref().map(|s| s.path.as_path())
     }
 
-    pub fn stop(self) {
+    pub(crate) fn stop(self) {
         let _ = self.shutdown.send(true);
         self.runtime
             .shutdown_timeout(std::time::Duration::from_secs(1));

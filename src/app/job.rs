@@ -17,9 +17,9 @@ use crate::{sys, target};
 
 /// What the sampler follows, and when the run ends.
 pub(super) struct Followed {
-    pub tree: ProcTree,
-    pub end_when: EndWhen,
-    pub footprint: FootprintReader,
+    pub(crate) tree: ProcTree,
+    pub(crate) end_when: EndWhen,
+    pub(crate) footprint: FootprintReader,
 }
 
 /// Refuses to attach to a PID that does not exist, before anything starts.
@@ -69,9 +69,9 @@ pub(super) fn options(config: &Config, is_run: bool) -> (ProcOptions, FootprintO
 /// How the job is started: its extra environment, the run it belongs to
 /// (naming its cgroup) and the memory limit it runs under (bytes).
 pub(super) struct Launch<'a> {
-    pub env: &'a [(String, String)],
-    pub run_id: &'a str,
-    pub memory_limit: Option<u64>,
+    pub(crate) env: &'a [(String, String)],
+    pub(crate) run_id: &'a str,
+    pub(crate) memory_limit: Option<u64>,
 }
 
 /// Starts the job (`run`) or follows the given PIDs (`attach`).
@@ -242,9 +242,9 @@ fn spawn_job(
             let joined = std::fs::OpenOptions::new()
                 .write(true)
                 .open(cgroup.procs_path())
-                .map_err(|e| e.to_string())
+                .map_err(anyhow::Error::from)
                 .and_then(|procs| {
-                    target::spawn_in(argv, env, Some(procs)).map_err(|e| e.to_string())
+                    target::spawn_in(argv, env, Some(procs)).map_err(anyhow::Error::from)
                 });
             match joined {
                 Ok(child) => {

@@ -29,17 +29,17 @@ use crate::event::inbox::Input;
 use crate::shutdown::SignalThread;
 use crate::sys;
 
-pub use context::{Mode, Outcome};
+pub use context::{Mode, RunOutcome};
 pub use naming::{default_run_name, run_labels, LABEL_ENV};
 pub use resend::{clearml_resend, Resent};
-pub use run_dir::{prepare_run_dir, recover_leftovers};
+pub(crate) use run_dir::prepare_run_dir;
 
 use io::Io;
 use naming::{RunLabels, RunName};
 use run_dir::Cleanup;
 
 /// Runs `memtrack run` or `memtrack attach` to the end.
-pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
+pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     let name = RunName::choose(&mode, &config);
     job::check_attach_pids(&mode)?;
     let clearml_settings = io::clearml_settings(&config)?;
@@ -66,13 +66,13 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
     sys::raise_nofile_limit();
     let (tx, rx) = sync_channel::<Input>(65_536);
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
-    let clearml_off = clearml_settings.as_ref().err().map(String::as_str);
+    let clearml_off = clearml_settings.as_ref().err().map(ToString::to_string);
     let mut io = Io::start(
         &config,
         tx.clone(),
         self_register,
         store.snapshot(),
-        clearml_off,
+        clearml_off.as_deref(),
     )?;
     if let Some(s3) = &io.s3 {
         s3.record_destination(&run_dir);
@@ -152,7 +152,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<Outcome> {
                 .unwrap_or_default()
         );
     }
-    Ok(Outcome {
+    Ok(RunOutcome {
         exit_code: finish::exit_code(&ended, first_signal, is_run, export_failed),
         document: crate::files::shown(&saved.document),
     })

@@ -150,13 +150,13 @@ pub fn default_run_name(mode: &Mode) -> String {
 /// The run's name, and whether the user chose it (a chosen name is used as
 /// is; an automatic one gets `-2`, `-3`… when taken).
 pub(super) struct RunName {
-    pub name: String,
-    pub explicit: bool,
+    pub(crate) name: String,
+    pub(crate) explicit: bool,
 }
 
 impl RunName {
     /// The configured name, else one made from what the run follows.
-    pub fn choose(mode: &Mode, config: &Config) -> RunName {
+    pub(crate) fn choose(mode: &Mode, config: &Config) -> RunName {
         let explicit = !config.name.is_empty();
         let name = if explicit {
             config.name.clone()
@@ -170,9 +170,9 @@ impl RunName {
 /// Where the run happens: its host, its labels, and the name of its
 /// directory.
 pub(super) struct RunLabels {
-    pub host: String,
-    pub labels: BTreeMap<String, String>,
-    pub dir_name: String,
+    pub(crate) host: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) dir_name: String,
 }
 
 impl RunLabels {
@@ -180,7 +180,7 @@ impl RunLabels {
     /// folder name is checked here: a name or a rank that is not one plain
     /// folder name (`a/b`, `..`, a control character) is an error, never a
     /// path.
-    pub fn read(name: &str, config: &Config) -> anyhow::Result<RunLabels> {
+    pub(crate) fn read(name: &str, config: &Config) -> anyhow::Result<RunLabels> {
         let host = sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into());
         let labels = run_labels(&host, |v| std::env::var(v).ok(), &config.labels);
         check_folder_name("the run name", name)?;
@@ -216,7 +216,7 @@ fn check_rank(rank: &str) -> anyhow::Result<()> {
 
 /// `value` must be one plain folder name: not empty, not `.` or `..`, no
 /// `/`, no NUL or other control character, at most 255 bytes.
-pub fn check_folder_name(what: &str, value: &str) -> anyhow::Result<()> {
+pub(crate) fn check_folder_name(what: &str, value: &str) -> anyhow::Result<()> {
     let why = if value.is_empty() {
         Some("is empty")
     } else if value == "." || value == ".." {

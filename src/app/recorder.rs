@@ -18,7 +18,7 @@ use crate::model::{AttributionMode, GpuBackend, RunInfo};
 use crate::sample::gpu::GpuSampler;
 use crate::sample::Sampler;
 use crate::store::journal::Journal;
-use crate::store::{Limits, Store};
+use crate::store::Store;
 
 /// Opens the GPU backend and says which figures the run will have.
 /// Returns the sampler and the backend's description.
@@ -63,18 +63,7 @@ pub(super) fn open_store(
     gpu: &dyn GpuSampler,
     run_dir: &Path,
 ) -> anyhow::Result<(Store, Journal)> {
-    let limits = Limits {
-        max_timer_entries: config.log.max_timer_entries,
-        max_event_entries: config.log.max_event_entries,
-        target_series_points: config.log.target_series_points,
-        max_targets: config.log.max_targets,
-        max_components: config.log.max_components,
-        max_event_kinds: config.log.max_event_kinds,
-        max_open_spans: config.log.max_open_spans,
-        max_stages: config.log.max_stages,
-        ..Limits::default()
-    };
-    let mut store = Store::new(run, limits, config.pressure);
+    let mut store = Store::new(run, config.log, config.pressure);
     store.describe_gpus(gpu.devices(), gpu.attribution());
     let journal = Journal::create(run_dir, &mut store)
         .with_context(|| format!("cannot write to the run directory {}", run_dir.display()))?;

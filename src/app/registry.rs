@@ -47,7 +47,7 @@ pub struct LiveRun {
 }
 
 /// The folder memtrack keeps its per-user runtime state in.
-pub fn runtime_dir() -> PathBuf {
+pub(crate) fn runtime_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         let dir = PathBuf::from(dir);
         if dir.is_dir() {
@@ -62,12 +62,12 @@ pub fn runtime_dir() -> PathBuf {
 }
 
 /// The folder of run records.
-pub fn runs_dir() -> PathBuf {
+pub(crate) fn runs_dir() -> PathBuf {
     runtime_dir().join("runs")
 }
 
 /// The default folder of Prometheus discovery files.
-pub fn default_sd_dir() -> PathBuf {
+pub(crate) fn default_sd_dir() -> PathBuf {
     runtime_dir().join("sd")
 }
 

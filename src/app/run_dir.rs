@@ -14,7 +14,11 @@ use crate::store::journal;
 /// is used as is, if it is free or this user's own folder; an automatic one
 /// gets `-2`, `-3`… when taken. Runs left behind by a killed memtrack under
 /// the same output root are recovered first.
-pub fn prepare_run_dir(output: &Path, name: &str, explicit: bool) -> anyhow::Result<PathBuf> {
+pub(crate) fn prepare_run_dir(
+    output: &Path,
+    name: &str,
+    explicit: bool,
+) -> anyhow::Result<PathBuf> {
     crate::files::create_dir_all(output)
         .with_context(|| format!("cannot create output directory {}", output.display()))?;
     recover_leftovers(output);
@@ -48,7 +52,7 @@ pub fn prepare_run_dir(output: &Path, name: &str, explicit: bool) -> anyhow::Res
 
 /// Rebuilds `memory_usage.json` of runs whose daemon died. Live runs (lock
 /// held) are left alone.
-pub fn recover_leftovers(output: &Path) {
+pub(crate) fn recover_leftovers(output: &Path) {
     let Ok(entries) = std::fs::read_dir(output) else {
         return;
     };
@@ -116,7 +120,7 @@ impl Cleanup<'_> {
         }
     }
 
-    pub fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
 }

@@ -36,11 +36,11 @@ use crate::model::Entry;
 use crate::sample::{gpu, Sample, Sampler};
 use crate::store::journal::Journal;
 use crate::store::snapshot::{Histogram, Snapshot};
-use crate::store::{Outcome, Record, SampleKind, Store};
+use crate::store::{Applied, Record, SampleKind, Store};
 use crate::units::unix_now;
 use flight::{Death, Flight};
 
-pub use options::{EndWhen, Ended, EngineOptions, EventLink};
+pub(crate) use options::{EndWhen, Ended, EngineOptions, EventLink};
 
 /// Longest wait, once the run is over, for clients to finish sending.
 const DRAIN_MAX: Duration = Duration::from_secs(2);
@@ -50,7 +50,7 @@ const DRAIN_POLL: Duration = Duration::from_millis(5);
 const BATCH_MAX: usize = 4096;
 
 /// The state owner.
-pub struct Engine {
+pub(crate) struct Engine {
     sampler: Sampler,
     store: Store,
     journal: Option<Journal>,
@@ -139,30 +139,30 @@ impl Engine {
         }
     }
 
-    pub fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.store
     }
 
     /// Bumped after every successful checkpoint (uploads at checkpoints).
-    pub fn notify_checkpoints(&mut self, tx: watch::Sender<u64>) {
+    pub(crate) fn notify_checkpoints(&mut self, tx: watch::Sender<u64>) {
         self.checkpoints = Some(tx);
     }
 
     /// Publishes `counter` as `memtrack_export_errors_total{exporter=name}`.
-    pub fn count_export_errors(&mut self, name: &str, counter: Arc<AtomicU64>) {
+    pub(crate) fn count_export_errors(&mut self, name: &str, counter: Arc<AtomicU64>) {
         self.export_errors.push((name.to_string(), counter));
     }
 
     /// Every log entry recorded from now on is also sent here (the ClearML
     /// reporter). The send never blocks: the receiver drains it into its
     /// own bounded queue and spool file.
-    pub fn forward_entries(&mut self, tx: tokio::sync::mpsc::UnboundedSender<Entry>) {
+    pub(crate) fn forward_entries(&mut self, tx: tokio::sync::mpsc::UnboundedSender<Entry>) {
         self.entries = Some(tx);
     }
 
     /// Applies a record and journals it; forwards its entry, announces the
     /// pressure it crossed and keeps a flight window for a death.
-    fn commit(&mut self, record: Record) -> Outcome {
+    fn commit(&mut self, record: Record) -> Applied {
         let death = self.flight.as_mut().and_then(|f| f.death(&record));
         let outcome = self.store.apply(&record);
         if let (Some(tx), Some(entry)) = (&self.entries, &outcome.entry) {
@@ -178,7 +178,7 @@ impl Engine {
     }
 
     /// Takes one sample and commits it.
-    fn sample(&mut self, kind: SampleKind) -> Outcome {
+    fn sample(&mut self, kind: SampleKind) -> Applied {
         let mut sample = Sample::default();
         match kind {
             SampleKind::Timer => self.sampler.sample(&mut sample),
@@ -274,7 +274,7 @@ impl Engine {
     ///
     /// The first sample is published at once, so `/metrics` has data
     /// from the start.
-    pub fn run(mut self, rx: &Receiver<Input>) -> (Ended, Store) {
+    pub(crate) fn run(mut self, rx: &Receiver<Input>) -> (Ended, Store) {
         let start = Instant::now();
         self.start_flight();
         self.sample(SampleKind::Event);

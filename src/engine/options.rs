@@ -12,16 +12,16 @@ use crate::model::Exit;
 
 /// The engine's link to the event socket.
 #[derive(Debug, Clone)]
-pub struct EventLink {
-    pub notices: broadcast::Sender<Notice>,
-    pub stats: Arc<Stats>,
+pub(crate) struct EventLink {
+    pub(crate) notices: broadcast::Sender<Notice>,
+    pub(crate) stats: Arc<Stats>,
     /// `attach` without PIDs: processes that mark join the tree.
-    pub self_register: bool,
+    pub(crate) self_register: bool,
 }
 
 /// When the run is over, besides a stop request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndWhen {
+pub(crate) enum EndWhen {
     /// `run`: when the spawned job exits.
     JobExits,
     /// `attach --pid`: when every followed process has exited.
@@ -32,24 +32,24 @@ pub enum EndWhen {
 
 /// Engine settings.
 #[derive(Debug, Clone)]
-pub struct EngineOptions {
-    pub interval: Duration,
-    pub checkpoint_interval: Duration,
+pub(crate) struct EngineOptions {
+    pub(crate) interval: Duration,
+    pub(crate) checkpoint_interval: Duration,
     /// Buffered journal records are handed to the kernel at least this
     /// often (events are flushed at once).
-    pub journal_flush: Duration,
-    pub end_when: EndWhen,
+    pub(crate) journal_flush: Duration,
+    pub(crate) end_when: EndWhen,
     /// The OOM flight recorder: `(interval, window)`, or off.
-    pub flight: Option<(Duration, Duration)>,
+    pub(crate) flight: Option<(Duration, Duration)>,
 }
 
 /// How the run ended, for the caller's exit code and report.
 #[derive(Debug, Clone)]
-pub struct Ended {
-    pub job_exit: Option<Exit>,
-    pub stopped_by_request: bool,
+pub(crate) struct Ended {
+    pub(crate) job_exit: Option<Exit>,
+    pub(crate) stopped_by_request: bool,
     /// A second signal: skip everything that can wait on the network.
-    pub urgent: bool,
+    pub(crate) urgent: bool,
     /// Problems writing the final files, already logged.
-    pub write_error: Option<String>,
+    pub(crate) write_error: Option<String>,
 }

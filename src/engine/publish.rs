@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::Engine;
 use crate::event::protocol::Notice;
-use crate::store::Outcome;
+use crate::store::Applied;
 
 /// Snapshots for exporters are published at most this often.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
@@ -49,7 +49,7 @@ impl Engine {
     }
 
     /// Logs the pressure levels a record crossed and tells subscribers.
-    pub(super) fn announce(&self, outcome: &Outcome) {
+    pub(super) fn announce(&self, outcome: &Applied) {
         for alert in &outcome.alerts {
             tracing::warn!(resource = %alert.resource, level = %alert.level, "{}", alert.message);
             if let Some(link) = &self.events {

@@ -49,7 +49,7 @@ impl Connection {
     }
 
     /// Reads one reply line. A reply with `"ok": false` is an error.
-    pub fn reply(&mut self) -> anyhow::Result<serde_json::Value> {
+    pub(crate) fn reply(&mut self) -> anyhow::Result<serde_json::Value> {
         let mut line = String::new();
         let n = self
             .reader
@@ -166,7 +166,7 @@ fn bar(ratio: f64, width: usize) -> String {
 
 /// One frame of `memtrack watch`: bars for host RAM and each GPU, then the
 /// status report (processes, peaks, spans, stages).
-pub fn format_watch(v: &serde_json::Value, clock: &str) -> String {
+pub(crate) fn format_watch(v: &serde_json::Value, clock: &str) -> String {
     use std::fmt::Write;
     let num = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0);
     let level = |resource: &str| {

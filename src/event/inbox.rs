@@ -11,7 +11,7 @@ use crate::sys;
 
 /// Messages to the engine.
 #[derive(Debug)]
-pub enum Input {
+pub(crate) enum Input {
     /// The job spawned by `run` ended (reaped by its waiter thread).
     JobExited { pid: u32, reaped: sys::Reaped },
     /// Finish the run: a final sample and every flush. `urgent` (a second
@@ -28,36 +28,36 @@ pub enum Input {
 
 /// A request read from a client, with where to send the reply line.
 #[derive(Debug)]
-pub struct ClientRequest {
+pub(crate) struct ClientRequest {
     /// The sender (`SO_PEERCRED`).
-    pub pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     /// When the line arrived (Unix seconds).
-    pub received: f64,
-    pub request: Request,
-    pub reply: Option<oneshot::Sender<Vec<u8>>>,
+    pub(crate) received: f64,
+    pub(crate) request: Request,
+    pub(crate) reply: Option<oneshot::Sender<Vec<u8>>>,
 }
 
 /// Announcements of the job's ClearML task waiting for the reporter: a
 /// job that announces faster than the reporter answers waits (its socket
 /// buffer fills) instead of growing memtrack's memory.
-pub const JOB_TASK_QUEUE: usize = 64;
+pub(crate) const JOB_TASK_QUEUE: usize = 64;
 
 /// The job's announcement of its own ClearML task.
 #[derive(Debug)]
 pub struct JobTask {
-    pub id: String,
+    pub(crate) id: String,
     /// Answered once the task is taken up (and the artifact registered,
     /// when one is expected) or turned down.
-    pub reply: Option<oneshot::Sender<JobTaskReply>>,
+    pub(crate) reply: Option<oneshot::Sender<JobTaskReply>>,
 }
 
 /// What became of a [`JobTask`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobTaskReply {
     /// memtrack reports into the announced task.
-    pub reporting: bool,
+    pub(crate) reporting: bool,
     /// The `memory_usage` artifact is registered on it.
-    pub artifact: bool,
+    pub(crate) artifact: bool,
     /// In words, for the job's log.
-    pub message: String,
+    pub(crate) message: String,
 }

@@ -3,6 +3,6 @@
 //! socket server feeding the engine, `client` the CLI's side.
 
 pub mod client;
-pub mod inbox;
+pub(crate) mod inbox;
 pub mod protocol;
-pub mod server;
+pub(crate) mod server;

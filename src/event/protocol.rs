@@ -11,7 +11,7 @@ use crate::model::Entry;
 use crate::model::{Allocator, MAX_DEVICE_BYTES};
 
 /// Protocol version spoken by this daemon.
-pub const VERSION: u64 = 1;
+pub(crate) const VERSION: u64 = 1;
 /// Longest line accepted, newline included.
 pub const MAX_LINE: usize = 65_536;
 const MAX_NAME: usize = 128;
@@ -79,7 +79,7 @@ pub enum Message {
 
 impl Message {
     /// Whether the message is recorded with a sample.
-    pub fn needs_sample(&self) -> bool {
+    pub(crate) fn needs_sample(&self) -> bool {
         matches!(
             self,
             Message::Mark(_)
@@ -116,9 +116,9 @@ pub enum ErrorCode {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code:?}: {message}")]
 pub struct ProtocolError {
-    pub code: ErrorCode,
-    pub message: String,
-    pub id: Option<Id>,
+    pub(crate) code: ErrorCode,
+    pub(crate) message: String,
+    pub(crate) id: Option<Id>,
 }
 
 impl ProtocolError {
@@ -458,7 +458,7 @@ pub fn error_line(e: &ProtocolError) -> Vec<u8> {
 }
 
 /// `{"ok":true,"type":KIND,"id":…, …fields}`.
-pub fn ok_line(
+pub(crate) fn ok_line(
     kind: &str,
     id: &Option<Id>,
     fields: serde_json::Map<String, serde_json::Value>,
@@ -474,7 +474,7 @@ pub fn ok_line(
 }
 
 /// The reply to a recorded mark, span or stage.
-pub fn recorded_line(id: &Option<Id>, entry: &Entry) -> Vec<u8> {
+pub(crate) fn recorded_line(id: &Option<Id>, entry: &Entry) -> Vec<u8> {
     let mut fields = serde_json::Map::new();
     fields.insert(
         "entry".into(),
@@ -484,7 +484,7 @@ pub fn recorded_line(id: &Option<Id>, entry: &Entry) -> Vec<u8> {
 }
 
 /// A notice as a line.
-pub fn notice_line(n: &Notice) -> Vec<u8> {
+pub(crate) fn notice_line(n: &Notice) -> Vec<u8> {
     line(n)
 }
 

@@ -35,48 +35,48 @@ const ENGINE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Who may connect, and how many at once.
 #[derive(Debug, Clone)]
-pub struct Access {
+pub(crate) struct Access {
     /// Our own uid: always allowed.
-    pub uid: u32,
-    pub allow_uids: Vec<u32>,
+    pub(crate) uid: u32,
+    pub(crate) allow_uids: Vec<u32>,
     /// With a group, the socket is 0660 and the file system decides.
-    pub group: Option<u32>,
-    pub max_connections: usize,
+    pub(crate) group: Option<u32>,
+    pub(crate) max_connections: usize,
 }
 
 /// Counters the engine copies into the run's counters.
 #[derive(Debug, Default)]
-pub struct Stats {
-    pub protocol_errors: AtomicU64,
-    pub dropped: AtomicU64,
-    pub refused: AtomicU64,
-    pub rejected_connections: AtomicU64,
+pub(crate) struct Stats {
+    pub(crate) protocol_errors: AtomicU64,
+    pub(crate) dropped: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) rejected_connections: AtomicU64,
     /// Clients disconnected because they stopped reading their replies.
-    pub slow_clients: AtomicU64,
-    pub connections: AtomicUsize,
+    pub(crate) slow_clients: AtomicU64,
+    pub(crate) connections: AtomicUsize,
 }
 
 /// What connection tasks share.
 #[derive(Debug)]
-pub struct Shared {
-    pub engine: SyncSender<Input>,
-    pub notices: broadcast::Sender<Notice>,
-    pub stats: Arc<Stats>,
-    pub access: Access,
+pub(crate) struct Shared {
+    pub(crate) engine: SyncSender<Input>,
+    pub(crate) notices: broadcast::Sender<Notice>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) access: Access,
     /// The ClearML reporter's intake for `clearml_task` announcements;
     /// `None` (or closed) when the run does not report to ClearML.
-    pub clearml: Option<mpsc::Sender<crate::event::inbox::JobTask>>,
+    pub(crate) clearml: Option<mpsc::Sender<crate::event::inbox::JobTask>>,
     /// Why the run does not report to ClearML, for a job that announces a
     /// task anyway (empty: not known).
-    pub clearml_off: String,
+    pub(crate) clearml_off: String,
     /// The line that says so, limited by time: a job announcing in a loop
     /// costs a few lines.
-    pub clearml_off_said: std::sync::Mutex<crate::logging::RateLimited>,
+    pub(crate) clearml_off_said: std::sync::Mutex<crate::logging::RateLimited>,
 }
 
 /// Why the socket could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub enum BindError {
+pub(crate) enum BindError {
     #[error("socket {0} is in use by a running memtrack; stop it or choose another --socket")]
     InUse(PathBuf),
     #[error("{0} exists and is not a socket; refusing to replace it")]
@@ -89,8 +89,8 @@ pub enum BindError {
 
 /// The socket file; removed when dropped unless systemd owns it.
 #[derive(Debug)]
-pub struct SocketFile {
-    pub path: PathBuf,
+pub(crate) struct SocketFile {
+    pub(crate) path: PathBuf,
     listener: Option<std::os::unix::net::UnixListener>,
     /// False for a socket systemd created (socket activation).
     owned: bool,
@@ -98,14 +98,16 @@ pub struct SocketFile {
 
 impl SocketFile {
     /// The bound listener, for the runtime that serves it.
-    pub fn take_listener(&mut self) -> Option<std::os::unix::net::UnixListener> {
+    pub(crate) fn take_listener(&mut self) -> Option<std::os::unix::net::UnixListener> {
         self.listener.take()
     }
 }
 
 impl SocketFile {
     /// Adopts the socket systemd passed (socket activation).
-    pub fn from_systemd(listener: std::os::unix::net::UnixListener) -> std::io::Result<SocketFile> {
+    pub(crate) fn from_systemd(
+        listener: std::os::unix::net::UnixListener,
+    ) -> std::io::Result<SocketFile> {
         listener.set_nonblocking(true)?;
         let path = listener
             .local_addr()?
@@ -134,7 +136,7 @@ impl Drop for SocketFile {
 /// started on one path at once exactly one gets it (a rename would let the
 /// second silently take it from the first). A stale socket (nobody answers)
 /// is replaced; a live one is not.
-pub fn bind(path: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
+pub(crate) fn bind(path: &Path, group: Option<u32>) -> Result<SocketFile, BindError> {
     let io_err = |source| BindError::Io {
         path: path.to_path_buf(),
         source,
@@ -227,7 +229,7 @@ fn remove_if_stale(path: &Path) -> Result<(), BindError> {
 }
 
 /// Accepts connections until `shutdown` turns true.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: UnixListener,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
@@ -643,7 +645,7 @@ async fn forward_notices(mut rx: broadcast::Receiver<Notice>, out: mpsc::Sender<
 
 /// The socket path used when none is configured: in `$XDG_RUNTIME_DIR`
 /// when set, else in a private `/tmp/memtrack-<uid>` directory.
-pub fn default_path() -> io::Result<PathBuf> {
+pub(crate) fn default_path() -> io::Result<PathBuf> {
     let name = format!("memtrack-{}.sock", std::process::id());
     if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         let dir = PathBuf::from(dir);

@@ -12,18 +12,18 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 /// How long a step runs before the wait is announced.
-pub const PROGRESS_AFTER: Duration = Duration::from_secs(2);
+pub(crate) const PROGRESS_AFTER: Duration = Duration::from_secs(2);
 
 /// The time left for the end of a run.
 #[derive(Debug, Clone, Copy)]
-pub struct Deadline {
+pub(crate) struct Deadline {
     start: Instant,
     limit: Duration,
 }
 
 impl Deadline {
     /// Starts the clock now.
-    pub fn start(limit: Duration) -> Deadline {
+    pub(crate) fn start(limit: Duration) -> Deadline {
         Deadline {
             start: Instant::now(),
             limit,
@@ -31,22 +31,23 @@ impl Deadline {
     }
 
     /// The whole allowance (`finish_timeout`).
-    pub fn limit(&self) -> Duration {
+    pub(crate) fn limit(&self) -> Duration {
         self.limit
     }
 
-    pub fn remaining(&self) -> Duration {
+    pub(crate) fn remaining(&self) -> Duration {
         self.limit.saturating_sub(self.start.elapsed())
     }
 
-    pub fn expired(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn expired(&self) -> bool {
         self.remaining().is_zero()
     }
 
     /// Runs `work` until it ends (`Some`) or the deadline passes (`None`,
     /// `work` dropped). A wait longer than [`PROGRESS_AFTER`] is announced
     /// once, naming `what` and the time left.
-    pub async fn bound<F: Future>(&self, what: &str, work: F) -> Option<F::Output> {
+    pub(crate) async fn bound<F: Future>(&self, what: &str, work: F) -> Option<F::Output> {
         let work = self.announce(what, work);
         tokio::time::timeout(self.remaining(), work).await.ok()
     }
@@ -54,7 +55,7 @@ impl Deadline {
     /// Runs `work` to its end (it bounds itself, e.g. by a timeout taken
     /// from [`Deadline::remaining`]), announcing a long wait as
     /// [`Deadline::bound`] does.
-    pub async fn announce<F: Future>(&self, what: &str, work: F) -> F::Output {
+    pub(crate) async fn announce<F: Future>(&self, what: &str, work: F) -> F::Output {
         tokio::pin!(work);
         tokio::select! {
             out = &mut work => return out,

@@ -5,7 +5,7 @@
 //! request never reaches the sampler. Hostile clients are bounded, and
 //! cannot lock others out: connections are served concurrently, at most
 //! `max_connections` at once and a quarter of that per client (a local
-//! user, or a remote address: [`super::peer`]). A client at its share, or
+//! user, or a remote address: `super::peer`). A client at its share, or
 //! a new client finding every connection taken, makes room by closing the
 //! oldest connection that is not in the middle of a request (idle, slow to
 //! send its head, or not reading its reply) — the client's own, or that
@@ -42,9 +42,9 @@ use crate::units::{unix_now, MIB};
 /// Longest time a client may take to send its request headers or body.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request head accepted.
-pub const MAX_HEAD: usize = 16 * 1024;
+pub(crate) const MAX_HEAD: usize = 16 * 1024;
 /// Largest request body accepted (`/cleanup-memory` takes none).
-pub const MAX_BODY: usize = 1024;
+pub(crate) const MAX_BODY: usize = 1024;
 
 /// `POST /cleanup-memory` is honoured at most once per this long: each
 /// one runs every subscribed client's cleanup handler (`gc.collect()`,
@@ -54,12 +54,12 @@ pub const CLEANUP_MIN_INTERVAL: Duration = Duration::from_secs(5);
 
 /// What the handlers read.
 #[derive(Debug, Clone)]
-pub struct State {
+pub struct HttpState {
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
     pub notices: Option<broadcast::Sender<Notice>>,
 }
 
-/// The server's own state beside [`State`]: the cleanup throttle and what
+/// The server's own state beside [`HttpState`]: the cleanup throttle and what
 /// the guards counted.
 #[derive(Debug, Default)]
 struct Guard {
@@ -145,7 +145,7 @@ const ROUTES: &[(&str, &str)] = &[
 ];
 
 /// Answers one request.
-async fn handle(state: &State, guard: &Guard, req: Request<Incoming>) -> Response<Body> {
+async fn handle(state: &HttpState, guard: &Guard, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let Some((_, allow)) = ROUTES.iter().find(|(p, _)| *p == path) else {
         return error(StatusCode::NOT_FOUND, "no such endpoint; see GET /");
@@ -247,7 +247,7 @@ async fn handle(state: &State, guard: &Guard, req: Request<Incoming>) -> Respons
 
 /// `/memory-info`: current and peak figures per process, component and
 /// GPU, with pressure levels, in MiB and percent.
-pub fn memory_info(snap: &Snapshot) -> serde_json::Value {
+pub(crate) fn memory_info(snap: &Snapshot) -> serde_json::Value {
     let level = |resource: &str| {
         snap.levels
             .get(resource)
@@ -409,7 +409,7 @@ impl Drop for Busy {
 /// Serves HTTP until `shutdown` turns true.
 pub async fn serve(
     listener: TcpListener,
-    state: State,
+    state: HttpState,
     max_connections: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -465,7 +465,7 @@ fn admit(
     max_connections: usize,
     slots: &Arc<Mutex<Slots>>,
     guard: &Arc<Guard>,
-    state: &Arc<State>,
+    state: &Arc<HttpState>,
     shutdown: &watch::Receiver<bool>,
 ) {
     let (id, busy, evict) = {

@@ -2,10 +2,10 @@
 //! ever calls a sampler.
 
 pub mod clearml;
-pub mod finish;
+pub(crate) mod finish;
 pub mod http;
-pub mod mlflow;
-pub mod peer;
+pub(crate) mod mlflow;
+pub(crate) mod peer;
 pub mod prometheus;
 pub mod s3;
 pub mod task_note;

@@ -14,7 +14,7 @@ use std::path::Path;
 
 /// One client, for per-client connection limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Peer {
+pub(crate) enum Peer {
     /// A local user (loopback connection whose socket owner was found).
     Uid(u32),
     /// Any other client, or a local one whose owner could not be read.
@@ -71,7 +71,8 @@ fn sockets(table: &str) -> impl Iterator<Item = (SocketAddr, SocketAddr, u32)> +
 
 /// The owner of the socket whose local address is `client` and remote
 /// address is `server`, from a `/proc/net/tcp{,6}` table.
-pub fn owner_in(table: &str, client: SocketAddr, server: SocketAddr) -> Option<u32> {
+#[cfg(test)]
+pub(crate) fn owner_in(table: &str, client: SocketAddr, server: SocketAddr) -> Option<u32> {
     let (client, server) = (canonical(client), canonical(server));
     sockets(table)
         .find(|(local, remote, _)| *local == client && *remote == server)
@@ -86,7 +87,7 @@ pub fn owner_in(table: &str, client: SocketAddr, server: SocketAddr) -> Option<u
 /// read, each at most once for the whole batch, `tcp` and `tcp6` both: a
 /// client may reach a dual-stack listener from an IPv4 socket (listed in
 /// `tcp`) or from an IPv6 one bound to `::ffff:a.b.c.d` (listed in `tcp6`).
-pub fn identify(net: &Path, connections: &[(SocketAddr, SocketAddr)]) -> Vec<Peer> {
+pub(crate) fn identify(net: &Path, connections: &[(SocketAddr, SocketAddr)]) -> Vec<Peer> {
     identify_with(crate::sys::SockDiag::open().ok(), net, connections)
 }
 

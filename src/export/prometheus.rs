@@ -26,7 +26,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::Gauge => "gauge",
             Kind::Counter => "counter",
@@ -200,7 +200,7 @@ impl Families {
 }
 
 /// The run labels every series carries.
-pub fn run_labels(snap: &Snapshot) -> Vec<(String, String)> {
+pub(crate) fn run_labels(snap: &Snapshot) -> Vec<(String, String)> {
     let mut l = vec![
         ("run".to_string(), snap.run.name.clone()),
         ("host".to_string(), snap.run.host.clone()),
@@ -227,7 +227,7 @@ pub fn families(snap: &Snapshot, me: Option<SelfUsage>) -> Vec<MetricFamily> {
 /// The snapshot and the server's counters as metric families, in
 /// [`METRICS`] order. Device-level GPU series are left out while NVML does
 /// not answer: no data rather than the last values of a lost GPU.
-pub fn families_with(
+pub(crate) fn families_with(
     snap: &Snapshot,
     me: Option<SelfUsage>,
     server: &ServerCounters,
@@ -767,7 +767,7 @@ pub fn render_with(snap: &Snapshot, me: Option<SelfUsage>, server: &ServerCounte
 }
 
 /// The `Content-Type` of [`render`]'s output.
-pub fn content_type() -> &'static str {
+pub(crate) fn content_type() -> &'static str {
     prometheus::TEXT_FORMAT
 }
 

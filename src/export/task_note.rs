@@ -18,21 +18,21 @@ pub const TASK_FILE: &str = "clearml-task.json";
 /// What [`TASK_FILE`] holds.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TaskFile {
-    pub id: String,
+    pub(crate) id: String,
     #[serde(default)]
-    pub name: String,
+    pub(crate) name: String,
     #[serde(default)]
-    pub project: String,
+    pub(crate) project: String,
     /// memtrack created the task, so memtrack ends it.
     #[serde(default)]
-    pub created: bool,
+    pub(crate) created: bool,
 }
 
 /// Notes `note` in `run_dir`'s [`TASK_FILE`], unless a note is already
 /// there (the reporter's, which knows whether memtrack created the task).
 /// Best effort: without it a resend or a later upload needs to be told the
 /// task.
-pub fn note_unless_present(run_dir: &Path, note: &TaskFile) {
+pub(crate) fn note_unless_present(run_dir: &Path, note: &TaskFile) {
     let path = run_dir.join(TASK_FILE);
     if path.exists() {
         return;
@@ -41,7 +41,7 @@ pub fn note_unless_present(run_dir: &Path, note: &TaskFile) {
 }
 
 /// Writes `note` to `path` (atomically); a failure is logged, not fatal.
-pub fn write(path: &Path, note: &TaskFile) {
+pub(crate) fn write(path: &Path, note: &TaskFile) {
     let written = serde_json::to_vec_pretty(note)
         .map_err(std::io::Error::other)
         .and_then(|bytes| {

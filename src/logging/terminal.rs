@@ -16,7 +16,7 @@ use std::fmt::Write;
 /// sequences; `U+009B` is a one-byte `CSI` to some terminals), the
 /// bidirectional marks, embeddings, overrides and isolates that reorder a
 /// line, and the line and paragraph separators.
-pub fn is_control(c: char) -> bool {
+pub(crate) fn is_control(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
@@ -47,20 +47,20 @@ fn escape_if(s: &str, bad: impl Fn(char) -> bool) -> Cow<'_, str> {
 
 /// One name or value on one line: every control escaped, newlines and
 /// tabs included.
-pub fn escape(s: &str) -> Cow<'_, str> {
+pub(crate) fn escape(s: &str) -> Cow<'_, str> {
     escape_if(s, is_control)
 }
 
 /// Text of several lines that memtrack laid out (a report, a status
 /// view, a log line): newlines and tabs stay, every other control is
 /// escaped.
-pub fn escape_text(s: &str) -> Cow<'_, str> {
+pub(crate) fn escape_text(s: &str) -> Cow<'_, str> {
     escape_if(s, |c| is_control(c) && c != '\n' && c != '\t')
 }
 
 /// Whatever a command writes to stdout (text or JSON): the ASCII
 /// controls other than newline and tab become `\u{1b}`, as in
-/// [`escape`]; the others (C1 controls, bidirectional overrides) become
+/// `escape`; the others (C1 controls, bidirectional overrides) become
 /// `\uXXXX`. JSON writers escape the ASCII controls but print the others
 /// raw, and those appear only inside strings, where `\uXXXX` is the same
 /// value to a JSON reader and inert on a terminal.

@@ -12,14 +12,14 @@ use std::path::{Path, PathBuf};
 use crate::model::{Document, DocumentOf};
 
 /// The file name, as the trackers memtrack replaces name it.
-pub const FILE_NAME: &str = "memory_usage.json";
+pub(crate) const FILE_NAME: &str = "memory_usage.json";
 
 /// Why a file could not be written, with the path.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write {path}: {source}{hint}")]
 pub struct WriteError {
-    pub path: PathBuf,
-    pub source: io::Error,
+    pub(crate) path: PathBuf,
+    pub(crate) source: io::Error,
     hint: &'static str,
 }
 
@@ -41,14 +41,14 @@ impl WriteError {
 }
 
 /// Replaces `path` with `bytes` atomically.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     write_atomic_with(path, |w| w.write_all(bytes))
 }
 
 /// [`write_atomic`] for content written by `fill` through a buffered
 /// writer, so a large document never sits whole in memory: a multi-MiB
 /// buffer per checkpoint made the allocator's heap creep up.
-pub fn write_atomic_with(
+pub(crate) fn write_atomic_with(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<(), WriteError> {
@@ -89,7 +89,7 @@ pub fn write_document<L: serde::Serialize>(
 
 /// Reads a document (any schema version, or a bare file: only
 /// `detailed_log` and `peak_usage`).
-pub fn read_document(path: &Path) -> anyhow::Result<Document> {
+pub(crate) fn read_document(path: &Path) -> anyhow::Result<Document> {
     use anyhow::Context;
     let meta = crate::files::open_input(path)
         .and_then(|f| f.metadata())
@@ -109,7 +109,7 @@ pub fn read_document(path: &Path) -> anyhow::Result<Document> {
 
 /// Files larger than this are refused by the readers (a memtrack file is
 /// bounded far below it).
-pub const MAX_DOCUMENT_BYTES: u64 = 1 << 30;
+pub(crate) const MAX_DOCUMENT_BYTES: u64 = 1 << 30;
 
 #[cfg(test)]
 mod tests {

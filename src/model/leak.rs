@@ -8,8 +8,8 @@
 //! # The rule
 //!
 //! A series is judged only when it spans at least
-//! [`LeakConfig::min_duration_s`] (20 s, see [`MIN_JUDGED_RUN_S`]) and
-//! keeps at least [`LeakConfig::min_points`] (12) samples after warm-up.
+//! `LeakConfig::min_duration_s` (20 s, see `MIN_JUDGED_RUN_S`) and
+//! keeps at least `LeakConfig::min_points` (12) samples after warm-up.
 //! The first `warmup_fraction` (20 %) of the series — at least
 //! `warmup_min_s` (2 s), at most `warmup_max_s` (10 min) — is start-up
 //! (imports, model load, CUDA context, allocator pools) and is ignored; the
@@ -59,8 +59,8 @@
 //!
 //! # How short a run can be judged
 //!
-//! 20 s of samples and 12 points in the window ([`MIN_JUDGED_RUN_S`],
-//! [`MIN_JUDGED_POINTS`]). Twelve points is what the rule needs: four
+//! 20 s of samples and 12 points in the window (`MIN_JUDGED_RUN_S`,
+//! `MIN_JUDGED_POINTS`). Twelve points is what the rule needs: four
 //! parts of three points each for the step test (a median of fewer is one
 //! noisy sample), and Sen's 99 % interval cannot exclude 0 with fewer than
 //! about 8 points even for a perfectly straight line. 20 s keeps that at
@@ -89,10 +89,10 @@ use crate::units::duration_one_unit;
 
 /// The shortest series, in seconds, that is judged at all (see the module
 /// documentation for the reasons).
-pub const MIN_JUDGED_RUN_S: f64 = 20.0;
+pub(crate) const MIN_JUDGED_RUN_S: f64 = 20.0;
 
 /// The fewest samples after warm-up that are judged.
-pub const MIN_JUDGED_POINTS: usize = 12;
+pub(crate) const MIN_JUDGED_POINTS: usize = 12;
 
 /// Thresholds of the leak rule. Every field has a default, so a partial
 /// TOML or JSON table works.
@@ -100,39 +100,39 @@ pub const MIN_JUDGED_POINTS: usize = 12;
 #[serde(default, deny_unknown_fields)]
 pub struct LeakConfig {
     /// Series shorter than this (seconds) are not judged.
-    pub min_duration_s: f64,
+    pub(crate) min_duration_s: f64,
     /// Fewer samples than this after warm-up are not judged.
-    pub min_points: usize,
+    pub(crate) min_points: usize,
     /// Share of the series treated as warm-up…
-    pub warmup_fraction: f64,
+    pub(crate) warmup_fraction: f64,
     /// …but at least this many seconds…
-    pub warmup_min_s: f64,
+    pub(crate) warmup_min_s: f64,
     /// …and at most this many.
-    pub warmup_max_s: f64,
+    pub(crate) warmup_max_s: f64,
     /// The window judged is at most the last this many seconds.
-    pub window_max_s: f64,
+    pub(crate) window_max_s: f64,
     /// Two-sided level of Sen's confidence interval (0.01: a 99 % interval).
-    pub alpha: f64,
+    pub(crate) alpha: f64,
     /// Slower growth is not worth reporting (MiB per hour).
-    pub min_rate_mib_per_hour: f64,
+    pub(crate) min_rate_mib_per_hour: f64,
     /// Growth over the window must reach this many MiB…
-    pub min_growth_mib: f64,
+    pub(crate) min_growth_mib: f64,
     /// …and this share of the level at the window's start.
-    pub min_growth_fraction: f64,
+    pub(crate) min_growth_fraction: f64,
     /// Consecutive parts of the window compared by the step test.
-    pub segments: usize,
+    pub(crate) segments: usize,
     /// The slowest part-to-part rate over the fastest must reach this.
-    pub min_segment_ratio: f64,
+    pub(crate) min_segment_ratio: f64,
     /// The second half's slope over the first half's must reach this.
-    pub min_half_ratio: f64,
+    pub(crate) min_half_ratio: f64,
     /// Windows with more samples are bucketed down to this many points.
-    pub max_points: usize,
+    pub(crate) max_points: usize,
     /// A rise between neighbours larger than this many robust standard
     /// deviations of the rises (and than half `min_growth_mib`) is a jump.
-    pub jump_sigmas: f64,
+    pub(crate) jump_sigmas: f64,
     /// Up to this many upward jumps are set aside as one-time steps; more
     /// are a staircase, judged as it is.
-    pub max_steps: usize,
+    pub(crate) max_steps: usize,
 }
 
 impl Default for LeakConfig {
@@ -226,7 +226,7 @@ impl Verdict {
 /// two shapes lacks are `None` and not written. Read leniently
 /// ([`LeakReport::from_value`]): a field a file lacks takes its default.
 ///
-/// The block is written through [`LeakReport::to_value`], whose objects
+/// The block is written through `LeakReport::to_value`, whose objects
 /// keep their keys sorted, as the files have always had them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -289,7 +289,7 @@ fn config_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<LeakC
 
 impl LeakReport {
     /// The block as the document holds it (keys sorted).
-    pub fn to_value(&self) -> Value {
+    pub(crate) fn to_value(&self) -> Value {
         serde_json::to_value(self).unwrap_or_default()
     }
 
@@ -304,7 +304,7 @@ impl LeakReport {
 /// `mb`: memory in MiB, same length (extra values of the longer slice are
 /// ignored, non-finite pairs dropped). The series may be the max-envelope
 /// of merged buckets, as memtrack thins long logs.
-pub fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
+pub(crate) fn detect(t: &[f64], mb: &[f64], cfg: &LeakConfig) -> Verdict {
     let mut pts: Vec<(f64, f64)> = t
         .iter()
         .zip(mb)
@@ -460,18 +460,18 @@ fn levelling_off(used: &[(f64, f64)], cfg: &LeakConfig, aside: &str) -> Option<S
 /// maximum of each figure over neighbouring entries once a long series is
 /// thinned (the same max-envelope memtrack keeps for its timer log).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Point {
+pub(crate) struct LeakPoint {
     /// The first entry's time and the last one's end (Unix seconds).
-    pub t0: f64,
-    pub t1: f64,
-    pub cpu: f64,
-    pub gpu_process: f64,
-    pub gpu_used: f64,
+    pub(crate) t0: f64,
+    pub(crate) t1: f64,
+    pub(crate) cpu: f64,
+    pub(crate) gpu_process: f64,
+    pub(crate) gpu_used: f64,
 }
 
-impl Point {
-    pub fn of(e: &Entry) -> Point {
-        Point {
+impl LeakPoint {
+    pub(crate) fn of(e: &Entry) -> LeakPoint {
+        LeakPoint {
             t0: e.timestamp,
             t1: e.timestamp_end.unwrap_or(e.timestamp),
             cpu: e.cpu_ram_used_mb,
@@ -491,8 +491,8 @@ impl Point {
     }
 }
 
-impl Mergeable for Point {
-    fn absorb(&mut self, later: &Point) {
+impl Mergeable for LeakPoint {
+    fn absorb(&mut self, later: &LeakPoint) {
         self.t1 = self.t1.max(later.t1);
         self.cpu = self.cpu.max(later.cpu);
         self.gpu_process = self.gpu_process.max(later.gpu_process);
@@ -502,16 +502,16 @@ impl Mergeable for Point {
 
 /// A timer sample's point and the component of the span it was taken in.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct TimerPoint {
-    pub point: Point,
+pub(crate) struct TimerPoint {
+    pub(crate) point: LeakPoint,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub component: Option<String>,
+    pub(crate) component: Option<String>,
 }
 
 impl TimerPoint {
-    pub fn of(e: &Entry) -> TimerPoint {
+    pub(crate) fn of(e: &Entry) -> TimerPoint {
         TimerPoint {
-            point: Point::of(e),
+            point: LeakPoint::of(e),
             component: e
                 .span
                 .as_ref()
@@ -541,17 +541,17 @@ impl Mergeable for TimerPoint {
 /// max-envelope of at most this many points (the rule then buckets to
 /// [`LeakConfig::max_points`] anyway). Bounds the memory of the fold, in
 /// the daemon and in the readers, however long the log.
-pub const SERIES_POINTS: usize = 16_384;
+pub(crate) const SERIES_POINTS: usize = 16_384;
 
 /// The series the leak rule reads, folded from a log one entry at a time
 /// (in log order), in memory bounded by [`SERIES_POINTS`] per series:
 /// timer samples, every entry, and the entries carrying PyTorch allocator
 /// figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Series {
+pub(crate) struct Series {
     timers: Thinned<TimerPoint>,
-    all: Thinned<Point>,
-    alloc: Thinned<Point>,
+    all: Thinned<LeakPoint>,
+    alloc: Thinned<LeakPoint>,
 }
 
 impl Default for Series {
@@ -566,7 +566,7 @@ impl Default for Series {
 
 impl Series {
     /// Folds in the next entry of a log.
-    pub fn push(&mut self, e: &Entry) {
+    pub(crate) fn push(&mut self, e: &Entry) {
         if e.kind == EntryKind::Timer {
             self.timers.push(TimerPoint::of(e));
         }
@@ -575,24 +575,19 @@ impl Series {
 
     /// Folds in an entry that is not a timer sample, leaving the timer
     /// series to the caller (the store keeps its own timer log).
-    pub fn push_untimed(&mut self, e: &Entry) {
-        let p = Point::of(e);
+    pub(crate) fn push_untimed(&mut self, e: &Entry) {
+        let p = LeakPoint::of(e);
         self.all.push(p);
         if e.gpu_source == GpuSource::Allocator {
             self.alloc.push(p);
         }
     }
 
-    /// Every point of the series of all entries, in log order.
-    pub fn all(&self) -> impl Iterator<Item = &Point> {
-        self.all.iter()
-    }
-
     /// The verdicts of a log whose timer samples are kept apart (the
     /// store's timer log, `timers`, in time order) and whose other
     /// entries were folded here with [`Series::push_untimed`]; the two
     /// are merged by time as the document's log merges them.
-    pub fn analyze_beside(
+    pub(crate) fn analyze_beside(
         &self,
         timers: &[&Entry],
         targets: &[Target],
@@ -600,26 +595,26 @@ impl Series {
         cfg: &LeakConfig,
     ) -> LeakReport {
         let points: Vec<TimerPoint> = timers.iter().map(|e| TimerPoint::of(e)).collect();
-        let alloc: Vec<Point> = self.alloc.iter().copied().collect();
+        let alloc: Vec<LeakPoint> = self.alloc.iter().copied().collect();
         let all = || {
             let mut out = Vec::with_capacity(self.all.len() + timers.len());
             let mut t = timers.iter().peekable();
             for p in self.all.iter() {
                 while let Some(e) = t.next_if(|e| e.timestamp <= p.t0) {
-                    out.push(Point::of(e));
+                    out.push(LeakPoint::of(e));
                 }
                 out.push(*p);
             }
-            out.extend(t.map(|e| Point::of(e)));
+            out.extend(t.map(|e| LeakPoint::of(e)));
             out
         };
         analyze_parts(&points, &all, &alloc, targets, schema, cfg)
     }
 
     /// The verdicts on a log folded here with [`Series::push`].
-    pub fn analyze(&self, targets: &[Target], schema: u32, cfg: &LeakConfig) -> LeakReport {
+    pub(crate) fn analyze(&self, targets: &[Target], schema: u32, cfg: &LeakConfig) -> LeakReport {
         let timers: Vec<TimerPoint> = self.timers.iter().cloned().collect();
-        let alloc: Vec<Point> = self.alloc.iter().copied().collect();
+        let alloc: Vec<LeakPoint> = self.alloc.iter().copied().collect();
         analyze_parts(
             &timers,
             &|| self.all.iter().copied().collect(),
@@ -648,10 +643,10 @@ pub fn analyze(doc: &Document, cfg: &LeakConfig) -> LeakReport {
 /// (`all`, asked for only when the timer samples are too few), the
 /// entries with allocator figures, the targets, and the schema version (0
 /// for a bare file).
-pub fn analyze_parts(
+pub(crate) fn analyze_parts(
     timers: &[TimerPoint],
-    all: &dyn Fn() -> Vec<Point>,
-    alloc: &[Point],
+    all: &dyn Fn() -> Vec<LeakPoint>,
+    alloc: &[LeakPoint],
     targets: &[Target],
     schema: u32,
     cfg: &LeakConfig,
@@ -696,19 +691,19 @@ impl Judge<'_> {
 fn tree_verdicts(
     judge: &mut Judge<'_>,
     timers: &[TimerPoint],
-    all: &dyn Fn() -> Vec<Point>,
-    alloc: &[Point],
+    all: &dyn Fn() -> Vec<LeakPoint>,
+    alloc: &[LeakPoint],
     schema: u32,
 ) -> (Verdict, Option<Verdict>) {
     // The tree's samples: timer entries (uniformly thinned, maxima kept),
     // or every entry of a log that has too few of them (a bare
     // file).
-    let log: Vec<Point> = if timers.len() >= judge.cfg.min_points {
+    let log: Vec<LeakPoint> = if timers.len() >= judge.cfg.min_points {
         timers.iter().map(|t| t.point).collect()
     } else {
         all()
     };
-    let t: Vec<f64> = log.iter().map(Point::mid).collect();
+    let t: Vec<f64> = log.iter().map(LeakPoint::mid).collect();
     let host: Vec<f64> = log.iter().map(|p| p.cpu).collect();
     let host_v = judge.verdict("host".into(), &t, &host);
 
@@ -720,14 +715,14 @@ fn tree_verdicts(
         (t.clone(), log.iter().map(|p| p.gpu_process).collect())
     } else {
         let seed;
-        let pts: &[Point] = if schema == 0 {
+        let pts: &[LeakPoint] = if schema == 0 {
             seed = all();
             &seed
         } else {
             alloc
         };
         (
-            pts.iter().map(Point::mid).collect(),
+            pts.iter().map(LeakPoint::mid).collect(),
             pts.iter().map(|p| p.gpu_used).collect(),
         )
     };

@@ -8,7 +8,7 @@
 //! `peak_usage`), so every field added by memtrack has a default. The base
 //! keys keep their names and meaning exactly.
 //!
-//! Beside the types: [`json`] reads and writes the file, [`thin`] keeps a
+//! Beside the types: [`json`] reads and writes the file, `thin` keeps a
 //! long log bounded while every maximum survives, and [`leak`] is the rule
 //! that calls a growing series a leak; `run` holds the run's backend and
 //! status vocabularies.
@@ -17,7 +17,7 @@ pub mod advice;
 pub mod json;
 pub mod leak;
 mod run;
-pub mod thin;
+pub(crate) mod thin;
 
 pub use run::{AttributionMode, GpuAttribution, GpuBackend, PidNamespaceInfo, RunStatus};
 
@@ -92,7 +92,7 @@ pub struct DocumentOf<L> {
 impl<L> DocumentOf<L> {
     /// The same document with its log turned into another form (a
     /// borrowed view into owned entries).
-    pub fn map_log<M>(self, f: impl FnOnce(L) -> M) -> DocumentOf<M> {
+    pub(crate) fn map_log<M>(self, f: impl FnOnce(L) -> M) -> DocumentOf<M> {
         DocumentOf {
             schema: self.schema,
             run: self.run,
@@ -116,23 +116,34 @@ impl<L> DocumentOf<L> {
     }
 }
 
+/// Why a log streamed entry by entry stopped.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StreamError {
+    /// The serializer refused an entry; [`serialize_streamed`] returns the
+    /// serializer's own error.
+    #[error("an entry could not be written")]
+    Refused,
+    /// The entries could not be read back.
+    #[error(transparent)]
+    Read(Box<dyn std::error::Error + Send + Sync>),
+}
+
 /// Serializes a log whose entries are produced one at a time by
 /// `for_each` (read back from a file, merged from sorted runs), as a JSON
 /// array: an entry the serializer refuses stops the walk with that error,
 /// a failure of the walk itself becomes a custom error.
-pub fn serialize_streamed<S: serde::Serializer>(
+pub(crate) fn serialize_streamed<S: serde::Serializer>(
     serializer: S,
     len: Option<usize>,
-    for_each: impl FnOnce(&mut dyn FnMut(&Entry) -> Result<(), String>) -> Result<(), String>,
+    for_each: impl FnOnce(&mut dyn FnMut(&Entry) -> Result<(), StreamError>) -> Result<(), StreamError>,
 ) -> Result<S::Ok, S::Error> {
     use serde::ser::{Error, SerializeSeq};
     let mut seq = serializer.serialize_seq(len)?;
     let mut failed: Option<S::Error> = None;
     let outcome = for_each(&mut |e| {
         seq.serialize_element(e).map_err(|err| {
-            let text = err.to_string();
             failed = Some(err);
-            text
+            StreamError::Refused
         })
     });
     if let Some(err) = failed {
@@ -183,14 +194,14 @@ pub struct FlightPoint {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct RankSummary {
     /// The `rank` label, else the host.
-    pub rank: String,
-    pub host: String,
+    pub(crate) rank: String,
+    pub(crate) host: String,
     /// Where the rank's file was read from.
-    pub source: String,
+    pub(crate) source: String,
     #[serde(default)]
-    pub exit: Option<Exit>,
-    pub peak_usage: Peaks,
-    pub summary: Summary,
+    pub(crate) exit: Option<Exit>,
+    pub(crate) peak_usage: Peaks,
+    pub(crate) summary: Summary,
 }
 
 /// Who ran what, where, and how it ended.
@@ -257,7 +268,7 @@ pub enum HostSource {
 }
 
 impl HostSource {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             HostSource::Pages => "pages",
             HostSource::Cgroup => "cgroup",
@@ -325,14 +336,14 @@ pub struct HostSourceChange {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct CgroupBreakdown {
     /// Everything charged, page cache included.
-    pub charged_mb: f64,
-    pub anon_mb: f64,
+    pub(crate) charged_mb: f64,
+    pub(crate) anon_mb: f64,
     /// Page cache, shared memory included.
-    pub file_mb: f64,
-    pub shmem_mb: f64,
-    pub file_mapped_mb: f64,
+    pub(crate) file_mb: f64,
+    pub(crate) shmem_mb: f64,
+    pub(crate) file_mapped_mb: f64,
     /// Cold page cache: left out of `cpu_ram_used_mb`.
-    pub inactive_file_mb: f64,
+    pub(crate) inactive_file_mb: f64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -372,7 +383,7 @@ impl Exit {
         }
     }
 
-    pub fn unknown() -> Self {
+    pub(crate) fn unknown() -> Self {
         Exit {
             code: 0,
             signal: None,
@@ -381,7 +392,7 @@ impl Exit {
     }
 
     /// Decodes a `waitpid` status word.
-    pub fn from_wait_status(status: i32) -> Self {
+    pub(crate) fn from_wait_status(status: i32) -> Self {
         if libc::WIFSIGNALED(status) {
             Exit::signal(libc::WTERMSIG(status))
         } else {
@@ -518,19 +529,19 @@ impl Peaks {
     }
 
     /// As [`Peaks::observe`] for an entry standing for `n` samples.
-    pub fn observe_weighted(&mut self, e: &Entry, n: u64) {
+    pub(crate) fn observe_weighted(&mut self, e: &Entry, n: u64) {
         keep_max(self.figures_mut(), e.figures());
         self.samples += n;
     }
 
     /// The element-wise maximum of two peak sets.
-    pub fn merge(&mut self, other: &Peaks) {
+    pub(crate) fn merge(&mut self, other: &Peaks) {
         keep_max(self.figures_mut(), other.figures());
         self.samples += other.samples;
     }
 
     /// The six figures, in [`Entry::figures`] order.
-    pub fn figures(&self) -> [f64; 6] {
+    pub(crate) fn figures(&self) -> [f64; 6] {
         [
             self.cpu_ram_used_mb,
             self.gpu_ram_used_mb,
@@ -557,7 +568,7 @@ impl Entry {
     /// The six memory figures an entry and a set of [`Peaks`] share:
     /// `cpu_ram_used`, `gpu_ram_used`, `gpu_ram_peak`, `reserved_gpu_ram`,
     /// `gpu_process_used`, `cpu_ram_hwm` (MiB).
-    pub fn figures(&self) -> [f64; 6] {
+    pub(crate) fn figures(&self) -> [f64; 6] {
         [
             self.cpu_ram_used_mb,
             self.gpu_ram_used_mb,
@@ -582,7 +593,7 @@ impl Entry {
     /// Keeps in `self` the maximum of each of the six figures of `self`
     /// and `other`; nothing else changes. One rule for thinning a log,
     /// folding a window of samples and keeping peaks.
-    pub fn absorb_max(&mut self, other: &Entry) {
+    pub(crate) fn absorb_max(&mut self, other: &Entry) {
         keep_max(self.figures_mut(), other.figures());
     }
 }
@@ -679,7 +690,7 @@ impl Target {
     /// A name a table can show: the command name with what it runs — a
     /// spawned multiprocessing worker says so, an interpreter names its
     /// script or module.
-    pub fn display_name(&self) -> String {
+    pub(crate) fn display_name(&self) -> String {
         let args: Vec<&str> = self.cmdline.iter().map(String::as_str).collect();
         if args.contains(&"--multiprocessing-fork") {
             return format!("{} (spawn worker)", self.name);
@@ -855,7 +866,7 @@ pub struct Counters {
 }
 
 /// Prometheus label-name rules, applied to every label memtrack records.
-pub fn valid_label_name(k: &str) -> bool {
+pub(crate) fn valid_label_name(k: &str) -> bool {
     let mut chars = k.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')

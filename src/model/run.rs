@@ -31,7 +31,7 @@ impl Default for GpuBackend {
 
 impl GpuBackend {
     /// Reads the written form; never fails.
-    pub fn parse(s: &str) -> GpuBackend {
+    pub(crate) fn parse(s: &str) -> GpuBackend {
         if s == "nvml" {
             GpuBackend::Nvml
         } else if let Some(reason) = s.strip_prefix("none: ") {
@@ -45,7 +45,7 @@ impl GpuBackend {
 
     /// The backend's name without its reason: `nvml`, `none`, or the part
     /// of an unknown string before its first `:` (the metrics' label).
-    pub fn kind(&self) -> &str {
+    pub(crate) fn kind(&self) -> &str {
         match self {
             GpuBackend::Nvml => "nvml",
             GpuBackend::None { .. } => "none",
@@ -55,7 +55,7 @@ impl GpuBackend {
 
     /// Whether the run had no GPU figures (`none`, with or without a
     /// reason).
-    pub fn is_host_only(&self) -> bool {
+    pub(crate) fn is_host_only(&self) -> bool {
         match self {
             GpuBackend::Nvml => false,
             GpuBackend::None { .. } => true,
@@ -64,7 +64,8 @@ impl GpuBackend {
     }
 
     /// Why there are no GPU figures, for host-only mode.
-    pub fn reason(&self) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn reason(&self) -> Option<&str> {
         match self {
             GpuBackend::None { reason } => Some(reason),
             _ => None,
@@ -136,7 +137,7 @@ impl Default for RunStatus {
 
 impl RunStatus {
     /// The written form.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             RunStatus::Running => "running",
             RunStatus::Finished => "finished",
@@ -148,7 +149,7 @@ impl RunStatus {
 
     /// Whether no status was recorded (an older file, or a run not yet
     /// written).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.as_str().is_empty()
     }
 }
@@ -209,7 +210,7 @@ pub enum AttributionMode {
 
 impl AttributionMode {
     /// The written form.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             AttributionMode::PerProcess => "per-process",
             AttributionMode::DeviceLevel => "device-level",
@@ -256,7 +257,7 @@ pub struct GpuAttribution {
 
 impl GpuAttribution {
     /// Counts one GPU sample and sets the run's mode from the counts.
-    pub fn count(&mut self, device_level: bool) {
+    pub(crate) fn count(&mut self, device_level: bool) {
         if device_level {
             self.device_level_samples += 1;
         } else {
@@ -271,7 +272,7 @@ impl GpuAttribution {
 
     /// Folds another rank's attribution into a merged job's: the counts
     /// add up, and ranks of different modes make the job's `mixed`.
-    pub fn merge(&mut self, other: &GpuAttribution) {
+    pub(crate) fn merge(&mut self, other: &GpuAttribution) {
         self.per_process_samples += other.per_process_samples;
         self.device_level_samples += other.device_level_samples;
         if self.mode != other.mode {

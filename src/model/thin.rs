@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::Entry;
 
 /// A point that can absorb a later neighbour, keeping maxima.
-pub trait Mergeable: Clone {
+pub(crate) trait Mergeable: Clone {
     fn absorb(&mut self, later: &Self);
 
     /// Whether `later` belongs to the same phase and may be merged freely.
@@ -77,7 +77,7 @@ impl Mergeable for [f64; 3] {
 
 /// The bounded series.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Thinned<T> {
+pub(crate) struct Thinned<T> {
     cap: usize,
     /// Samples per completed bucket.
     width: u64,
@@ -99,7 +99,7 @@ impl<T: Mergeable> Thinned<T> {
         }
     }
 
-    pub fn push(&mut self, point: T) {
+    pub(crate) fn push(&mut self, point: T) {
         // A phase change closes the open bucket early.
         if let Some((bucket, _)) = &self.open {
             if !bucket.same_phase(&point) {
@@ -160,20 +160,16 @@ impl<T: Mergeable> Thinned<T> {
     }
 
     /// Every point, the open bucket last.
-    pub fn iter(&self) -> impl Iterator<Item = &T> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.done.iter().chain(self.open.iter().map(|(b, _)| b))
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.done.len() + usize::from(self.open.is_some())
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Samples that now live inside another point.
-    pub fn merged(&self) -> u64 {
+    pub(crate) fn merged(&self) -> u64 {
         self.merged
     }
 }

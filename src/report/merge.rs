@@ -9,7 +9,7 @@
 //!
 //! Ranks' files can hold millions of entries each. They are read with the
 //! streaming reader ([`super::read`]); their entries are sorted in chunks
-//! of [`CHUNK`], each chunk kept in a temporary file, and the merged log is
+//! of `CHUNK`, each chunk kept in a temporary file, and the merged log is
 //! written by merging those sorted chunks: memory stays bounded by the
 //! chunk size, and the order is exactly that of a stable sort by time of
 //! every rank's log one after the other.
@@ -19,16 +19,16 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
 
 use crate::model::leak;
-use crate::model::RunStatus;
 use crate::model::{
     Document, DocumentOf, Entry, Peaks, RankSummary, RunInfo, Summary, SCHEMA_VERSION,
 };
+use crate::model::{RunStatus, StreamError};
 use crate::store::entries::EntryLog;
 
 /// Entries sorted in memory at a time; a longer log is sorted in chunks of
 /// this many, each kept in a temporary file until the merged log is
 /// written.
-pub const CHUNK: usize = 32_768;
+pub(crate) const CHUNK: usize = 32_768;
 
 /// One rank's file to merge.
 #[derive(Debug)]
@@ -112,29 +112,17 @@ impl Ord for Head {
 }
 
 impl MergedLog {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Visits the merged entries in order; stops at the first error.
-    pub fn try_for_each(
+    pub(crate) fn try_for_each(
         &self,
-        mut f: impl FnMut(&Entry) -> Result<(), String>,
-    ) -> Result<(), String> {
-        type Source<'a> = Box<dyn Iterator<Item = Result<Entry, String>> + 'a>;
+        mut f: impl FnMut(&Entry) -> Result<(), StreamError>,
+    ) -> Result<(), StreamError> {
+        type Source<'a> = Box<dyn Iterator<Item = Result<Entry, StreamError>> + 'a>;
         let mut sources: Vec<Source<'_>> = Vec::with_capacity(self.runs.len());
         for (_, run) in &self.runs {
             sources.push(match run {
                 Run::Memory(v) => Box::new(v.iter().cloned().map(Ok)),
-                Run::File(log) => Box::new(
-                    log.read()
-                        .map_err(|e| e.to_string())?
-                        .map(|e| e.map_err(|e| e.to_string())),
-                ),
+                Run::File(log) => Box::new(log.read()?.map(|e| e.map_err(StreamError::from))),
             });
         }
         let mut heap = BinaryHeap::with_capacity(sources.len());
@@ -156,7 +144,7 @@ impl MergedLog {
     }
 
     /// Every merged entry, owned.
-    pub fn collect(&self) -> Result<Vec<Entry>, String> {
+    pub(crate) fn collect(&self) -> Result<Vec<Entry>, StreamError> {
         let mut out = Vec::with_capacity(self.len);
         self.try_for_each(|e| {
             out.push(e.clone());
@@ -272,7 +260,7 @@ pub fn merge(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
             .map(|(source, doc)| Input::Document(source, Box::new(doc)))
             .collect(),
     )?;
-    let log = merged.detailed_log.collect().map_err(anyhow::Error::msg)?;
+    let log = merged.detailed_log.collect()?;
     Ok(merged.map_log(|_| log))
 }
 

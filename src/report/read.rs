@@ -10,8 +10,8 @@
 //! nothing (`compare`), a thinned copy of the log (`plot`).
 //!
 //! A file whose event entries were thinned (`log.max_event_entries`) has
-//! its complete event log beside it ([`COMPLETE_LOG`], gzip'd JSON lines);
-//! [`read_complete`] reads the log from there.
+//! its complete event log beside it (`COMPLETE_LOG`, gzip'd JSON lines);
+//! `read_complete` reads the log from there.
 
 use std::io::BufReader;
 use std::path::Path;
@@ -28,7 +28,7 @@ use crate::store::entries::COMPLETE_LOG;
 
 /// Reads the document at `path`, handing each `detailed_log` entry to
 /// `each` in file order; the document comes back with an empty log.
-pub fn read_folded(path: &Path, each: impl FnMut(Entry)) -> anyhow::Result<Document> {
+pub(crate) fn read_folded(path: &Path, each: impl FnMut(Entry)) -> anyhow::Result<Document> {
     // A regular file (a FIFO would hang, `/dev/zero` never end), read up
     // to the size memtrack's readers accept.
     let file = crate::files::open_input(path)
@@ -42,7 +42,7 @@ pub fn read_folded(path: &Path, each: impl FnMut(Entry)) -> anyhow::Result<Docum
 }
 
 /// [`read_folded`] over any reader.
-pub fn read_folded_from(
+pub(crate) fn read_folded_from(
     reader: impl std::io::Read,
     mut each: impl FnMut(Entry),
 ) -> anyhow::Result<Document> {
@@ -57,7 +57,7 @@ pub fn read_folded_from(
 /// stands for several, `samples`) and the complete event log lies beside
 /// it, the event entries come from there, the document's timer entries
 /// merged in by time as memtrack merges them.
-pub fn read_complete(path: &Path, mut each: impl FnMut(Entry)) -> anyhow::Result<Document> {
+pub(crate) fn read_complete(path: &Path, mut each: impl FnMut(Entry)) -> anyhow::Result<Document> {
     let side = path.parent().unwrap_or(Path::new(".")).join(COMPLETE_LOG);
     if !side.is_file() {
         return read_folded(path, each);
@@ -113,12 +113,12 @@ pub fn read_complete(path: &Path, mut each: impl FnMut(Entry)) -> anyhow::Result
 
 /// Longest line of the complete event log: one entry (a mark is at most a
 /// 64 KiB socket line, and memtrack's own fields add little).
-pub const MAX_SIDE_LINE: usize = 1 << 20;
+pub(crate) const MAX_SIDE_LINE: usize = 1 << 20;
 
 /// How many bytes the complete event log may decompress to: 200 times its
 /// compressed size (memtrack's log compresses about 10 to 30 times), at
 /// least 1 GiB. A gzip bomb (1,000 times) stops at the budget.
-pub fn side_budget(compressed: u64) -> u64 {
+pub(crate) fn side_budget(compressed: u64) -> u64 {
     compressed.saturating_mul(200).max(1 << 30)
 }
 
@@ -165,9 +165,9 @@ pub fn without_log(path: &Path) -> anyhow::Result<Document> {
 /// Log entries a plot keeps exactly; a longer log is thinned to at most
 /// this many (maxima kept, as memtrack thins its timer log), which a
 /// timeline a few thousand pixels wide cannot tell apart.
-pub const PLOT_ENTRIES: usize = 16_384;
+pub(crate) const PLOT_ENTRIES: usize = 16_384;
 
-/// The document for `memtrack plot`: its log thinned to [`PLOT_ENTRIES`]
+/// The document for `memtrack plot`: its log thinned to `PLOT_ENTRIES`
 /// when longer.
 pub fn for_plot(path: &Path) -> anyhow::Result<Document> {
     let mut log: Thinned<Entry> = Thinned::new(PLOT_ENTRIES);

@@ -20,7 +20,7 @@ const CHUNK: usize = 4096;
 
 /// The log.
 #[derive(Debug, Clone)]
-pub struct ChunkLog<T> {
+pub(crate) struct ChunkLog<T> {
     sealed: Vec<Arc<Vec<T>>>,
     open: Vec<T>,
 }
@@ -39,7 +39,7 @@ impl<T> ChunkLog<T> {
         Self::default()
     }
 
-    pub fn push(&mut self, value: T) {
+    pub(crate) fn push(&mut self, value: T) {
         self.open.push(value);
         if self.open.len() >= CHUNK {
             let full = std::mem::take(&mut self.open);
@@ -47,16 +47,12 @@ impl<T> ChunkLog<T> {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.sealed.len() * CHUNK + self.open.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Every entry, oldest first.
-    pub fn iter(&self) -> impl Iterator<Item = &T> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.sealed
             .iter()
             .flat_map(|c| c.iter())

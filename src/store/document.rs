@@ -8,14 +8,15 @@ use super::log_view::LogView;
 use super::state::Store;
 use crate::model::advice::{Advice, Facts};
 use crate::model::leak::{LeakConfig, LeakReport};
-use crate::model::{Document, DocumentOf, Entry, RunStatus, Summary, Target, SCHEMA_VERSION};
+use crate::model::{DocumentOf, Entry, RunStatus, Summary, Target, SCHEMA_VERSION};
 
 /// Headroom added to peaks in the "what a re-run needs" summary.
-pub const HEADROOM: f64 = 0.10;
+pub(crate) const HEADROOM: f64 = 0.10;
 
 impl Store {
     /// with a warning).
-    pub fn document(&self) -> Document {
+    #[cfg(test)]
+    pub(crate) fn document(&self) -> crate::model::Document {
         self.document_view().map_log(|view| view.entries())
     }
 
@@ -89,7 +90,7 @@ impl Store {
     /// The leak rule's verdicts as of now (what the document's `leak`
     /// block holds). Costs up to a few milliseconds: callers that ask
     /// often keep the answer a while.
-    pub fn leak_report(&self) -> LeakReport {
+    pub(crate) fn leak_report(&self) -> LeakReport {
         let mut targets: Vec<Target> = self.gone.clone();
         targets.extend(self.live.values().map(|l| {
             let mut t = l.target.clone();
@@ -106,7 +107,7 @@ impl Store {
     }
 
     /// What a re-run needs, as of now: the peaks plus [`HEADROOM`].
-    pub fn summary(&self) -> Summary {
+    pub(crate) fn summary(&self) -> Summary {
         let peak_host = self.peaks.cpu_ram_used_mb.max(self.peaks.cpu_ram_hwm_mb);
         let mut by_device: BTreeMap<u32, f64> = self
             .gpus

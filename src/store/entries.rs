@@ -5,10 +5,10 @@
 //! million steps sends millions. Held in memory they cost about 290 bytes
 //! each. With a file attached (every daemon run: `.memtrack/entries.jsonl`
 //! in the run directory), an entry is appended there as one JSON line and
-//! memory holds only the count, the byte length and at most [`BATCH`]
+//! memory holds only the count, the byte length and at most `BATCH`
 //! bytes not yet written; writers of `memory_usage.json` read the entries
 //! back one at a time. Without a file (a store built in tests or by a
-//! library user) they stay in memory, in a [`ChunkLog`].
+//! library user) they stay in memory, in a `ChunkLog`.
 //!
 //! The file is append-only and every position in it is known, so a clone
 //! of the store (a checkpoint) reads exactly the entries it holds while
@@ -30,20 +30,20 @@ use super::chunked::ChunkLog;
 use crate::model::Entry;
 
 /// The entries file inside a run's `.memtrack` folder.
-pub const FILE: &str = "entries.jsonl";
+pub(crate) const FILE: &str = "entries.jsonl";
 
 /// The complete event log written beside a `memory_usage.json` whose
 /// event entries were thinned (`log.max_event_entries`): one entry per
 /// line, gzip'd. With the document's timer entries it is the complete
 /// `detailed_log`.
-pub const COMPLETE_LOG: &str = "memory_usage.events.jsonl.gz";
+pub(crate) const COMPLETE_LOG: &str = "memory_usage.events.jsonl.gz";
 
 /// Bytes gathered before they are written to the file.
-pub const BATCH: usize = 64 * 1024;
+pub(crate) const BATCH: usize = 64 * 1024;
 
 /// Problems with the entries file, with its path.
 #[derive(Debug, thiserror::Error)]
-pub enum EntriesError {
+pub(crate) enum EntriesError {
     #[error("cannot use the entries file {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error("entry {index} of {path} cannot be read back: {message}")]
@@ -54,6 +54,12 @@ pub enum EntriesError {
     },
     #[error("the entries file of this store was never attached (a state read back without its run directory)")]
     Detached,
+}
+
+impl From<EntriesError> for crate::model::StreamError {
+    fn from(e: EntriesError) -> Self {
+        crate::model::StreamError::Read(Box::new(e))
+    }
 }
 
 /// The file and the bytes not yet written to it, shared by the store and
@@ -119,7 +125,7 @@ struct OnDisk {
 
 /// The event log: in memory, or in a file.
 #[derive(Debug, Clone)]
-pub struct EntryLog {
+pub(crate) struct EntryLog {
     mem: ChunkLog<Entry>,
     disk: Option<OnDisk>,
 }
@@ -147,7 +153,7 @@ impl EntryLog {
 
     /// Moves the log into a new file at `path` (created or emptied): the
     /// entries already held go first, every later one is appended.
-    pub fn create_file(&mut self, path: &Path) -> Result<(), EntriesError> {
+    pub(crate) fn create_file(&mut self, path: &Path) -> Result<(), EntriesError> {
         let io_err = |source| EntriesError::Io {
             path: path.to_path_buf(),
             source,
@@ -187,7 +193,7 @@ impl EntryLog {
     /// A damaged file (cut short, a line that is not an entry, the file
     /// gone) loses only what is damaged: the readable entries are kept, in
     /// order, and what was lost comes back as [`Salvaged`].
-    pub fn reattach(&mut self, path: &Path) -> Result<Salvaged, EntriesError> {
+    pub(crate) fn reattach(&mut self, path: &Path) -> Result<Salvaged, EntriesError> {
         let Some(disk) = &mut self.disk else {
             self.create_file(path)?;
             return Ok(Salvaged::default());
@@ -239,14 +245,9 @@ impl EntryLog {
         Ok(lost)
     }
 
-    /// Whether the log lives in a file.
-    pub fn in_file(&self) -> bool {
-        self.disk.is_some()
-    }
-
     /// Appends an entry. An error means the file could not be written; the
     /// entry is kept (in memory, until a later write succeeds).
-    pub fn push(&mut self, entry: &Entry) -> io::Result<()> {
+    pub(crate) fn push(&mut self, entry: &Entry) -> io::Result<()> {
         let Some(disk) = &mut self.disk else {
             self.mem.push(entry.clone());
             return Ok(());
@@ -267,7 +268,7 @@ impl EntryLog {
     }
 
     /// Writes what is pending to the file.
-    pub fn flush(&self) -> io::Result<()> {
+    pub(crate) fn flush(&self) -> io::Result<()> {
         match self.disk.as_ref().and_then(|d| d.spill.as_ref()) {
             Some(spill) => lock(spill).flush(),
             None => Ok(()),
@@ -276,7 +277,7 @@ impl EntryLog {
 
     /// Writes what is pending and makes the file durable: done before a
     /// checkpoint's state, which counts these bytes, is written.
-    pub fn sync(&self) -> io::Result<()> {
+    pub(crate) fn sync(&self) -> io::Result<()> {
         match self.disk.as_ref().and_then(|d| d.spill.as_ref()) {
             Some(spill) => {
                 let mut s = lock(spill);
@@ -287,25 +288,16 @@ impl EntryLog {
         }
     }
 
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         match &self.disk {
             Some(d) => d.len,
             None => self.mem.len() as u64,
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The entries in memory (a log without a file), oldest first.
-    pub fn in_memory(&self) -> impl Iterator<Item = &Entry> {
-        self.mem.iter()
-    }
-
     /// Writes every entry as one JSON line, oldest first. From a file the
     /// lines are copied as they are, without parsing.
-    pub fn copy_lines(&self, w: &mut dyn io::Write) -> io::Result<()> {
+    pub(crate) fn copy_lines(&self, w: &mut dyn io::Write) -> io::Result<()> {
         if self.disk.is_none() {
             for e in self.mem.iter() {
                 serde_json::to_writer(&mut *w, e)?;
@@ -348,7 +340,7 @@ impl EntryLog {
     /// Reads the log's entries one at a time, oldest first: the entries of
     /// this log (a clone reads what it holds, however far the live store
     /// has gone on since).
-    pub fn read(&self) -> Result<Reader<'_>, EntriesError> {
+    pub(crate) fn read(&self) -> Result<Reader<'_>, EntriesError> {
         let Some(disk) = &self.disk else {
             return Ok(Reader {
                 inner: ReaderKind::Memory(Box::new(self.mem.iter())),
@@ -510,7 +502,7 @@ enum ReaderKind<'a> {
 }
 
 /// The entries of an [`EntryLog`], oldest first.
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     inner: ReaderKind<'a>,
     index: u64,
 }

@@ -37,7 +37,7 @@ impl Store {
     }
 
     /// How the tree's GPU memory is told apart (absent without NVML).
-    pub fn gpu_attribution(&self) -> Option<&GpuAttribution> {
+    pub(crate) fn gpu_attribution(&self) -> Option<&GpuAttribution> {
         self.gpu_attribution.as_ref()
     }
 

@@ -15,7 +15,7 @@
 //! - `.memtrack/lock`: held (`flock`) while a daemon owns the run.
 //!
 //! Checkpoints are written on a thread of their own from a clone of the
-//! store (cheap: see [`super::chunked`]), because serializing a long run's
+//! store (cheap: see `super::chunked`), because serializing a long run's
 //! log takes long enough to delay ticks. The engine only flushes the
 //! journal and rotates it: everything in `journal.old.jsonl` is in the
 //! clone, so the file can go once the checkpoint is written. A rotation
@@ -46,7 +46,7 @@ use crate::model::json::{write_atomic_with, write_document, WriteError, FILE_NAM
 use crate::model::RunStatus;
 
 /// Folder of the crash-safety files inside a run directory.
-pub const DIR: &str = ".memtrack";
+pub(crate) const DIR: &str = ".memtrack";
 
 const JOURNAL: &str = "journal.jsonl";
 const OLD_JOURNAL: &str = "journal.old.jsonl";
@@ -68,7 +68,7 @@ struct LineIn {
 
 /// The crash-safety files of one run, owned by its daemon.
 #[derive(Debug)]
-pub struct Journal {
+pub(crate) struct Journal {
     run_dir: PathBuf,
     writer: BufWriter<File>,
     _lock: File,
@@ -163,7 +163,7 @@ fn lock(dir: &Path) -> Result<File, JournalError> {
 }
 
 /// Whether a live memtrack owns `run_dir` (holds its journal lock).
-pub fn is_live(run_dir: &Path) -> bool {
+pub(crate) fn is_live(run_dir: &Path) -> bool {
     let path = run_dir.join(DIR).join("lock");
     match crate::files::open_write(&path) {
         Ok(f) => matches!(f.try_lock(), Err(fs::TryLockError::WouldBlock)),
@@ -175,7 +175,7 @@ impl Journal {
     /// Starts the journal of a new run: takes the lock, moves the store's
     /// event log into the entries file, and writes the initial state
     /// checkpoint.
-    pub fn create(run_dir: &Path, store: &mut Store) -> Result<Journal, JournalError> {
+    pub(crate) fn create(run_dir: &Path, store: &mut Store) -> Result<Journal, JournalError> {
         let dir = run_dir.join(DIR);
         crate::files::private_dir(&dir).map_err(io_err(&dir))?;
         let lock = lock(&dir)?;
@@ -203,14 +203,14 @@ impl Journal {
     }
 
     /// Appends a record (buffered; see [`Journal::flush`]).
-    pub fn append(&mut self, seq: u64, record: &Record) -> io::Result<()> {
+    pub(crate) fn append(&mut self, seq: u64, record: &Record) -> io::Result<()> {
         serde_json::to_writer(&mut self.writer, &LineOut { seq, record })?;
         self.writer.write_all(b"\n")
     }
 
     /// Hands buffered records to the kernel: after this, they survive a
     /// `kill -9` of memtrack.
-    pub fn flush(&mut self) -> io::Result<()> {
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
         self.writer.flush()
     }
 
@@ -219,7 +219,7 @@ impl Journal {
     /// the journal is flushed and, unless an earlier rotated journal is
     /// still waiting for its checkpoint, rotated. `Ok(false)`: the previous
     /// checkpoint is still being written, and this one is skipped.
-    pub fn start_checkpoint(&mut self, store: Store) -> Result<bool, JournalError> {
+    pub(crate) fn start_checkpoint(&mut self, store: Store) -> Result<bool, JournalError> {
         if self.pending {
             match self.poll_checkpoint() {
                 None => return Ok(false),
@@ -276,7 +276,7 @@ impl Journal {
     }
 
     /// The outcome of the checkpoint being written, once it is done.
-    pub fn poll_checkpoint(&mut self) -> Option<Result<(), JournalError>> {
+    pub(crate) fn poll_checkpoint(&mut self) -> Option<Result<(), JournalError>> {
         if !self.pending {
             return None;
         }
@@ -292,7 +292,7 @@ impl Journal {
     }
 
     /// Waits for the checkpoint being written, if any.
-    pub fn wait_checkpoint(&mut self) -> Option<Result<(), JournalError>> {
+    pub(crate) fn wait_checkpoint(&mut self) -> Option<Result<(), JournalError>> {
         if !self.pending {
             return None;
         }
@@ -322,7 +322,8 @@ impl Journal {
     }
 
     /// A checkpoint, written before returning.
-    pub fn checkpoint(&mut self, store: &Store) -> Result<(), JournalError> {
+    #[cfg(test)]
+    pub(crate) fn checkpoint(&mut self, store: &Store) -> Result<(), JournalError> {
         if let Some(Err(e)) = self.wait_checkpoint() {
             tracing::debug!("an earlier checkpoint failed: {e}");
         }
@@ -331,7 +332,7 @@ impl Journal {
     }
 
     /// Writes the final document and removes the crash-safety files.
-    pub fn finish(mut self, store: &Store) -> Result<(), JournalError> {
+    pub(crate) fn finish(mut self, store: &Store) -> Result<(), JournalError> {
         // A checkpoint still being written must not land after the final
         // document.
         let _ = self.wait_checkpoint();
@@ -408,7 +409,7 @@ pub fn has_journal(run_dir: &Path) -> bool {
 
 /// Rebuilds the store of a run whose daemon died, without writing its
 /// document (the entries file is cut back to what the state counts).
-pub fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
+pub(crate) fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
     let dir = run_dir.join(DIR);
     let state_path = dir.join("state.json");
     if !state_path.is_file() {
@@ -489,10 +490,10 @@ pub fn recover(run_dir: &Path) -> Result<Recovered, JournalError> {
 
 /// Where the crash-safety files go when the run's final document was
 /// written elsewhere: kept for a reader, never recovered.
-pub const SUPERSEDED_DIR: &str = ".memtrack.superseded";
+pub(crate) const SUPERSEDED_DIR: &str = ".memtrack.superseded";
 
 /// Inside [`SUPERSEDED_DIR`]: the path of the complete document.
-pub const FINAL_NOTE: &str = "final-document";
+pub(crate) const FINAL_NOTE: &str = "final-document";
 
 /// The run's complete document went to `final_doc` because the run
 /// directory could not take it (a full disk). The journal left in the run
@@ -500,7 +501,7 @@ pub const FINAL_NOTE: &str = "final-document";
 /// never be recovered over anything: it is renamed to
 /// [`SUPERSEDED_DIR`] (a rename needs no free space) with a note naming
 /// `final_doc`, written if the disk allows. Returns where it now is.
-pub fn supersede(run_dir: &Path, final_doc: &Path) -> Result<PathBuf, JournalError> {
+pub(crate) fn supersede(run_dir: &Path, final_doc: &Path) -> Result<PathBuf, JournalError> {
     let dir = run_dir.join(DIR);
     let mut kept = run_dir.join(SUPERSEDED_DIR);
     let mut n = 2;

@@ -4,20 +4,32 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Bounds from the configuration.
+/// How much a run keeps: the `[log]` section of the configuration, and
+/// the store's bounds (one type, one default).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(deny_unknown_fields, default)]
 pub struct Limits {
+    /// Timer entries kept in `detailed_log`; beyond it neighbours are merged
+    /// (keeping every maximum).
     pub max_timer_entries: usize,
-    /// Event entries written to `detailed_log` before they are thinned
-    /// (0: no bound); see [`LogView`](super::log_view::LogView).
-    #[serde(default)]
+    /// Event entries (marks, spans, stages) written to `detailed_log`;
+    /// beyond it they are merged per component and operation over
+    /// stretches of the run (keeping every maximum), and the complete event
+    /// log goes beside the JSON, gzip'd (see
+    /// `LogView`). 0: no bound.
     pub max_event_entries: usize,
+    /// Points kept in each target's `series`.
     pub target_series_points: usize,
+    /// Processes kept in `targets`; beyond it the exited ones with the
+    /// smallest peak are dropped (and counted).
     pub max_targets: usize,
+    /// Alerts kept in a run; later ones are counted only. Not a setting:
+    /// fixed at its default.
+    #[serde(skip)]
     pub max_alerts: usize,
     /// Distinct components with their own `peaks_by_component` entry (and
-    /// metric series); beyond it new ones count under [`OTHER`].
+    /// metric series); beyond it new ones count under [`OTHER`]. Log
+    /// entries keep the name the job sent.
     pub max_components: usize,
     /// Distinct (component, operation) pairs counted separately in
     /// `memtrack_events_total`; beyond it new pairs count under
@@ -36,7 +48,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_timer_entries: 4096,
-            max_event_entries: 0,
+            max_event_entries: 250_000,
             target_series_points: 512,
             max_targets: 1024,
             max_alerts: 1000,

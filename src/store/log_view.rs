@@ -12,18 +12,18 @@ use serde::Serialize;
 use super::entries::EntriesError;
 use super::state::Store;
 use crate::model::thin::Mergeable;
-use crate::model::Entry;
+use crate::model::{Entry, StreamError};
 
 impl Store {
     /// entries already recorded move there first), so memory stays flat
     /// however many marks the run takes.
-    pub fn keep_entries_in(&mut self, path: &Path) -> Result<(), EntriesError> {
+    pub(crate) fn keep_entries_in(&mut self, path: &Path) -> Result<(), EntriesError> {
         self.events.create_file(path)
     }
 
     /// Reattaches the entries file of a store read back from a
     /// checkpoint's state (see [`EntryLog::reattach`](super::entries::EntryLog::reattach)).
-    pub fn reattach_entries(
+    pub(crate) fn reattach_entries(
         &mut self,
         path: &Path,
     ) -> Result<super::entries::Salvaged, EntriesError> {
@@ -32,26 +32,27 @@ impl Store {
 
     /// Writes the event entries not yet in their file and makes it
     /// durable (before a state that counts them is written).
-    pub fn sync_entries(&self) -> std::io::Result<()> {
+    pub(crate) fn sync_entries(&self) -> std::io::Result<()> {
         self.events.sync()
     }
 
     /// Event entries recorded (marks, spans, stages, memtrack's own).
-    pub fn event_entries(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn event_entries(&self) -> u64 {
         self.events.len()
     }
 
     /// Whether the document's event entries are thinned: more of them than
     /// `log.max_event_entries`. The complete event log is then written
     /// beside the document ([`Store::write_complete_events`]).
-    pub fn events_thinned(&self) -> bool {
+    pub(crate) fn events_thinned(&self) -> bool {
         let bound = self.limits.max_event_entries as u64;
         bound > 0 && self.events.len() > bound
     }
 
     /// Writes every event entry, one JSON line each, oldest first: the
     /// complete event log kept beside a thinned document.
-    pub fn write_complete_events(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+    pub(crate) fn write_complete_events(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
         self.events.copy_lines(w)
     }
 }
@@ -71,22 +72,18 @@ impl<'a> LogView<'a> {
     }
 
     /// Entries in the view.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         usize::try_from(self.store.events.len()).unwrap_or(usize::MAX) + self.store.timer.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Visits every entry in order; stops at the first error.
-    pub fn try_for_each(
+    pub(crate) fn try_for_each(
         &self,
-        mut f: impl FnMut(&Entry) -> Result<(), String>,
-    ) -> Result<(), String> {
-        let events = self.store.events.read().map_err(|e| e.to_string())?;
+        mut f: impl FnMut(&Entry) -> Result<(), StreamError>,
+    ) -> Result<(), StreamError> {
+        let events = self.store.events.read()?;
         let mut timer = self.store.timer.iter().peekable();
-        let mut emit = |e: &Entry| -> Result<(), String> {
+        let mut emit = |e: &Entry| -> Result<(), StreamError> {
             while let Some(t) = timer.next_if(|t| t.timestamp <= e.timestamp) {
                 f(t)?;
             }
@@ -96,7 +93,7 @@ impl<'a> LogView<'a> {
             let width = self.chunk_width();
             let mut chunk = Chunk::default();
             for e in events {
-                chunk.add(e.map_err(|e| e.to_string())?);
+                chunk.add(e?);
                 if chunk.seen >= width {
                     chunk.drain(&mut emit)?;
                 }
@@ -104,7 +101,7 @@ impl<'a> LogView<'a> {
             chunk.drain(&mut emit)?;
         } else {
             for e in events {
-                emit(&e.map_err(|e| e.to_string())?)?;
+                emit(&e?)?;
             }
         }
         timer.try_for_each(f)
@@ -123,7 +120,8 @@ impl<'a> LogView<'a> {
     }
 
     /// Every entry, owned (the ones that cannot be read are left out).
-    pub fn entries(&self) -> Vec<Entry> {
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> Vec<Entry> {
         let mut out = Vec::with_capacity(self.len());
         if let Err(e) = self.try_for_each(|e| {
             out.push(e.clone());
@@ -164,7 +162,10 @@ impl Chunk {
         }
     }
 
-    fn drain(&mut self, emit: &mut impl FnMut(&Entry) -> Result<(), String>) -> Result<(), String> {
+    fn drain(
+        &mut self,
+        emit: &mut impl FnMut(&Entry) -> Result<(), StreamError>,
+    ) -> Result<(), StreamError> {
         self.index.clear();
         self.seen = 0;
         for e in self.entries.drain(..) {

@@ -10,29 +10,29 @@
 //!
 //! Here: the [`Record`] and [`Store::apply`], which hands each record to
 //! its fold. The files beside this one, by concern:
-//! - [`record`]: what records carry and what applying one gives;
-//!   [`limits`]: the bounds and the fold into [`OTHER`] past them.
+//! - `record`: what records carry and what applying one gives;
+//!   `limits`: the bounds and the fold into [`OTHER`] past them.
 //! - `state`: the [`Store`]'s fields and accessors, and the end of the run.
 //! - The folds: `samples` (phase by phase), `targets`, `gpu`, `host`,
 //!   `alerts`, `marks`, `spans`, `stages`, `peaks`.
 //! - Views of the state: `status` (status, levels, [`snapshot::Snapshot`]),
-//!   `document` (`memory_usage.json`) and `log_view` ([`LogView`]).
-//! - Storage: [`entries`] and [`chunked`] (the event log), [`journal`]
+//!   `document` (`memory_usage.json`) and `log_view` (`LogView`).
+//! - Storage: [`entries`] and `chunked` (the event log), [`journal`]
 //!   (records and checkpoints on disk); [`pressure`]: levels and thresholds.
 
 mod alerts;
-pub mod chunked;
+pub(crate) mod chunked;
 mod document;
 pub mod entries;
 mod gpu;
 mod host;
 pub mod journal;
-pub mod limits;
+pub(crate) mod limits;
 mod log_view;
 mod marks;
 mod peaks;
 pub mod pressure;
-pub mod record;
+pub(crate) mod record;
 mod samples;
 pub mod snapshot;
 mod spans;
@@ -43,11 +43,8 @@ mod targets;
 #[cfg(test)]
 mod testkit;
 
-pub use document::HEADROOM;
 pub use limits::{Limits, MAX_FLIGHTS, OTHER};
-pub use log_view::LogView;
-pub use record::{Boundary, Mark, Outcome, SampleKind};
-pub use snapshot::Current;
+pub use record::{Applied, Boundary, Mark, SampleKind};
 pub use state::{Store, SYSTEM};
 
 use serde::{Deserialize, Serialize};
@@ -90,13 +87,13 @@ pub enum Record {
 
 impl Store {
     /// Applies one record: the only way state changes.
-    pub fn apply(&mut self, record: &Record) -> Outcome {
+    pub fn apply(&mut self, record: &Record) -> Applied {
         self.seq += 1;
         match record {
             Record::Sample { kind, sample } => self.apply_sample(*kind, sample),
-            Record::Mark(mark) => Outcome {
+            Record::Mark(mark) => Applied {
                 entry: Some(self.record_mark(mark, mark.operation.clone(), None)),
-                ..Outcome::default()
+                ..Applied::default()
             },
             Record::SpanBegin(b) => self.begin_span(b),
             Record::SpanEnd(b) => self.end_span(b),
@@ -104,20 +101,20 @@ impl Store {
             Record::StageEnd(b) => self.end_stage(b),
             Record::Exit { pid, exit, max_rss } => {
                 self.exit(*pid, *exit, *max_rss);
-                Outcome::default()
+                Applied::default()
             }
             Record::Flight(w) => {
                 self.keep_flight(w);
-                Outcome::default()
+                Applied::default()
             }
             Record::JournalErrors { total } => {
                 let c = &mut self.counters_mut().journal_errors;
                 *c = (*c).max(*total);
-                Outcome::default()
+                Applied::default()
             }
-            Record::Finish { timestamp, exit } => Outcome {
+            Record::Finish { timestamp, exit } => Applied {
                 entry: Some(self.finish(*timestamp, *exit)),
-                ..Outcome::default()
+                ..Applied::default()
             },
         }
     }

@@ -21,7 +21,7 @@ pub enum Level {
 }
 
 impl Level {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Level::Normal => "normal",
             Level::High => "high",
@@ -31,7 +31,7 @@ impl Level {
     }
 
     /// 0…3, as exported to Prometheus.
-    pub fn as_number(self) -> u8 {
+    pub(crate) fn as_number(self) -> u8 {
         self as u8
     }
 }
@@ -58,8 +58,13 @@ impl Default for Thresholds {
     }
 }
 
+/// Thresholds out of order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("need 0 < high < critical < emergency <= 1 and 0 <= hysteresis < 0.5")]
+pub struct ThresholdsOutOfOrder;
+
 impl Thresholds {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ThresholdsOutOfOrder> {
         let ok = 0.0 < self.high
             && self.high < self.critical
             && self.critical < self.emergency
@@ -68,7 +73,7 @@ impl Thresholds {
         if ok {
             Ok(())
         } else {
-            Err("need 0 < high < critical < emergency <= 1 and 0 <= hysteresis < 0.5".into())
+            Err(ThresholdsOutOfOrder)
         }
     }
 
@@ -82,7 +87,7 @@ impl Thresholds {
     }
 
     /// The level for `ratio`, given the level held before.
-    pub fn level(&self, ratio: f64, previous: Level) -> Level {
+    pub(crate) fn level(&self, ratio: f64, previous: Level) -> Level {
         let raw = if ratio >= self.emergency {
             Level::Emergency
         } else if ratio >= self.critical {

@@ -1,5 +1,5 @@
 //! What records carry and what applying one gives: the kind of a sample,
-//! a mark, a span or stage boundary, and the [`Outcome`] of applying a
+//! a mark, a span or stage boundary, and the [`Applied`] of applying a
 //! [`Record`](super::Record).
 
 use std::collections::BTreeMap;
@@ -22,39 +22,39 @@ pub enum SampleKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Mark {
     /// When the mark arrived (Unix seconds).
-    pub timestamp: f64,
+    pub(crate) timestamp: f64,
     #[serde(default)]
-    pub pid: Option<u32>,
-    pub component: String,
-    pub operation: String,
+    pub(crate) pid: Option<u32>,
+    pub(crate) component: String,
+    pub(crate) operation: String,
     #[serde(default)]
-    pub iteration: Option<u64>,
+    pub(crate) iteration: Option<u64>,
     #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
     #[serde(default)]
-    pub allocator: Option<Allocator>,
+    pub(crate) allocator: Option<Allocator>,
     #[serde(default)]
-    pub kind: EntryKind,
+    pub(crate) kind: EntryKind,
 }
 
 /// A span or stage boundary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Boundary {
-    pub mark: Mark,
+    pub(crate) mark: Mark,
     /// Stage end only: `SUCCESS`, `FAILED`, …
     #[serde(default)]
-    pub status: Option<String>,
+    pub(crate) status: Option<String>,
     #[serde(default)]
-    pub message: Option<String>,
+    pub(crate) message: Option<String>,
 }
 
 /// What applying a record produced, for those who react to it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Outcome {
+pub struct Applied {
     /// The log entry recorded, if any.
-    pub entry: Option<Entry>,
+    pub(crate) entry: Option<Entry>,
     /// Pressure levels crossed.
-    pub alerts: Vec<Alert>,
+    pub(crate) alerts: Vec<Alert>,
     /// Span or stage ends that matched nothing open.
-    pub unmatched: bool,
+    pub(crate) unmatched: bool,
 }

@@ -3,7 +3,7 @@
 //! figures, pressure — and a timer sample becomes a timer entry, counted
 //! for the innermost open span's component.
 
-use super::record::{Outcome, SampleKind};
+use super::record::{Applied, SampleKind};
 use super::state::{Store, SYSTEM};
 use crate::model::{Entry, EntryKind};
 use crate::sample::Sample;
@@ -11,7 +11,7 @@ use crate::units::mib;
 
 impl Store {
     /// Applies one sample.
-    pub(super) fn apply_sample(&mut self, kind: SampleKind, sample: &Sample) -> Outcome {
+    pub(super) fn apply_sample(&mut self, kind: SampleKind, sample: &Sample) -> Applied {
         if let Some(info) = &sample.host_source {
             self.set_host_source(info);
         }
@@ -28,7 +28,7 @@ impl Store {
                 None
             }
         };
-        Outcome {
+        Applied {
             entry,
             alerts,
             unmatched: false,

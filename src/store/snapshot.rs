@@ -18,23 +18,23 @@ use crate::sample::HostMemory;
 /// The tree's figures after the latest sample (MiB).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Current {
-    pub timestamp: f64,
+    pub(crate) timestamp: f64,
     /// The tree's host memory, every page once: the document's headline
     /// name. The `status` reply also gives it as `cpu_rss_mb`, its name
     /// before, for readers that know only that.
     #[serde(rename = "cpu_ram_used_mb", alias = "cpu_rss_mb")]
-    pub cpu_used_mb: f64,
+    pub(crate) cpu_used_mb: f64,
     /// The tree's peak since the previous sample.
-    pub cpu_hwm_mb: f64,
+    pub(crate) cpu_hwm_mb: f64,
     /// Where `cpu_used_mb` comes from.
     #[serde(default)]
-    pub host_source: HostSource,
-    pub gpu_tree_mb: f64,
+    pub(crate) host_source: HostSource,
+    pub(crate) gpu_tree_mb: f64,
     /// Highest `gpu_tree_mb` so far: the NVML stand-in for
     /// `max_memory_allocated`.
-    pub gpu_tree_peak_mb: f64,
-    pub gpu_source: GpuSource,
-    pub processes: usize,
+    pub(crate) gpu_tree_peak_mb: f64,
+    pub(crate) gpu_source: GpuSource,
+    pub(crate) processes: usize,
 }
 
 /// Identity of the run, carried as labels by every metric.
@@ -71,24 +71,24 @@ pub struct ProcessNow {
 /// The latest allocator figures a process sent.
 #[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize, PartialEq)]
 pub struct AllocatorNow {
-    pub pid: u32,
-    pub timestamp: f64,
+    pub(crate) pid: u32,
+    pub(crate) timestamp: f64,
     #[serde(flatten)]
-    pub figures: Allocator,
+    pub(crate) figures: Allocator,
 }
 
 /// A fixed-bucket histogram (seconds), cumulative like Prometheus's.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Histogram {
-    pub bounds: &'static [f64],
+    pub(crate) bounds: &'static [f64],
     /// Observations `<= bounds[i]` (cumulative); the last is +Inf.
-    pub cumulative: Vec<u64>,
-    pub sum: f64,
-    pub count: u64,
+    pub(crate) cumulative: Vec<u64>,
+    pub(crate) sum: f64,
+    pub(crate) count: u64,
 }
 
 /// Tick-duration bucket bounds: 10 µs … 1 s.
-pub const TICK_BUCKETS: &[f64] = &[
+pub(crate) const TICK_BUCKETS: &[f64] = &[
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0,
 ];
 

@@ -3,12 +3,12 @@
 //! component timer samples count for; `span_end` closes the innermost
 //! match, the same process's first.
 
-use super::record::{Boundary, Outcome};
+use super::record::{Applied, Boundary};
 use super::state::{OpenSpan, Store};
 
 impl Store {
     /// Logs a span's start and opens it when there is room.
-    pub(super) fn begin_span(&mut self, b: &Boundary) -> Outcome {
+    pub(super) fn begin_span(&mut self, b: &Boundary) -> Applied {
         let entry = self.record_mark(&b.mark, format!("before_{}", b.mark.operation), None);
         if self.spans.len() < self.limits.max_open_spans {
             self.spans.push(OpenSpan {
@@ -20,15 +20,15 @@ impl Store {
         } else {
             self.counters.spans_untracked += 1;
         }
-        Outcome {
+        Applied {
             entry: Some(entry),
-            ..Outcome::default()
+            ..Applied::default()
         }
     }
 
     /// Closes the innermost open span of the same component and operation
     /// (of the same process if there is one) and logs its end.
-    pub(super) fn end_span(&mut self, b: &Boundary) -> Outcome {
+    pub(super) fn end_span(&mut self, b: &Boundary) -> Applied {
         let m = &b.mark;
         let found = self
             .spans
@@ -45,10 +45,10 @@ impl Store {
             self.spans.remove(i);
         }
         let entry = self.record_mark(m, format!("after_{}", m.operation), None);
-        Outcome {
+        Applied {
             entry: Some(entry),
             unmatched: found.is_none(),
-            ..Outcome::default()
+            ..Applied::default()
         }
     }
 }

@@ -4,13 +4,13 @@
 //! and the end of the run abandons those still open. Entries logged while
 //! a stage is open carry its name and count for its peak.
 
-use super::record::{Boundary, Outcome};
+use super::record::{Applied, Boundary};
 use super::state::Store;
 use crate::model::Stage;
 
 impl Store {
     /// Opens a stage (when there is room) and logs its start.
-    pub(super) fn begin_stage(&mut self, b: &Boundary) -> Outcome {
+    pub(super) fn begin_stage(&mut self, b: &Boundary) -> Applied {
         let name = b.mark.operation.clone();
         if self.make_room_for_a_stage() {
             self.stages.push(Stage {
@@ -23,14 +23,14 @@ impl Store {
             });
         }
         let entry = self.record_mark(&b.mark, format!("{name}/begin"), Some(name));
-        Outcome {
+        Applied {
             entry: Some(entry),
-            ..Outcome::default()
+            ..Applied::default()
         }
     }
 
     /// Logs a stage's end and closes the latest open stage of its name.
-    pub(super) fn end_stage(&mut self, b: &Boundary) -> Outcome {
+    pub(super) fn end_stage(&mut self, b: &Boundary) -> Applied {
         let name = b.mark.operation.clone();
         // The end's own sample belongs to the stage it closes.
         let entry = self.record_mark(&b.mark, format!("{name}/end"), Some(name.clone()));
@@ -46,10 +46,10 @@ impl Store {
             stage.status = b.status.clone().unwrap_or_else(|| "SUCCESS".into());
             stage.message.clone_from(&b.message);
         }
-        Outcome {
+        Applied {
             entry: Some(entry),
             unmatched,
-            ..Outcome::default()
+            ..Applied::default()
         }
     }
 

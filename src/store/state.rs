@@ -62,7 +62,7 @@ pub(super) struct OpenSpan {
 /// All run state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Store {
-    pub run: RunInfo,
+    pub(crate) run: RunInfo,
     pub(super) limits: Limits,
     pub(super) thresholds: Thresholds,
     /// Event entries: in memory, or (a daemon's run) in the run's
@@ -91,7 +91,7 @@ pub struct Store {
     pub(super) last_alive: Option<Current>,
     /// Sequence number of the last record applied (journal replay skips
     /// what a checkpoint already holds).
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// Events per component and operation.
     #[serde(default)]
     pub(super) event_counts: BTreeMap<String, BTreeMap<String, u64>>,
@@ -148,50 +148,50 @@ impl Store {
     }
 
     /// The tree's figures after the latest sample.
-    pub fn current(&self) -> &Current {
+    pub(crate) fn current(&self) -> &Current {
         &self.current
     }
 
-    pub fn peaks(&self) -> &Peaks {
+    pub(crate) fn peaks(&self) -> &Peaks {
         &self.peaks
     }
 
-    pub fn peaks_by_component(&self) -> &BTreeMap<String, Peaks> {
-        &self.by_component
-    }
-
-    pub fn counters(&self) -> &Counters {
+    pub(crate) fn counters(&self) -> &Counters {
         &self.counters
     }
 
-    pub fn counters_mut(&mut self) -> &mut Counters {
+    pub(crate) fn counters_mut(&mut self) -> &mut Counters {
         &mut self.counters
     }
 
-    pub fn gpus(&self) -> impl Iterator<Item = &Gpu> {
+    #[cfg(test)]
+    pub(crate) fn gpus(&self) -> impl Iterator<Item = &Gpu> {
         self.gpus.values()
     }
 
-    pub fn live_targets(&self) -> impl Iterator<Item = &Target> {
+    #[cfg(test)]
+    pub(crate) fn live_targets(&self) -> impl Iterator<Item = &Target> {
         self.live.values().map(|l| &l.target)
     }
 
-    pub fn levels(&self) -> &BTreeMap<String, Level> {
+    #[cfg(test)]
+    pub(crate) fn levels(&self) -> &BTreeMap<String, Level> {
         &self.levels
     }
 
     /// Open spans as `component/operation`, outermost first.
-    pub fn open_spans(&self) -> impl Iterator<Item = String> + '_ {
+    pub(crate) fn open_spans(&self) -> impl Iterator<Item = String> + '_ {
         self.spans
             .iter()
             .map(|s| format!("{}/{}", s.component, s.operation))
     }
 
-    pub fn stages(&self) -> &[Stage] {
+    #[cfg(test)]
+    pub(crate) fn stages(&self) -> &[Stage] {
         &self.stages
     }
 
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.run.end.is_some()
     }
 

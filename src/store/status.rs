@@ -12,7 +12,7 @@ impl Store {
     /// views: run identity, current figures, peaks, live processes, open
     /// spans and stages, pressure levels, GPUs (and, with NVML, how the
     /// tree's share of them is told apart), counters.
-    pub fn status(&self) -> serde_json::Value {
+    pub(crate) fn status(&self) -> serde_json::Value {
         let processes: Vec<serde_json::Value> = self
             .live
             .values()
@@ -59,7 +59,7 @@ impl Store {
 
     /// The level of every resource seen (host RAM and each GPU), normal
     /// included, so exporters have a series from the start.
-    pub fn all_levels(&self) -> BTreeMap<String, Level> {
+    pub(crate) fn all_levels(&self) -> BTreeMap<String, Level> {
         let mut levels = self.levels.clone();
         if self.host_memory.total > 0 {
             levels.entry("host".into()).or_default();

@@ -32,7 +32,7 @@ impl LiveTarget {
 
 impl Store {
     /// The name of a process of the tree, live or gone.
-    pub fn target_name(&self, pid: u32) -> Option<String> {
+    pub(crate) fn target_name(&self, pid: u32) -> Option<String> {
         self.live
             .get(&pid)
             .map(|l| l.target.name.clone())

@@ -5,7 +5,7 @@ pub(super) use std::collections::BTreeMap;
 
 pub(super) use super::limits::Limits;
 pub(super) use super::pressure::Thresholds;
-pub(super) use super::record::{Boundary, Mark, Outcome, SampleKind};
+pub(super) use super::record::{Applied, Boundary, Mark, SampleKind};
 pub(super) use super::state::Store;
 pub(super) use super::Record;
 pub(super) use crate::model::{Allocator, EntryKind, Exit, RunInfo};
@@ -96,7 +96,7 @@ pub(super) fn leave(s: &mut Sample, pid: u32) {
     });
 }
 
-pub(super) fn timer(st: &mut Store, s: Box<Sample>) -> Outcome {
+pub(super) fn timer(st: &mut Store, s: Box<Sample>) -> Applied {
     st.apply(&Record::Sample {
         kind: SampleKind::Timer,
         sample: s,

@@ -44,13 +44,13 @@ struct Budget {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
 pub struct ParseError {
-    pub line: usize,
-    pub message: String,
+    pub(crate) line: usize,
+    pub(crate) message: String,
 }
 
 /// A parsed value. Scalars keep their text (numbers and booleans too).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     Scalar { pieces: Vec<Piece>, line: usize },
     Object(BTreeMap<String, Value>),
     List(Vec<Value>),
@@ -58,20 +58,20 @@ pub enum Value {
 
 /// One part of a (possibly concatenated) scalar.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Piece {
+pub(crate) enum Piece {
     Text(String),
     Subst { path: String, optional: bool },
 }
 
 /// A parsed document: the root object.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Document {
+pub struct ConfTree {
     root: BTreeMap<String, Value>,
 }
 
-impl Document {
+impl ConfTree {
     /// The value at a dotted path (`api.credentials.access_key`).
-    pub fn get(&self, path: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, path: &str) -> Option<&Value> {
         let mut parts = path.split('.');
         let mut cur = self.root.get(parts.next()?)?;
         for part in parts {
@@ -86,7 +86,7 @@ impl Document {
     /// The string at `path`, substitutions resolved (`${x}` from the file,
     /// else from `env`). `Ok(None)`: absent, not a string, or an optional
     /// substitution that resolved to nothing.
-    pub fn get_str(
+    pub(crate) fn get_str(
         &self,
         path: &str,
         env: &dyn Fn(&str) -> Option<String>,
@@ -203,7 +203,7 @@ fn check_size(out: &str, line: usize) -> Result<(), ParseError> {
 }
 
 /// Parses a whole file.
-pub fn parse(text: &str) -> Result<Document, ParseError> {
+pub fn parse(text: &str) -> Result<ConfTree, ParseError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut p = Parser {
         s: text.as_bytes(),
@@ -224,7 +224,7 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
     } else {
         p.object_body(None, 0)?
     };
-    Ok(Document { root })
+    Ok(ConfTree { root })
 }
 
 struct Parser<'a> {
@@ -744,7 +744,7 @@ mod tests {
         None
     }
 
-    fn s(doc: &Document, path: &str) -> Option<String> {
+    fn s(doc: &ConfTree, path: &str) -> Option<String> {
         doc.get_str(path, &no_env).unwrap()
     }
 

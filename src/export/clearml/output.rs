@@ -12,7 +12,7 @@
 
 use std::fmt;
 
-use super::hocon::{Document, ParseError, Piece, Value};
+use super::hocon::{ConfTree, ParseError, Piece, Value};
 
 /// Entries of `sdk.aws.s3.credentials` read at most (the file is at most
 /// 1 MiB anyway).
@@ -234,7 +234,7 @@ pub fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, String> {
 /// that is not `host[:port]`, a region that is no region: an error naming
 /// the entry, never its keys.
 pub fn read(
-    doc: &Document,
+    doc: &ConfTree,
     env: &dyn Fn(&str) -> Option<String>,
     file: &str,
 ) -> Result<OutputConf, String> {
@@ -293,7 +293,7 @@ enum Bad {
 }
 
 fn entry(
-    doc: &Document,
+    doc: &ConfTree,
     item: &Value,
     env: &dyn Fn(&str) -> Option<String>,
     what: &str,
@@ -335,10 +335,10 @@ fn entry(
     })
 }
 
-/// A list element's text, substitutions resolved as [`Document::get_str`]
+/// A list element's text, substitutions resolved as [`ConfTree::get_str`]
 /// resolves them (the file first, then the environment).
 fn scalar(
-    doc: &Document,
+    doc: &ConfTree,
     v: &Value,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<String>, ParseError> {

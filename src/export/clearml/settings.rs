@@ -324,7 +324,7 @@ fn parse_bool(v: &str) -> Option<bool> {
 }
 
 /// Reads and parses a `clearml.conf` (at most 1 MiB).
-pub fn read_conf(path: &Path) -> Result<hocon::Document, ClearmlError> {
+pub fn read_conf(path: &Path) -> Result<hocon::ConfTree, ClearmlError> {
     use std::io::Read;
     let read_err = |source| ClearmlError::ConfRead {
         path: path.to_path_buf(),

@@ -7,17 +7,17 @@ use serde_json::{json, Value};
 
 /// One metric value as `runs/log-batch` takes it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Metric {
-    pub key: &'static str,
-    pub value: f64,
+pub(crate) struct Metric {
+    pub(crate) key: &'static str,
+    pub(crate) value: f64,
     /// Unix milliseconds.
-    pub timestamp: i64,
-    pub step: i64,
+    pub(crate) timestamp: i64,
+    pub(crate) step: i64,
 }
 
 /// Why the MLflow export failed.
 #[derive(Debug, thiserror::Error)]
-pub enum MlflowError {
+pub(crate) enum MlflowError {
     #[error("{0}")]
     Config(String),
     #[error("MLflow {call}: {why}")]
@@ -26,7 +26,7 @@ pub enum MlflowError {
 
 /// A client for one tracking server.
 #[derive(Debug, Clone)]
-pub struct Api {
+pub(crate) struct Api {
     client: reqwest::Client,
     base: String,
 }
@@ -72,7 +72,7 @@ impl Api {
     }
 
     /// Creates a run in `experiment`; returns its id.
-    pub async fn create_run(
+    pub(crate) async fn create_run(
         &self,
         experiment: &str,
         name: &str,
@@ -100,7 +100,11 @@ impl Api {
             })
     }
 
-    pub async fn log_batch(&self, run_id: &str, metrics: &[Metric]) -> Result<(), MlflowError> {
+    pub(crate) async fn log_batch(
+        &self,
+        run_id: &str,
+        metrics: &[Metric],
+    ) -> Result<(), MlflowError> {
         let body = json!({"run_id": run_id, "metrics": metrics});
         self.call(reqwest::Method::POST, "runs/log-batch", Some(body))
             .await?;
@@ -108,7 +112,7 @@ impl Api {
     }
 
     /// Ends a run memtrack created: FINISHED, or FAILED.
-    pub async fn end_run(&self, run_id: &str, failed: bool) -> Result<(), MlflowError> {
+    pub(crate) async fn end_run(&self, run_id: &str, failed: bool) -> Result<(), MlflowError> {
         let status = if failed { "FAILED" } else { "FINISHED" };
         let body = json!({"run_id": run_id, "status": status, "end_time": now_ms()});
         self.call(reqwest::Method::POST, "runs/update", Some(body))
@@ -118,7 +122,10 @@ impl Api {
 
     /// The run's artifact folder as the proxy's path (`Ok`), or why the
     /// run's artifacts are not served by the tracking server (`Err`).
-    pub async fn artifact_path(&self, run_id: &str) -> Result<Result<String, String>, MlflowError> {
+    pub(crate) async fn artifact_path(
+        &self,
+        run_id: &str,
+    ) -> Result<Result<String, NotProxied>, MlflowError> {
         let reply = self
             .call(
                 reqwest::Method::GET,
@@ -129,12 +136,12 @@ impl Api {
         let uri = reply["run"]["info"]["artifact_uri"]
             .as_str()
             .unwrap_or_default();
-        Ok(proxy_path(uri).ok_or_else(|| {
-            format!("the run's artifact store `{uri}` is not the tracking server's proxy (mlflow-artifacts:)")
+        Ok(proxy_path(uri).ok_or_else(|| NotProxied {
+            uri: uri.to_string(),
         }))
     }
 
-    pub async fn put_artifact(
+    pub(crate) async fn put_artifact(
         &self,
         dir: &str,
         name: &str,
@@ -181,6 +188,14 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Why a run's artifacts are not uploaded: its artifact store is not the
+/// tracking server's proxy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the run's artifact store `{uri}` is not the tracking server's proxy (mlflow-artifacts:)")]
+pub(crate) struct NotProxied {
+    pub(crate) uri: String,
 }
 
 #[cfg(test)]

@@ -27,15 +27,15 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use api::{Api, Metric, MlflowError};
+pub(crate) use api::{Api, Metric, MlflowError};
 
 use crate::model::Document;
 
 /// Most metric values per `runs/log-batch` request (MLflow's limit).
-pub const BATCH: usize = 1000;
+pub(crate) const BATCH: usize = 1000;
 
 /// The component and operation of the mark that announces the job's run.
-pub const ANNOUNCE: (&str, &str) = ("mlflow", "active_run");
+pub(crate) const ANNOUNCE: (&str, &str) = ("mlflow", "active_run");
 
 /// The `[mlflow]` settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,15 +43,15 @@ pub const ANNOUNCE: (&str, &str) = ("mlflow", "active_run");
 pub struct MlflowConfig {
     /// The tracking server (`http://…` or `https://…`). Empty: the
     /// `MLFLOW_TRACKING_URI` memtrack was started with; neither: off.
-    pub tracking_uri: String,
+    pub(crate) tracking_uri: String,
     /// Report into this MLflow run (default: the job's, see the module).
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// Where a run memtrack creates goes. Empty: `MLFLOW_EXPERIMENT_ID`,
     /// else `0` (MLflow's default experiment).
-    pub experiment_id: String,
+    pub(crate) experiment_id: String,
     /// One request's time limit.
     #[serde(with = "crate::units::serde_duration")]
-    pub request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
 }
 
 impl Default for MlflowConfig {
@@ -67,17 +67,17 @@ impl Default for MlflowConfig {
 
 /// The settings a run uses, from the configuration and the environment.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    pub uri: String,
-    pub run_id: Option<String>,
-    pub experiment_id: String,
-    pub request_timeout: Duration,
+pub(crate) struct Settings {
+    pub(crate) uri: String,
+    pub(crate) run_id: Option<String>,
+    pub(crate) experiment_id: String,
+    pub(crate) request_timeout: Duration,
 }
 
 /// The run's MLflow settings, or None when MLflow is not configured. An
 /// address that is not HTTP is an error (MLflow's file store cannot be
 /// written through REST).
-pub fn resolve(
+pub(crate) fn resolve(
     config: &MlflowConfig,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Settings>, MlflowError> {
@@ -109,7 +109,7 @@ pub fn resolve(
 
 /// The run the job announced: the last `mlflow`/`active_run` mark's
 /// `run_id` label.
-pub fn announced_run(doc: &Document) -> Option<String> {
+pub(crate) fn announced_run(doc: &Document) -> Option<String> {
     doc.detailed_log
         .iter()
         .rev()
@@ -120,7 +120,7 @@ pub fn announced_run(doc: &Document) -> Option<String> {
 
 /// The document's samples as metric values on the job's iteration axis,
 /// then the run's peaks (at the last step).
-pub fn metrics(doc: &Document) -> Vec<Metric> {
+pub(crate) fn metrics(doc: &Document) -> Vec<Metric> {
     let mut out = Vec::with_capacity(doc.detailed_log.len() * 3 + 2);
     let mut step = 0i64;
     let mut last_ms = 0i64;
@@ -165,17 +165,17 @@ pub fn metrics(doc: &Document) -> Vec<Metric> {
 
 /// What the export did, for the end-of-run line.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Exported {
-    pub run_id: String,
-    pub metrics: usize,
+pub(crate) struct Exported {
+    pub(crate) run_id: String,
+    pub(crate) metrics: usize,
     /// Why the artifact is not there, if it is not.
-    pub artifact_skipped: Option<String>,
+    pub(crate) artifact_skipped: Option<String>,
 }
 
 /// Puts the finished run's document into MLflow: the metrics, the peaks
 /// and the `memory_usage.json` artifact. `failed` says how the job ended,
 /// for a run memtrack created.
-pub async fn export(
+pub(crate) async fn export(
     settings: &Settings,
     document: &Path,
     run_name: &str,
@@ -204,7 +204,7 @@ pub async fn export(
                 .await?;
             None
         }
-        Err(why) => Some(why),
+        Err(why) => Some(why.to_string()),
     };
     if created {
         api.end_run(&run_id, failed).await?;

@@ -35,11 +35,11 @@ const MAX_PROFILE_FILE_BYTES: u64 = 1 << 20;
 /// Sections of an AWS INI file: `[name]` → key → value. A key's indented
 /// sub-properties (`s3 =` followed by `  endpoint_url = …`) are stored as
 /// `s3.endpoint_url`.
-pub type Sections = BTreeMap<String, BTreeMap<String, String>>;
+pub(crate) type Sections = BTreeMap<String, BTreeMap<String, String>>;
 
 /// Parses the AWS config or credentials file format. Comment lines (`#`,
 /// `;`) and lines outside a section are skipped; a later duplicate key wins.
-pub fn parse_ini(text: &str) -> Sections {
+pub(crate) fn parse_ini(text: &str) -> Sections {
     let mut sections = Sections::new();
     let mut current: Option<String> = None;
     let mut parent: Option<String> = None;
@@ -99,7 +99,7 @@ fn split_userinfo(url: &str) -> Option<(&str, &str, &str)> {
 
 /// `url` with its user information (`user:password@`) shown as `***@`:
 /// for every message that names an endpoint.
-pub fn redact_userinfo(url: &str) -> String {
+pub(crate) fn redact_userinfo(url: &str) -> String {
     match split_userinfo(url) {
         Some((scheme, _, rest)) => format!("{scheme}***@{rest}"),
         None => url.to_string(),
@@ -109,7 +109,7 @@ pub fn redact_userinfo(url: &str) -> String {
 /// `url` without its user information: requests are signed with the AWS
 /// keys, a password in an endpoint is never used, and the retry command
 /// must not print it.
-pub fn strip_userinfo(url: &str) -> String {
+pub(crate) fn strip_userinfo(url: &str) -> String {
     match split_userinfo(url) {
         Some((scheme, _, rest)) => format!("{scheme}{rest}"),
         None => url.to_string(),
@@ -119,63 +119,77 @@ pub fn strip_userinfo(url: &str) -> String {
 /// Why `endpoint` cannot be an S3 endpoint (a configuration error, never
 /// retried as a network one): it must be an `http://` or `https://` URL
 /// with a host.
-pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+pub(crate) fn check_endpoint(endpoint: &str) -> Result<(), EndpointError> {
     let shown = redact_userinfo(endpoint);
+    let not_url = |e: Box<dyn std::error::Error + Send + Sync>| EndpointError::NotUrl {
+        shown: shown.clone(),
+        source: e,
+    };
     let uri: hyper::Uri = strip_userinfo(endpoint)
         .parse()
-        .map_err(|e| format!("`{shown}` is not a URL ({e})"))?;
+        .map_err(|e: hyper::http::uri::InvalidUri| not_url(e.into()))?;
     match uri.scheme_str() {
         Some("http" | "https") => {}
-        _ => {
-            return Err(format!(
-                "`{shown}` is not an http:// or https:// URL (write e.g. http://minio:9000)"
-            ))
-        }
+        _ => return Err(EndpointError::NotHttp { shown }),
     }
     if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("`{shown}` names no host"));
+        return Err(EndpointError::NoHost { shown });
     }
     // The port's range, which the URI grammar leaves open.
-    reqwest::Url::parse(&strip_userinfo(endpoint))
-        .map_err(|e| format!("`{shown}` is not a URL ({e})"))?;
+    reqwest::Url::parse(&strip_userinfo(endpoint)).map_err(|e| not_url(e.into()))?;
     Ok(())
+}
+
+/// Why a string cannot be an S3 endpoint; `shown` is the endpoint with any
+/// password left out.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EndpointError {
+    #[error("`{shown}` is not a URL ({source})")]
+    NotUrl {
+        shown: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("`{shown}` is not an http:// or https:// URL (write e.g. http://minio:9000)")]
+    NotHttp { shown: String },
+    #[error("`{shown}` names no host")]
+    NoHost { shown: String },
 }
 
 /// One resolved value and where it came from (for messages).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Setting {
-    pub value: String,
-    pub source: String,
+pub(crate) struct Setting {
+    pub(crate) value: String,
+    pub(crate) source: String,
 }
 
 /// What an upload will use.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// The profile name and what chose it (`AWS_PROFILE`, `default`).
-    pub profile: String,
-    pub profile_from: &'static str,
+    pub(crate) profile: String,
+    pub(crate) profile_from: &'static str,
     /// Whether either file defines the profile.
-    pub profile_defined: bool,
+    pub(crate) profile_defined: bool,
     /// A custom endpoint; `None` is AWS itself.
-    pub endpoint: Option<Setting>,
+    pub(crate) endpoint: Option<Setting>,
     /// `None`: left to the SDK's chain.
-    pub region: Option<Setting>,
-    pub path_style: bool,
-    pub config_file: PathBuf,
-    pub credentials_file: PathBuf,
+    pub(crate) region: Option<Setting>,
+    pub(crate) path_style: bool,
+    pub(crate) config_file: PathBuf,
+    pub(crate) credentials_file: PathBuf,
     /// Where credentials would come from, or why none are configured.
-    pub credentials: Credentials,
+    pub(crate) credentials: Credentials,
     /// Whether the instance-metadata service may be asked (for
     /// credentials): not with a custom endpoint, nor when
     /// `AWS_EC2_METADATA_DISABLED` is true.
-    pub imds: bool,
+    pub(crate) imds: bool,
     /// Files that exist but could not be read (named in messages).
-    pub unreadable: Vec<String>,
+    pub(crate) unreadable: Vec<String>,
 }
 
 /// What the configuration says about credentials, before asking the SDK.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Credentials {
+pub(crate) enum Credentials {
     /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
     Environment,
     /// Only one of the pair is set.
@@ -197,7 +211,10 @@ pub enum Credentials {
 
 /// The AWS CLI's files: `AWS_CONFIG_FILE` / `AWS_SHARED_CREDENTIALS_FILE`,
 /// else under `~/.aws/`.
-pub fn file_paths(env: &dyn Fn(&str) -> Option<String>, home: Option<&Path>) -> (PathBuf, PathBuf) {
+pub(crate) fn file_paths(
+    env: &dyn Fn(&str) -> Option<String>,
+    home: Option<&Path>,
+) -> (PathBuf, PathBuf) {
     let under_home = |name: &str| {
         home.map(|h| h.join(".aws").join(name))
             .unwrap_or_else(|| PathBuf::from("~/.aws").join(name))
@@ -216,7 +233,7 @@ pub fn file_paths(env: &dyn Fn(&str) -> Option<String>, home: Option<&Path>) -> 
 
 /// Reads the profile files and resolves. A missing file is an empty one;
 /// an unreadable or oversized one is named in [`Resolved::unreadable`].
-pub fn resolve(
+pub(crate) fn resolve(
     config: &S3Config,
     env: &dyn Fn(&str) -> Option<String>,
     home: Option<&Path>,
@@ -260,7 +277,7 @@ fn has_profile_keys(s: &BTreeMap<String, String>) -> bool {
 }
 
 /// [`resolve`] over the files' contents.
-pub fn resolve_from(
+pub(crate) fn resolve_from(
     config: &S3Config,
     env: &dyn Fn(&str) -> Option<String>,
     config_text: &str,
@@ -404,7 +421,7 @@ pub fn resolve_from(
 
 impl Resolved {
     /// The endpoint for messages: the URL and its source, or AWS itself.
-    pub fn describe_endpoint(&self) -> String {
+    pub(crate) fn describe_endpoint(&self) -> String {
         match &self.endpoint {
             Some(e) if e.source == "s3.endpoint" => redact_userinfo(&e.value),
             Some(e) => format!("{} (from {})", redact_userinfo(&e.value), e.source),
@@ -418,7 +435,7 @@ impl Resolved {
     }
 
     /// The profile for messages: `profile `x` (AWS_PROFILE)`.
-    pub fn describe_profile(&self) -> String {
+    pub(crate) fn describe_profile(&self) -> String {
         match self.profile_from {
             "default" => format!("profile `{}`", self.profile),
             from => format!("profile `{}` from {from}", self.profile),
@@ -426,7 +443,7 @@ impl Resolved {
     }
 
     /// A profile chosen by name that neither file defines.
-    pub fn unknown_profile(&self) -> Option<String> {
+    pub(crate) fn unknown_profile(&self) -> Option<String> {
         (self.profile_from != "default" && !self.profile_defined).then(|| {
             format!(
                 "{} names profile `{}`, which neither {} nor {} defines",
@@ -443,7 +460,7 @@ impl Resolved {
     /// profile chosen by name that neither file defines is always an error,
     /// as for the AWS CLI: with keys in the environment a typo would
     /// otherwise send the upload to AWS instead of the profile's endpoint.
-    pub fn missing_credentials(&self) -> Option<String> {
+    pub(crate) fn missing_credentials(&self) -> Option<String> {
         let mut why = if let Some(unknown) = self.unknown_profile() {
             unknown
         } else {
@@ -465,7 +482,7 @@ impl Resolved {
     }
 
     /// Where credentials were looked for, for messages.
-    pub fn looked_in(&self) -> String {
+    pub(crate) fn looked_in(&self) -> String {
         let profile = if self.profile_defined {
             format!(
                 "{}, defined but with no aws_access_key_id, role or credential_process",
@@ -721,7 +738,7 @@ s3 =
             "http://u:hunter2@",
             "http://h:99999",
         ] {
-            let err = check_endpoint(bad).unwrap_err();
+            let err = check_endpoint(bad).unwrap_err().to_string();
             assert!(!err.contains("hunter2"), "{err}");
         }
         let r = resolve_from(

@@ -2,7 +2,7 @@
 //! with aws-sdk-s3.
 //!
 //! The endpoint, region, addressing style and profile are resolved as the
-//! AWS CLI resolves them ([`aws`]): a profile's `endpoint_url` and
+//! AWS CLI resolves them (`aws`): a profile's `endpoint_url` and
 //! `region` in `~/.aws/config` work as they do for `aws s3 cp`, and a custom
 //! endpoint turns on path-style addressing unless told otherwise.
 //! Credentials come from the standard AWS chain (environment, profile files,
@@ -23,23 +23,23 @@ use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPa
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
-pub mod aws;
+pub(crate) mod aws;
 mod settings;
 
-pub use settings::S3Config;
+pub(crate) use settings::S3Config;
 
 /// Where uploads go.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Destination {
-    pub bucket: String,
+pub(crate) struct Destination {
+    pub(crate) bucket: String,
     /// Key prefix without leading or trailing `/` (may be empty).
-    pub prefix: String,
+    pub(crate) prefix: String,
 }
 
 /// Why an upload could not happen, in terms a user can act on. Never
 /// contains credentials.
 #[derive(Debug, thiserror::Error)]
-pub enum S3Error {
+pub(crate) enum S3Error {
     #[error("`{0}` is not an S3 URL like s3://bucket/prefix")]
     BadUrl(String),
     #[error("cannot read {path}: {source}")]
@@ -91,7 +91,7 @@ pub enum S3Error {
 }
 
 /// Parses `s3://bucket/prefix`.
-pub fn parse_url(url: &str) -> Result<Destination, S3Error> {
+pub(crate) fn parse_url(url: &str) -> Result<Destination, S3Error> {
     let rest = url
         .strip_prefix("s3://")
         .ok_or_else(|| S3Error::BadUrl(url.into()))?;
@@ -113,16 +113,16 @@ pub fn parse_url(url: &str) -> Result<Destination, S3Error> {
 
 /// A ClearML task the artifact belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskKey {
-    pub project: String,
-    pub name: String,
-    pub id: String,
+pub(crate) struct TaskKey {
+    pub(crate) project: String,
+    pub(crate) name: String,
+    pub(crate) id: String,
 }
 
 /// The artifact's file name: `memory_usage.json`, or with the host and rank
 /// when the run is one rank of a multi-node job, so ranks never overwrite
 /// each other (`memory_usage.node7.rank3.json`).
-pub fn file_name(labels: &std::collections::BTreeMap<String, String>) -> String {
+pub(crate) fn file_name(labels: &std::collections::BTreeMap<String, String>) -> String {
     let rank = labels.get("rank").or_else(|| labels.get("slurm_nodeid"));
     match (rank, labels.get("host")) {
         (Some(rank), Some(host)) => format!("memory_usage.{}.rank{}.json", safe(host), safe(rank)),
@@ -146,7 +146,12 @@ fn safe(part: &str) -> String {
 /// The object key, in the layout ClearML uses for a task's artifacts:
 /// `<prefix>/<run>/artifacts/memory_usage/<file>`, or with a ClearML task,
 /// `<prefix>/<project>/<task name>.<task id>/artifacts/memory_usage/<file>`.
-pub fn object_key(dest: &Destination, run: &str, task: Option<&TaskKey>, file: &str) -> String {
+pub(crate) fn object_key(
+    dest: &Destination,
+    run: &str,
+    task: Option<&TaskKey>,
+    file: &str,
+) -> String {
     let folder = match task {
         Some(t) if t.project.is_empty() => format!("{}.{}", t.name, t.id),
         Some(t) => format!("{}/{}.{}", t.project, t.name, t.id),
@@ -163,24 +168,24 @@ pub fn object_key(dest: &Destination, run: &str, task: Option<&TaskKey>, file: &
 
 /// What was uploaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Uploaded {
-    pub uri: String,
-    pub size: u64,
+pub(crate) struct Uploaded {
+    pub(crate) uri: String,
+    pub(crate) size: u64,
     /// Hex SHA-256 of the object (ClearML's artifact `hash`).
-    pub sha256: String,
-    pub parts: usize,
+    pub(crate) sha256: String,
+    pub(crate) parts: usize,
 }
 
 /// An S3 client bound to one destination.
 #[derive(Debug, Clone)]
-pub struct Uploader {
+pub(crate) struct Uploader {
     client: aws_sdk_s3::Client,
-    pub dest: Destination,
+    pub(crate) dest: Destination,
     /// For messages: the endpoint and where it came from, or
     /// "AWS S3 (`https://s3.REGION.amazonaws.com`)".
-    pub endpoint: String,
+    pub(crate) endpoint: String,
     /// What was resolved, for messages and the retry command.
-    pub resolved: aws::Resolved,
+    pub(crate) resolved: aws::Resolved,
     /// The destination as configured (`s3://bucket/prefix`).
     url: String,
     attempts: u32,
@@ -205,7 +210,10 @@ impl Uploader {
     }
 
     /// [`Uploader::new`] with the settings already resolved.
-    pub async fn with(config: &S3Config, resolved: aws::Resolved) -> Result<Uploader, S3Error> {
+    pub(crate) async fn with(
+        config: &S3Config,
+        resolved: aws::Resolved,
+    ) -> Result<Uploader, S3Error> {
         Uploader::build(config, resolved, None).await
     }
 
@@ -213,7 +221,7 @@ impl Uploader {
     /// (named in messages, never the keys) when neither the AWS
     /// environment nor the profile gives credentials: theirs win, as the
     /// destination's owner set them for every tool.
-    pub async fn with_keys(
+    pub(crate) async fn with_keys(
         config: &S3Config,
         keys: Option<(String, String)>,
         source: &str,
@@ -329,7 +337,7 @@ impl Uploader {
     /// Why no credentials can be had, if so (checked at start, so a missing
     /// secret is reported before the job runs for hours, and before every
     /// upload, so that it is never reported as a network error).
-    pub async fn credentials_problem(&self) -> Option<String> {
+    pub(crate) async fn credentials_problem(&self) -> Option<String> {
         use aws_sdk_s3::config::ProvideCredentials;
         use std::sync::atomic::Ordering;
         if self.credentials_ok.load(Ordering::Relaxed) {
@@ -397,7 +405,7 @@ impl Uploader {
     /// The command that sends `file` later, to the same place: destination,
     /// endpoint, region and addressing style as resolved now, so that it
     /// works as printed in a shell without this run's settings.
-    pub fn retry_command(&self, file: &Path) -> String {
+    pub(crate) fn retry_command(&self, file: &Path) -> String {
         let mut words: Vec<String> = Vec::new();
         if self.resolved.profile_from != "default" {
             words.push(format!(
@@ -528,7 +536,7 @@ impl Uploader {
     }
 
     /// Uploads `path` as `key`; multipart above the threshold.
-    pub async fn upload(&self, path: &Path, key: &str) -> Result<Uploaded, S3Error> {
+    pub(crate) async fn upload(&self, path: &Path, key: &str) -> Result<Uploaded, S3Error> {
         // A regular file, at most the size memtrack's readers accept.
         let owned = path.to_path_buf();
         let bytes = tokio::task::spawn_blocking(move || {
@@ -643,7 +651,7 @@ impl Uploader {
     }
 
     /// Reads an object back (merge from a prefix, tests).
-    pub async fn get(&self, key: &str) -> Result<Vec<u8>, S3Error> {
+    pub(crate) async fn get(&self, key: &str) -> Result<Vec<u8>, S3Error> {
         let out = self
             .client
             .get_object()
@@ -661,7 +669,7 @@ impl Uploader {
     }
 
     /// Keys under a prefix (all pages).
-    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, S3Error> {
+    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<String>, S3Error> {
         let mut keys = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -690,29 +698,29 @@ impl Uploader {
 
 /// The file in a run directory that records where the run uploads, so
 /// that `memtrack upload RUN_DIR` needs no `--s3-url` later.
-pub const DESTINATION_FILE: &str = "s3-destination.json";
+pub(crate) const DESTINATION_FILE: &str = "s3-destination.json";
 
 /// What [`DESTINATION_FILE`] holds: the destination and the endpoint,
 /// region and addressing style resolved at the start of the run (the
 /// endpoint without any password).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Recorded {
-    pub url: String,
+pub(crate) struct Recorded {
+    pub(crate) url: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
+    pub(crate) endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
+    pub(crate) region: Option<String>,
     #[serde(default)]
-    pub path_style: bool,
+    pub(crate) path_style: bool,
     /// The AWS profile, when one was chosen by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub profile: Option<String>,
+    pub(crate) profile: Option<String>,
 }
 
 impl Uploader {
     /// Records the destination in `run_dir` ([`DESTINATION_FILE`]). Best
     /// effort: without it a later `memtrack upload` needs `--s3-url`.
-    pub fn record_destination(&self, run_dir: &Path) {
+    pub(crate) fn record_destination(&self, run_dir: &Path) {
         let r = &self.resolved;
         let recorded = Recorded {
             url: self.url.clone(),
@@ -723,8 +731,8 @@ impl Uploader {
         };
         let path = run_dir.join(DESTINATION_FILE);
         let written = serde_json::to_vec_pretty(&recorded)
-            .map_err(|e| e.to_string())
-            .and_then(|b| crate::model::json::write_atomic(&path, &b).map_err(|e| e.to_string()));
+            .map_err(anyhow::Error::from)
+            .and_then(|b| crate::model::json::write_atomic(&path, &b).map_err(anyhow::Error::from));
         if let Err(e) = written {
             tracing::warn!(
                 "cannot record the S3 destination in {}: {e}",
@@ -947,7 +955,7 @@ fn chain_without_imds(
 }
 
 /// `word` as one POSIX shell word.
-pub fn shell_quote(word: &str) -> String {
+pub(crate) fn shell_quote(word: &str) -> String {
     let plain = !word.is_empty()
         && word
             .chars()

@@ -13,27 +13,27 @@ use crate::units::serde_duration;
 #[serde(deny_unknown_fields, default)]
 pub struct S3Config {
     /// Destination `s3://bucket/prefix`. Empty: no upload.
-    pub url: String,
+    pub(crate) url: String,
     /// Endpoint for MinIO and other S3-compatible stores (else, as the AWS
     /// CLI: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the profile's
     /// `endpoint_url`).
-    pub endpoint: String,
+    pub(crate) endpoint: String,
     /// Region (else `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's
     /// `region`; else `us-east-1` with a custom endpoint, which MinIO
     /// accepts; else the AWS chain).
-    pub region: String,
+    pub(crate) region: String,
     /// `auto` (path-style with a custom endpoint), `true` or `false`.
-    pub path_style: Switch,
+    pub(crate) path_style: Switch,
     /// Also upload at every checkpoint, not only at the end.
-    pub upload_checkpoints: bool,
+    pub(crate) upload_checkpoints: bool,
     /// Attempts per request, with exponential backoff.
-    pub max_attempts: u32,
+    pub(crate) max_attempts: u32,
     /// Files larger than this go up in parts.
-    pub multipart_threshold_mb: u64,
-    pub part_size_mb: u64,
+    pub(crate) multipart_threshold_mb: u64,
+    pub(crate) part_size_mb: u64,
     /// Per-request timeout.
     #[serde(with = "serde_duration")]
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 impl Default for S3Config {

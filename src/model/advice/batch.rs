@@ -12,7 +12,7 @@ use super::item::{size, Advice, Level};
 use crate::model::{DocumentOf, Entry, EntryKind, GpuSource};
 
 /// The label that carries a step's batch size.
-pub const BATCH_LABEL: &str = "batch_size";
+pub(crate) const BATCH_LABEL: &str = "batch_size";
 
 /// Batch sizes above this are not read (a typo, not a batch).
 const MAX_BATCH: u64 = 100_000_000;

@@ -20,7 +20,7 @@ pub enum Level {
 }
 
 impl Level {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Level::Info => "info",
             Level::Warning => "warning",
@@ -48,7 +48,7 @@ pub struct Advice {
 }
 
 impl Advice {
-    pub(crate) fn new(code: &str, level: Level, finding: String, action: String) -> Advice {
+    pub fn new(code: &str, level: Level, finding: String, action: String) -> Advice {
         Advice {
             code: code.to_string(),
             level,

@@ -4,26 +4,26 @@
 //! concrete action. The rules and when each stays silent are written down
 //! in docs/advice.md.
 //!
-//! The log is read once, entry by entry ([`Facts::observe`]), so the
+//! The log is read once, entry by entry (`Facts::observe`), so the
 //! writer can feed entries it keeps on disk; the rest of the document is
-//! read whole ([`Facts::conclude`]). [`advise`] does both for a document
+//! read whole (`Facts::conclude`). `advise` does both for a document
 //! in memory.
 
 mod batch;
 mod cleanup;
 mod gpu;
-pub mod item;
+pub(crate) mod item;
 mod leak;
 mod oom;
 mod workers;
 
-pub use item::{Advice, Level};
+pub(crate) use item::Advice;
 
 use crate::model::{DocumentOf, Entry};
 
 /// What the rules need from the log, gathered one entry at a time.
 #[derive(Debug, Default)]
-pub struct Facts {
+pub(crate) struct Facts {
     steps: batch::Steps,
     cleanups: cleanup::Cleanups,
     cuda_ooms: Vec<Entry>,
@@ -44,7 +44,7 @@ impl Facts {
 
     /// Every rule's advice on the document the log belongs to, most
     /// serious first.
-    pub fn conclude<L>(self, doc: &DocumentOf<L>) -> Vec<Advice> {
+    pub(crate) fn conclude<L>(self, doc: &DocumentOf<L>) -> Vec<Advice> {
         let mut out = Vec::new();
         out.extend(oom::oom_killed(doc, &self.phases));
         out.extend(self.cuda_ooms.iter().filter_map(|e| oom::cuda_oom(doc, e)));
@@ -60,7 +60,8 @@ impl Facts {
 }
 
 /// The advice on a document held in memory.
-pub fn advise(doc: &crate::model::Document) -> Vec<Advice> {
+#[cfg(test)]
+pub(crate) fn advise(doc: &crate::model::Document) -> Vec<Advice> {
     let mut facts = Facts::default();
     for e in &doc.detailed_log {
         facts.observe(e);
@@ -90,7 +91,7 @@ pub fn render(advice: &[Advice]) -> String {
 }
 
 /// [`render`], or nothing when there is no advice.
-pub fn render_found(advice: &[Advice]) -> String {
+pub(crate) fn render_found(advice: &[Advice]) -> String {
     if advice.is_empty() {
         String::new()
     } else {
@@ -147,7 +148,7 @@ pub(crate) mod testkit {
 
 #[cfg(test)]
 mod tests {
-    use super::item::size;
+    use super::item::{size, Level};
     use super::testkit::*;
     use super::*;
 

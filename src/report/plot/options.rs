@@ -49,7 +49,7 @@ pub enum Format {
 
 impl Format {
     /// `.svg` or `.png`, any case.
-    pub fn from_path(path: &Path) -> Option<Format> {
+    pub(crate) fn from_path(path: &Path) -> Option<Format> {
         let ext = path.extension()?.to_str()?.to_ascii_lowercase();
         match ext.as_str() {
             "svg" => Some(Format::Svg),
@@ -90,8 +90,8 @@ pub enum PlotError {
     Size { width: u32, height: u32 },
     #[error("nothing to plot: the document has no detailed_log entries and no target series")]
     Empty,
-    #[error("cannot load the embedded font: {0}")]
-    Font(String),
+    #[error("cannot load the embedded font: DejaVu Sans is not a valid font")]
+    Font,
     #[error("cannot draw {}: {message}", path.display())]
     Draw { path: PathBuf, message: String },
 }

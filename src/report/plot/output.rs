@@ -97,13 +97,15 @@ static BOLD: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans-Bold.ttf")
 
 /// Registers the embedded fonts as plotters' `sans-serif`, once.
 pub(super) fn register_fonts() -> Result<(), PlotError> {
-    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
-    DONE.get_or_init(|| {
-        let bad = |_| "DejaVu Sans is not a valid font".to_string();
-        plotters::style::register_font("sans-serif", FontStyle::Normal, REGULAR).map_err(bad)?;
-        plotters::style::register_font("sans-serif", FontStyle::Bold, BOLD).map_err(bad)?;
+    // Whether both registered (plotters' error is not `Clone`: kept as a flag).
+    static DONE: OnceLock<bool> = OnceLock::new();
+    let registered = *DONE.get_or_init(|| {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, REGULAR).is_ok()
+            && plotters::style::register_font("sans-serif", FontStyle::Bold, BOLD).is_ok()
+    });
+    if registered {
         Ok(())
-    })
-    .clone()
-    .map_err(PlotError::Font)
+    } else {
+        Err(PlotError::Font)
+    }
 }

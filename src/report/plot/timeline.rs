@@ -14,7 +14,7 @@ use crate::units::{duration_two_units, format_mib, format_mib_one_decimal, forma
 pub(super) type Line = Vec<(f64, f64)>;
 
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Phase {
+pub(super) struct PhaseBar {
     pub(super) component: String,
     pub(super) operation: String,
     pub(super) start: f64,
@@ -83,7 +83,7 @@ pub(super) struct Timeline {
     pub(super) gpu_trend: Option<Trend>,
     /// The GPU capacity line: `(label, MiB)` when usage comes near it.
     pub(super) gpu_capacity: Option<(String, f64)>,
-    pub(super) phases: Vec<Phase>,
+    pub(super) phases: Vec<PhaseBar>,
     /// Components in order of first appearance.
     pub(super) components: Vec<String>,
     pub(super) stages: Vec<StageBar>,
@@ -485,7 +485,7 @@ fn trend(t: &[f64], y: &[f64], t0: f64, cfg: &LeakConfig) -> Option<Trend> {
 
 /// Phases rebuilt from marks: `before_X` opens `component/X` (per sender),
 /// the next `after_X` closes it; one still open ends with the run.
-fn phases(log: &[&Entry], t0: f64, duration: f64) -> Vec<Phase> {
+fn phases(log: &[&Entry], t0: f64, duration: f64) -> Vec<PhaseBar> {
     let mut open: HashMap<(String, String, Option<u32>), Vec<f64>> = HashMap::new();
     let mut out = Vec::new();
     for e in log.iter().filter(|e| e.kind != EntryKind::Timer) {
@@ -496,7 +496,7 @@ fn phases(log: &[&Entry], t0: f64, duration: f64) -> Vec<Phase> {
         } else if let Some(op) = e.operation.strip_prefix("after_") {
             let key = (e.component.clone(), op.to_string(), e.pid);
             if let Some(start) = open.get_mut(&key).and_then(Vec::pop) {
-                out.push(Phase {
+                out.push(PhaseBar {
                     component: key.0,
                     operation: key.1,
                     start,
@@ -506,10 +506,10 @@ fn phases(log: &[&Entry], t0: f64, duration: f64) -> Vec<Phase> {
             }
         }
     }
-    let mut still_open: Vec<Phase> = open
+    let mut still_open: Vec<PhaseBar> = open
         .into_iter()
         .flat_map(|((component, operation, _), starts)| {
-            starts.into_iter().map(move |start| Phase {
+            starts.into_iter().map(move |start| PhaseBar {
                 component: component.clone(),
                 operation: operation.clone(),
                 start,
