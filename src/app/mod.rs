@@ -116,8 +116,16 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         &signals,
         &tx,
     )?;
-    let mut engine = recorder::start_engine(&config, followed, gpu, store, journal, &io);
-    recorder::hook_exports(&mut engine, &mut io, &config, &document, entries, &tx);
+    let outputs = recorder::outputs(&mut io, &config, &store.run, &document, entries, &tx);
+    let engine = recorder::start_engine(
+        &config,
+        followed,
+        gpu,
+        store,
+        journal,
+        io.link.clone(),
+        outputs,
+    );
     drop(tx);
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);

@@ -12,7 +12,7 @@ use anyhow::Context;
 use super::io::Io;
 use super::job::Followed;
 use crate::config::Config;
-use crate::engine::{Engine, EngineOptions};
+use crate::engine::{Engine, EngineOptions, Outputs};
 use crate::event::inbox::Input;
 use crate::model::{AttributionMode, GpuBackend, RunInfo};
 use crate::sample::gpu::GpuSampler;
@@ -70,14 +70,46 @@ pub(super) fn open_store(
     Ok((store, journal))
 }
 
-/// The engine over what the run follows, publishing to the I/O side.
+/// What the engine publishes to, made once before it: snapshots for the
+/// readers, checkpoint uploads, the exporters' error counters, and the log
+/// entries ClearML reports.
+pub(super) fn outputs(
+    io: &mut Io,
+    config: &Config,
+    run: &RunInfo,
+    document: &Path,
+    entries: Option<tokio::sync::mpsc::UnboundedSender<crate::model::Entry>>,
+    tx: &SyncSender<Input>,
+) -> Outputs {
+    let mut out = Outputs {
+        snapshots: Some(io.snapshots.clone()),
+        entries,
+        ..Outputs::default()
+    };
+    if config.s3.upload_checkpoints || io.clearml.is_some() {
+        let always = config.s3.upload_checkpoints;
+        out.checkpoints = io.upload_checkpoints(document.to_path_buf(), run, always, tx.clone());
+    }
+    if io.s3.is_some() {
+        out.export_errors
+            .push(("s3".to_string(), Arc::clone(&io.s3_errors)));
+    }
+    if let Some(reporter) = &io.clearml {
+        out.export_errors
+            .push(("clearml".to_string(), reporter.errors()));
+    }
+    out
+}
+
+/// The engine over what the run follows, publishing to `outputs`.
 pub(super) fn start_engine(
     config: &Config,
     followed: Followed,
     gpu: Box<dyn GpuSampler>,
     store: Store,
     journal: Journal,
-    io: &Io,
+    events: Option<crate::engine::EventLink>,
+    outputs: Outputs,
 ) -> Engine {
     let Followed {
         tree,
@@ -100,39 +132,7 @@ pub(super) fn start_engine(
                 .enabled
                 .then_some((config.flight.interval, config.flight.window)),
         },
-        io.link.clone(),
-        Some(io.snapshots.clone()),
+        events,
+        outputs,
     )
-}
-
-/// Hooks the exporters to the engine: checkpoint uploads, the exporters'
-/// error counters, and the log entries ClearML reports.
-pub(super) fn hook_exports(
-    engine: &mut Engine,
-    io: &mut Io,
-    config: &Config,
-    document: &Path,
-    entries: Option<tokio::sync::mpsc::UnboundedSender<crate::model::Entry>>,
-    tx: &SyncSender<Input>,
-) {
-    if config.s3.upload_checkpoints || io.clearml.is_some() {
-        let always = config.s3.upload_checkpoints;
-        if let Some(tx) = io.upload_checkpoints(
-            document.to_path_buf(),
-            &engine.store().run,
-            always,
-            tx.clone(),
-        ) {
-            engine.notify_checkpoints(tx);
-        }
-    }
-    if io.s3.is_some() {
-        engine.count_export_errors("s3", Arc::clone(&io.s3_errors));
-    }
-    if let Some(reporter) = &io.clearml {
-        engine.count_export_errors("clearml", reporter.errors());
-    }
-    if let Some(tx) = entries {
-        engine.forward_entries(tx);
-    }
 }

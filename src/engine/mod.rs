@@ -23,24 +23,22 @@ mod persist;
 mod publish;
 mod translate;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 use crate::event::inbox::Input;
 use crate::logging::RateLimited;
-use crate::model::Entry;
 use crate::sample::{gpu, Sample, Sampler};
 use crate::store::journal::Journal;
-use crate::store::snapshot::{Histogram, Snapshot};
+use crate::store::snapshot::Histogram;
 use crate::store::{Applied, Record, SampleKind, Store};
 use crate::units::unix_now;
 use flight::{Death, Flight};
 
-pub(crate) use options::{EndWhen, Ended, EngineOptions, EventLink};
+pub(crate) use options::{EndWhen, Ended, EngineOptions, EventLink, Outputs};
 
 /// Longest wait, once the run is over, for clients to finish sending.
 const DRAIN_MAX: Duration = Duration::from_secs(2);
@@ -56,16 +54,11 @@ pub(crate) struct Engine {
     journal: Option<Journal>,
     opts: EngineOptions,
     events: Option<EventLink>,
-    /// Where exporters get the latest picture of the run.
-    snapshots: Option<watch::Sender<Arc<Snapshot>>>,
+    outputs: Outputs,
     last_publish: Instant,
     /// The leak verdicts snapshots carry, and when they were judged.
     leak: Option<(Instant, crate::model::leak::LeakReport)>,
     tick_seconds: Histogram,
-    entries: Option<tokio::sync::mpsc::UnboundedSender<Entry>>,
-    checkpoints: Option<watch::Sender<u64>>,
-    /// Failure counters of exporters running beside the engine, by name.
-    export_errors: Vec<(String, Arc<AtomicU64>)>,
     flight: Option<Flight>,
     gpu_errors: RateLimited,
     journal_errors: RateLimited,
@@ -110,7 +103,7 @@ impl Engine {
         journal: Option<Journal>,
         opts: EngineOptions,
         events: Option<EventLink>,
-        snapshots: Option<watch::Sender<Arc<Snapshot>>>,
+        outputs: Outputs,
     ) -> Engine {
         let now = Instant::now();
         Engine {
@@ -119,13 +112,10 @@ impl Engine {
             journal,
             opts,
             events,
-            snapshots,
+            outputs,
             last_publish: now,
             leak: None,
             tick_seconds: Histogram::default(),
-            entries: None,
-            checkpoints: None,
-            export_errors: Vec::new(),
             flight: None,
             gpu_errors: RateLimited::default(),
             journal_errors: RateLimited::default(),
@@ -139,33 +129,12 @@ impl Engine {
         }
     }
 
-    pub(crate) fn store(&self) -> &Store {
-        &self.store
-    }
-
-    /// Bumped after every successful checkpoint (uploads at checkpoints).
-    pub(crate) fn notify_checkpoints(&mut self, tx: watch::Sender<u64>) {
-        self.checkpoints = Some(tx);
-    }
-
-    /// Publishes `counter` as `memtrack_export_errors_total{exporter=name}`.
-    pub(crate) fn count_export_errors(&mut self, name: &str, counter: Arc<AtomicU64>) {
-        self.export_errors.push((name.to_string(), counter));
-    }
-
-    /// Every log entry recorded from now on is also sent here (the ClearML
-    /// reporter). The send never blocks: the receiver drains it into its
-    /// own bounded queue and spool file.
-    pub(crate) fn forward_entries(&mut self, tx: tokio::sync::mpsc::UnboundedSender<Entry>) {
-        self.entries = Some(tx);
-    }
-
     /// Applies a record and journals it; forwards its entry, announces the
     /// pressure it crossed and keeps a flight window for a death.
     fn commit(&mut self, record: Record) -> Applied {
         let death = self.flight.as_mut().and_then(|f| f.death(&record));
         let outcome = self.store.apply(&record);
-        if let (Some(tx), Some(entry)) = (&self.entries, &outcome.entry) {
+        if let (Some(tx), Some(entry)) = (&self.outputs.entries, &outcome.entry) {
             let _ = tx.send(entry.clone());
         }
         self.journal_append(&record);

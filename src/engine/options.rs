@@ -1,14 +1,16 @@
 //! The engine's settings and its links to the rest of the process: what
 //! the caller configures, and what it gets back when the run ends.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::event::protocol::Notice;
 use crate::event::server::Stats;
-use crate::model::Exit;
+use crate::model::{Entry, Exit};
+use crate::store::snapshot::Snapshot;
 
 /// The engine's link to the event socket.
 #[derive(Debug, Clone)]
@@ -41,6 +43,23 @@ pub(crate) struct EngineOptions {
     pub(crate) end_when: EndWhen,
     /// The OOM flight recorder: `(interval, window)`, or off.
     pub(crate) flight: Option<(Duration, Duration)>,
+}
+
+/// Where the engine's results go besides the store and the journal, all
+/// given when the engine is made; `Outputs::default()` sends nothing.
+#[derive(Debug, Default)]
+pub(crate) struct Outputs {
+    /// The latest picture of the run, for the exporters (`None`: nobody
+    /// reads it, and it is not built).
+    pub(crate) snapshots: Option<watch::Sender<Arc<Snapshot>>>,
+    /// Every log entry as it is recorded (the ClearML reporter). The send
+    /// never blocks: the receiver drains it into its own bounded queue.
+    pub(crate) entries: Option<mpsc::UnboundedSender<Entry>>,
+    /// Bumped after every checkpoint written (uploads at checkpoints).
+    pub(crate) checkpoints: Option<watch::Sender<u64>>,
+    /// Failure counters of exporters running beside the engine, by name,
+    /// published as `memtrack_export_errors_total{exporter=name}`.
+    pub(crate) export_errors: Vec<(String, Arc<AtomicU64>)>,
 }
 
 /// How the run ended, for the caller's exit code and report.

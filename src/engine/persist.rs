@@ -102,7 +102,7 @@ impl Engine {
     fn checkpoint_done(&mut self, result: Result<(), JournalError>) {
         match result {
             Ok(()) => {
-                if let Some(tx) = &self.checkpoints {
+                if let Some(tx) = &self.outputs.checkpoints {
                     tx.send_modify(|n| *n += 1);
                 }
             }

@@ -21,7 +21,7 @@ impl Engine {
     /// Publishes a snapshot for exporters, at most every 100 ms unless
     /// `force`d.
     pub(super) fn publish(&mut self, now: Instant, force: bool) {
-        let Some(tx) = &self.snapshots else {
+        let Some(tx) = &self.outputs.snapshots else {
             return;
         };
         // Nobody reads snapshots (HTTP off): do not build them.
@@ -41,7 +41,7 @@ impl Engine {
         }
         snap.leak = self.leak.as_ref().map(|(_, l)| l.clone());
         snap.tick_seconds = self.tick_seconds.clone();
-        for (name, counter) in &self.export_errors {
+        for (name, counter) in &self.outputs.export_errors {
             snap.export_errors
                 .insert(name.clone(), counter.load(Ordering::Relaxed));
         }

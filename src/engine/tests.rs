@@ -1,7 +1,9 @@
 //! The engine driven by hand: a fake `/proc` with no processes, a fake
 //! GPU, no journal, and inputs handed to its batch handler or its loop.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc;
+use std::sync::Arc;
 
 use tokio::sync::{broadcast, oneshot};
 
@@ -87,7 +89,7 @@ fn rig(flight: bool, self_register: bool) -> Rig {
         stats: Arc::new(Stats::default()),
         self_register,
     };
-    let mut engine = Engine::new(sampler, store, None, opts, Some(events), None);
+    let mut engine = Engine::new(sampler, store, None, opts, Some(events), Outputs::default());
     engine.start_flight();
     Rig {
         engine,
@@ -146,7 +148,7 @@ fn an_acked_mark_is_sampled_recorded_and_answered_with_its_entry() {
     assert_eq!(answer["type"], "recorded");
     assert_eq!(answer["id"], "m1");
     assert_eq!(answer["entry"]["operation"], "step");
-    let log = r.engine.store().document().detailed_log;
+    let log = r.engine.store.document().detailed_log;
     let last = log.last().expect("the mark's entry");
     assert_eq!(
         (last.component.as_str(), last.operation.as_str()),
@@ -163,7 +165,7 @@ fn marks_in_one_batch_share_one_sample() {
         .collect();
     r.engine.handle_batch(batch, &mut not_ended());
     assert_eq!(r.gpu_reads.load(Ordering::Relaxed), 1);
-    assert_eq!(r.engine.store().counters().events, 5);
+    assert_eq!(r.engine.store.counters().events, 5);
 }
 
 #[test]
@@ -171,20 +173,20 @@ fn a_stage_opens_and_closes_in_the_store() {
     let mut r = rig(false, false);
     let (open, _) = client(r#"{"type":"stage_begin","name":"train"}"#, None);
     r.engine.handle_batch(vec![open], &mut not_ended());
-    assert_eq!(r.engine.store().status()["open_stages"][0], "train");
+    assert_eq!(r.engine.store.status()["open_stages"][0], "train");
     let (close, _) = client(
         r#"{"type":"stage_end","name":"train","status":"FAILED"}"#,
         None,
     );
     r.engine.handle_batch(vec![close], &mut not_ended());
-    let doc = r.engine.store().document();
+    let doc = r.engine.store.document();
     assert_eq!(doc.stages.len(), 1);
     assert_eq!(
         (doc.stages[0].name.as_str(), doc.stages[0].status.as_str()),
         ("train", "FAILED")
     );
     assert_eq!(
-        r.engine.store().status()["open_stages"],
+        r.engine.store.status()["open_stages"],
         serde_json::json!([])
     );
 }
@@ -192,7 +194,7 @@ fn a_stage_opens_and_closes_in_the_store() {
 #[test]
 fn requests_the_server_answers_change_nothing_and_get_no_reply_here() {
     let mut r = rig(false, false);
-    let seq = r.engine.store().seq;
+    let seq = r.engine.store.seq;
     for line in [
         r#"{"type":"subscribe","id":1}"#,
         r#"{"type":"cleanup","id":2}"#,
@@ -205,14 +207,14 @@ fn requests_the_server_answers_change_nothing_and_get_no_reply_here() {
             "{line}: the engine must not answer"
         );
     }
-    assert_eq!(r.engine.store().seq, seq, "nothing recorded");
+    assert_eq!(r.engine.store.seq, seq, "nothing recorded");
     assert_eq!(r.gpu_reads.load(Ordering::Relaxed), 0, "nothing sampled");
 }
 
 #[test]
 fn status_and_register_are_answered_without_recording() {
     let mut r = rig(false, false);
-    let seq = r.engine.store().seq;
+    let seq = r.engine.store.seq;
     let (status, status_rx) = client(r#"{"type":"status","id":"s"}"#, None);
     let (register, register_rx) = client(r#"{"type":"register","id":"r"}"#, Some(31337));
     r.engine
@@ -226,7 +228,7 @@ fn status_and_register_are_answered_without_recording() {
     let g = reply(register_rx).expect("register reply");
     assert_eq!(g["type"], "registered");
     assert_eq!(g["following"], false, "self-registration is off");
-    assert_eq!(r.engine.store().seq, seq);
+    assert_eq!(r.engine.store.seq, seq);
 }
 
 #[test]
@@ -290,7 +292,7 @@ fn a_death_by_signal_keeps_the_flight_window_once() {
     };
     r.engine.handle_batch(vec![killed()], &mut not_ended());
     r.engine.handle_batch(vec![killed()], &mut not_ended());
-    let flights = r.engine.store().document().flight_recorder;
+    let flights = r.engine.store.document().flight_recorder;
     assert_eq!(flights.len(), 1, "one window per PID");
     assert_eq!(flights[0].reason, "signal");
     assert_eq!(flights[0].pid, Some(9));
@@ -311,11 +313,11 @@ fn a_cuda_oom_is_marked_and_its_window_kept_at_the_end() {
         "out_of_memory"
     );
     assert!(
-        r.engine.store().document().flight_recorder.is_empty(),
+        r.engine.store.document().flight_recorder.is_empty(),
         "the window waits for its tail"
     );
     r.engine.settle_flight(true);
-    let flights = r.engine.store().document().flight_recorder;
+    let flights = r.engine.store.document().flight_recorder;
     assert_eq!(flights.len(), 1);
     assert_eq!(flights[0].reason, "cuda_oom");
     assert_eq!(
@@ -337,7 +339,7 @@ fn without_a_flight_recorder_a_death_keeps_nothing() {
     };
     r.engine.handle_batch(vec![killed], &mut not_ended());
     r.engine.settle_flight(true);
-    assert!(r.engine.store().document().flight_recorder.is_empty());
+    assert!(r.engine.store.document().flight_recorder.is_empty());
     assert_eq!(r.gpu_reads.load(Ordering::Relaxed), 0, "no fast reads");
 }
 
