@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::cgroup::{self, Cgroup, Hierarchies};
+use super::cgroup::{self, Cgroup, CgroupError, Hierarchies};
 use super::host::{Footprint, HostSample};
 use super::parse::parse_statm;
 use super::procfs::ProcTree;
@@ -51,19 +51,21 @@ pub enum SourceChoice {
     Rss,
 }
 
+/// A `host_source` that is none of the choices.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown host source `{}`: expected auto, pages, cgroup, pss or rss", .0.escape_debug())]
+pub struct UnknownSource(String);
+
 impl std::str::FromStr for SourceChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownSource;
+    fn from_str(s: &str) -> Result<Self, UnknownSource> {
         match s {
             "auto" => Ok(SourceChoice::Auto),
             "pages" => Ok(SourceChoice::Pages),
             "cgroup" => Ok(SourceChoice::Cgroup),
             "pss" => Ok(SourceChoice::Pss),
             "rss" => Ok(SourceChoice::Rss),
-            other => Err(format!(
-                "unknown host source `{}`: expected auto, pages, cgroup, pss or rss",
-                other.escape_debug()
-            )),
+            other => Err(UnknownSource(other.to_string())),
         }
     }
 }
@@ -281,7 +283,7 @@ impl FootprintReader {
             if due && self.floor {
                 *checked_at = now;
                 if let Err(why) = only_the_tree(cgroup, tree, &self.opts.proc_root, self.self_pid) {
-                    fallback = Some(why);
+                    fallback = Some(why.to_string());
                 }
             }
             if fallback.is_none() {
@@ -509,7 +511,7 @@ impl FootprintReader {
             }
             Err(why) => {
                 let reason = if why_not_created.is_empty() {
-                    why
+                    why.to_string()
                 } else {
                     format!("{why_not_created}; {why}")
                 };
@@ -538,29 +540,23 @@ impl FootprintReader {
         }
     }
 
-    fn existing_cgroup(&self, tree: &ProcTree) -> Result<(Cgroup, bool), String> {
+    fn existing_cgroup(&self, tree: &ProcTree) -> Result<(Cgroup, bool), NotJobOnly> {
         let hier = Hierarchies::read(&self.opts.proc_root);
         let mut found: Option<(PathBuf, cgroup::Version)> = None;
         for pid in tree.roots() {
             let Some(cg) = hier.memory_cgroup_of(&self.opts.proc_root, &pid.to_string()) else {
-                return Err(format!("no memory cgroup found for PID {pid}"));
+                return Err(NotJobOnly::NoCgroup(*pid));
             };
             match &found {
-                Some(f) if *f != cg => {
-                    return Err("the job's processes are in different memory cgroups".into())
-                }
+                Some(f) if *f != cg => return Err(NotJobOnly::Split),
                 _ => found = Some(cg),
             }
         }
-        let (dir, version) = found.ok_or_else(|| "no process to follow yet".to_string())?;
+        let (dir, version) = found.ok_or(NotJobOnly::NoProcess)?;
         if is_hierarchy_root(&hier, &dir) {
-            return Err(format!(
-                "the job runs in the root memory cgroup {}",
-                dir.display()
-            ));
+            return Err(NotJobOnly::Root(dir));
         }
-        let cgroup = Cgroup::open(&dir, version)
-            .map_err(|e| format!("cannot read the job's memory cgroup: {e}"))?;
+        let cgroup = Cgroup::open(&dir, version).map_err(NotJobOnly::Unreadable)?;
         only_the_tree(&cgroup, tree, &self.opts.proc_root, self.self_pid)?;
         let procs = cgroup.procs().unwrap_or_default();
         Ok((cgroup, procs.contains(&self.self_pid)))
@@ -610,31 +606,31 @@ fn only_the_tree(
     tree: &ProcTree,
     proc_root: &Path,
     self_pid: u32,
-) -> Result<(), String> {
-    let procs = cgroup
-        .procs()
-        .map_err(|e| format!("cannot list {}: {e}", cgroup.dir().display()))?;
+) -> Result<(), NotJobOnly> {
+    let procs = cgroup.procs().map_err(|source| NotJobOnly::Unlisted {
+        dir: cgroup.dir().to_path_buf(),
+        source,
+    })?;
     let ours = |pid: u32| pid == self_pid || tree.contains(pid);
     let foreign = procs
         .iter()
         .filter(|&&p| !ours(p) && !descends_from(proc_root, p, &ours))
         .count();
     if foreign > 0 {
-        return Err(format!(
-            "the job's memory cgroup {} also holds {foreign} other process{}",
-            cgroup.dir().display(),
-            if foreign == 1 { "" } else { "es" }
-        ));
+        return Err(NotJobOnly::Foreign {
+            dir: cgroup.dir().to_path_buf(),
+            count: foreign,
+        });
     }
     let outside = tree
         .pids()
         .filter(|p| !procs.contains(p) && alive(proc_root, *p))
         .count();
     if outside > 0 {
-        return Err(format!(
-            "{outside} of the job's processes are outside its memory cgroup {}",
-            cgroup.dir().display()
-        ));
+        return Err(NotJobOnly::Outside {
+            dir: cgroup.dir().to_path_buf(),
+            count: outside,
+        });
     }
     Ok(())
 }
@@ -692,27 +688,26 @@ pub fn remove_stale_cgroups(proc_root: &Path) -> usize {
 /// Creates a memory cgroup for the job under memtrack's own (cgroup v1's
 /// memory controller, where memtrack may write), removing empty ones that
 /// a killed memtrack left behind. The error says why there is none.
-pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, String> {
+pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, NoJobCgroup> {
     let hier = Hierarchies::read(proc_root);
     if let Some((dir, cgroup::Version::V2)) = hier.memory_cgroup_of(proc_root, "self") {
-        return Err(format!(
-            "memtrack does not create cgroups on cgroup v2 (its own is {}): \
-             it uses the job's cgroup when that holds only the job",
-            dir.display()
-        ));
+        return Err(NoJobCgroup::V2(dir));
     }
-    let text = std::fs::read_to_string(proc_root.join("self/cgroup"))
-        .map_err(|e| format!("cannot read {}/self/cgroup: {e}", proc_root.display()))?;
+    let text = std::fs::read_to_string(proc_root.join("self/cgroup")).map_err(|source| {
+        NoJobCgroup::OwnUnreadable {
+            proc_root: proc_root.to_path_buf(),
+            source,
+        }
+    })?;
     let own = cgroup::parse_proc_cgroup(&text)
         .v1_memory
-        .ok_or("no cgroup memory controller is mounted")?;
+        .ok_or(NoJobCgroup::NoController)?;
     let mount = hier
         .mounts
         .iter()
         .find(|m| m.version == cgroup::Version::V1)
-        .ok_or("no cgroup memory controller is mounted")?;
-    let parent = cgroup::cgroup_dir(mount, &own)
-        .ok_or_else(|| format!("memtrack's memory cgroup {own} is not mounted here"))?;
+        .ok_or(NoJobCgroup::NoController)?;
+    let parent = cgroup::cgroup_dir(mount, &own).ok_or(NoJobCgroup::NotMounted(own))?;
     cgroup::remove_stale(&parent, crate::sys::pid_exists);
     let name = format!(
         "{}{}-{}",
@@ -724,7 +719,57 @@ pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, String> {
             .take(32)
             .collect::<String>()
     );
-    Cgroup::create_v1(&parent.join(name)).map_err(|e| e.to_string())
+    Ok(Cgroup::create_v1(&parent.join(name))?)
+}
+
+/// Why the job's existing memory cgroup is not its footprint's source.
+#[derive(Debug, thiserror::Error)]
+pub enum NotJobOnly {
+    #[error("no memory cgroup found for PID {0}")]
+    NoCgroup(u32),
+    #[error("the job's processes are in different memory cgroups")]
+    Split,
+    #[error("no process to follow yet")]
+    NoProcess,
+    #[error("the job runs in the root memory cgroup {}", .0.display())]
+    Root(PathBuf),
+    #[error("cannot read the job's memory cgroup: {0}")]
+    Unreadable(#[source] CgroupError),
+    #[error("cannot list {}: {source}", dir.display())]
+    Unlisted {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the job's memory cgroup {} also holds {count} other process{}",
+        dir.display(),
+        if *count == 1 { "" } else { "es" }
+    )]
+    Foreign { dir: PathBuf, count: usize },
+    #[error("{count} of the job's processes are outside its memory cgroup {}", dir.display())]
+    Outside { dir: PathBuf, count: usize },
+}
+
+/// Why memtrack cannot create a memory cgroup for the job.
+#[derive(Debug, thiserror::Error)]
+pub enum NoJobCgroup {
+    #[error(
+        "memtrack does not create cgroups on cgroup v2 (its own is {}): \
+         it uses the job's cgroup when that holds only the job",
+        .0.display()
+    )]
+    V2(PathBuf),
+    #[error("cannot read {}/self/cgroup: {source}", proc_root.display())]
+    OwnUnreadable {
+        proc_root: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no cgroup memory controller is mounted")]
+    NoController,
+    #[error("memtrack's memory cgroup {0} is not mounted here")]
+    NotMounted(String),
+    #[error(transparent)]
+    Create(#[from] CgroupError),
 }
 
 #[cfg(test)]

@@ -270,7 +270,9 @@ pub fn open_gpu(
             let (pids, attribution) = pidns::plan(proc_root, &config.host_proc);
             Box::new(s.with_pids(pids, attribution))
         }
-        Err(reason) => Box::new(gpu::NoGpu { reason }),
+        Err(reason) => Box::new(gpu::NoGpu {
+            reason: reason.to_string(),
+        }),
     }
 }
 

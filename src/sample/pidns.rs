@@ -85,18 +85,37 @@ pub struct HostPids {
     known: HashMap<u32, (u64, Resolved)>,
 }
 
+/// Why a procfs cannot map NVML's host PIDs to the tree's.
+#[derive(Debug, thiserror::Error)]
+pub enum NotHostProc {
+    #[error(
+        "{} is not the host's procfs (its PID 1 is not in the init PID namespace)",
+        .0.display()
+    )]
+    NotInit(PathBuf),
+    #[error("{}/self/status has no NSpid line", .0.display())]
+    NoNspid(PathBuf),
+    #[error(
+        "{} is not a procfs of an outer PID namespace (it shows memtrack as {}/self does)",
+        host_proc.display(),
+        local_proc.display()
+    )]
+    NotOuter {
+        host_proc: PathBuf,
+        local_proc: PathBuf,
+    },
+}
+
 impl HostPids {
     /// Checks that `host_proc` is a procfs of an outer namespace that
     /// shows memtrack itself (and, where its PID 1's namespace link is
     /// readable, that this is the init namespace); the error says why it
     /// cannot be used.
-    pub fn open(host_proc: &Path, local_proc: &Path) -> Result<HostPids, String> {
-        let shown = host_proc.display();
+    pub fn open(host_proc: &Path, local_proc: &Path) -> Result<HostPids, NotHostProc> {
+        let shown = || host_proc.to_path_buf();
         if let Ok(init) = std::fs::read_link(host_proc.join("1/ns/pid")) {
             if ns_inode(&init.to_string_lossy()) != Some(INIT_PID_NS_INODE) {
-                return Err(format!(
-                    "{shown} is not the host's procfs (its PID 1 is not in the init PID namespace)"
-                ));
+                return Err(NotHostProc::NotInit(shown()));
             }
         }
         let chain = |root: &Path| {
@@ -104,15 +123,13 @@ impl HostPids {
                 .ok()
                 .and_then(|s| nspid(&s))
         };
-        let own =
-            chain(host_proc).ok_or_else(|| format!("{shown}/self/status has no NSpid line"))?;
+        let own = chain(host_proc).ok_or_else(|| NotHostProc::NoNspid(shown()))?;
         let local = chain(local_proc).unwrap_or_default();
         if own.len() <= local.len() && host_proc != local_proc {
-            return Err(format!(
-                "{shown} is not a procfs of an outer PID namespace (it shows memtrack as {}/self \
-                 does)",
-                local_proc.display()
-            ));
+            return Err(NotHostProc::NotOuter {
+                host_proc: shown(),
+                local_proc: local_proc.to_path_buf(),
+            });
         }
         Ok(HostPids {
             host_proc: host_proc.to_path_buf(),
