@@ -252,7 +252,7 @@ pub fn parse_procs(text: &str) -> Vec<u32> {
 
 /// One reading of a cgroup (bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Reading {
+pub struct CgroupReading {
     /// Everything charged, page cache included.
     pub usage: u64,
     /// The highest charge the kernel saw since the previous reading, when
@@ -264,7 +264,7 @@ pub struct Reading {
     pub oom_kills: Option<u64>,
 }
 
-impl Reading {
+impl CgroupReading {
     /// What the job needs: the charge less cold page cache.
     pub fn working_set(&self) -> u64 {
         self.usage.saturating_sub(self.stat.inactive_file)
@@ -440,14 +440,14 @@ impl Cgroup {
     }
 
     /// Reads the charge, its breakdown, the peak and the OOM-kill count.
-    pub fn read(&mut self) -> Result<Reading, CgroupError> {
+    pub fn read(&mut self) -> Result<CgroupReading, CgroupError> {
         let mut buf = std::mem::take(&mut self.buf);
         let result = self.read_with(&mut buf);
         self.buf = buf;
         result
     }
 
-    fn read_with(&mut self, buf: &mut Vec<u8>) -> Result<Reading, CgroupError> {
+    fn read_with(&mut self, buf: &mut Vec<u8>) -> Result<CgroupReading, CgroupError> {
         let text = |buf: &Vec<u8>, n: usize| String::from_utf8_lossy(&buf[..n]).into_owned();
         let n = Self::pread(&self.usage, buf).map_err(io_err("read", &self.dir))?;
         let usage = parse_bytes("memory usage", &text(buf, n))?;
@@ -480,7 +480,7 @@ impl Cgroup {
             let n = Self::pread(f, buf).ok()?;
             parse_oom_kills(&text(buf, n))
         });
-        Ok(Reading {
+        Ok(CgroupReading {
             usage,
             interval_peak,
             kernel_peak,
@@ -697,7 +697,7 @@ mod tests {
 
     #[test]
     fn working_set_leaves_out_cold_cache() {
-        let r = Reading {
+        let r = CgroupReading {
             usage: 600 << 20,
             interval_peak: Some(900 << 20),
             kernel_peak: Some(900 << 20),
@@ -709,7 +709,7 @@ mod tests {
         };
         assert_eq!(r.working_set(), 500 << 20);
         assert_eq!(r.interval_peak_working_set(), Some(800 << 20));
-        let cold = Reading {
+        let cold = CgroupReading {
             usage: 10,
             stat: MemStat {
                 inactive_file: 20,

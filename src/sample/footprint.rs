@@ -100,7 +100,7 @@ pub struct FootprintOptions {
     pub pss_budget: f64,
 }
 
-enum State {
+enum SourceState {
     /// Not decided yet: look for a usable cgroup once the tree is known.
     Undecided,
     Cgroup {
@@ -130,7 +130,7 @@ pub struct FootprintReader {
     /// The cgroup's anonymous charge bounds the page figure from below
     /// (until a process of the tree leaves the cgroup).
     floor: bool,
-    state: State,
+    state: SourceState,
     /// The cost reader sums Pss (turned on with the first Σ Pss sample).
     pss_on: bool,
     info: SourceInfo,
@@ -165,14 +165,14 @@ impl FootprintReader {
         };
         let (state, info) = match opts.choice {
             SourceChoice::Auto | SourceChoice::Pages | SourceChoice::Cgroup => (
-                State::Undecided,
+                SourceState::Undecided,
                 SourceInfo {
                     reason: why_not.unwrap_or_default(),
                     ..SourceInfo::default()
                 },
             ),
             SourceChoice::Pss => (
-                State::Pss,
+                SourceState::Pss,
                 SourceInfo {
                     source: HostSource::Pss,
                     reason: "host.source = pss".into(),
@@ -180,7 +180,7 @@ impl FootprintReader {
                 },
             ),
             SourceChoice::Rss => (
-                State::Rss,
+                SourceState::Rss,
                 SourceInfo {
                     source: HostSource::Rss,
                     reason:
@@ -215,7 +215,7 @@ impl FootprintReader {
             cgroup_created: true,
             since: 0.0,
         };
-        r.state = State::Cgroup {
+        r.state = SourceState::Cgroup {
             cgroup,
             minus_self: false,
             checked_at: Instant::now(),
@@ -227,7 +227,7 @@ impl FootprintReader {
     /// cgroup: the kernel's own count of the job's OOM kills.
     pub fn oom_counter(&self) -> Option<PathBuf> {
         match &self.state {
-            State::Cgroup { cgroup, .. } => Some(cgroup.dir().join(match cgroup.version() {
+            SourceState::Cgroup { cgroup, .. } => Some(cgroup.dir().join(match cgroup.version() {
                 cgroup::Version::V1 => "memory.oom_control",
                 cgroup::Version::V2 => "memory.events",
             })),
@@ -254,23 +254,23 @@ impl FootprintReader {
         host: &mut HostSample,
     ) {
         self.pages_mode(tree, timestamp);
-        if matches!(self.state, State::Undecided) {
+        if matches!(self.state, SourceState::Undecided) {
             if self.pages == PagesMode::On {
                 // The cgroup, if one holds only the job, is the floor.
                 if let Ok((cgroup, minus_self)) = self.existing_cgroup(tree) {
-                    self.state = State::Cgroup {
+                    self.state = SourceState::Cgroup {
                         cgroup,
                         minus_self,
                         checked_at: Instant::now(),
                     };
                 } else {
-                    self.state = State::Rss;
+                    self.state = SourceState::Rss;
                 }
             } else {
                 self.decide(tree, timestamp);
             }
         }
-        if let State::Cgroup {
+        if let SourceState::Cgroup {
             cgroup,
             minus_self,
             checked_at,
@@ -329,15 +329,15 @@ impl FootprintReader {
                     self.changed = true;
                 } else {
                     tracing::warn!("host memory: {why}; using Σ Pss from now on");
-                    self.switch(State::Pss, HostSource::Pss, why, timestamp, tree);
+                    self.switch(SourceState::Pss, HostSource::Pss, why, timestamp, tree);
                 }
             }
         }
-        if matches!(self.state, State::Pss) {
+        if matches!(self.state, SourceState::Pss) {
             self.pss_state(tree, timestamp);
         }
         let pss = match self.state {
-            State::Pss => tree.cost().pages_figure(now),
+            SourceState::Pss => tree.cost().pages_figure(now),
             _ => None,
         };
         let (used, peak, age_s) = match pss {
@@ -372,7 +372,7 @@ impl FootprintReader {
         if let Some(why) = tree.cost().pages_failed().map(str::to_string) {
             tracing::warn!("host memory: {why}; summing RSS from now on");
             self.switch(
-                State::Rss,
+                SourceState::Rss,
                 HostSource::Rss,
                 format!("{why}: shared pages count once per process"),
                 at,
@@ -405,14 +405,14 @@ impl FootprintReader {
                     self.pages = PagesMode::Off;
                     self.info.reason = why;
                     match &self.state {
-                        State::Cgroup { cgroup, .. } => {
+                        SourceState::Cgroup { cgroup, .. } => {
                             self.info.source = HostSource::Cgroup;
                             self.info.cgroup = Some(cgroup.dir().to_path_buf());
                             self.info.since = at;
                             self.changed = true;
                         }
                         _ => {
-                            self.state = State::Undecided;
+                            self.state = SourceState::Undecided;
                             self.decide(tree, at);
                         }
                     }
@@ -452,13 +452,15 @@ impl FootprintReader {
 
     fn switch(
         &mut self,
-        state: State,
+        state: SourceState,
         source: HostSource,
         reason: String,
         at: f64,
         tree: &mut ProcTree,
     ) {
-        if let State::Cgroup { cgroup, .. } = std::mem::replace(&mut self.state, State::Rss) {
+        if let SourceState::Cgroup { cgroup, .. } =
+            std::mem::replace(&mut self.state, SourceState::Rss)
+        {
             if let Err(e) = cgroup.remove() {
                 tracing::warn!("{e}");
             }
@@ -502,7 +504,7 @@ impl FootprintReader {
                     cgroup_created: false,
                     since: at,
                 };
-                self.state = State::Cgroup {
+                self.state = SourceState::Cgroup {
                     cgroup,
                     minus_self,
                     checked_at: Instant::now(),
@@ -526,10 +528,10 @@ impl FootprintReader {
                         .is_ok()
                 });
                 if readable {
-                    self.switch(State::Pss, HostSource::Pss, reason, at, tree);
+                    self.switch(SourceState::Pss, HostSource::Pss, reason, at, tree);
                 } else {
                     self.switch(
-                        State::Rss,
+                        SourceState::Rss,
                         HostSource::Rss,
                         format!("{reason}; smaps_rollup is not readable, so shared pages count once per process"),
                         at,
@@ -565,7 +567,9 @@ impl FootprintReader {
     /// Removes a cgroup memtrack created (end of run); the footprint falls
     /// back to the RSS sum for any sample after this.
     pub fn release(&mut self) {
-        if let State::Cgroup { cgroup, .. } = std::mem::replace(&mut self.state, State::Rss) {
+        if let SourceState::Cgroup { cgroup, .. } =
+            std::mem::replace(&mut self.state, SourceState::Rss)
+        {
             let dir = cgroup.dir().to_path_buf();
             match cgroup.remove() {
                 Ok(()) => tracing::debug!("removed memory cgroup {}", dir.display()),

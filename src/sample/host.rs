@@ -48,7 +48,7 @@ pub struct Left {
 
 /// One process's figures in a sample (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct Reading {
+pub struct HostProcessReading {
     pub pid: u32,
     pub rss: u64,
     /// The last `VmHWM` read (at most `hwm_interval` old).
@@ -76,7 +76,7 @@ fn is_zero(v: &u64) -> bool {
 /// The host part of one sample.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct HostSample {
-    pub processes: Vec<Reading>,
+    pub processes: Vec<HostProcessReading>,
     pub joined: Vec<Joined>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub described: Vec<Described>,
@@ -136,7 +136,7 @@ pub struct Footprint {
     pub age_s: Option<f64>,
     /// Cgroup: the reading behind `used`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroup: Option<cgroup::Reading>,
+    pub cgroup: Option<cgroup::CgroupReading>,
     /// Pages or Σ Pss: reads so far off the sampling thread and the CPU
     /// seconds they took.
     #[serde(default)]

@@ -72,10 +72,7 @@ pub enum NoNvml {
 impl NvmlSampler {
     /// Loads NVML and lists the visible devices. The error is the one-line
     /// reason for host-only mode.
-    pub fn open(
-        lib: Option<&Path>,
-        visible: &Option<Vec<String>>,
-    ) -> Result<NvmlSampler, NoNvml> {
+    pub fn open(lib: Option<&Path>, visible: &Option<Vec<String>>) -> Result<NvmlSampler, NoNvml> {
         let mut builder = Nvml::builder();
         if let Some(lib) = lib {
             builder.lib_path(lib.as_os_str());

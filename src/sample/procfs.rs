@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::cost::{CostOptions, CostReader, View};
-use super::host::{Described, HostSample, Identity, Joined, Left, Reading};
+use super::host::{Described, HostProcessReading, HostSample, Identity, Joined, Left};
 use super::parse::{
     parse_btime, parse_cmdline, parse_loadavg_last_pid, parse_stat, parse_statm, parse_statm_anon,
     parse_status, ParseError, Stat,
@@ -292,7 +292,7 @@ impl ProcTree {
                 continue;
             }
             let own = self.cost.own(pid);
-            out.processes.push(Reading {
+            out.processes.push(HostProcessReading {
                 pid,
                 rss: m.rss,
                 hwm: m.hwm.max(m.rss),

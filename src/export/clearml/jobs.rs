@@ -10,7 +10,7 @@ use super::api::Body;
 use super::machine::Phase;
 use super::outcome::{Artifact, RunEnd};
 use super::points;
-use super::state::{JobKind, JobOutput, Running, State};
+use super::state::{JobKind, JobOutput, ReporterState, Running};
 use super::tasks;
 
 /// Largest `events.add_batch` body (the SDK caps at 15 MiB).
@@ -30,7 +30,7 @@ struct Wire<'a> {
     model_event: bool,
 }
 
-impl State {
+impl ReporterState {
     pub fn setup_job(&self) -> Running {
         let api = self.api.clone();
         let mut settings = self.settings.clone();

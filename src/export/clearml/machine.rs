@@ -101,7 +101,7 @@ pub enum ArtifactVerdict {
 
 /// Stages of the end of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
+pub enum EndStage {
     Drain,
     Setup,
     Artifact,
@@ -113,7 +113,7 @@ pub enum Stage {
 /// Where the end of the run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct End {
-    pub stage: Stage,
+    pub stage: EndStage,
     pub status_started: bool,
     pub artifact_started: bool,
     /// The points set aside during the run went back into the line.
@@ -123,7 +123,7 @@ pub struct End {
 impl End {
     pub fn new() -> End {
         End {
-            stage: Stage::Drain,
+            stage: EndStage::Drain,
             status_started: false,
             artifact_started: false,
             aside_restored: false,
@@ -153,9 +153,9 @@ pub enum EndStep {
     /// Nothing to do until something changes.
     Stay,
     /// Move on to this stage.
-    Move(Stage),
+    Move(EndStage),
     /// Stop waiting for entries (warn when the channel is still open):
-    /// close the converter's windows, then [`Stage::Setup`].
+    /// close the converter's windows, then [`EndStage::Setup`].
     CloseIntake { still_open: bool },
     /// Put the points set aside back in the line (once).
     RestoreAside,
@@ -466,16 +466,16 @@ impl Machine {
     /// The next step of the end of the run.
     pub fn end_step(&self, end: &End, f: EndFacts) -> EndStep {
         match end.stage {
-            Stage::Drain if !f.entries_open || f.drain_passed => EndStep::CloseIntake {
+            EndStage::Drain if !f.entries_open || f.drain_passed => EndStep::CloseIntake {
                 still_open: f.entries_open,
             },
-            Stage::Drain | Stage::Done => EndStep::Stay,
-            Stage::Setup => match &self.phase {
+            EndStage::Drain | EndStage::Done => EndStep::Stay,
+            EndStage::Setup => match &self.phase {
                 Phase::Waiting | Phase::Starting => EndStep::Stay,
-                Phase::Ready(_) => EndStep::Move(Stage::Artifact),
-                Phase::Disabled => EndStep::Move(Stage::Done),
+                Phase::Ready(_) => EndStep::Move(EndStage::Artifact),
+                Phase::Disabled => EndStep::Move(EndStage::Done),
             },
-            Stage::Artifact => match &self.phase {
+            EndStage::Artifact => match &self.phase {
                 Phase::Ready(t) if f.has_artifact && self.artifact_open => {
                     if !end.artifact_started {
                         if f.job_running {
@@ -489,32 +489,32 @@ impl Machine {
                     } else if f.job_running {
                         EndStep::Stay
                     } else {
-                        EndStep::Move(Stage::Flush)
+                        EndStep::Move(EndStage::Flush)
                     }
                 }
-                _ => EndStep::Move(Stage::Flush),
+                _ => EndStep::Move(EndStage::Flush),
             },
-            Stage::Flush => {
+            EndStage::Flush => {
                 if !end.aside_restored {
                     // One more try for batches the server failed with
                     // internal errors: it may be back.
                     EndStep::RestoreAside
                 } else if self.phase == Phase::Disabled {
-                    EndStep::Move(Stage::Done)
+                    EndStep::Move(EndStage::Done)
                 } else if f.job_running {
                     EndStep::Stay
                 } else if f.queue_empty {
-                    EndStep::Move(Stage::Status)
+                    EndStep::Move(EndStage::Status)
                 } else {
                     EndStep::StartBatch
                 }
             }
-            Stage::Status => {
+            EndStage::Status => {
                 if end.status_started {
                     if f.job_running {
                         EndStep::Stay
                     } else {
-                        EndStep::Move(Stage::Done)
+                        EndStep::Move(EndStage::Done)
                     }
                 } else {
                     match &self.phase {
@@ -522,7 +522,7 @@ impl Machine {
                             task: t.task.id.clone(),
                         },
                         Phase::Ready(t) if t.created => EndStep::Stay,
-                        _ => EndStep::Move(Stage::Done),
+                        _ => EndStep::Move(EndStage::Done),
                     }
                 }
             }
@@ -787,11 +787,11 @@ mod tests {
             m.end_step(&end, facts()),
             EndStep::CloseIntake { still_open: false }
         );
-        end.stage = Stage::Setup;
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Artifact));
-        end.stage = Stage::Artifact;
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Flush));
-        end.stage = Stage::Flush;
+        end.stage = EndStage::Setup;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Artifact));
+        end.stage = EndStage::Artifact;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Flush));
+        end.stage = EndStage::Flush;
         assert_eq!(m.end_step(&end, facts()), EndStep::RestoreAside);
         end.aside_restored = true;
         let queued = EndFacts {
@@ -804,21 +804,21 @@ mod tests {
             ..queued
         };
         assert_eq!(m.end_step(&end, sending), EndStep::Stay);
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Status));
-        end.stage = Stage::Status;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Status));
+        end.stage = EndStage::Status;
         assert_eq!(
             m.end_step(&end, facts()),
             EndStep::StartStatus { task: "t1".into() }
         );
         end.status_started = true;
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Done));
     }
 
     #[test]
     fn closing_registers_the_artifact_and_leaves_a_given_task_open() {
         let m = ready(false, false);
         let mut end = End {
-            stage: Stage::Artifact,
+            stage: EndStage::Artifact,
             ..End::new()
         };
         let with = EndFacts {
@@ -833,9 +833,9 @@ mod tests {
             }
         );
         end.artifact_started = true;
-        assert_eq!(m.end_step(&end, with), EndStep::Move(Stage::Flush));
-        end.stage = Stage::Status;
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+        assert_eq!(m.end_step(&end, with), EndStep::Move(EndStage::Flush));
+        end.stage = EndStage::Status;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Done));
         assert!(!m.owns_status());
     }
 
@@ -844,17 +844,17 @@ mod tests {
         let mut m = ready(true, false);
         m.disable("task locked".into());
         let mut end = End {
-            stage: Stage::Setup,
+            stage: EndStage::Setup,
             ..End::new()
         };
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
-        end.stage = Stage::Flush;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Done));
+        end.stage = EndStage::Flush;
         end.aside_restored = true;
         let queued = EndFacts {
             queue_empty: false,
             ..facts()
         };
-        assert_eq!(m.end_step(&end, queued), EndStep::Move(Stage::Done));
+        assert_eq!(m.end_step(&end, queued), EndStep::Move(EndStage::Done));
     }
 
     #[test]

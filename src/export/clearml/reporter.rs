@@ -30,14 +30,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::api::{Api, CallError};
 use super::machine::{
-    Announce, ArtifactVerdict, BatchVerdict, Decided, Due, End, EndFacts, EndStep, Machine, Phase,
-    Plan, Stage,
+    Announce, ArtifactVerdict, BatchVerdict, Decided, Due, End, EndFacts, EndStage, EndStep,
+    Machine, Phase, Plan,
 };
 use super::outcome::{Artifact, FinishReport, RunEnd, TaskRef};
 use super::points::{Converter, Point};
 use super::queue::Queue;
 use super::settings::Settings;
-use super::state::{Ending, Event, Finish, JobKind, JobOutput, Running, State};
+use super::state::{Ending, Event, Finish, JobKind, JobOutput, ReporterState, Running};
 use super::tasks::{Registered, TaskCtx};
 use crate::event::inbox::JobTask;
 use crate::export::task_note::{self, SPOOL_FILE, TASK_FILE};
@@ -165,7 +165,7 @@ impl Reporter {
         let wait = settings.task.is_none()
             && job_tasks.is_some()
             && (settings.job_task_only || !settings.job_task_wait.is_zero());
-        let state = State {
+        let state = ReporterState {
             conv: Converter::new(settings.timer_every),
             queue,
             task_file: run_dir.join(TASK_FILE),
@@ -373,7 +373,7 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-impl State {
+impl ReporterState {
     /// The loop: move the machine along, wait for the next event, handle
     /// it; at the end, answer the finish.
     async fn run(mut self, mut inputs: Inputs) {
@@ -382,7 +382,10 @@ impl State {
         let mut pending: Vec<Point> = Vec::new();
         loop {
             self.advance(&mut job, &mut ending, inputs.entries_open);
-            if ending.as_ref().is_some_and(|e| e.end.stage == Stage::Done) {
+            if ending
+                .as_ref()
+                .is_some_and(|e| e.end.stage == EndStage::Done)
+            {
                 break;
             }
             let deadline = self.deadline(ending.as_ref());
@@ -433,9 +436,9 @@ impl State {
     /// When the loop must wake up even if nothing arrives.
     fn deadline(&self, ending: Option<&Ending>) -> Option<Instant> {
         let deadline = ending.map(|e| match e.end.stage {
-            Stage::Drain => e.drain_until,
-            Stage::Setup | Stage::Artifact | Stage::Flush => e.points_until,
-            Stage::Status | Stage::Done => e.until,
+            EndStage::Drain => e.drain_until,
+            EndStage::Setup | EndStage::Artifact | EndStage::Flush => e.points_until,
+            EndStage::Status | EndStage::Done => e.until,
         });
         match (&self.machine.phase, deadline) {
             // Only the job's task will do: wait for it as long as the run.
@@ -530,8 +533,8 @@ impl State {
             return;
         };
         match e.end.stage {
-            Stage::Drain => {} // advance() moves on
-            Stage::Setup | Stage::Artifact | Stage::Flush => {
+            EndStage::Drain => {} // advance() moves on
+            EndStage::Setup | EndStage::Artifact | EndStage::Flush => {
                 if let Some(r) = job.take() {
                     self.cancel(r);
                 }
@@ -545,9 +548,9 @@ impl State {
                     _ => format!("the final flush ran out of time with {left} points unsent"),
                 };
                 self.machine.problem(m);
-                e.end.stage = Stage::Status;
+                e.end.stage = EndStage::Status;
             }
-            Stage::Status | Stage::Done => {
+            EndStage::Status | EndStage::Done => {
                 if let Some(r) = job.take() {
                     self.cancel(r);
                 }
@@ -556,7 +559,7 @@ impl State {
                         "the task's final status could not be set before the timeout".into(),
                     );
                 }
-                e.end.stage = Stage::Done;
+                e.end.stage = EndStage::Done;
             }
         }
     }
@@ -742,7 +745,7 @@ impl State {
     ) {
         if let Some(e) = ending.as_mut() {
             self.advance_end(job, e, entries_open);
-            if e.end.stage != Stage::Setup
+            if e.end.stage != EndStage::Setup
                 || job.is_some()
                 || !matches!(self.machine.phase, Phase::Starting)
             {
@@ -808,7 +811,7 @@ impl State {
                     self.decide(None, &mut pending);
                     self.conv.close_all(&mut pending);
                     self.accept(&mut pending);
-                    e.end.stage = Stage::Setup;
+                    e.end.stage = EndStage::Setup;
                 }
                 EndStep::RestoreAside => {
                     self.queue.restore_aside();

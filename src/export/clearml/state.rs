@@ -89,7 +89,7 @@ pub enum Event {
 }
 
 /// Everything the reporter's task owns.
-pub struct State {
+pub struct ReporterState {
     pub settings: Settings,
     pub run: RunInfo,
     pub api: Api,
