@@ -32,7 +32,7 @@ use super::cgroup::{self, Cgroup, CgroupError, Hierarchies};
 use super::host::{Footprint, HostSample};
 use super::parse::parse_statm;
 use super::procfs::ProcTree;
-pub use crate::model::HostSource;
+pub(crate) use crate::model::HostSource;
 
 /// Which sources a run may use (`host.source`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,20 +73,20 @@ impl std::str::FromStr for SourceChoice {
 /// The source a run uses, why, and (cgroup) which one: what
 /// `memory_usage.json` records.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SourceInfo {
-    pub source: HostSource,
+pub(crate) struct SourceInfo {
+    pub(crate) source: HostSource,
     /// Why this source (and not a better one).
-    pub reason: String,
+    pub(crate) reason: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroup: Option<PathBuf>,
+    pub(crate) cgroup: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroup_version: Option<u8>,
+    pub(crate) cgroup_version: Option<u8>,
     /// memtrack created the cgroup for this run (and removes it).
     #[serde(default)]
-    pub cgroup_created: bool,
+    pub(crate) cgroup_created: bool,
     /// Unix seconds when this source took over.
     #[serde(default)]
-    pub since: f64,
+    pub(crate) since: f64,
 }
 
 /// How often an existing cgroup's membership is checked.
@@ -225,7 +225,7 @@ impl FootprintReader {
 
     /// The file with the cgroup's `oom_kill` counter, when the source is a
     /// cgroup: the kernel's own count of the job's OOM kills.
-    pub fn oom_counter(&self) -> Option<PathBuf> {
+    pub(crate) fn oom_counter(&self) -> Option<PathBuf> {
         match &self.state {
             SourceState::Cgroup { cgroup, .. } => Some(cgroup.dir().join(match cgroup.version() {
                 cgroup::Version::V1 => "memory.oom_control",
@@ -235,18 +235,19 @@ impl FootprintReader {
         }
     }
 
+    #[cfg(test)]
     /// The source in use and why.
-    pub fn info(&self) -> &SourceInfo {
+    pub(crate) fn info(&self) -> &SourceInfo {
         &self.info
     }
 
     /// Takes the source change since the last call, if any.
-    pub fn take_change(&mut self) -> Option<SourceInfo> {
+    pub(crate) fn take_change(&mut self) -> Option<SourceInfo> {
         std::mem::take(&mut self.changed).then(|| self.info.clone())
     }
 
     /// Computes the footprint of the sample the tree just took.
-    pub fn sample(
+    pub(crate) fn sample(
         &mut self,
         now: Instant,
         timestamp: f64,
@@ -566,7 +567,7 @@ impl FootprintReader {
 
     /// Removes a cgroup memtrack created (end of run); the footprint falls
     /// back to the RSS sum for any sample after this.
-    pub fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         if let SourceState::Cgroup { cgroup, .. } =
             std::mem::replace(&mut self.state, SourceState::Rss)
         {
@@ -728,7 +729,7 @@ pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, NoJobCgroup>
 
 /// Why the job's existing memory cgroup is not its footprint's source.
 #[derive(Debug, thiserror::Error)]
-pub enum NotJobOnly {
+pub(crate) enum NotJobOnly {
     #[error("no memory cgroup found for PID {0}")]
     NoCgroup(u32),
     #[error("the job's processes are in different memory cgroups")]

@@ -124,7 +124,7 @@ impl NvmlSampler {
 
     /// Sets how NVML's PIDs become the tree's, and the attribution the
     /// run starts with.
-    pub fn with_pids(mut self, pids: PidMap, attribution: GpuAttribution) -> NvmlSampler {
+    pub(crate) fn with_pids(mut self, pids: PidMap, attribution: GpuAttribution) -> NvmlSampler {
         self.pids = pids;
         self.attribution = Some(attribution);
         self

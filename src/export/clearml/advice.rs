@@ -14,11 +14,11 @@ use super::api::{Api, Body};
 use super::Settings;
 
 /// The line that opens memtrack's block in a task's description.
-pub const HEADING: &str = "memtrack advice";
+pub(crate) const HEADING: &str = "memtrack advice";
 
 /// The description `old` with the advice `text` (of run `run_id`) as its
 /// last block, in place of an earlier one.
-pub fn described(old: &str, run_id: &str, text: &str) -> String {
+pub(crate) fn described(old: &str, run_id: &str, text: &str) -> String {
     let kept = match old.find(&format!("{HEADING} (run ")) {
         Some(at) => old[..at].trim_end(),
         None => old.trim_end(),
@@ -32,7 +32,7 @@ pub fn described(old: &str, run_id: &str, text: &str) -> String {
 }
 
 /// Puts the advice on task `task`.
-pub async fn describe(
+pub(crate) async fn describe(
     settings: &Settings,
     task: &str,
     run_id: &str,

@@ -20,7 +20,7 @@ pub struct FileServer {
 }
 
 impl FileServer {
-    pub fn new(api: Api, base: &str) -> FileServer {
+    pub(crate) fn new(api: Api, base: &str) -> FileServer {
         FileServer {
             api,
             base: base.trim_end_matches('/').to_string(),
@@ -29,7 +29,7 @@ impl FileServer {
 
     /// Where the SDK keeps `task`'s artifact `memory_usage`:
     /// `<project>/<task name>.<task id>/artifacts/memory_usage/<file>`.
-    pub fn path(task: &TaskRef, file: &str) -> String {
+    pub(crate) fn path(task: &TaskRef, file: &str) -> String {
         let folder = if task.project.is_empty() {
             format!("{}.{}", task.name, task.id)
         } else {
@@ -39,13 +39,13 @@ impl FileServer {
     }
 
     /// The object's URL: the base and the path, each part percent-encoded.
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         let parts: Vec<String> = path.split('/').map(encode).collect();
         format!("{}/{}", self.base, parts.join("/"))
     }
 
     /// Uploads `document` as `path`; the artifact to register.
-    pub async fn upload(&self, document: &Path, path: &str) -> Result<Artifact, String> {
+    pub(crate) async fn upload(&self, document: &Path, path: &str) -> Result<Artifact, String> {
         // A regular file, read to at most the largest document, off the
         // runtime's threads.
         let owned = document.to_path_buf();
@@ -74,14 +74,14 @@ impl FileServer {
 /// artifacts: the settings, and the API client a fileserver upload
 /// authenticates with.
 #[derive(Debug, Clone)]
-pub struct Outputs {
+pub(crate) struct Outputs {
     api: Api,
     files_host: String,
     conf: super::output::OutputConf,
 }
 
 impl Outputs {
-    pub fn new(api: Api, files_host: &str, conf: super::output::OutputConf) -> Outputs {
+    pub(crate) fn new(api: Api, files_host: &str, conf: super::output::OutputConf) -> Outputs {
         Outputs {
             api,
             files_host: files_host.trim_end_matches('/').to_string(),
@@ -91,7 +91,7 @@ impl Outputs {
 
     /// Where `task`'s artifact goes and what chose it; `None`: nowhere
     /// (no output_uri, no default_output_uri, no fileserver).
-    pub fn for_task(
+    pub(crate) fn for_task(
         &self,
         task: &TaskRef,
     ) -> Option<(
@@ -104,7 +104,7 @@ impl Outputs {
     }
 
     /// An uploader to the fileserver (or http store) at `base`.
-    pub fn files(&self, base: &str) -> FileServer {
+    pub(crate) fn files(&self, base: &str) -> FileServer {
         FileServer::new(self.api.clone(), base)
     }
 }

@@ -20,43 +20,43 @@ const MAX_ENTRIES: usize = 256;
 
 /// What `clearml.conf` says about where artifacts go.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OutputConf {
+pub(crate) struct OutputConf {
     /// `sdk.development.default_output_uri` (empty: not set).
-    pub default_uri: String,
+    pub(crate) default_uri: String,
     /// `sdk.aws.s3`.
-    pub s3: ConfS3,
+    pub(crate) s3: ConfS3,
     /// The file these came from, for messages.
-    pub file: String,
+    pub(crate) file: String,
     /// Why the file's output settings could not be read: an `s3://`
     /// destination then fails with this reason.
-    pub problem: Option<String>,
+    pub(crate) problem: Option<String>,
 }
 
 /// The `sdk.aws.s3` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConfS3 {
-    pub keys: Option<Keys>,
-    pub region: String,
-    pub entries: Vec<BucketConf>,
+pub(crate) struct ConfS3 {
+    pub(crate) keys: Option<Keys>,
+    pub(crate) region: String,
+    pub(crate) entries: Vec<BucketConf>,
 }
 
 /// One entry of `sdk.aws.s3.credentials`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BucketConf {
-    pub bucket: String,
+pub(crate) struct BucketConf {
+    pub(crate) bucket: String,
     /// `host[:port]` of an S3-compatible store; empty: AWS.
-    pub host: String,
-    pub keys: Option<Keys>,
-    pub region: String,
+    pub(crate) host: String,
+    pub(crate) keys: Option<Keys>,
+    pub(crate) region: String,
     /// `https` (the SDK's default) or `http`.
-    pub secure: bool,
+    pub(crate) secure: bool,
 }
 
 /// An access key and its secret; shown masked.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Keys {
-    pub key: String,
-    pub secret: String,
+pub(crate) struct Keys {
+    pub(crate) key: String,
+    pub(crate) secret: String,
 }
 
 impl fmt::Debug for Keys {
@@ -67,7 +67,7 @@ impl fmt::Debug for Keys {
 
 /// The destination the document goes to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Destination {
+pub(crate) enum Destination {
     /// An S3 bucket (AWS or an S3-compatible store).
     S3(S3Target),
     /// A ClearML fileserver (or any http(s) store that takes its uploads).
@@ -76,34 +76,34 @@ pub enum Destination {
 
 /// An `s3://` destination resolved against `sdk.aws.s3`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct S3Target {
+pub(crate) struct S3Target {
     /// `s3://bucket/prefix`, as memtrack's S3 uploader takes it.
-    pub url: String,
+    pub(crate) url: String,
     /// `http(s)://host[:port]` of an S3-compatible store (`None`: AWS, or
     /// the AWS settings' own endpoint).
-    pub endpoint: Option<String>,
+    pub(crate) endpoint: Option<String>,
     /// `host[:port]` when the destination names it: the artifact's URI
     /// is then `s3://host[:port]/bucket/key`, as the SDK writes it.
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
     /// Empty: the AWS chain's.
-    pub region: String,
+    pub(crate) region: String,
     /// From `sdk.aws.s3`, used when the AWS environment and profile give
     /// none.
-    pub keys: Option<Keys>,
+    pub(crate) keys: Option<Keys>,
     /// Where `keys` come from, for messages (never the keys).
-    pub keys_source: String,
+    pub(crate) keys_source: String,
 }
 
 /// Where the destination came from, for messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Chosen {
-    pub uri: String,
-    pub source: String,
+pub(crate) struct Chosen {
+    pub(crate) uri: String,
+    pub(crate) source: String,
 }
 
 /// The destination for the job's task: its own `output.destination`, else
 /// the file's `default_output_uri`, else the fileserver (`None`: none).
-pub fn choose(task_uri: &str, conf: &OutputConf, files_host: &str) -> Option<Chosen> {
+pub(crate) fn choose(task_uri: &str, conf: &OutputConf, files_host: &str) -> Option<Chosen> {
     let task_uri = task_uri.trim();
     if !task_uri.is_empty() {
         return Some(Chosen {
@@ -125,7 +125,7 @@ pub fn choose(task_uri: &str, conf: &OutputConf, files_host: &str) -> Option<Cho
 
 /// `chosen` as an upload destination; `Err` says why it cannot be used
 /// (an unsupported scheme, a malformed URL), never with a secret.
-pub fn destination(chosen: &Chosen, conf: &OutputConf) -> Result<Destination, String> {
+pub(crate) fn destination(chosen: &Chosen, conf: &OutputConf) -> Result<Destination, String> {
     let uri = chosen.uri.trim_end_matches('/');
     let lower = uri.to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
@@ -148,7 +148,7 @@ pub fn destination(chosen: &Chosen, conf: &OutputConf) -> Result<Destination, St
 /// `s3://…` resolved as the SDK resolves it: the longest matching entry of
 /// `sdk.aws.s3.credentials` (a `host` entry matches `s3://host/bucket`, a
 /// bucket entry `s3://bucket`), else the section's own keys and region.
-pub fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, String> {
+pub(crate) fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, String> {
     let rest = &uri["s3://".len()..];
     let (netloc, path) = rest.split_once('/').unwrap_or((rest, ""));
     let lower = uri.to_ascii_lowercase();
@@ -233,7 +233,7 @@ pub fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, String> {
 /// string, an entry that is no object, a key without its secret, a host
 /// that is not `host[:port]`, a region that is no region: an error naming
 /// the entry, never its keys.
-pub fn read(
+pub(crate) fn read(
     doc: &ConfTree,
     env: &dyn Fn(&str) -> Option<String>,
     file: &str,
@@ -411,7 +411,7 @@ fn region(region: String, what: &str) -> Result<String, String> {
 }
 
 /// A URL with its user part (which may hold a password) masked.
-pub fn redact_userinfo(text: &str) -> String {
+pub(crate) fn redact_userinfo(text: &str) -> String {
     match text.split_once("://") {
         Some((scheme, rest)) => {
             let host_end = rest.find('/').unwrap_or(rest.len());
@@ -450,7 +450,7 @@ fn check_host(host: &str) -> Result<(), String> {
 /// A value for a message: at most 80 characters, control characters
 /// escaped, a URL's user part (which may hold a password) masked. A task's
 /// `output_uri` comes from the server: shown only this way.
-pub fn shown(text: &str) -> String {
+pub(crate) fn shown(text: &str) -> String {
     let text = redact_userinfo(text);
     let cut: String = text.chars().take(80).collect();
     let escaped: String = cut.escape_debug().collect();

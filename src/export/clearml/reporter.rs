@@ -219,7 +219,7 @@ impl Reporter {
     /// Where the document goes for the job's task without an S3
     /// destination of memtrack's own: where the task keeps its artifacts
     /// (`None`: nowhere).
-    pub fn outputs(&self) -> Option<super::files::Outputs> {
+    pub(crate) fn outputs(&self) -> Option<super::files::Outputs> {
         self.outputs.clone()
     }
 
@@ -232,7 +232,7 @@ impl Reporter {
     /// `timeout`; then [`Reporter::task`]. Called when the run has ended:
     /// a reporter still waiting for the job's own task stops waiting and
     /// creates its own.
-    pub async fn settle(&self, timeout: Duration) -> Option<TaskRef> {
+    pub(crate) async fn settle(&self, timeout: Duration) -> Option<TaskRef> {
         let _ = self.hurry.send(true);
         let mut settled = self.settled.clone();
         let _ = tokio::time::timeout(timeout, settled.wait_for(|s| *s)).await;
@@ -240,19 +240,19 @@ impl Reporter {
     }
 
     /// Follows the job's own task (announced by the job and taken up).
-    pub fn job_task(&self) -> watch::Receiver<Option<TaskRef>> {
+    pub(crate) fn job_task(&self) -> watch::Receiver<Option<TaskRef>> {
         self.job_task.clone()
     }
 
     /// Where the run hands in uploaded checkpoints of the document: while
     /// memtrack reports into the job's own task, each is registered as the
     /// `memory_usage` artifact as long as the task takes it.
-    pub fn artifacts(&self) -> Option<mpsc::UnboundedSender<Result<Artifact, String>>> {
+    pub(crate) fn artifacts(&self) -> Option<mpsc::UnboundedSender<Result<Artifact, String>>> {
         self.artifacts.clone()
     }
 
     /// Follows the task as it becomes known (for keys computed later).
-    pub fn task_updates(&self) -> watch::Receiver<Option<TaskRef>> {
+    pub(crate) fn task_updates(&self) -> watch::Receiver<Option<TaskRef>> {
         self.task.clone()
     }
 
@@ -303,7 +303,7 @@ impl Reporter {
 
 /// Waits for the job's task ([`Reporter::job_task`]) to change; `false`
 /// (and no more waiting) once the reporter is gone.
-pub async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+pub(crate) async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
     let Some(r) = rx.as_mut() else {
         return std::future::pending().await;
     };
@@ -315,7 +315,7 @@ pub async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>)
 }
 
 /// Whether memtrack reports into the job's own task.
-pub fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+pub(crate) fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
     rx.as_ref().is_some_and(|r| r.borrow().is_some())
 }
 

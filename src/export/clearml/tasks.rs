@@ -13,18 +13,18 @@ use crate::model::RunInfo;
 
 /// The task memtrack reports into, as the setup found or made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskCtx {
-    pub task: TaskRef,
-    pub project_id: String,
+pub(crate) struct TaskCtx {
+    pub(crate) task: TaskRef,
+    pub(crate) project_id: String,
     /// memtrack created it, so memtrack starts and ends it.
-    pub created: bool,
+    pub(crate) created: bool,
     /// The job announced it: its own task, on its own iteration axis.
-    pub adopted: bool,
+    pub(crate) adopted: bool,
 }
 
 /// What an artifact job achieved.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Registered {
+pub(crate) enum Registered {
     Yes,
     /// The task no longer takes artifacts (its owner closed it).
     Closed(String),
@@ -32,7 +32,7 @@ pub enum Registered {
 
 /// A fatal setup error in words (wrong credentials, locked or unknown
 /// task, refused creation); transient ones are retried inside.
-pub async fn setup(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, String> {
+pub(crate) async fn setup(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, String> {
     match &s.task {
         Some(id) => reuse_task(api, s, id).await,
         None => new_task(api, s, run).await,
@@ -156,14 +156,14 @@ async fn new_task(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, Str
 
 /// The comment a created task carries: it names the run, so that a
 /// creation whose reply was lost is found again instead of repeated.
-pub fn task_comment(run: &RunInfo) -> String {
+pub(crate) fn task_comment(run: &RunInfo) -> String {
     format!("memtrack run {} on {}", run.id, run.host)
 }
 
 /// `tasks.create`, never repeated blindly: when a try may have reached the
 /// server (a timeout, a 504, a 5xx), the task is looked up by its name,
 /// project and comment before the next try.
-pub async fn create_task(
+pub(crate) async fn create_task(
     api: &Api,
     s: &Settings,
     run: &RunInfo,
@@ -215,7 +215,7 @@ pub async fn create_task(
 /// Registers the artifact (`body`); with `check_status`, only while the
 /// task is `created` or `in_progress` (a task closed by its owner refuses
 /// it, and memtrack never changes the status of a task it did not create).
-pub async fn register_artifact(
+pub(crate) async fn register_artifact(
     api: &Api,
     task: &str,
     check_status: bool,
@@ -239,7 +239,7 @@ pub async fn register_artifact(
 }
 
 /// `^<name>$` with the regex metacharacters escaped.
-pub fn anchored(name: &str) -> String {
+pub(crate) fn anchored(name: &str) -> String {
     let mut out = String::with_capacity(name.len() + 8);
     out.push('^');
     for c in name.chars() {
@@ -252,7 +252,7 @@ pub fn anchored(name: &str) -> String {
     out
 }
 
-pub async fn project_id(api: &Api, name: &str) -> Result<String, CallError> {
+pub(crate) async fn project_id(api: &Api, name: &str) -> Result<String, CallError> {
     let lookup = || async {
         let data = api
             .call_retrying(
@@ -320,7 +320,7 @@ fn created_id(data: &Value, call: &str) -> Result<String, CallError> {
 
 /// Marks a task memtrack created completed or failed, if it is still
 /// `in_progress` (someone may have stopped it from the UI).
-pub async fn final_status(
+pub(crate) async fn final_status(
     api: &Api,
     task: &str,
     exit: Option<crate::model::Exit>,
