@@ -414,7 +414,7 @@ fn host_line(doc: &Document) -> String {
 
 /// The terminal report.
 /// The terminal report. Every string the file holds is shown with its
-/// control characters escaped ([`escape_controls`]).
+/// control characters escaped (`escape_controls`).
 pub fn render(doc: &Document) -> String {
     let out = render_raw(doc);
     // Fields are escaped where they are written; this pass makes sure no

@@ -12,7 +12,7 @@
 //! 2. [`HostSource::Pss`]: the sum of each process's proportional share
 //!    (`smaps_rollup`), read off the sampling thread within a CPU budget
 //!    and carried forward in between by the rules the page count uses
-//!    ([`super::cost`]): a fork adds only what it writes beyond its
+//!    (`super::cost`): a fork adds only what it writes beyond its
 //!    parent, an exit takes only the pages the process alone had.
 //! 3. [`HostSource::Rss`]: the plain RSS sum, when asked for or when
 //!    `smaps_rollup` cannot be read — labelled as such, never silently.

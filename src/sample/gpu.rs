@@ -4,7 +4,7 @@
 //! The contract: each call either fills a sample, reports "no GPU" (the
 //! reason was logged once when the sampler was chosen), or reports an error
 //! for this sample only. An error degrades that sample to host-only figures
-//! and is counted; it never stops sampling. [`crate::sample::open_gpu`]
+//! and is counted; it never stops sampling. `crate::sample::open_gpu`
 //! picks the NVML sampler when it can, else [`NoGpu`] with a one-line
 //! reason.
 

@@ -10,7 +10,7 @@
 //! repeat the last tick's.
 //!
 //! NVML lists processes by host PID. Inside a PID namespace they are turned
-//! into the tree's PIDs through a [`PidMap`], or, when that cannot be done,
+//! into the tree's PIDs through a `PidMap`, or, when that cannot be done,
 //! left out and the sample marked device-level.
 
 use std::collections::HashMap;

@@ -216,7 +216,7 @@ impl ProcTree {
         self.members.len()
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.members.is_empty()
     }
 

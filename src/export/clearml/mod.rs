@@ -9,24 +9,24 @@
 //! creation, batched `events.add_batch` with retries — happens on tokio
 //! tasks that sampling never waits for.
 //!
-//! - [`settings`]: the `[clearml]` section and the settings resolved from
+//! - `settings`: the `[clearml]` section and the settings resolved from
 //!   it, the `CLEARML_*` environment and `clearml.conf`;
 //! - [`hocon`]: the pure `clearml.conf` reader;
 //! - [`points`]: entries → scalar points (timer windows, iteration keys,
 //!   collisions), pure;
 //! - [`queue`]: the bounded in-memory queue and its spool file;
-//! - [`api`]: the HTTP client (auth, envelopes, retry classification);
-//! - [`files`]: the artifact on the ClearML fileserver (no S3 destination);
-//! - [`output`]: where the job's task keeps its artifacts (`output_uri`,
+//! - `api`: the HTTP client (auth, envelopes, retry classification);
+//! - `files`: the artifact on the ClearML fileserver (no S3 destination);
+//! - `output`: where the job's task keeps its artifacts (`output_uri`,
 //!   `clearml.conf`'s `default_output_uri` and `sdk.aws.s3`);
-//! - [`tasks`]: the REST calls on tasks and projects (find, create, end,
+//! - `tasks`: the REST calls on tasks and projects (find, create, end,
 //!   register the artifact);
 //! - `jobs`: the network jobs the reporter runs, as futures;
-//! - [`machine`]: the reporter's decisions as a pure state machine, kept
+//! - `machine`: the reporter's decisions as a pure state machine, kept
 //!   in `state`;
-//! - [`reporter`]: the task that owns the queue and drives the server,
+//! - `reporter`: the task that owns the queue and drives the server,
 //!   doing what the machine decides;
-//! - [`outcome`]: what the reporter and the app tell each other.
+//! - `outcome`: what the reporter and the app tell each other.
 //!
 //! The run-directory files a later resend or upload reads (the spool, the
 //! task note) are in [`crate::export::task_note`].

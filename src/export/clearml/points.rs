@@ -3,7 +3,7 @@
 //!
 //! Each forwarded entry becomes up to six points under the title
 //! `memory/<component>`, one per figure of `detailed_log`
-//! ([`FIELDS`]). Timer samples are first folded into windows of
+//! (`FIELDS`). Timer samples are first folded into windows of
 //! `timer_every` per component (the maximum of each figure is kept, so no
 //! peak is lost); marks and system entries are all forwarded.
 //!
@@ -21,7 +21,7 @@
 //! **The job's own task.** When memtrack reports into the task the job's
 //! ClearML SDK made, its points must not move that task's iteration axis
 //! (a scalar's `iter` raises the task's `last_iteration`). There the
-//! converter runs on the job's axis only ([`Converter::use_job_axis`]): an
+//! converter runs on the job's axis only (`Converter::use_job_axis`): an
 //! entry without an iteration is placed at the latest iteration the job
 //! reached (its marks, and the task's `last_iteration` the reporter reads
 //! from the server), and the timer window of a component stays open while

@@ -7,9 +7,9 @@
 //! from its read position, so once anything is spooled every newer point
 //! is spooled too, and memory is refilled from the head of the spool as
 //! batches leave. A fully read spool is truncated. A batch the server
-//! keeps failing with internal errors is set aside ([`Queue::set_aside`])
+//! keeps failing with internal errors is set aside (`Queue::set_aside`)
 //! so later ones go on, and kept: it is tried again at the end of the run.
-//! At the end [`Queue::persist`] rewrites the spool to hold every unsent
+//! At the end `Queue::persist` rewrites the spool to hold every unsent
 //! point, set-aside ones first, then memory, so nothing is lost when the
 //! server never came back.
 //!
@@ -165,7 +165,7 @@ impl Queue {
         self.mem.len() as u64 + self.spooled
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 

@@ -104,7 +104,7 @@ impl Reporter {
     }
 
     /// Starts a reporter for what an ended run left in `run_dir`: the
-    /// points of its spool file (see [`Queue::resume`]; the number is the
+    /// points of its spool file (see `Queue::resume`; the number is the
     /// lines that were not points), sent once the task is known.
     /// [`Reporter::finish`] then delivers them.
     pub fn resend(

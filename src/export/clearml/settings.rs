@@ -32,7 +32,7 @@ pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(500);
 pub struct ClearmlConfig {
     /// `auto`: on when `CLEARML_TASK_ID` or `CLEARML_API_HOST` is set, or a
     /// task or project is given here, else with only `clearml.conf` for a
-    /// task the job announces ([`zero_config`]); `true`: on; `false`: off.
+    /// task the job announces (`zero_config`); `true`: on; `false`: off.
     pub enabled: Switch,
     /// Report into this task (else `CLEARML_TASK_ID`; else one is created).
     pub task: String,
