@@ -126,7 +126,7 @@ impl Io {
                                 size: u.size,
                                 sha256: u.sha256,
                             })
-                            .map_err(|e| e.to_string()),
+                            .map_err(Into::into),
                     );
                 }
             }
@@ -184,7 +184,7 @@ impl Io {
                 }
                 // Failed or not meant: the reporter answers the job's
                 // announcement without waiting for an artifact.
-                let _ = artifacts.send(uploaded.map_err(|e| e.why));
+                let _ = artifacts.send(uploaded.map_err(|e| e.why.into()));
             }
         });
         self.checkpoint_uploads = Some((stop_tx, handle));

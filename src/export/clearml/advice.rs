@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::api::{Api, Body};
+use super::api::{Api, Body, CallError, ClientError};
 use super::Settings;
 
 /// The line that opens memtrack's block in a task's description.
@@ -37,12 +37,15 @@ pub(crate) async fn describe(
     task: &str,
     run_id: &str,
     text: &str,
-) -> Result<(), String> {
+) -> Result<(), DescribeError> {
     let api = Api::new(settings, Arc::new(AtomicU64::new(0)))?;
     let data = api
         .call_retrying("tasks.get_by_id", &Body::Json(json!({ "task": task })))
         .await
-        .map_err(|e| format!("cannot read task {task}: {e}"))?;
+        .map_err(|source| DescribeError::Read {
+            task: task.to_string(),
+            source,
+        })?;
     let old = data
         .pointer("/task/comment")
         .and_then(Value::as_str)
@@ -53,8 +56,22 @@ pub(crate) async fn describe(
         &Body::Json(json!({ "task": task, "force": true, "comment": comment })),
     )
     .await
-    .map_err(|e| format!("cannot edit task {task}: {e}"))?;
+    .map_err(|source| DescribeError::Edit {
+        task: task.to_string(),
+        source,
+    })?;
     Ok(())
+}
+
+/// Why the advice is not on the task.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DescribeError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("cannot read task {task}: {source}")]
+    Read { task: String, source: CallError },
+    #[error("cannot edit task {task}: {source}")]
+    Edit { task: String, source: CallError },
 }
 
 #[cfg(test)]

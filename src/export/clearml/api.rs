@@ -91,6 +91,30 @@ impl std::fmt::Display for CallError {
     }
 }
 
+impl std::error::Error for CallError {}
+
+/// The HTTP client could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the HTTP client: {}", chain(.0))]
+pub(crate) struct ClientError(#[source] reqwest::Error);
+
+/// Why an upload to a fileserver failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PostError {
+    /// No bearer token: the login failed.
+    #[error(transparent)]
+    Login(#[from] CallError),
+    #[error("POST {url}: {}", chain(source))]
+    Send { url: String, source: reqwest::Error },
+    /// The server's answer, its body cut to 200 characters.
+    #[error("POST {url}: HTTP {status}: {body}")]
+    Refused {
+        url: String,
+        status: reqwest::StatusCode,
+        body: String,
+    },
+}
+
 #[derive(Debug, Default)]
 struct Token {
     value: String,
@@ -150,7 +174,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Api {
-    pub(crate) fn new(settings: &Settings, errors: Arc<AtomicU64>) -> Result<Api, String> {
+    pub(crate) fn new(settings: &Settings, errors: Arc<AtomicU64>) -> Result<Api, ClientError> {
         let client = reqwest::Client::builder()
             .timeout(settings.request_timeout)
             .connect_timeout(settings.request_timeout.min(Duration::from_secs(10)))
@@ -158,7 +182,7 @@ impl Api {
             .pool_max_idle_per_host(2)
             .user_agent(client_header())
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {}", chain(&e)))?;
+            .map_err(ClientError)?;
         Ok(Api {
             client,
             host: settings.api_host.clone(),
@@ -389,8 +413,8 @@ impl Api {
         url: &str,
         content_type: &str,
         body: Vec<u8>,
-    ) -> Result<(), String> {
-        let token = self.bearer().await.map_err(|e| e.to_string())?;
+    ) -> Result<(), PostError> {
+        let token = self.bearer().await?;
         let resp = self
             .client
             .post(url)
@@ -400,14 +424,21 @@ impl Api {
             .body(body)
             .send()
             .await
-            .map_err(|e| format!("POST {url}: {}", chain(&e)))?;
+            .map_err(|source| PostError::Send {
+                url: url.to_string(),
+                source,
+            })?;
         let status = resp.status();
         if status.is_success() {
             return Ok(());
         }
         let text = resp.text().await.unwrap_or_default();
         let text: String = text.chars().take(200).collect();
-        Err(format!("POST {url}: HTTP {status}: {}", text.trim()))
+        Err(PostError::Refused {
+            url: url.to_string(),
+            status,
+            body: text.trim().to_string(),
+        })
     }
 
     /// The current bearer token, logging in first when there is none or it

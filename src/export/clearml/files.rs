@@ -8,7 +8,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use super::api::Api;
+use super::api::{Api, PostError};
 use super::outcome::{Artifact, TaskRef};
 
 /// Uploads documents to the fileserver of a ClearML setup.
@@ -45,7 +45,7 @@ impl FileServer {
     }
 
     /// Uploads `document` as `path`; the artifact to register.
-    pub(crate) async fn upload(&self, document: &Path, path: &str) -> Result<Artifact, String> {
+    pub(crate) async fn upload(&self, document: &Path, path: &str) -> Result<Artifact, FileError> {
         // A regular file, read to at most the largest document, off the
         // runtime's threads.
         let owned = document.to_path_buf();
@@ -53,8 +53,14 @@ impl FileServer {
             crate::files::read_capped(&owned, crate::model::json::MAX_DOCUMENT_BYTES)
         })
         .await
-        .map_err(|e| format!("cannot read {}: {e}", document.display()))?
-        .map_err(|e| format!("cannot read {}: {e}", document.display()))?;
+        .map_err(|source| FileError::Reader {
+            path: document.to_path_buf(),
+            source,
+        })?
+        .map_err(|source| FileError::Read {
+            path: document.to_path_buf(),
+            source,
+        })?;
         let size = data.len() as u64;
         let sha256 = hex(&Sha256::digest(&data));
         let boundary = format!("memtrack-{}", &sha256[..24]);
@@ -68,6 +74,24 @@ impl FileServer {
             sha256,
         })
     }
+}
+
+/// Why a document did not reach the fileserver.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FileError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The blocking read's task panicked or was cancelled.
+    #[error("cannot read {}: {source}", path.display())]
+    Reader {
+        path: std::path::PathBuf,
+        source: tokio::task::JoinError,
+    },
+    #[error(transparent)]
+    Post(#[from] PostError),
 }
 
 /// What the run needs to put the document where the job's task keeps its

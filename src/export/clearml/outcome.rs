@@ -82,3 +82,7 @@ impl TaskRef {
 pub(crate) fn note_task(run_dir: &Path, task: &TaskRef, created: bool) {
     task_note::note_unless_present(run_dir, &task.note(created));
 }
+
+/// A checkpoint's upload for the job's task: the artifact to register, or
+/// why there is none (the uploader's error, S3's or the fileserver's).
+pub(crate) type Checkpoint = Result<Artifact, Box<dyn std::error::Error + Send + Sync>>;

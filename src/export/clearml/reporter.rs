@@ -33,7 +33,7 @@ use super::machine::{
     Announce, ArtifactVerdict, BatchVerdict, Decided, Due, End, EndFacts, EndStage, EndStep,
     Machine, Phase, Plan,
 };
-use super::outcome::{Artifact, FinishReport, RunEnd, TaskRef};
+use super::outcome::{Checkpoint, FinishReport, RunEnd, TaskRef};
 use super::points::{Converter, Point};
 use super::queue::Queue;
 use super::settings::Settings;
@@ -63,7 +63,7 @@ pub struct Reporter {
     job_task: watch::Receiver<Option<TaskRef>>,
     /// Uploaded checkpoints of the document (or why an upload failed), to
     /// register on the job's task.
-    artifacts: Option<mpsc::UnboundedSender<Result<Artifact, String>>>,
+    artifacts: Option<mpsc::UnboundedSender<Checkpoint>>,
     /// True once the task is known or reporting is off for good.
     settled: watch::Receiver<bool>,
     /// Set when the run ends: stop waiting for the job's task.
@@ -153,7 +153,7 @@ impl Reporter {
         };
         let api = match Api::new(&settings, Arc::clone(&errors)) {
             Ok(a) => a,
-            Err(e) => return failed(e),
+            Err(e) => return failed(e.to_string()),
         };
         let outputs = settings.files_upload.then(|| {
             super::files::Outputs::new(api.clone(), &settings.files_host, settings.output.clone())
@@ -247,7 +247,7 @@ impl Reporter {
     /// Where the run hands in uploaded checkpoints of the document: while
     /// memtrack reports into the job's own task, each is registered as the
     /// `memory_usage` artifact as long as the task takes it.
-    pub(crate) fn artifacts(&self) -> Option<mpsc::UnboundedSender<Result<Artifact, String>>> {
+    pub(crate) fn artifacts(&self) -> Option<mpsc::UnboundedSender<Checkpoint>> {
         self.artifacts.clone()
     }
 
@@ -327,7 +327,7 @@ struct Inputs {
     entries_open: bool,
     job_tasks: mpsc::Receiver<JobTask>,
     job_tasks_open: bool,
-    artifacts: mpsc::UnboundedReceiver<Result<Artifact, String>>,
+    artifacts: mpsc::UnboundedReceiver<Checkpoint>,
     artifacts_open: bool,
     hurry: watch::Receiver<bool>,
     hurry_open: bool,
@@ -501,11 +501,11 @@ impl ReporterState {
     }
 
     /// An uploaded checkpoint to register, or why its upload failed.
-    fn checkpoint(&mut self, c: Result<Artifact, String>) {
+    fn checkpoint(&mut self, c: Checkpoint) {
         match c {
             Ok(a) => self.pending_artifact = Some(a),
             Err(why) => {
-                if self.machine.checkpoint_failed(&why) {
+                if self.machine.checkpoint_failed(&why.to_string()) {
                     self.answer_announcements();
                 }
             }

@@ -82,7 +82,7 @@ pub(crate) enum Event {
     JobTask(Option<JobTask>),
     /// The run ended (`false`: the handle is gone).
     Hurry(bool),
-    Checkpoint(Option<Result<Artifact, String>>),
+    Checkpoint(Option<super::outcome::Checkpoint>),
     Job(JobOutput),
     Tick,
     Deadline,
