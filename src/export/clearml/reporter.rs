@@ -842,7 +842,7 @@ impl ReporterState {
         match (kind, out) {
             (_, JobOutput::Setup(Ok(ctx))) => self.setup_done(ctx),
             (_, JobOutput::Setup(Err(why))) => {
-                self.disable(why);
+                self.disable(why.to_string());
                 self.answer_announcements();
             }
             (_, JobOutput::Axis(res)) => match res {
@@ -856,7 +856,7 @@ impl ReporterState {
                 Ok(s) => self.machine.final_status = Some(s),
                 Err(m) => {
                     tracing::error!("ClearML: {m}");
-                    self.machine.problem(m);
+                    self.machine.problem(m.to_string());
                 }
             },
             (_, JobOutput::Refresh(res)) => match res {

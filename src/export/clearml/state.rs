@@ -36,10 +36,10 @@ pub(crate) type JobFuture = Pin<Box<dyn Future<Output = JobOutput> + Send>>;
 
 /// What a network job returns.
 pub(crate) enum JobOutput {
-    Setup(Result<TaskCtx, String>),
+    Setup(Result<TaskCtx, super::tasks::SetupError>),
     Batch(Result<Value, CallError>),
     Artifact(Result<Registered, CallError>),
-    Status(Result<String, String>),
+    Status(Result<String, super::tasks::StatusError>),
     /// The task's `last_iteration`.
     Axis(Result<u64, CallError>),
     Ping(Result<Value, CallError>),
