@@ -355,7 +355,7 @@ impl TaskOutput {
                 nowhere: true,
             });
         };
-        match dest.map_err(said)? {
+        match dest.map_err(|e| said(e.to_string()))? {
             Destination::Files(base) => {
                 let path = clearml::FileServer::path(task, &self.file);
                 self.outputs

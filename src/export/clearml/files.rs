@@ -120,7 +120,7 @@ impl Outputs {
         task: &TaskRef,
     ) -> Option<(
         super::output::Chosen,
-        Result<super::output::Destination, String>,
+        Result<super::output::Destination, super::output::DestinationError>,
     )> {
         let chosen = super::output::choose(&task.output_uri, &self.conf, &self.files_host)?;
         let dest = super::output::destination(&chosen, &self.conf);

@@ -404,9 +404,12 @@ fn output_conf(conf: &ConfFile, env: &dyn Fn(&str) -> Option<String>) -> super::
             ..Default::default()
         };
     };
-    let read = read_conf(path)
-        .map_err(|e| e.to_string())
-        .and_then(|doc| super::output::read(&doc, env, &name));
+    // The problem is kept as text: the conf carries it to every
+    // destination it spoils.
+    let read = match read_conf(path) {
+        Ok(doc) => super::output::read(&doc, env, &name).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
     read.unwrap_or_else(|problem| {
         // Said once per process: the settings are resolved again at the end.
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
