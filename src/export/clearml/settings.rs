@@ -440,26 +440,18 @@ pub(crate) fn zero_config(
     config: &ClearmlConfig,
     env: &dyn Fn(&str) -> Option<String>,
     home: Option<&Path>,
-) -> Result<Settings, String> {
+) -> Result<Settings, NoZeroConfig> {
     if config.enabled == Switch::Off {
-        return Err("clearml.enabled = false".into());
+        return Err(NoZeroConfig::Disabled);
     }
     let conf = ConfFile::locate(config, env, home);
     let exists = conf.path.as_ref().is_some_and(|p| p.exists());
     if !exists {
-        return Err(format!(
-            "no ClearML setup found: no CLEARML_API_HOST, no {} (run `clearml-init`, or set \
-             CLEARML_CONFIG_FILE)",
-            conf.name()
-        ));
+        return Err(NoZeroConfig::NoSetup { file: conf.name() });
     }
-    let mut found = Found::from_config_and_env(config, None, env).map_err(|e| format!("{e}"))?;
-    found
-        .fill_from_conf(&conf, env)
-        .map_err(|e| format!("{e}"))?;
-    let server = found
-        .require(format!("found {}", conf.name()), conf.name())
-        .map_err(|e| format!("{e}"))?;
+    let mut found = Found::from_config_and_env(config, None, env)?;
+    found.fill_from_conf(&conf, env)?;
+    let server = found.require(format!("found {}", conf.name()), conf.name())?;
     let target = Target {
         task: None,
         project: tidy_project(&config.project),
@@ -469,6 +461,21 @@ pub(crate) fn zero_config(
     settings.job_task_only = true;
     settings.output = output_conf(&conf, env);
     Ok(settings)
+}
+
+/// Why the job's own ClearML setup is not used (never a secret).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoZeroConfig {
+    #[error("clearml.enabled = false")]
+    Disabled,
+    #[error(
+        "no ClearML setup found: no CLEARML_API_HOST, no {file} (run `clearml-init`, or set \
+         CLEARML_CONFIG_FILE)"
+    )]
+    NoSetup { file: String },
+    /// The setup found is incomplete or does not read.
+    #[error(transparent)]
+    Setup(#[from] ClearmlError),
 }
 
 /// Why ClearML is on (for messages); `None`: off.
@@ -1119,7 +1126,9 @@ mod tests {
             matches!(&s.credentials, Credentials::Keys { access_key, .. } if access_key == "ENVKEY")
         );
         // Why it stays off, in words and without a secret.
-        let why = zero_config(&config, &env_of(&[]), Some(elsewhere.path())).unwrap_err();
+        let why = zero_config(&config, &env_of(&[]), Some(elsewhere.path()))
+            .unwrap_err()
+            .to_string();
         assert!(
             why.contains("clearml.conf") && why.contains("clearml-init"),
             "{why}"
@@ -1128,10 +1137,14 @@ mod tests {
             enabled: Switch::Off,
             ..ClearmlConfig::default()
         };
-        let why = zero_config(&off, &env_of(&[]), Some(dir.path())).unwrap_err();
+        let why = zero_config(&off, &env_of(&[]), Some(dir.path()))
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("clearml.enabled = false"), "{why}");
         let half = conf_dir("api { api_server: http://h:8008\n credentials { access_key: K } }\n");
-        let why = zero_config(&config, &env_of(&[]), Some(half.path())).unwrap_err();
+        let why = zero_config(&config, &env_of(&[]), Some(half.path()))
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("secret_key"), "{why}");
     }
 
