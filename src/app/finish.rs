@@ -18,11 +18,11 @@ use crate::store::Store;
 
 /// Where the run's document is, and whether it was written at all.
 pub(super) struct Saved {
-    pub document: PathBuf,
-    pub written: bool,
+    pub(crate) document: PathBuf,
+    pub(crate) written: bool,
     /// The run's advice as text, for the ClearML task (empty: none, or
     /// no ClearML).
-    pub advice: String,
+    pub(crate) advice: String,
 }
 
 /// A run directory that cannot take the final JSON (a full disk) must
@@ -150,7 +150,7 @@ fn set_aside_checkpoint(document: &Path) {
 
 /// What the last checkpoint is renamed to when the final document could not
 /// be written in the run directory.
-pub const PARTIAL_FILE: &str = "memory_usage.partial.json";
+pub(crate) const PARTIAL_FILE: &str = "memory_usage.partial.json";
 
 /// The local file is written; now what goes over the network, unless a
 /// second signal asked to stop at once. True when an export failed.

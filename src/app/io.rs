@@ -50,7 +50,7 @@ pub(super) struct Io {
 pub(super) enum ClearmlOff {
     /// Nothing asks for ClearML (the reason says what is missing).
     #[error("{0}")]
-    Unconfigured(String),
+    Unconfigured(clearml::NoZeroConfig),
     /// clearml.conf could not be read.
     #[error(transparent)]
     Conf(clearml::ClearmlError),

@@ -263,7 +263,7 @@ fn spawn_job(
                 }
             }
         }
-        Err(why) => why,
+        Err(why) => why.to_string(),
     };
     tracing::debug!("no memory cgroup of its own for the job: {why}");
     let child = target::spawn(argv, env)?;

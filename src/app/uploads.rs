@@ -126,7 +126,7 @@ impl Io {
                                 size: u.size,
                                 sha256: u.sha256,
                             })
-                            .map_err(|e| e.to_string()),
+                            .map_err(Into::into),
                     );
                 }
             }
@@ -184,7 +184,7 @@ impl Io {
                 }
                 // Failed or not meant: the reporter answers the job's
                 // announcement without waiting for an artifact.
-                let _ = artifacts.send(uploaded.map_err(|e| e.why));
+                let _ = artifacts.send(uploaded.map_err(|e| e.why.into()));
             }
         });
         self.checkpoint_uploads = Some((stop_tx, handle));
@@ -313,11 +313,35 @@ struct TaskOutput {
 /// A failed upload for the job's task: why, and for S3 the uploader (for
 /// the command that uploads the file later) with a note on credentials.
 struct TaskUploadError {
-    why: String,
+    why: NotUploaded,
     retry: Option<(crate::export::s3::Uploader, String)>,
     /// The task names no destination and none is configured: no upload
     /// was meant, nothing failed.
     nowhere: bool,
+}
+
+/// Why the document is not where the job's task keeps its artifacts; the
+/// destination is named as `clearml::output::shown` shows it.
+#[derive(Debug, thiserror::Error)]
+enum NotUploaded {
+    #[error("the task has no output_uri, and no default_output_uri or fileserver is configured")]
+    Nowhere,
+    #[error(transparent)]
+    Destination(#[from] clearml::output::DestinationError),
+    #[error("{source} (to {base}, {chosen})")]
+    Files {
+        base: String,
+        chosen: String,
+        source: clearml::files::FileError,
+    },
+    #[error("{source} ({chosen} `{uri}`)")]
+    S3 {
+        chosen: String,
+        uri: String,
+        source: crate::export::s3::S3Error,
+    },
+    #[error("no S3 uploader")]
+    NoUploader,
 }
 
 impl TaskOutput {
@@ -341,33 +365,31 @@ impl TaskOutput {
         task: &clearml::TaskRef,
     ) -> Result<clearml::Artifact, TaskUploadError> {
         use clearml::output::Destination;
-        let said = |why: String| TaskUploadError {
+        let said = |why: NotUploaded| TaskUploadError {
             why,
             retry: None,
             nowhere: false,
         };
         let Some((chosen, dest)) = self.outputs.for_task(task) else {
             return Err(TaskUploadError {
-                why: "the task has no output_uri, and no default_output_uri or fileserver is \
-                      configured"
-                    .into(),
+                why: NotUploaded::Nowhere,
                 retry: None,
                 nowhere: true,
             });
         };
-        match dest.map_err(said)? {
+        match dest.map_err(|e| said(e.into()))? {
             Destination::Files(base) => {
                 let path = clearml::FileServer::path(task, &self.file);
                 self.outputs
                     .files(&base)
                     .upload(document, &path)
                     .await
-                    .map_err(|e| {
-                        said(format!(
-                            "{e} (to {}, {})",
-                            clearml::output::shown(&base),
-                            chosen.source
-                        ))
+                    .map_err(|source| {
+                        said(NotUploaded::Files {
+                            base: clearml::output::shown(&base),
+                            chosen: chosen.source.clone(),
+                            source,
+                        })
                     })
             }
             Destination::S3(target) => self.upload_s3(document, task, &chosen, target).await,
@@ -395,20 +417,20 @@ impl TaskOutput {
             let uploader =
                 crate::export::s3::Uploader::with_keys(&config, keys, &target.keys_source)
                     .await
-                    .map_err(|e| TaskUploadError {
+                    .map_err(|source| TaskUploadError {
                         nowhere: false,
-                        why: format!(
-                            "{e} ({} `{}`)",
-                            chosen.source,
-                            clearml::output::shown(&chosen.uri)
-                        ),
+                        why: NotUploaded::S3 {
+                            chosen: chosen.source.clone(),
+                            uri: clearml::output::shown(&chosen.uri),
+                            source,
+                        },
                         retry: None,
                     })?;
             self.uploader = Some((id, uploader));
         }
         let Some((_, uploader)) = &self.uploader else {
             return Err(TaskUploadError {
-                why: "no S3 uploader".into(),
+                why: NotUploaded::NoUploader,
                 retry: None,
                 nowhere: false,
             });
@@ -425,7 +447,7 @@ impl TaskOutput {
                 size: u.size,
                 sha256: u.sha256,
             }),
-            Err(e) => {
+            Err(source) => {
                 let note = match &uploader.resolved.credentials {
                     crate::export::s3::aws::Credentials::Given(source) => format!(
                         " (with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY set to the key and \
@@ -435,11 +457,11 @@ impl TaskOutput {
                 };
                 Err(TaskUploadError {
                     nowhere: false,
-                    why: format!(
-                        "{e} ({} `{}`)",
-                        chosen.source,
-                        clearml::output::shown(&chosen.uri)
-                    ),
+                    why: NotUploaded::S3 {
+                        chosen: chosen.source.clone(),
+                        uri: clearml::output::shown(&chosen.uri),
+                        source,
+                    },
                     retry: Some((uploader.clone(), note)),
                 })
             }

@@ -50,7 +50,7 @@ fn label<'a>(doc: &'a Document, keys: &[&str]) -> Option<&'a str> {
 }
 
 /// One table row for a run (`name` stands in when the run has no name).
-pub fn row(doc: &Document, name: &str) -> [String; 6] {
+pub(crate) fn row(doc: &Document, name: &str) -> [String; 6] {
     let p = &doc.peak_usage;
     [
         label(doc, &["model"])
@@ -160,9 +160,9 @@ fn aligned(header: &[String], rows: &[Vec<String>], numbers_from: usize) -> Stri
 /// figure and the kernel's high-water marks) and GPU memory (the largest
 /// GPU figure: NVML's, or PyTorch's reserved or peak).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Peak {
-    pub host_mib: f64,
-    pub gpu_mib: f64,
+pub(crate) struct Peak {
+    pub(crate) host_mib: f64,
+    pub(crate) gpu_mib: f64,
 }
 
 impl Peak {
@@ -190,35 +190,35 @@ impl Peak {
 pub struct RunColumn {
     /// The run's name (its directory's when two runs share one).
     pub name: String,
-    pub model: Option<String>,
-    pub duration_s: Option<f64>,
+    pub(crate) model: Option<String>,
+    pub(crate) duration_s: Option<f64>,
     /// `0`, `1`, `SIGKILL`, … (`-` while unknown).
-    pub exit: String,
-    pub status: String,
-    pub peak: Peak,
+    pub(crate) exit: String,
+    pub(crate) status: String,
+    pub(crate) peak: Peak,
     /// `peak` minus the first run's.
-    pub diff: Peak,
+    pub(crate) diff: Peak,
 }
 
 /// A stage or component across the runs: its peak in each run (`None`
 /// where the run has none), and the differences against the first run
 /// that has it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Part {
-    pub name: String,
-    pub peaks: Vec<Option<Peak>>,
-    pub diffs: Vec<Option<Peak>>,
+pub(crate) struct Part {
+    pub(crate) name: String,
+    pub(crate) peaks: Vec<Option<Peak>>,
+    pub(crate) diffs: Vec<Option<Peak>>,
 }
 
 /// Runs, stages and components side by side.
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
     pub runs: Vec<RunColumn>,
-    pub stages: Vec<Part>,
-    pub components: Vec<Part>,
+    pub(crate) stages: Vec<Part>,
+    pub(crate) components: Vec<Part>,
     /// Whether any run has GPU figures (else GPU columns are left out of
     /// the table).
-    pub gpu: bool,
+    pub(crate) gpu: bool,
 }
 
 /// Names the runs: the run's own name, else its directory's; where two
@@ -360,7 +360,7 @@ pub fn build(runs: &[(String, Document)]) -> Comparison {
 
 /// MiB for a table cell: `3.2 MiB` (one decimal below 1 GiB), `1.25 GiB`
 /// (two decimals) above.
-pub fn size(mib: f64) -> String {
+pub(crate) fn size(mib: f64) -> String {
     if mib.abs() >= 1024.0 {
         format!("{:.2} GiB", mib / 1024.0)
     } else {

@@ -19,23 +19,23 @@ use crate::units::format_mib_one_decimal;
 
 /// GPU memory sizes sold, GiB: the smallest one a run fits in is the
 /// answer to "what GPU do I need".
-pub const GPU_CLASSES_GIB: &[f64] = &[
+pub(crate) const GPU_CLASSES_GIB: &[f64] = &[
     4.0, 6.0, 8.0, 10.0, 11.0, 12.0, 16.0, 20.0, 24.0, 32.0, 40.0, 48.0, 80.0, 94.0, 141.0, 192.0,
 ];
 
 /// What a re-run needs.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Needs {
+pub(crate) struct Needs {
     /// Peak host RAM (RSS, or the summed high-water mark when higher), MiB.
-    pub host_peak_mb: f64,
+    pub(crate) host_peak_mb: f64,
     /// With 10 % headroom, MiB.
-    pub host_needed_mb: f64,
+    pub(crate) host_needed_mb: f64,
     /// Per GPU: the tree's peak, MiB.
-    pub gpu_peak_mb: BTreeMap<String, f64>,
+    pub(crate) gpu_peak_mb: BTreeMap<String, f64>,
     /// The largest per-GPU need with 10 % headroom, MiB.
-    pub gpu_needed_mb: f64,
+    pub(crate) gpu_needed_mb: f64,
     /// The smallest GPU memory class that fits, GiB (none when no GPU was used).
-    pub gpu_class_gib: Option<f64>,
+    pub(crate) gpu_class_gib: Option<f64>,
 }
 
 /// Everything the report says, for `--json`. The blocks copied from the
@@ -44,60 +44,60 @@ pub struct Needs {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     #[serde(serialize_with = "sorted_keys")]
-    pub run: RunInfo,
-    pub peak_usage: Peaks,
-    pub peaks_by_component: BTreeMap<String, Peaks>,
+    pub(crate) run: RunInfo,
+    pub(crate) peak_usage: Peaks,
+    pub(crate) peaks_by_component: BTreeMap<String, Peaks>,
     #[serde(serialize_with = "sorted_keys")]
-    pub stages: Vec<Stage>,
+    pub(crate) stages: Vec<Stage>,
     #[serde(serialize_with = "sorted_keys")]
-    pub targets: Vec<TargetRow>,
+    pub(crate) targets: Vec<TargetRow>,
     #[serde(serialize_with = "sorted_keys")]
-    pub gpus: Vec<Gpu>,
+    pub(crate) gpus: Vec<Gpu>,
     /// Whose memory the GPU figures are (absent without NVML and in
     /// older files).
     #[serde(
         serialize_with = "sorted_keys",
         skip_serializing_if = "Option::is_none"
     )]
-    pub gpu_attribution: Option<crate::model::GpuAttribution>,
+    pub(crate) gpu_attribution: Option<crate::model::GpuAttribution>,
     #[serde(serialize_with = "sorted_keys")]
-    pub alerts: Vec<Alert>,
+    pub(crate) alerts: Vec<Alert>,
     /// The document's `leak` block as the file holds it (computed when it
     /// has none); [`LeakReport::from_value`] reads it.
-    pub leak: serde_json::Value,
+    pub(crate) leak: serde_json::Value,
     #[serde(serialize_with = "sorted_keys")]
-    pub flight_recorder: Vec<FlightWindow>,
+    pub(crate) flight_recorder: Vec<FlightWindow>,
     #[serde(serialize_with = "sorted_keys")]
-    pub ranks: Ranks,
-    pub needs: Needs,
+    pub(crate) ranks: Ranks,
+    pub(crate) needs: Needs,
     /// Where the host figures came from (absent in older files).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<crate::model::HostInfo>,
+    pub(crate) host: Option<crate::model::HostInfo>,
     /// What the figures say to change (docs/advice.md).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub advice: Vec<crate::model::advice::Advice>,
+    pub(crate) advice: Vec<crate::model::advice::Advice>,
 }
 
 /// A process in the report: its identity, peaks and end, without its
 /// series.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct TargetRow {
-    pub pid: u32,
-    pub name: String,
-    pub root: bool,
-    pub peak_rss_mb: f64,
-    pub hwm_mb: f64,
-    pub peak_gpu_mb: f64,
-    pub exit: Option<Exit>,
-    pub first_seen: f64,
-    pub exited_at: Option<f64>,
+pub(crate) struct TargetRow {
+    pub(crate) pid: u32,
+    pub(crate) name: String,
+    pub(crate) root: bool,
+    pub(crate) peak_rss_mb: f64,
+    pub(crate) hwm_mb: f64,
+    pub(crate) peak_gpu_mb: f64,
+    pub(crate) exit: Option<Exit>,
+    pub(crate) first_seen: f64,
+    pub(crate) exited_at: Option<f64>,
 }
 
 /// A merged job's ranks, and which rank reached each figure's peak.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Ranks {
-    pub ranks: Vec<RankSummary>,
-    pub worst: BTreeMap<String, String>,
+pub(crate) struct Ranks {
+    pub(crate) ranks: Vec<RankSummary>,
+    pub(crate) worst: BTreeMap<String, String>,
 }
 
 /// Serializes `v` with every object's keys sorted (through
@@ -114,7 +114,7 @@ const HEADROOM: f64 = 0.10;
 /// largest, the GiB rounded up). `None` for nothing used, and for a figure
 /// above [`MAX_DEVICE_BYTES`](crate::model::MAX_DEVICE_BYTES), which no GPU
 /// holds: such a file is corrupt, and no card is named for it.
-pub fn gpu_class(mb: f64) -> Option<f64> {
+pub(crate) fn gpu_class(mb: f64) -> Option<f64> {
     if !(mb > 0.0 && mb <= crate::units::mib(crate::model::MAX_DEVICE_BYTES)) {
         return None;
     }
@@ -127,7 +127,7 @@ pub fn gpu_class(mb: f64) -> Option<f64> {
 }
 
 /// What a re-run needs, from whatever the file holds.
-pub fn needs(doc: &Document) -> Needs {
+pub(crate) fn needs(doc: &Document) -> Needs {
     let p = &doc.peak_usage;
     let host_peak = p
         .cpu_ram_used_mb
@@ -225,7 +225,7 @@ fn clock(ts: f64) -> String {
 /// newlines included unless `keep_newlines`. The report prints strings the
 /// job chose (component, operation and stage names, labels, the command
 /// line, the CUDA OOM summary): they are shown, never obeyed.
-pub fn escape_controls(s: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
+pub(crate) fn escape_controls(s: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
     if keep_newlines {
         crate::logging::terminal::escape_text(s)
     } else {
@@ -279,7 +279,7 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
 /// Whether the run has GPU memory to speak of: a GPU seen, or a GPU
 /// figure above 0 anywhere (PyTorch's allocator figures come without NVML
 /// too). Without it the report shows no GPU column: all zeros say nothing.
-pub fn has_gpu(doc: &Document) -> bool {
+pub(crate) fn has_gpu(doc: &Document) -> bool {
     let any = |p: &Peaks| {
         [
             p.gpu_ram_used_mb,
@@ -414,7 +414,7 @@ fn host_line(doc: &Document) -> String {
 
 /// The terminal report.
 /// The terminal report. Every string the file holds is shown with its
-/// control characters escaped ([`escape_controls`]).
+/// control characters escaped (`escape_controls`).
 pub fn render(doc: &Document) -> String {
     let out = render_raw(doc);
     // Fields are escaped where they are written; this pass makes sure no

@@ -40,13 +40,13 @@ use super::parse::ParseError;
 
 /// Which cgroup hierarchy a cgroup lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Version {
+pub(crate) enum Version {
     V1,
     V2,
 }
 
 impl Version {
-    pub fn number(self) -> u8 {
+    pub(crate) fn number(self) -> u8 {
         match self {
             Version::V1 => 1,
             Version::V2 => 2,
@@ -58,7 +58,7 @@ impl Version {
 /// and the path in the v1 hierarchy that has the memory controller.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Membership {
-    pub v2: Option<String>,
+    pub(crate) v2: Option<String>,
     pub v1_memory: Option<String>,
 }
 
@@ -82,17 +82,17 @@ pub fn parse_proc_cgroup(text: &str) -> Membership {
 
 /// A mounted cgroup hierarchy, from `/proc/self/mountinfo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mount {
-    pub version: Version,
+pub(crate) struct Mount {
+    pub(crate) version: Version,
     /// The part of the hierarchy mounted there (`/` unless a container
     /// mounted a sub-tree).
-    pub root: String,
-    pub mount_point: PathBuf,
+    pub(crate) root: String,
+    pub(crate) mount_point: PathBuf,
 }
 
 /// Parses `/proc/self/mountinfo` into the cgroup2 mount and the cgroup v1
 /// mount carrying the memory controller.
-pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<Mount> {
     let mut mounts = Vec::new();
     for line in text.lines() {
         // ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL…] - FSTYPE SOURCE SUPER_OPTIONS
@@ -149,7 +149,7 @@ fn unescape_mount(s: &str) -> String {
 
 /// The directory of cgroup `path` (as `/proc/PID/cgroup` names it) under a
 /// mount, or `None` when that part of the hierarchy is not mounted here.
-pub fn cgroup_dir(mount: &Mount, path: &str) -> Option<PathBuf> {
+pub(crate) fn cgroup_dir(mount: &Mount, path: &str) -> Option<PathBuf> {
     let rel = if mount.root == "/" {
         path
     } else {
@@ -173,22 +173,22 @@ pub fn cgroup_dir(mount: &Mount, path: &str) -> Option<PathBuf> {
 /// The `memory.stat` figures memtrack uses (bytes). v1 reports the
 /// hierarchical `total_*` counters, v2's are hierarchical already.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemStat {
+pub(crate) struct MemStat {
     /// Anonymous memory (heaps, stacks, private mappings).
-    pub anon: u64,
+    pub(crate) anon: u64,
     /// Page cache, shared memory (tmpfs, `/dev/shm`) included.
-    pub file: u64,
+    pub(crate) file: u64,
     /// Shared memory (tmpfs, shm segments, shared anonymous mappings).
-    pub shmem: u64,
+    pub(crate) shmem: u64,
     /// Page cache mapped into the processes.
-    pub file_mapped: u64,
+    pub(crate) file_mapped: u64,
     /// Page cache the kernel considers cold and reclaims first.
-    pub inactive_file: u64,
-    pub active_file: u64,
+    pub(crate) inactive_file: u64,
+    pub(crate) active_file: u64,
 }
 
 /// Parses `memory.stat` of either version.
-pub fn parse_memory_stat(text: &str, version: Version) -> Result<MemStat, ParseError> {
+pub(crate) fn parse_memory_stat(text: &str, version: Version) -> Result<MemStat, ParseError> {
     let mut s = MemStat::default();
     let mut seen = 0u32;
     for line in text.lines() {
@@ -228,7 +228,7 @@ pub fn parse_memory_stat(text: &str, version: Version) -> Result<MemStat, ParseE
 
 /// Parses a one-number cgroup file (`memory.current`, `memory.peak`,
 /// `memory.usage_in_bytes`, …).
-pub fn parse_bytes(file: &'static str, text: &str) -> Result<u64, ParseError> {
+pub(crate) fn parse_bytes(file: &'static str, text: &str) -> Result<u64, ParseError> {
     text.trim().parse().map_err(|_| ParseError {
         file,
         what: format!("`{}` is not a number", text.trim().escape_debug()),
@@ -237,14 +237,14 @@ pub fn parse_bytes(file: &'static str, text: &str) -> Result<u64, ParseError> {
 
 /// The `oom_kill` counter of `memory.events` (v2) or `memory.oom_control`
 /// (v1); older kernels have none.
-pub fn parse_oom_kills(text: &str) -> Option<u64> {
+pub(crate) fn parse_oom_kills(text: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("oom_kill "))
         .and_then(|v| v.trim().parse().ok())
 }
 
 /// PIDs listed in a `cgroup.procs` file.
-pub fn parse_procs(text: &str) -> Vec<u32> {
+pub(crate) fn parse_procs(text: &str) -> Vec<u32> {
     text.split_ascii_whitespace()
         .filter_map(|t| t.parse().ok())
         .collect()
@@ -252,28 +252,28 @@ pub fn parse_procs(text: &str) -> Vec<u32> {
 
 /// One reading of a cgroup (bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Reading {
+pub(crate) struct CgroupReading {
     /// Everything charged, page cache included.
-    pub usage: u64,
+    pub(crate) usage: u64,
     /// The highest charge the kernel saw since the previous reading, when
     /// it can tell (a peak that could be reset, or a new all-time peak).
-    pub interval_peak: Option<u64>,
+    pub(crate) interval_peak: Option<u64>,
     /// The kernel's all-time peak of the charge.
-    pub kernel_peak: Option<u64>,
-    pub stat: MemStat,
-    pub oom_kills: Option<u64>,
+    pub(crate) kernel_peak: Option<u64>,
+    pub(crate) stat: MemStat,
+    pub(crate) oom_kills: Option<u64>,
 }
 
-impl Reading {
+impl CgroupReading {
     /// What the job needs: the charge less cold page cache.
-    pub fn working_set(&self) -> u64 {
+    pub(crate) fn working_set(&self) -> u64 {
         self.usage.saturating_sub(self.stat.inactive_file)
     }
 
     /// The interval's peak of the working set, assuming the cold cache did
     /// not change within the interval (it is what the kernel reclaims
     /// first, so a spike shrinks it rather than grows it).
-    pub fn interval_peak_working_set(&self) -> Option<u64> {
+    pub(crate) fn interval_peak_working_set(&self) -> Option<u64> {
         self.interval_peak.map(|p| {
             p.saturating_sub(self.stat.inactive_file)
                 .max(self.working_set())
@@ -323,7 +323,7 @@ pub struct Cgroup {
 
 impl Cgroup {
     /// Opens the memory files of an existing cgroup directory.
-    pub fn open(dir: &Path, version: Version) -> Result<Cgroup, CgroupError> {
+    pub(crate) fn open(dir: &Path, version: Version) -> Result<Cgroup, CgroupError> {
         Cgroup::open_as(dir, version, false)
     }
 
@@ -375,7 +375,7 @@ impl Cgroup {
     /// job. The job joins it before it executes (see
     /// [`crate::sys::join_cgroup_before_exec`]), so every page it touches is
     /// charged there.
-    pub fn create_v1(dir: &Path) -> Result<Cgroup, CgroupError> {
+    pub(crate) fn create_v1(dir: &Path) -> Result<Cgroup, CgroupError> {
         std::fs::create_dir(dir).map_err(io_err("create", dir))?;
         match Cgroup::open_as(dir, Version::V1, true) {
             Ok(cg) => Ok(cg),
@@ -391,7 +391,7 @@ impl Cgroup {
     /// same figure where the kernel accounts it (v1 `memory.memsw`, v2
     /// `memory.swap.max` = 0), so the job meets the limit as a node of that
     /// size without swap would, and the kernel's OOM killer acts at it.
-    pub fn set_limit(&self, bytes: u64) -> Result<(), CgroupError> {
+    pub(crate) fn set_limit(&self, bytes: u64) -> Result<(), CgroupError> {
         let (limit, swap, swap_value) = match self.version {
             Version::V1 => (
                 "memory.limit_in_bytes",
@@ -419,16 +419,12 @@ impl Cgroup {
         &self.dir
     }
 
-    pub fn version(&self) -> Version {
+    pub(crate) fn version(&self) -> Version {
         self.version
     }
 
-    pub fn created(&self) -> bool {
-        self.created
-    }
-
     /// The `cgroup.procs` file a process joins the cgroup through.
-    pub fn procs_path(&self) -> PathBuf {
+    pub(crate) fn procs_path(&self) -> PathBuf {
         self.dir.join("cgroup.procs")
     }
 
@@ -440,14 +436,14 @@ impl Cgroup {
     }
 
     /// Reads the charge, its breakdown, the peak and the OOM-kill count.
-    pub fn read(&mut self) -> Result<Reading, CgroupError> {
+    pub(crate) fn read(&mut self) -> Result<CgroupReading, CgroupError> {
         let mut buf = std::mem::take(&mut self.buf);
         let result = self.read_with(&mut buf);
         self.buf = buf;
         result
     }
 
-    fn read_with(&mut self, buf: &mut Vec<u8>) -> Result<Reading, CgroupError> {
+    fn read_with(&mut self, buf: &mut Vec<u8>) -> Result<CgroupReading, CgroupError> {
         let text = |buf: &Vec<u8>, n: usize| String::from_utf8_lossy(&buf[..n]).into_owned();
         let n = Self::pread(&self.usage, buf).map_err(io_err("read", &self.dir))?;
         let usage = parse_bytes("memory usage", &text(buf, n))?;
@@ -480,7 +476,7 @@ impl Cgroup {
             let n = Self::pread(f, buf).ok()?;
             parse_oom_kills(&text(buf, n))
         });
-        Ok(Reading {
+        Ok(CgroupReading {
             usage,
             interval_peak,
             kernel_peak,
@@ -490,7 +486,7 @@ impl Cgroup {
     }
 
     /// Every PID in the cgroup and the cgroups below it.
-    pub fn procs(&self) -> io::Result<Vec<u32>> {
+    pub(crate) fn procs(&self) -> io::Result<Vec<u32>> {
         let mut pids = Vec::new();
         collect_procs(&self.dir, &mut pids, 0)?;
         Ok(pids)
@@ -526,7 +522,7 @@ fn collect_procs(dir: &Path, out: &mut Vec<u32>, depth: u32) -> io::Result<()> {
 /// Moves what is left in `dir` to its parent and removes it, children
 /// first: a job may have made cgroups of its own inside it, which would
 /// keep it busy (EBUSY) forever.
-pub fn remove_created(dir: &Path) -> Result<(), CgroupError> {
+pub(crate) fn remove_created(dir: &Path) -> Result<(), CgroupError> {
     remove_tree(dir, 0)
 }
 
@@ -574,7 +570,7 @@ fn remove_tree(dir: &Path, depth: u32) -> Result<(), CgroupError> {
 }
 
 /// Prefix of the cgroups memtrack creates: `memtrack-<pid>-<run id>`.
-pub const CREATED_PREFIX: &str = "memtrack-";
+pub(crate) const CREATED_PREFIX: &str = "memtrack-";
 
 /// The PID of the memtrack that created a cgroup named `name`.
 fn created_owner(name: &str) -> Option<u32> {
@@ -587,7 +583,7 @@ fn created_owner(name: &str) -> Option<u32> {
 
 /// Removes empty cgroups that a memtrack killed before its cleanup left
 /// under `parent` (their owner PID is gone and no process is left in them).
-pub fn remove_stale(parent: &Path, alive: impl Fn(u32) -> bool) -> usize {
+pub(crate) fn remove_stale(parent: &Path, alive: impl Fn(u32) -> bool) -> usize {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return 0;
     };
@@ -612,13 +608,13 @@ pub fn remove_stale(parent: &Path, alive: impl Fn(u32) -> bool) -> usize {
 
 /// Where cgroups are found: the mounts and a process's membership.
 #[derive(Debug, Clone)]
-pub struct Hierarchies {
-    pub mounts: Vec<Mount>,
+pub(crate) struct Hierarchies {
+    pub(crate) mounts: Vec<Mount>,
 }
 
 impl Hierarchies {
     /// Reads `<proc_root>/self/mountinfo`.
-    pub fn read(proc_root: &Path) -> Hierarchies {
+    pub(crate) fn read(proc_root: &Path) -> Hierarchies {
         let mounts = std::fs::read_to_string(proc_root.join("self/mountinfo"))
             .map(|t| parse_mountinfo(&t))
             .unwrap_or_default();
@@ -627,7 +623,11 @@ impl Hierarchies {
 
     /// The memory cgroup directory of a process: v2 when the unified
     /// hierarchy has the memory controller there, else v1's.
-    pub fn memory_cgroup_of(&self, proc_root: &Path, pid: &str) -> Option<(PathBuf, Version)> {
+    pub(crate) fn memory_cgroup_of(
+        &self,
+        proc_root: &Path,
+        pid: &str,
+    ) -> Option<(PathBuf, Version)> {
         let text = std::fs::read_to_string(proc_root.join(pid).join("cgroup")).ok()?;
         let m = parse_proc_cgroup(&text);
         if let (Some(path), Some(mount)) =
@@ -697,7 +697,7 @@ mod tests {
 
     #[test]
     fn working_set_leaves_out_cold_cache() {
-        let r = Reading {
+        let r = CgroupReading {
             usage: 600 << 20,
             interval_peak: Some(900 << 20),
             kernel_peak: Some(900 << 20),
@@ -709,7 +709,7 @@ mod tests {
         };
         assert_eq!(r.working_set(), 500 << 20);
         assert_eq!(r.interval_peak_working_set(), Some(800 << 20));
-        let cold = Reading {
+        let cold = CgroupReading {
             usage: 10,
             stat: MemStat {
                 inactive_file: 20,

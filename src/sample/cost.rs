@@ -54,24 +54,24 @@ const OWN_SHARE_IN_PASS: f64 = 0.2;
 
 /// One process as the sampler reads it every tick.
 #[derive(Debug, Clone, Copy)]
-pub struct View {
-    pub pid: u32,
-    pub rss: u64,
-    pub anon: u64,
+pub(crate) struct View {
+    pub(crate) pid: u32,
+    pub(crate) rss: u64,
+    pub(crate) anon: u64,
     /// Forked from a followed process without exec: that process's
     /// anonymous bytes now.
-    pub parent_anon: Option<u64>,
+    pub(crate) parent_anon: Option<u64>,
     /// Forked from this followed process (alive or not).
-    pub parent: Option<u32>,
+    pub(crate) parent: Option<u32>,
 }
 
 /// What is known of one process's cost.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Own {
-    pub pss: Option<u64>,
-    pub uss: Option<u64>,
+pub(crate) struct Own {
+    pub(crate) pss: Option<u64>,
+    pub(crate) uss: Option<u64>,
     /// Read with this sample.
-    pub fresh: bool,
+    pub(crate) fresh: bool,
     read_at: Option<Instant>,
     /// The anonymous bytes its part of the page figure is counted from
     /// (its RSS less the shared part for a process the pass has not seen:
@@ -95,13 +95,13 @@ impl Own {
 
 /// Settings of the cost reader.
 #[derive(Debug, Clone, Copy)]
-pub struct CostOptions {
+pub(crate) struct CostOptions {
     /// Own cost: a process is read again at most this often; `None`: off.
-    pub own_interval: Option<Duration>,
+    pub(crate) own_interval: Option<Duration>,
     /// Processes above this RSS are not read for their own cost.
-    pub max_rss: u64,
+    pub(crate) max_rss: u64,
     /// Share of one core all reads may take.
-    pub share: f64,
+    pub(crate) share: f64,
 }
 
 /// The page figure's state.
@@ -140,7 +140,7 @@ struct Pages {
 }
 
 /// The reader of costs and its bookkeeping.
-pub struct CostReader {
+pub(crate) struct CostReader {
     opts: CostOptions,
     reader: Option<OwnReader>,
     own: HashMap<u32, Own>,
@@ -158,19 +158,19 @@ impl std::fmt::Debug for CostReader {
 
 /// The tree's page figure now.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PagesFigure {
+pub(crate) struct PagesFigure {
     /// Bytes: the last pass carried forward (an estimate from `statm`
     /// until the first pass completes).
-    pub used: u64,
+    pub(crate) used: u64,
     /// A pass has completed.
-    pub exact: bool,
+    pub(crate) exact: bool,
     /// Seconds since the last complete pass.
-    pub age_s: Option<f64>,
-    pub passes: u64,
+    pub(crate) age_s: Option<f64>,
+    pub(crate) passes: u64,
 }
 
 impl CostReader {
-    pub fn new(root: PathBuf, opts: CostOptions) -> CostReader {
+    pub(crate) fn new(root: PathBuf, opts: CostOptions) -> CostReader {
         CostReader {
             reader: OwnReader::start(root, opts.share),
             opts,
@@ -180,7 +180,7 @@ impl CostReader {
     }
 
     /// Counts the tree's distinct pages from now on.
-    pub fn count_pages(&mut self) {
+    pub(crate) fn count_pages(&mut self) {
         if self.pages.failed.is_none() {
             self.pages.on = true;
             self.pages.urgent = true;
@@ -188,7 +188,7 @@ impl CostReader {
     }
 
     /// Sums each process's Pss instead of counting pages (no root needed).
-    pub fn count_pss(&mut self) {
+    pub(crate) fn count_pss(&mut self) {
         self.pages = Pages {
             on: true,
             urgent: true,
@@ -199,24 +199,24 @@ impl CostReader {
     }
 
     /// Why pages cannot be counted, once a pass found out.
-    pub fn pages_failed(&self) -> Option<&str> {
+    pub(crate) fn pages_failed(&self) -> Option<&str> {
         self.pages.failed.as_deref()
     }
 
     /// What is known of `pid`'s own cost.
-    pub fn own(&self, pid: u32) -> Option<&Own> {
+    pub(crate) fn own(&self, pid: u32) -> Option<&Own> {
         self.own.get(&pid)
     }
 
     /// Reads done and their CPU time.
-    pub fn cost(&self) -> (u64, Duration) {
+    pub(crate) fn cost(&self) -> (u64, Duration) {
         self.reader
             .as_ref()
             .map_or((0, Duration::ZERO), OwnReader::cost)
     }
 
     /// The tree's page figure, when pages are counted.
-    pub fn pages_figure(&self, now: Instant) -> Option<PagesFigure> {
+    pub(crate) fn pages_figure(&self, now: Instant) -> Option<PagesFigure> {
         if !self.pages.on {
             return None;
         }
@@ -234,7 +234,7 @@ impl CostReader {
     }
 
     /// One tick: the tree's processes now (`tree`) and those that left.
-    pub fn update(&mut self, now: Instant, tree: &[View], departed: &[u32]) {
+    pub(crate) fn update(&mut self, now: Instant, tree: &[View], departed: &[u32]) {
         for o in self.own.values_mut() {
             o.fresh = false;
         }

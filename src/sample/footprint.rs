@@ -12,7 +12,7 @@
 //! 2. [`HostSource::Pss`]: the sum of each process's proportional share
 //!    (`smaps_rollup`), read off the sampling thread within a CPU budget
 //!    and carried forward in between by the rules the page count uses
-//!    ([`super::cost`]): a fork adds only what it writes beyond its
+//!    (`super::cost`): a fork adds only what it writes beyond its
 //!    parent, an exit takes only the pages the process alone had.
 //! 3. [`HostSource::Rss`]: the plain RSS sum, when asked for or when
 //!    `smaps_rollup` cannot be read — labelled as such, never silently.
@@ -28,11 +28,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::cgroup::{self, Cgroup, Hierarchies};
+use super::cgroup::{self, Cgroup, CgroupError, Hierarchies};
 use super::host::{Footprint, HostSample};
 use super::parse::parse_statm;
 use super::procfs::ProcTree;
-pub use crate::model::HostSource;
+pub(crate) use crate::model::HostSource;
 
 /// Which sources a run may use (`host.source`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,19 +51,21 @@ pub enum SourceChoice {
     Rss,
 }
 
+/// A `host_source` that is none of the choices.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown host source `{}`: expected auto, pages, cgroup, pss or rss", .0.escape_debug())]
+pub struct UnknownSource(String);
+
 impl std::str::FromStr for SourceChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownSource;
+    fn from_str(s: &str) -> Result<Self, UnknownSource> {
         match s {
             "auto" => Ok(SourceChoice::Auto),
             "pages" => Ok(SourceChoice::Pages),
             "cgroup" => Ok(SourceChoice::Cgroup),
             "pss" => Ok(SourceChoice::Pss),
             "rss" => Ok(SourceChoice::Rss),
-            other => Err(format!(
-                "unknown host source `{}`: expected auto, pages, cgroup, pss or rss",
-                other.escape_debug()
-            )),
+            other => Err(UnknownSource(other.to_string())),
         }
     }
 }
@@ -71,20 +73,20 @@ impl std::str::FromStr for SourceChoice {
 /// The source a run uses, why, and (cgroup) which one: what
 /// `memory_usage.json` records.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SourceInfo {
-    pub source: HostSource,
+pub(crate) struct SourceInfo {
+    pub(crate) source: HostSource,
     /// Why this source (and not a better one).
-    pub reason: String,
+    pub(crate) reason: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroup: Option<PathBuf>,
+    pub(crate) cgroup: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroup_version: Option<u8>,
+    pub(crate) cgroup_version: Option<u8>,
     /// memtrack created the cgroup for this run (and removes it).
     #[serde(default)]
-    pub cgroup_created: bool,
+    pub(crate) cgroup_created: bool,
     /// Unix seconds when this source took over.
     #[serde(default)]
-    pub since: f64,
+    pub(crate) since: f64,
 }
 
 /// How often an existing cgroup's membership is checked.
@@ -98,7 +100,7 @@ pub struct FootprintOptions {
     pub pss_budget: f64,
 }
 
-enum State {
+enum SourceState {
     /// Not decided yet: look for a usable cgroup once the tree is known.
     Undecided,
     Cgroup {
@@ -128,7 +130,7 @@ pub struct FootprintReader {
     /// The cgroup's anonymous charge bounds the page figure from below
     /// (until a process of the tree leaves the cgroup).
     floor: bool,
-    state: State,
+    state: SourceState,
     /// The cost reader sums Pss (turned on with the first Σ Pss sample).
     pss_on: bool,
     info: SourceInfo,
@@ -163,14 +165,14 @@ impl FootprintReader {
         };
         let (state, info) = match opts.choice {
             SourceChoice::Auto | SourceChoice::Pages | SourceChoice::Cgroup => (
-                State::Undecided,
+                SourceState::Undecided,
                 SourceInfo {
                     reason: why_not.unwrap_or_default(),
                     ..SourceInfo::default()
                 },
             ),
             SourceChoice::Pss => (
-                State::Pss,
+                SourceState::Pss,
                 SourceInfo {
                     source: HostSource::Pss,
                     reason: "host.source = pss".into(),
@@ -178,7 +180,7 @@ impl FootprintReader {
                 },
             ),
             SourceChoice::Rss => (
-                State::Rss,
+                SourceState::Rss,
                 SourceInfo {
                     source: HostSource::Rss,
                     reason:
@@ -213,7 +215,7 @@ impl FootprintReader {
             cgroup_created: true,
             since: 0.0,
         };
-        r.state = State::Cgroup {
+        r.state = SourceState::Cgroup {
             cgroup,
             minus_self: false,
             checked_at: Instant::now(),
@@ -223,9 +225,9 @@ impl FootprintReader {
 
     /// The file with the cgroup's `oom_kill` counter, when the source is a
     /// cgroup: the kernel's own count of the job's OOM kills.
-    pub fn oom_counter(&self) -> Option<PathBuf> {
+    pub(crate) fn oom_counter(&self) -> Option<PathBuf> {
         match &self.state {
-            State::Cgroup { cgroup, .. } => Some(cgroup.dir().join(match cgroup.version() {
+            SourceState::Cgroup { cgroup, .. } => Some(cgroup.dir().join(match cgroup.version() {
                 cgroup::Version::V1 => "memory.oom_control",
                 cgroup::Version::V2 => "memory.events",
             })),
@@ -233,18 +235,19 @@ impl FootprintReader {
         }
     }
 
+    #[cfg(test)]
     /// The source in use and why.
-    pub fn info(&self) -> &SourceInfo {
+    pub(crate) fn info(&self) -> &SourceInfo {
         &self.info
     }
 
     /// Takes the source change since the last call, if any.
-    pub fn take_change(&mut self) -> Option<SourceInfo> {
+    pub(crate) fn take_change(&mut self) -> Option<SourceInfo> {
         std::mem::take(&mut self.changed).then(|| self.info.clone())
     }
 
     /// Computes the footprint of the sample the tree just took.
-    pub fn sample(
+    pub(crate) fn sample(
         &mut self,
         now: Instant,
         timestamp: f64,
@@ -252,23 +255,23 @@ impl FootprintReader {
         host: &mut HostSample,
     ) {
         self.pages_mode(tree, timestamp);
-        if matches!(self.state, State::Undecided) {
+        if matches!(self.state, SourceState::Undecided) {
             if self.pages == PagesMode::On {
                 // The cgroup, if one holds only the job, is the floor.
                 if let Ok((cgroup, minus_self)) = self.existing_cgroup(tree) {
-                    self.state = State::Cgroup {
+                    self.state = SourceState::Cgroup {
                         cgroup,
                         minus_self,
                         checked_at: Instant::now(),
                     };
                 } else {
-                    self.state = State::Rss;
+                    self.state = SourceState::Rss;
                 }
             } else {
                 self.decide(tree, timestamp);
             }
         }
-        if let State::Cgroup {
+        if let SourceState::Cgroup {
             cgroup,
             minus_self,
             checked_at,
@@ -281,7 +284,7 @@ impl FootprintReader {
             if due && self.floor {
                 *checked_at = now;
                 if let Err(why) = only_the_tree(cgroup, tree, &self.opts.proc_root, self.self_pid) {
-                    fallback = Some(why);
+                    fallback = Some(why.to_string());
                 }
             }
             if fallback.is_none() {
@@ -327,15 +330,15 @@ impl FootprintReader {
                     self.changed = true;
                 } else {
                     tracing::warn!("host memory: {why}; using Σ Pss from now on");
-                    self.switch(State::Pss, HostSource::Pss, why, timestamp, tree);
+                    self.switch(SourceState::Pss, HostSource::Pss, why, timestamp, tree);
                 }
             }
         }
-        if matches!(self.state, State::Pss) {
+        if matches!(self.state, SourceState::Pss) {
             self.pss_state(tree, timestamp);
         }
         let pss = match self.state {
-            State::Pss => tree.cost().pages_figure(now),
+            SourceState::Pss => tree.cost().pages_figure(now),
             _ => None,
         };
         let (used, peak, age_s) = match pss {
@@ -370,7 +373,7 @@ impl FootprintReader {
         if let Some(why) = tree.cost().pages_failed().map(str::to_string) {
             tracing::warn!("host memory: {why}; summing RSS from now on");
             self.switch(
-                State::Rss,
+                SourceState::Rss,
                 HostSource::Rss,
                 format!("{why}: shared pages count once per process"),
                 at,
@@ -403,14 +406,14 @@ impl FootprintReader {
                     self.pages = PagesMode::Off;
                     self.info.reason = why;
                     match &self.state {
-                        State::Cgroup { cgroup, .. } => {
+                        SourceState::Cgroup { cgroup, .. } => {
                             self.info.source = HostSource::Cgroup;
                             self.info.cgroup = Some(cgroup.dir().to_path_buf());
                             self.info.since = at;
                             self.changed = true;
                         }
                         _ => {
-                            self.state = State::Undecided;
+                            self.state = SourceState::Undecided;
                             self.decide(tree, at);
                         }
                     }
@@ -450,13 +453,15 @@ impl FootprintReader {
 
     fn switch(
         &mut self,
-        state: State,
+        state: SourceState,
         source: HostSource,
         reason: String,
         at: f64,
         tree: &mut ProcTree,
     ) {
-        if let State::Cgroup { cgroup, .. } = std::mem::replace(&mut self.state, State::Rss) {
+        if let SourceState::Cgroup { cgroup, .. } =
+            std::mem::replace(&mut self.state, SourceState::Rss)
+        {
             if let Err(e) = cgroup.remove() {
                 tracing::warn!("{e}");
             }
@@ -500,7 +505,7 @@ impl FootprintReader {
                     cgroup_created: false,
                     since: at,
                 };
-                self.state = State::Cgroup {
+                self.state = SourceState::Cgroup {
                     cgroup,
                     minus_self,
                     checked_at: Instant::now(),
@@ -509,7 +514,7 @@ impl FootprintReader {
             }
             Err(why) => {
                 let reason = if why_not_created.is_empty() {
-                    why
+                    why.to_string()
                 } else {
                     format!("{why_not_created}; {why}")
                 };
@@ -524,10 +529,10 @@ impl FootprintReader {
                         .is_ok()
                 });
                 if readable {
-                    self.switch(State::Pss, HostSource::Pss, reason, at, tree);
+                    self.switch(SourceState::Pss, HostSource::Pss, reason, at, tree);
                 } else {
                     self.switch(
-                        State::Rss,
+                        SourceState::Rss,
                         HostSource::Rss,
                         format!("{reason}; smaps_rollup is not readable, so shared pages count once per process"),
                         at,
@@ -538,29 +543,23 @@ impl FootprintReader {
         }
     }
 
-    fn existing_cgroup(&self, tree: &ProcTree) -> Result<(Cgroup, bool), String> {
+    fn existing_cgroup(&self, tree: &ProcTree) -> Result<(Cgroup, bool), NotJobOnly> {
         let hier = Hierarchies::read(&self.opts.proc_root);
         let mut found: Option<(PathBuf, cgroup::Version)> = None;
         for pid in tree.roots() {
             let Some(cg) = hier.memory_cgroup_of(&self.opts.proc_root, &pid.to_string()) else {
-                return Err(format!("no memory cgroup found for PID {pid}"));
+                return Err(NotJobOnly::NoCgroup(*pid));
             };
             match &found {
-                Some(f) if *f != cg => {
-                    return Err("the job's processes are in different memory cgroups".into())
-                }
+                Some(f) if *f != cg => return Err(NotJobOnly::Split),
                 _ => found = Some(cg),
             }
         }
-        let (dir, version) = found.ok_or_else(|| "no process to follow yet".to_string())?;
+        let (dir, version) = found.ok_or(NotJobOnly::NoProcess)?;
         if is_hierarchy_root(&hier, &dir) {
-            return Err(format!(
-                "the job runs in the root memory cgroup {}",
-                dir.display()
-            ));
+            return Err(NotJobOnly::Root(dir));
         }
-        let cgroup = Cgroup::open(&dir, version)
-            .map_err(|e| format!("cannot read the job's memory cgroup: {e}"))?;
+        let cgroup = Cgroup::open(&dir, version).map_err(NotJobOnly::Unreadable)?;
         only_the_tree(&cgroup, tree, &self.opts.proc_root, self.self_pid)?;
         let procs = cgroup.procs().unwrap_or_default();
         Ok((cgroup, procs.contains(&self.self_pid)))
@@ -568,8 +567,10 @@ impl FootprintReader {
 
     /// Removes a cgroup memtrack created (end of run); the footprint falls
     /// back to the RSS sum for any sample after this.
-    pub fn release(&mut self) {
-        if let State::Cgroup { cgroup, .. } = std::mem::replace(&mut self.state, State::Rss) {
+    pub(crate) fn release(&mut self) {
+        if let SourceState::Cgroup { cgroup, .. } =
+            std::mem::replace(&mut self.state, SourceState::Rss)
+        {
             let dir = cgroup.dir().to_path_buf();
             match cgroup.remove() {
                 Ok(()) => tracing::debug!("removed memory cgroup {}", dir.display()),
@@ -610,31 +611,31 @@ fn only_the_tree(
     tree: &ProcTree,
     proc_root: &Path,
     self_pid: u32,
-) -> Result<(), String> {
-    let procs = cgroup
-        .procs()
-        .map_err(|e| format!("cannot list {}: {e}", cgroup.dir().display()))?;
+) -> Result<(), NotJobOnly> {
+    let procs = cgroup.procs().map_err(|source| NotJobOnly::Unlisted {
+        dir: cgroup.dir().to_path_buf(),
+        source,
+    })?;
     let ours = |pid: u32| pid == self_pid || tree.contains(pid);
     let foreign = procs
         .iter()
         .filter(|&&p| !ours(p) && !descends_from(proc_root, p, &ours))
         .count();
     if foreign > 0 {
-        return Err(format!(
-            "the job's memory cgroup {} also holds {foreign} other process{}",
-            cgroup.dir().display(),
-            if foreign == 1 { "" } else { "es" }
-        ));
+        return Err(NotJobOnly::Foreign {
+            dir: cgroup.dir().to_path_buf(),
+            count: foreign,
+        });
     }
     let outside = tree
         .pids()
         .filter(|p| !procs.contains(p) && alive(proc_root, *p))
         .count();
     if outside > 0 {
-        return Err(format!(
-            "{outside} of the job's processes are outside its memory cgroup {}",
-            cgroup.dir().display()
-        ));
+        return Err(NotJobOnly::Outside {
+            dir: cgroup.dir().to_path_buf(),
+            count: outside,
+        });
     }
     Ok(())
 }
@@ -692,27 +693,26 @@ pub fn remove_stale_cgroups(proc_root: &Path) -> usize {
 /// Creates a memory cgroup for the job under memtrack's own (cgroup v1's
 /// memory controller, where memtrack may write), removing empty ones that
 /// a killed memtrack left behind. The error says why there is none.
-pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, String> {
+pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, NoJobCgroup> {
     let hier = Hierarchies::read(proc_root);
     if let Some((dir, cgroup::Version::V2)) = hier.memory_cgroup_of(proc_root, "self") {
-        return Err(format!(
-            "memtrack does not create cgroups on cgroup v2 (its own is {}): \
-             it uses the job's cgroup when that holds only the job",
-            dir.display()
-        ));
+        return Err(NoJobCgroup::V2(dir));
     }
-    let text = std::fs::read_to_string(proc_root.join("self/cgroup"))
-        .map_err(|e| format!("cannot read {}/self/cgroup: {e}", proc_root.display()))?;
+    let text = std::fs::read_to_string(proc_root.join("self/cgroup")).map_err(|source| {
+        NoJobCgroup::OwnUnreadable {
+            proc_root: proc_root.to_path_buf(),
+            source,
+        }
+    })?;
     let own = cgroup::parse_proc_cgroup(&text)
         .v1_memory
-        .ok_or("no cgroup memory controller is mounted")?;
+        .ok_or(NoJobCgroup::NoController)?;
     let mount = hier
         .mounts
         .iter()
         .find(|m| m.version == cgroup::Version::V1)
-        .ok_or("no cgroup memory controller is mounted")?;
-    let parent = cgroup::cgroup_dir(mount, &own)
-        .ok_or_else(|| format!("memtrack's memory cgroup {own} is not mounted here"))?;
+        .ok_or(NoJobCgroup::NoController)?;
+    let parent = cgroup::cgroup_dir(mount, &own).ok_or(NoJobCgroup::NotMounted(own))?;
     cgroup::remove_stale(&parent, crate::sys::pid_exists);
     let name = format!(
         "{}{}-{}",
@@ -724,7 +724,57 @@ pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, String> {
             .take(32)
             .collect::<String>()
     );
-    Cgroup::create_v1(&parent.join(name)).map_err(|e| e.to_string())
+    Ok(Cgroup::create_v1(&parent.join(name))?)
+}
+
+/// Why the job's existing memory cgroup is not its footprint's source.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotJobOnly {
+    #[error("no memory cgroup found for PID {0}")]
+    NoCgroup(u32),
+    #[error("the job's processes are in different memory cgroups")]
+    Split,
+    #[error("no process to follow yet")]
+    NoProcess,
+    #[error("the job runs in the root memory cgroup {}", .0.display())]
+    Root(PathBuf),
+    #[error("cannot read the job's memory cgroup: {0}")]
+    Unreadable(#[source] CgroupError),
+    #[error("cannot list {}: {source}", dir.display())]
+    Unlisted {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the job's memory cgroup {} also holds {count} other process{}",
+        dir.display(),
+        if *count == 1 { "" } else { "es" }
+    )]
+    Foreign { dir: PathBuf, count: usize },
+    #[error("{count} of the job's processes are outside its memory cgroup {}", dir.display())]
+    Outside { dir: PathBuf, count: usize },
+}
+
+/// Why memtrack cannot create a memory cgroup for the job.
+#[derive(Debug, thiserror::Error)]
+pub enum NoJobCgroup {
+    #[error(
+        "memtrack does not create cgroups on cgroup v2 (its own is {}): \
+         it uses the job's cgroup when that holds only the job",
+        .0.display()
+    )]
+    V2(PathBuf),
+    #[error("cannot read {}/self/cgroup: {source}", proc_root.display())]
+    OwnUnreadable {
+        proc_root: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no cgroup memory controller is mounted")]
+    NoController,
+    #[error("memtrack's memory cgroup {0} is not mounted here")]
+    NotMounted(String),
+    #[error(transparent)]
+    Create(#[from] CgroupError),
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! The contract: each call either fills a sample, reports "no GPU" (the
 //! reason was logged once when the sampler was chosen), or reports an error
 //! for this sample only. An error degrades that sample to host-only figures
-//! and is counted; it never stops sampling. [`crate::sample::open_gpu`]
+//! and is counted; it never stops sampling. `crate::sample::open_gpu`
 //! picks the NVML sampler when it can, else [`NoGpu`] with a one-line
 //! reason.
 
@@ -19,14 +19,14 @@ use crate::model::{GpuAttribution, GpuBackend};
 #[serde(deny_unknown_fields, default)]
 pub struct GpuConfig {
     /// `false` forces host-only mode.
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// NVML shared library to load. Empty: the system's `libnvidia-ml.so.1`.
-    pub nvml_library: PathBuf,
+    pub(crate) nvml_library: PathBuf,
     /// A procfs of the host (e.g. `/host/proc`), for a memtrack inside a
     /// PID namespace: NVML lists host PIDs, and this maps them to the
     /// tree's. Empty: none, and inside a PID namespace the GPU figures are
     /// device-level.
-    pub host_proc: PathBuf,
+    pub(crate) host_proc: PathBuf,
 }
 
 impl Default for GpuConfig {
@@ -49,36 +49,36 @@ pub struct Device {
 
 /// One device's figures (bytes, percent, °C).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DeviceReading {
-    pub index: u32,
-    pub used: u64,
-    pub free: u64,
-    pub total: u64,
-    pub utilization_pct: Option<u32>,
-    pub memory_utilization_pct: Option<u32>,
-    pub temperature_c: Option<u32>,
+pub(crate) struct DeviceReading {
+    pub(crate) index: u32,
+    pub(crate) used: u64,
+    pub(crate) free: u64,
+    pub(crate) total: u64,
+    pub(crate) utilization_pct: Option<u32>,
+    pub(crate) memory_utilization_pct: Option<u32>,
+    pub(crate) temperature_c: Option<u32>,
 }
 
 /// One process's memory on one device. `used: None` is NVML's
 /// `UsedGpuMemory::Unavailable` (e.g. without permission).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessReading {
-    pub pid: u32,
-    pub device: u32,
-    pub used: Option<u64>,
+pub(crate) struct ProcessReading {
+    pub(crate) pid: u32,
+    pub(crate) device: u32,
+    pub(crate) used: Option<u64>,
 }
 
 /// The GPU part of one sample.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct GpuSample {
-    pub devices: Vec<DeviceReading>,
+    pub(crate) devices: Vec<DeviceReading>,
     /// Processes by the tree's PIDs (NVML's host PIDs mapped when memtrack
     /// runs in a PID namespace); empty when `device_level`.
-    pub processes: Vec<ProcessReading>,
+    pub(crate) processes: Vec<ProcessReading>,
     /// NVML's PIDs could not be matched to the tree's: the job's figure
     /// is its devices' used memory.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub device_level: bool,
+    pub(crate) device_level: bool,
 }
 
 impl GpuSample {
@@ -146,7 +146,7 @@ impl GpuSampler for NoGpu {
 /// Which devices `CUDA_VISIBLE_DEVICES` leaves visible: `None` when unset
 /// (all), `Some(vec![])` when set to the empty string (host-only mode).
 /// Entries are indices (`0,2`) or UUID prefixes (`GPU-8f3a`).
-pub fn visible_devices(var: Option<&str>) -> Option<Vec<String>> {
+pub(crate) fn visible_devices(var: Option<&str>) -> Option<Vec<String>> {
     let v = var?;
     Some(
         v.split(',')
@@ -159,7 +159,7 @@ pub fn visible_devices(var: Option<&str>) -> Option<Vec<String>> {
 }
 
 /// Whether `device` is selected by a `CUDA_VISIBLE_DEVICES` entry list.
-pub fn is_visible(device: &Device, visible: &Option<Vec<String>>) -> bool {
+pub(crate) fn is_visible(device: &Device, visible: &Option<Vec<String>>) -> bool {
     match visible {
         None => true,
         Some(list) => list.iter().any(|e| match e.parse::<u32>() {

@@ -7,17 +7,17 @@
 //! logs or exporters: the store folds samples into state.
 
 pub mod cgroup;
-pub mod cost;
+pub(crate) mod cost;
 pub mod footprint;
 pub mod gpu;
 pub mod host;
 pub mod nvml;
-pub mod own;
-pub mod pages;
-pub mod parse;
+pub(crate) mod own;
+pub(crate) mod pages;
+pub(crate) mod parse;
 pub mod pidns;
 pub mod procfs;
-pub mod pss;
+pub(crate) mod pss;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -28,18 +28,18 @@ use serde::{Deserialize, Serialize};
 use crate::units::unix_now;
 use gpu::GpuConfig;
 
-pub use host::HostSample;
-pub use procfs::ProcTree;
+pub(crate) use host::HostSample;
+pub(crate) use procfs::ProcTree;
 
 /// Host-wide memory (bytes) from `/proc/meminfo`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostMemory {
-    pub total: u64,
-    pub available: u64,
+    pub(crate) total: u64,
+    pub(crate) available: u64,
 }
 
 /// Parses `MemTotal` and `MemAvailable` from `/proc/meminfo`.
-pub fn parse_meminfo(text: &str) -> Option<HostMemory> {
+pub(crate) fn parse_meminfo(text: &str) -> Option<HostMemory> {
     let mut total = None;
     let mut available = None;
     for line in text.lines() {
@@ -71,20 +71,20 @@ pub fn parse_meminfo(text: &str) -> Option<HostMemory> {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sample {
     #[serde(skip, default = "Instant::now")]
-    pub at: Instant,
+    pub(crate) at: Instant,
     /// Unix seconds when the sample started.
-    pub timestamp: f64,
+    pub(crate) timestamp: f64,
     pub host: HostSample,
-    pub gpu: gpu::GpuSample,
-    pub gpu_status: gpu::Status,
-    pub memory: HostMemory,
+    pub(crate) gpu: gpu::GpuSample,
+    pub(crate) gpu_status: gpu::Status,
+    pub(crate) memory: HostMemory,
     /// The footprint's source, when it was chosen or changed with this
     /// sample.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_source: Option<footprint::SourceInfo>,
+    pub(crate) host_source: Option<footprint::SourceInfo>,
     /// Wall time the sample took.
     #[serde(skip)]
-    pub took: Duration,
+    pub(crate) took: Duration,
 }
 
 impl Default for Sample {
@@ -152,7 +152,7 @@ impl Sampler {
     /// change slowly or rarely repeat the last tick's
     /// ([`gpu::GpuSampler::sample_memory`]), so the job waiting for its
     /// acknowledgement pays only for the memory figures.
-    pub fn sample_at_mark(&mut self, out: &mut Sample) {
+    pub(crate) fn sample_at_mark(&mut self, out: &mut Sample) {
         self.take(out, false);
     }
 
@@ -199,40 +199,40 @@ impl Sampler {
     /// The cheap read between samples (the OOM flight recorder's): each
     /// followed process's RSS from `statm` and NVML's memory figures, no
     /// discovery. `gpu` is cleared first; false when it holds no figures.
-    pub fn peek(&mut self, rss: &mut Vec<(u32, u64)>, gpu: &mut gpu::GpuSample) -> bool {
+    pub(crate) fn peek(&mut self, rss: &mut Vec<(u32, u64)>, gpu: &mut gpu::GpuSample) -> bool {
         self.tree.peek(rss);
         gpu.clear();
         self.gpu.sample_memory(gpu) == gpu::Status::Sampled
     }
 
     /// Whether `pid` is one of the followed processes.
-    pub fn follows(&self, pid: u32) -> bool {
+    pub(crate) fn follows(&self, pid: u32) -> bool {
         self.tree.contains(pid)
     }
 
     /// Follows `pid` and its descendants from now on.
-    pub fn follow(&mut self, pid: u32) -> Result<(), procfs::RootError> {
+    pub(crate) fn follow(&mut self, pid: u32) -> Result<(), procfs::RootError> {
         self.tree.add_root(pid)
     }
 
     /// Whether every followed process has exited.
-    pub fn all_gone(&self) -> bool {
+    pub(crate) fn all_gone(&self) -> bool {
         self.tree.is_empty()
     }
 
     /// Re-reads every process's high-water mark (before the last sample).
-    pub fn refresh_high_water_marks(&mut self) {
+    pub(crate) fn refresh_high_water_marks(&mut self) {
         self.tree.refresh_hwm_all();
     }
 
     /// The procfs root the tree is read from.
-    pub fn proc_root(&self) -> &std::path::Path {
+    pub(crate) fn proc_root(&self) -> &std::path::Path {
         self.tree.root()
     }
 
     /// The file with the job's own OOM-kill counter, when the footprint is
     /// a memory cgroup.
-    pub fn oom_counter(&self) -> Option<std::path::PathBuf> {
+    pub(crate) fn oom_counter(&self) -> Option<std::path::PathBuf> {
         self.footprint.oom_counter()
     }
 
@@ -247,7 +247,7 @@ impl Sampler {
 /// host-only mode with the reason (logged once by the caller). memtrack's
 /// PID namespace is read through `proc_root`, to know whether NVML's host
 /// PIDs are the tree's.
-pub fn open_gpu(
+pub(crate) fn open_gpu(
     config: &GpuConfig,
     cuda_visible: Option<&str>,
     proc_root: &std::path::Path,
@@ -270,7 +270,9 @@ pub fn open_gpu(
             let (pids, attribution) = pidns::plan(proc_root, &config.host_proc);
             Box::new(s.with_pids(pids, attribution))
         }
-        Err(reason) => Box::new(gpu::NoGpu { reason }),
+        Err(reason) => Box::new(gpu::NoGpu {
+            reason: reason.to_string(),
+        }),
     }
 }
 

@@ -10,7 +10,7 @@
 //! repeat the last tick's.
 //!
 //! NVML lists processes by host PID. Inside a PID namespace they are turned
-//! into the tree's PIDs through a [`PidMap`], or, when that cannot be done,
+//! into the tree's PIDs through a `PidMap`, or, when that cannot be done,
 //! left out and the sample marked device-level.
 
 use std::collections::HashMap;
@@ -18,6 +18,7 @@ use std::path::Path;
 
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
 use super::gpu::{
@@ -49,37 +50,50 @@ impl std::fmt::Debug for NvmlSampler {
     }
 }
 
+/// Why NVML gives no GPU figures (the reason for host-only mode).
+#[derive(Debug, thiserror::Error)]
+pub enum NoNvml {
+    #[error("no NVIDIA driver library ({what} cannot be loaded)")]
+    NoLibrary { what: String, source: NvmlError },
+    #[error("the NVIDIA driver is not loaded")]
+    NoDriver,
+    #[error("NVML ({what}) failed to start: {source}")]
+    Start { what: String, source: NvmlError },
+    #[error("NVML cannot count devices: {0}")]
+    Count(#[source] NvmlError),
+    #[error("NVML cannot open device {index}: {source}")]
+    Device { index: u32, source: NvmlError },
+    #[error("NVML reports no GPU")]
+    NoGpu,
+    #[error("CUDA_VISIBLE_DEVICES matches none of the {0} GPUs")]
+    NoneVisible(u32),
+}
+
 impl NvmlSampler {
     /// Loads NVML and lists the visible devices. The error is the one-line
     /// reason for host-only mode.
-    pub fn open(lib: Option<&Path>, visible: &Option<Vec<String>>) -> Result<NvmlSampler, String> {
+    pub fn open(lib: Option<&Path>, visible: &Option<Vec<String>>) -> Result<NvmlSampler, NoNvml> {
         let mut builder = Nvml::builder();
         if let Some(lib) = lib {
             builder.lib_path(lib.as_os_str());
         }
-        let nvml = builder.init().map_err(|e| {
+        let nvml = builder.init().map_err(|source| {
             let what = lib.map_or_else(
                 || "libnvidia-ml.so.1".to_string(),
                 |p| p.display().to_string(),
             );
-            match e {
-                nvml_wrapper::error::NvmlError::LibloadingError(_) => {
-                    format!("no NVIDIA driver library ({what} cannot be loaded)")
-                }
-                nvml_wrapper::error::NvmlError::DriverNotLoaded => {
-                    "the NVIDIA driver is not loaded".into()
-                }
-                other => format!("NVML ({what}) failed to start: {other}"),
+            match source {
+                NvmlError::LibloadingError(_) => NoNvml::NoLibrary { what, source },
+                NvmlError::DriverNotLoaded => NoNvml::NoDriver,
+                source => NoNvml::Start { what, source },
             }
         })?;
-        let count = nvml
-            .device_count()
-            .map_err(|e| format!("NVML cannot count devices: {e}"))?;
+        let count = nvml.device_count().map_err(NoNvml::Count)?;
         let mut devices = Vec::new();
         for index in 0..count {
             let d = nvml
                 .device_by_index(index)
-                .map_err(|e| format!("NVML cannot open device {index}: {e}"))?;
+                .map_err(|source| NoNvml::Device { index, source })?;
             let device = Device {
                 index,
                 uuid: d.uuid().unwrap_or_default(),
@@ -91,9 +105,9 @@ impl NvmlSampler {
         }
         if devices.is_empty() {
             return Err(if count == 0 {
-                "NVML reports no GPU".into()
+                NoNvml::NoGpu
             } else {
-                format!("CUDA_VISIBLE_DEVICES matches none of the {count} GPUs")
+                NoNvml::NoneVisible(count)
             });
         }
         Ok(NvmlSampler {
@@ -110,7 +124,7 @@ impl NvmlSampler {
 
     /// Sets how NVML's PIDs become the tree's, and the attribution the
     /// run starts with.
-    pub fn with_pids(mut self, pids: PidMap, attribution: GpuAttribution) -> NvmlSampler {
+    pub(crate) fn with_pids(mut self, pids: PidMap, attribution: GpuAttribution) -> NvmlSampler {
         self.pids = pids;
         self.attribution = Some(attribution);
         self

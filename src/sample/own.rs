@@ -25,14 +25,14 @@ use crate::sys;
 
 /// One process's read: `(pss, uss)` in bytes, or why not.
 #[derive(Debug, Clone, Copy)]
-pub struct OwnRead {
-    pub pid: u32,
-    pub figures: Option<(u64, u64)>,
+pub(crate) struct OwnRead {
+    pub(crate) pid: u32,
+    pub(crate) figures: Option<(u64, u64)>,
 }
 
 /// What a finished batch found.
 #[derive(Debug)]
-pub enum Found {
+pub(crate) enum Found {
     Own(Vec<OwnRead>),
     /// A slice of a page pass: the processes read so far in this pass
     /// (all of them, cumulated), whether the pass is complete, and its
@@ -77,7 +77,7 @@ const SAVED: f64 = 0.1;
 const WINDOW: Duration = Duration::from_secs(10);
 
 /// The reader thread and the budget it reads within.
-pub struct OwnReader {
+pub(crate) struct OwnReader {
     tx: Option<Sender<Batch>>,
     rx: Receiver<Done>,
     share: f64,
@@ -103,7 +103,7 @@ impl OwnReader {
     /// Starts the reader thread for the procfs at `root`, spending at most
     /// `share` of one core (0.02 = 2 %) over any 10 s. `None` when no
     /// thread can start.
-    pub fn start(root: PathBuf, share: f64) -> Option<OwnReader> {
+    pub(crate) fn start(root: PathBuf, share: f64) -> Option<OwnReader> {
         let (tx, batches) = mpsc::channel::<Batch>();
         let (done_tx, rx) = mpsc::channel::<Done>();
         std::thread::Builder::new()
@@ -138,7 +138,7 @@ impl OwnReader {
     }
 
     /// What the last batch found, once it is done (none while it runs).
-    pub fn collect(&mut self) -> Option<Found> {
+    pub(crate) fn collect(&mut self) -> Option<Found> {
         match self.rx.try_recv() {
             Ok(done) => {
                 self.busy = false;
@@ -160,7 +160,7 @@ impl OwnReader {
 
     /// Whether a new batch may be handed over now: none is running and the
     /// budget has credit. Credit accrues with wall time.
-    pub fn ready(&mut self, now: Instant) -> bool {
+    pub(crate) fn ready(&mut self, now: Instant) -> bool {
         let elapsed = self
             .credited_at
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
@@ -172,7 +172,7 @@ impl OwnReader {
 
     /// Hands `pids` (in the order to read them) to the reader for their
     /// own cost.
-    pub fn submit(&mut self, pids: Vec<u32>) {
+    pub(crate) fn submit(&mut self, pids: Vec<u32>) {
         if pids.is_empty() {
             return;
         }
@@ -182,7 +182,7 @@ impl OwnReader {
 
     /// Hands the next processes of a page (or Σ Pss) pass to the reader
     /// (`fresh`: the first slice of a new pass).
-    pub fn submit_pages(&mut self, pids: Vec<u32>, fresh: bool, kind: PassKind) {
+    pub(crate) fn submit_pages(&mut self, pids: Vec<u32>, fresh: bool, kind: PassKind) {
         let allowed = self.allowed();
         self.send(Batch::Pages {
             pids,
@@ -209,7 +209,7 @@ impl OwnReader {
 
     /// `smaps_rollup` reads done so far and the CPU time of every read
     /// (page passes included).
-    pub fn cost(&self) -> (u64, Duration) {
+    pub(crate) fn cost(&self) -> (u64, Duration) {
         (self.reads, self.cpu)
     }
 }

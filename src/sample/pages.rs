@@ -31,7 +31,7 @@ const PFN_MASK: u64 = (1 << 55) - 1;
 
 /// The set of PFNs seen in one pass, reused between passes.
 #[derive(Debug, Default)]
-pub struct PfnSet {
+pub(crate) struct PfnSet {
     words: Vec<u64>,
     high: std::collections::HashSet<u64>,
     count: u64,
@@ -39,14 +39,14 @@ pub struct PfnSet {
 
 impl PfnSet {
     /// Empties the set, keeping its memory.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.words.fill(0);
         self.high.clear();
         self.count = 0;
     }
 
     /// Adds `pfn`; true when it was not there.
-    pub fn insert(&mut self, pfn: u64) -> bool {
+    pub(crate) fn insert(&mut self, pfn: u64) -> bool {
         let new = if pfn < BITMAP_MAX_PFN {
             let w = (pfn / 64) as usize;
             if w >= self.words.len() {
@@ -64,38 +64,39 @@ impl PfnSet {
     }
 
     /// Distinct PFNs inserted since the last clear.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.count
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.count == 0
     }
 }
 
 /// One process as the pass saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seen {
-    pub pid: u32,
+pub(crate) struct Seen {
+    pub(crate) pid: u32,
     /// Its resident and anonymous resident bytes (`statm`) just after its
     /// pages were read: what carries its figure forward after.
-    pub rss: u64,
-    pub anon: u64,
+    pub(crate) rss: u64,
+    pub(crate) anon: u64,
     /// Pages of this process no process read before it had (bytes); in a
     /// Σ Pss pass, its USS.
-    pub first_seen: u64,
+    pub(crate) first_seen: u64,
     /// Its Pss, in a Σ Pss pass.
-    pub pss: Option<u64>,
+    pub(crate) pss: Option<u64>,
 }
 
 /// A pass over the tree.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Pass {
+pub(crate) struct Pass {
     /// Distinct resident pages of the processes read, in bytes.
-    pub bytes: u64,
-    pub seen: Vec<Seen>,
+    pub(crate) bytes: u64,
+    pub(crate) seen: Vec<Seen>,
     /// Some present page came without its PFN: no permission to count.
-    pub unreadable: bool,
+    pub(crate) unreadable: bool,
 }
 
 /// A mapping worth reading: `[start, end)` with some access.
@@ -138,9 +139,15 @@ fn coalesced(
     })
 }
 
+#[cfg(test)]
 /// Reads the pages of `pids` into `set` (cleared first), in one go. A
 /// process gone meanwhile is left out; any other error is returned.
-pub fn pass(root: &Path, pids: &[u32], page_size: u64, set: &mut PfnSet) -> io::Result<Pass> {
+pub(crate) fn pass(
+    root: &Path,
+    pids: &[u32],
+    page_size: u64,
+    set: &mut PfnSet,
+) -> io::Result<Pass> {
     let mut walk = Walk::new(page_size);
     std::mem::swap(&mut walk.set, set);
     let (pass, _, _) = walk.step(root, pids, true, &mut || false);
@@ -167,7 +174,7 @@ struct Cursor {
 /// between two pagemap reads — inside a process if need be, where the
 /// next slice resumes — so no slice runs much past what it was allowed.
 #[derive(Debug)]
-pub struct Walk {
+pub(crate) struct Walk {
     page_size: u64,
     set: PfnSet,
     pass: Pass,
@@ -177,7 +184,7 @@ pub struct Walk {
 }
 
 impl Walk {
-    pub fn new(page_size: u64) -> Walk {
+    pub(crate) fn new(page_size: u64) -> Walk {
         Walk {
             page_size,
             set: PfnSet::default(),
@@ -194,7 +201,7 @@ impl Walk {
     /// far, how many of `pids` are done (read or found gone), and whether
     /// all are. A process gone meanwhile is left out (what was read of it
     /// stays in the pass); any other error ends the pass.
-    pub fn step(
+    pub(crate) fn step(
         &mut self,
         root: &Path,
         pids: &[u32],

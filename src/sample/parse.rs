@@ -5,8 +5,8 @@
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{file}: {what}")]
 pub struct ParseError {
-    pub file: &'static str,
-    pub what: String,
+    pub(crate) file: &'static str,
+    pub(crate) what: String,
 }
 
 pub(crate) fn bad(file: &'static str, what: impl Into<String>) -> ParseError {
@@ -18,21 +18,21 @@ pub(crate) fn bad(file: &'static str, what: impl Into<String>) -> ParseError {
 
 /// The fields of `/proc/PID/stat` memtrack uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stat {
-    pub pid: u32,
-    pub comm: String,
-    pub state: char,
-    pub ppid: u32,
+pub(crate) struct Stat {
+    pub(crate) pid: u32,
+    pub(crate) comm: String,
+    pub(crate) state: char,
+    pub(crate) ppid: u32,
     /// Clock ticks after boot.
-    pub start_ticks: u64,
+    pub(crate) start_ticks: u64,
     /// Field 52 (Linux ≥ 3.5): the wait status of a zombie, when readable.
-    pub exit_code: Option<i32>,
+    pub(crate) exit_code: Option<i32>,
 }
 
 /// Parses `/proc/PID/stat`. The command name sits in parentheses and may
 /// itself contain spaces and parentheses, so fields are counted from the
 /// last `)`.
-pub fn parse_stat(text: &str) -> Result<Stat, ParseError> {
+pub(crate) fn parse_stat(text: &str) -> Result<Stat, ParseError> {
     let open = text.find('(').ok_or_else(|| bad("stat", "no `(`"))?;
     let close = text.rfind(')').ok_or_else(|| bad("stat", "no `)`"))?;
     if close < open {
@@ -67,7 +67,7 @@ pub fn parse_stat(text: &str) -> Result<Stat, ParseError> {
 }
 
 /// Parses `/proc/PID/statm` into resident bytes.
-pub fn parse_statm(text: &str, page_size: u64) -> Result<u64, ParseError> {
+pub(crate) fn parse_statm(text: &str, page_size: u64) -> Result<u64, ParseError> {
     let mut fields = text.split_ascii_whitespace();
     let _size = fields.next().ok_or_else(|| bad("statm", "empty"))?;
     let resident: u64 = fields
@@ -79,7 +79,7 @@ pub fn parse_statm(text: &str, page_size: u64) -> Result<u64, ParseError> {
 
 /// `(resident, anonymous resident)` bytes from `/proc/PID/statm`: its
 /// third field counts the resident file and shared-memory pages.
-pub fn parse_statm_anon(text: &str, page_size: u64) -> Result<(u64, u64), ParseError> {
+pub(crate) fn parse_statm_anon(text: &str, page_size: u64) -> Result<(u64, u64), ParseError> {
     let mut fields = text.split_ascii_whitespace().skip(1);
     let mut next = |what: &'static str| {
         fields
@@ -97,17 +97,17 @@ pub fn parse_statm_anon(text: &str, page_size: u64) -> Result<(u64, u64), ParseE
 
 /// The fields of `/proc/PID/status` memtrack uses (sizes in bytes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Status {
+pub(crate) struct Status {
     /// `Name:` (the command name; it changes when the process execs).
-    pub name: String,
-    pub tgid: u32,
-    pub ppid: u32,
-    pub vm_rss: u64,
-    pub vm_hwm: u64,
+    pub(crate) name: String,
+    pub(crate) tgid: u32,
+    pub(crate) ppid: u32,
+    pub(crate) vm_rss: u64,
+    pub(crate) vm_hwm: u64,
 }
 
 /// Parses `/proc/PID/status`. A zombie has no `Vm*` lines: they read as 0.
-pub fn parse_status(text: &str) -> Result<Status, ParseError> {
+pub(crate) fn parse_status(text: &str) -> Result<Status, ParseError> {
     let mut s = Status::default();
     let mut saw_tgid = false;
     for line in text.lines() {
@@ -143,7 +143,7 @@ pub fn parse_status(text: &str) -> Result<Status, ParseError> {
 
 /// The last PID handed out, from `/proc/loadavg`
 /// (`0.00 0.01 0.05 1/76 2103`).
-pub fn parse_loadavg_last_pid(text: &str) -> Result<u32, ParseError> {
+pub(crate) fn parse_loadavg_last_pid(text: &str) -> Result<u32, ParseError> {
     text.split_ascii_whitespace()
         .nth(4)
         .and_then(|s| s.parse().ok())
@@ -151,7 +151,7 @@ pub fn parse_loadavg_last_pid(text: &str) -> Result<u32, ParseError> {
 }
 
 /// `btime` from `/proc/stat`: boot time in Unix seconds.
-pub fn parse_btime(text: &str) -> Result<u64, ParseError> {
+pub(crate) fn parse_btime(text: &str) -> Result<u64, ParseError> {
     text.lines()
         .find_map(|l| l.strip_prefix("btime "))
         .and_then(|v| v.trim().parse().ok())
@@ -160,7 +160,7 @@ pub fn parse_btime(text: &str) -> Result<u64, ParseError> {
 
 /// `(pss, uss)` in bytes from `/proc/PID/smaps_rollup`; USS is the private
 /// (clean + dirty) memory.
-pub fn parse_smaps_rollup(text: &str) -> Result<(u64, u64), ParseError> {
+pub(crate) fn parse_smaps_rollup(text: &str) -> Result<(u64, u64), ParseError> {
     let mut pss = None;
     let mut private = 0u64;
     for line in text.lines() {
@@ -189,7 +189,7 @@ pub fn parse_smaps_rollup(text: &str) -> Result<(u64, u64), ParseError> {
 }
 
 /// `/proc/PID/cmdline`: NUL-separated arguments.
-pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
+pub(crate) fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
     bytes
         .split(|b| *b == 0)
         .filter(|a| !a.is_empty())

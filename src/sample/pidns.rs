@@ -29,17 +29,17 @@ pub const INIT_PID_NS_INODE: u64 = 0xEFFF_FFFC;
 
 /// The PID namespace memtrack runs in.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PidNamespace {
+pub(crate) struct PidNamespace {
     /// The inode of `/proc/self/ns/pid`, when readable.
-    pub inode: Option<u64>,
+    pub(crate) inode: Option<u64>,
     /// `NSpid` of memtrack itself, as its procfs shows it (one entry when
     /// that procfs belongs to memtrack's own namespace).
-    pub nspid: Vec<u32>,
+    pub(crate) nspid: Vec<u32>,
 }
 
 impl PidNamespace {
     /// Reads memtrack's namespace through the procfs at `proc_root`.
-    pub fn of_self(proc_root: &Path) -> PidNamespace {
+    pub(crate) fn of_self(proc_root: &Path) -> PidNamespace {
         let inode = std::fs::read_link(proc_root.join("self/ns/pid"))
             .ok()
             .and_then(|l| ns_inode(&l.to_string_lossy()));
@@ -53,7 +53,7 @@ impl PidNamespace {
     /// Whether this is the host's namespace: `Some(false)` when `NSpid`
     /// shows an outer namespace or the namespace's inode is not the init
     /// one, `None` when neither could be read.
-    pub fn is_init(&self) -> Option<bool> {
+    pub(crate) fn is_init(&self) -> Option<bool> {
         if self.nspid.len() > 1 {
             return Some(false);
         }
@@ -62,12 +62,12 @@ impl PidNamespace {
 }
 
 /// The inode in a namespace link's text, `pid:[4026531836]`.
-pub fn ns_inode(link: &str) -> Option<u64> {
+pub(crate) fn ns_inode(link: &str) -> Option<u64> {
     link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
 }
 
 /// The PIDs of the `NSpid:` line of a `status` file, outermost first.
-pub fn nspid(status: &str) -> Option<Vec<u32>> {
+pub(crate) fn nspid(status: &str) -> Option<Vec<u32>> {
     let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
     let pids: Option<Vec<u32>> = line.split_whitespace().map(|p| p.parse().ok()).collect();
     pids.filter(|p| !p.is_empty())
@@ -76,7 +76,7 @@ pub fn nspid(status: &str) -> Option<Vec<u32>> {
 /// Turns host PIDs (NVML's) into PIDs of memtrack's namespace, through a
 /// procfs of the host mounted at `host_proc`.
 #[derive(Debug, Clone)]
-pub struct HostPids {
+pub(crate) struct HostPids {
     host_proc: PathBuf,
     local_proc: PathBuf,
     /// memtrack's index in host-side `NSpid` chains.
@@ -85,18 +85,37 @@ pub struct HostPids {
     known: HashMap<u32, (u64, Resolved)>,
 }
 
+/// Why a procfs cannot map NVML's host PIDs to the tree's.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotHostProc {
+    #[error(
+        "{} is not the host's procfs (its PID 1 is not in the init PID namespace)",
+        .0.display()
+    )]
+    NotInit(PathBuf),
+    #[error("{}/self/status has no NSpid line", .0.display())]
+    NoNspid(PathBuf),
+    #[error(
+        "{} is not a procfs of an outer PID namespace (it shows memtrack as {}/self does)",
+        host_proc.display(),
+        local_proc.display()
+    )]
+    NotOuter {
+        host_proc: PathBuf,
+        local_proc: PathBuf,
+    },
+}
+
 impl HostPids {
     /// Checks that `host_proc` is a procfs of an outer namespace that
     /// shows memtrack itself (and, where its PID 1's namespace link is
     /// readable, that this is the init namespace); the error says why it
     /// cannot be used.
-    pub fn open(host_proc: &Path, local_proc: &Path) -> Result<HostPids, String> {
-        let shown = host_proc.display();
+    pub(crate) fn open(host_proc: &Path, local_proc: &Path) -> Result<HostPids, NotHostProc> {
+        let shown = || host_proc.to_path_buf();
         if let Ok(init) = std::fs::read_link(host_proc.join("1/ns/pid")) {
             if ns_inode(&init.to_string_lossy()) != Some(INIT_PID_NS_INODE) {
-                return Err(format!(
-                    "{shown} is not the host's procfs (its PID 1 is not in the init PID namespace)"
-                ));
+                return Err(NotHostProc::NotInit(shown()));
             }
         }
         let chain = |root: &Path| {
@@ -104,15 +123,13 @@ impl HostPids {
                 .ok()
                 .and_then(|s| nspid(&s))
         };
-        let own =
-            chain(host_proc).ok_or_else(|| format!("{shown}/self/status has no NSpid line"))?;
+        let own = chain(host_proc).ok_or_else(|| NotHostProc::NoNspid(shown()))?;
         let local = chain(local_proc).unwrap_or_default();
         if own.len() <= local.len() && host_proc != local_proc {
-            return Err(format!(
-                "{shown} is not a procfs of an outer PID namespace (it shows memtrack as {}/self \
-                 does)",
-                local_proc.display()
-            ));
+            return Err(NotHostProc::NotOuter {
+                host_proc: shown(),
+                local_proc: local_proc.to_path_buf(),
+            });
         }
         Ok(HostPids {
             host_proc: host_proc.to_path_buf(),
@@ -122,15 +139,10 @@ impl HostPids {
         })
     }
 
-    /// The host procfs this map reads.
-    pub fn host_proc(&self) -> &Path {
-        &self.host_proc
-    }
-
     /// What the host's `host_pid` is to memtrack. A process keeps its
     /// answer for life (its namespaces never change), so a known one
     /// costs one read: its start time, which tells a reused PID apart.
-    pub fn resolve(&mut self, host_pid: u32) -> Resolved {
+    pub(crate) fn resolve(&mut self, host_pid: u32) -> Resolved {
         let dir = self.host_proc.join(host_pid.to_string());
         let host_start = match std::fs::read_to_string(dir.join("stat")) {
             Ok(text) => match parse_stat(&text) {
@@ -190,7 +202,7 @@ const KNOWN_MAX: usize = 4096;
 
 /// A host PID as memtrack sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resolved {
+pub(crate) enum Resolved {
     /// This namespace's PID of the same process.
     Ours(u32),
     /// A process of another namespace (another container, the host).
@@ -201,7 +213,7 @@ pub enum Resolved {
 
 /// How NVML's PIDs become the tree's.
 #[derive(Debug, Clone)]
-pub enum PidMap {
+pub(crate) enum PidMap {
     /// memtrack is in the host's namespace: they are the same.
     Same,
     /// Through a procfs of the host.
@@ -213,7 +225,7 @@ pub enum PidMap {
 /// Chooses the [`PidMap`] for memtrack's namespace (read through
 /// `proc_root`) and the `host_proc` setting (empty: none), with the
 /// run's [`GpuAttribution`] as it starts.
-pub fn plan(proc_root: &Path, host_proc: &Path) -> (PidMap, GpuAttribution) {
+pub(crate) fn plan(proc_root: &Path, host_proc: &Path) -> (PidMap, GpuAttribution) {
     let ns = PidNamespace::of_self(proc_root);
     let init = ns.is_init();
     let mut attribution = GpuAttribution {

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::cost::{CostOptions, CostReader, View};
-use super::host::{Described, HostSample, Identity, Joined, Left, Reading};
+use super::host::{Described, HostProcessReading, HostSample, Identity, Joined, Left};
 use super::parse::{
     parse_btime, parse_cmdline, parse_loadavg_last_pid, parse_stat, parse_statm, parse_statm_anon,
     parse_status, ParseError, Stat,
@@ -190,20 +190,20 @@ impl ProcTree {
     }
 
     /// The reads off the sampling thread: own cost and distinct pages.
-    pub fn cost(&self) -> &CostReader {
+    pub(crate) fn cost(&self) -> &CostReader {
         &self.cost
     }
-    pub fn cost_mut(&mut self) -> &mut CostReader {
+    pub(crate) fn cost_mut(&mut self) -> &mut CostReader {
         &mut self.cost
     }
 
     /// The PIDs memtrack was asked to follow (not their descendants).
-    pub fn roots(&self) -> &[u32] {
+    pub(crate) fn roots(&self) -> &[u32] {
         &self.roots
     }
 
     /// The procfs root this tree reads.
-    pub fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.opts.root
     }
 
@@ -220,7 +220,7 @@ impl ProcTree {
         self.members.is_empty()
     }
 
-    pub fn contains(&self, pid: u32) -> bool {
+    pub(crate) fn contains(&self, pid: u32) -> bool {
         self.members.contains_key(&pid)
     }
 
@@ -292,7 +292,7 @@ impl ProcTree {
                 continue;
             }
             let own = self.cost.own(pid);
-            out.processes.push(Reading {
+            out.processes.push(HostProcessReading {
                 pid,
                 rss: m.rss,
                 hwm: m.hwm.max(m.rss),
@@ -321,7 +321,7 @@ impl ProcTree {
     /// The flight recorder's fast path. A process whose `statm` reads zero
     /// is dying (a zombie, or its memory already torn down) and is left
     /// out, so a death never shows as a fall to 0 MiB of a live process.
-    pub fn peek(&self, out: &mut Vec<(u32, u64)>) {
+    pub(crate) fn peek(&self, out: &mut Vec<(u32, u64)>) {
         out.clear();
         let mut buf = [0u8; 128];
         for (&pid, m) in &self.members {
@@ -345,7 +345,7 @@ impl ProcTree {
     }
 
     /// Reads `VmHWM` of every member now, whatever its age (final sample).
-    pub fn refresh_hwm_all(&mut self) {
+    pub(crate) fn refresh_hwm_all(&mut self) {
         for m in self.members.values_mut() {
             m.hwm_read_at = None;
         }
@@ -796,7 +796,7 @@ pub struct SelfUsage {
 
 impl SelfUsage {
     /// Reads `/proc/self`; `None` where procfs is missing.
-    pub fn read() -> Option<SelfUsage> {
+    pub(crate) fn read() -> Option<SelfUsage> {
         let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
         let rss_bytes = parse_statm(&statm, sys::page_size()).ok()?;
         let stat = std::fs::read_to_string("/proc/self/stat").ok()?;

@@ -26,7 +26,7 @@ use super::parse::{parse_smaps_rollup, parse_statm_anon};
 
 /// What a pass counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum PassKind {
+pub(crate) enum PassKind {
     /// Distinct physical pages (`pagemap`, root).
     #[default]
     Pages,
@@ -37,7 +37,7 @@ pub enum PassKind {
 /// Adds one process's Pss to a pass. A process gone meanwhile (or a
 /// zombie, whose `smaps_rollup` is empty) is left out; any other error
 /// (no permission) is returned.
-pub fn add(
+pub(crate) fn add(
     root: &Path,
     pid: u32,
     page_size: u64,

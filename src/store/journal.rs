@@ -526,7 +526,7 @@ pub(crate) fn supersede(run_dir: &Path, final_doc: &Path) -> Result<PathBuf, Jou
 mod tests {
     use super::*;
     use crate::model::{Document, RunInfo};
-    use crate::sample::host::Reading;
+    use crate::sample::host::HostProcessReading;
     use crate::sample::Sample;
     use crate::store::pressure::Thresholds;
     use crate::store::{Limits, SampleKind};
@@ -537,11 +537,11 @@ mod tests {
             timestamp: ts,
             ..Sample::default()
         };
-        s.host.processes.push(Reading {
+        s.host.processes.push(HostProcessReading {
             pid: 1,
             rss: rss_mb << 20,
             hwm: rss_mb << 20,
-            ..Reading::default()
+            ..HostProcessReading::default()
         });
         Record::Sample {
             kind: SampleKind::Timer,

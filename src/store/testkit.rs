@@ -10,7 +10,7 @@ pub(super) use super::state::Store;
 pub(super) use super::Record;
 pub(super) use crate::model::{Allocator, EntryKind, Exit, RunInfo};
 use crate::sample::gpu::{DeviceReading, GpuSample, ProcessReading, Status as GpuStatus};
-use crate::sample::host::{HostSample, Identity, Joined, Left, Reading};
+use crate::sample::host::{HostProcessReading, HostSample, Identity, Joined, Left};
 pub(super) use crate::sample::{HostMemory, Sample};
 
 pub(super) const M: u64 = 1024 * 1024;
@@ -32,11 +32,11 @@ pub(super) fn sample(ts: f64, procs: &[(u32, u64)], gpu: &[(u32, u64)]) -> Box<S
         host: HostSample {
             processes: procs
                 .iter()
-                .map(|&(pid, rss)| Reading {
+                .map(|&(pid, rss)| HostProcessReading {
                     pid,
                     rss: rss * M,
                     hwm: rss * M,
-                    ..Reading::default()
+                    ..HostProcessReading::default()
                 })
                 .collect(),
             ..HostSample::default()

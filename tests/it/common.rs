@@ -431,7 +431,7 @@ pub fn cgroup_unavailable() -> Option<String> {
             cg.remove().expect("remove the probe cgroup");
             None
         }
-        Err(why) => Some(why),
+        Err(why) => Some(why.to_string()),
     }
 }
 

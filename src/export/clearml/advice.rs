@@ -10,15 +10,15 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::api::{Api, Body};
+use super::api::{Api, Body, CallError, ClientError};
 use super::Settings;
 
 /// The line that opens memtrack's block in a task's description.
-pub const HEADING: &str = "memtrack advice";
+pub(crate) const HEADING: &str = "memtrack advice";
 
 /// The description `old` with the advice `text` (of run `run_id`) as its
 /// last block, in place of an earlier one.
-pub fn described(old: &str, run_id: &str, text: &str) -> String {
+pub(crate) fn described(old: &str, run_id: &str, text: &str) -> String {
     let kept = match old.find(&format!("{HEADING} (run ")) {
         Some(at) => old[..at].trim_end(),
         None => old.trim_end(),
@@ -32,17 +32,20 @@ pub fn described(old: &str, run_id: &str, text: &str) -> String {
 }
 
 /// Puts the advice on task `task`.
-pub async fn describe(
+pub(crate) async fn describe(
     settings: &Settings,
     task: &str,
     run_id: &str,
     text: &str,
-) -> Result<(), String> {
+) -> Result<(), DescribeError> {
     let api = Api::new(settings, Arc::new(AtomicU64::new(0)))?;
     let data = api
         .call_retrying("tasks.get_by_id", &Body::Json(json!({ "task": task })))
         .await
-        .map_err(|e| format!("cannot read task {task}: {e}"))?;
+        .map_err(|source| DescribeError::Read {
+            task: task.to_string(),
+            source,
+        })?;
     let old = data
         .pointer("/task/comment")
         .and_then(Value::as_str)
@@ -53,8 +56,22 @@ pub async fn describe(
         &Body::Json(json!({ "task": task, "force": true, "comment": comment })),
     )
     .await
-    .map_err(|e| format!("cannot edit task {task}: {e}"))?;
+    .map_err(|source| DescribeError::Edit {
+        task: task.to_string(),
+        source,
+    })?;
     Ok(())
+}
+
+/// Why the advice is not on the task.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DescribeError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("cannot read task {task}: {source}")]
+    Read { task: String, source: CallError },
+    #[error("cannot edit task {task}: {source}")]
+    Edit { task: String, source: CallError },
 }
 
 #[cfg(test)]

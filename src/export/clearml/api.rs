@@ -27,18 +27,18 @@ use serde_json::Value;
 use super::settings::{mask, Credentials, Settings};
 
 /// The API version memtrack pins for every call but `auth.login`.
-pub const API_VERSION: &str = "2.23";
+pub(crate) const API_VERSION: &str = "2.23";
 
 /// Attempts for a 500 (or another 5xx that is no gateway or maintenance
 /// reply) before the request is given up.
-pub const SERVER_ERROR_ATTEMPTS: u32 = 6;
+pub(crate) const SERVER_ERROR_ATTEMPTS: u32 = 6;
 
 /// Bodies of `events.add_batch`.
-pub const JSON_LINES: &str = "application/json-lines";
+pub(crate) const JSON_LINES: &str = "application/json-lines";
 
 /// What goes in a request.
 #[derive(Debug, Clone)]
-pub enum Body {
+pub(crate) enum Body {
     Json(Value),
     /// One JSON object per line.
     Lines(String),
@@ -46,7 +46,7 @@ pub enum Body {
 
 /// Why a call failed.
 #[derive(Debug, Clone, PartialEq)]
-pub enum CallError {
+pub(crate) enum CallError {
     /// Worth retrying: connection refused or reset, timeout, 429, 5xx.
     Transient {
         reason: String,
@@ -91,6 +91,30 @@ impl std::fmt::Display for CallError {
     }
 }
 
+impl std::error::Error for CallError {}
+
+/// The HTTP client could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the HTTP client: {}", chain(.0))]
+pub(crate) struct ClientError(#[source] reqwest::Error);
+
+/// Why an upload to a fileserver failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PostError {
+    /// No bearer token: the login failed.
+    #[error(transparent)]
+    Login(#[from] CallError),
+    #[error("POST {url}: {}", chain(source))]
+    Send { url: String, source: reqwest::Error },
+    /// The server's answer, its body cut to 200 characters.
+    #[error("POST {url}: HTTP {status}: {body}")]
+    Refused {
+        url: String,
+        status: reqwest::StatusCode,
+        body: String,
+    },
+}
+
 #[derive(Debug, Default)]
 struct Token {
     value: String,
@@ -109,7 +133,7 @@ struct Health {
 
 /// A cheap-to-clone client; clones share the token.
 #[derive(Debug, Clone)]
-pub struct Api {
+pub(crate) struct Api {
     client: reqwest::Client,
     host: String,
     worker: String,
@@ -119,13 +143,13 @@ pub struct Api {
     health: Arc<std::sync::Mutex<Health>>,
     logins: Arc<AtomicU64>,
     /// Failed requests (memtrack_export_errors_total{exporter="clearml"}).
-    pub errors: Arc<AtomicU64>,
+    pub(crate) errors: Arc<AtomicU64>,
     backoff_min: Duration,
     backoff_max: Duration,
 }
 
 /// The `X-ClearML-Client` value.
-pub fn client_header() -> String {
+pub(crate) fn client_header() -> String {
     format!("memtrack-{}", env!("CARGO_PKG_VERSION"))
 }
 
@@ -150,7 +174,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Api {
-    pub fn new(settings: &Settings, errors: Arc<AtomicU64>) -> Result<Api, String> {
+    pub(crate) fn new(settings: &Settings, errors: Arc<AtomicU64>) -> Result<Api, ClientError> {
         let client = reqwest::Client::builder()
             .timeout(settings.request_timeout)
             .connect_timeout(settings.request_timeout.min(Duration::from_secs(10)))
@@ -158,7 +182,7 @@ impl Api {
             .pool_max_idle_per_host(2)
             .user_agent(client_header())
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {}", chain(&e)))?;
+            .map_err(ClientError)?;
         Ok(Api {
             client,
             host: settings.api_host.clone(),
@@ -175,22 +199,17 @@ impl Api {
     }
 
     /// The first and the longest wait between tries.
-    pub fn backoff(&self) -> (Duration, Duration) {
+    pub(crate) fn backoff(&self) -> (Duration, Duration) {
         (self.backoff_min, self.backoff_max)
     }
 
-    pub fn host(&self) -> &str {
+    pub(crate) fn host(&self) -> &str {
         &self.host
     }
 
     /// The failure of the outage in progress, if any.
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         lock(&self.health).last.clone()
-    }
-
-    /// Successful logins so far.
-    pub fn logins(&self) -> u64 {
-        self.logins.load(Ordering::Relaxed)
     }
 
     fn url(&self, endpoint: &str) -> String {
@@ -389,13 +408,13 @@ impl Api {
     /// POSTs `body` to `url` (a ClearML fileserver) with the API server's
     /// bearer token, as the SDK authenticates its uploads there. `Err`: why
     /// it failed, in words.
-    pub async fn post_upload(
+    pub(crate) async fn post_upload(
         &self,
         url: &str,
         content_type: &str,
         body: Vec<u8>,
-    ) -> Result<(), String> {
-        let token = self.bearer().await.map_err(|e| e.to_string())?;
+    ) -> Result<(), PostError> {
+        let token = self.bearer().await?;
         let resp = self
             .client
             .post(url)
@@ -405,14 +424,21 @@ impl Api {
             .body(body)
             .send()
             .await
-            .map_err(|e| format!("POST {url}: {}", chain(&e)))?;
+            .map_err(|source| PostError::Send {
+                url: url.to_string(),
+                source,
+            })?;
         let status = resp.status();
         if status.is_success() {
             return Ok(());
         }
         let text = resp.text().await.unwrap_or_default();
         let text: String = text.chars().take(200).collect();
-        Err(format!("POST {url}: HTTP {status}: {}", text.trim()))
+        Err(PostError::Refused {
+            url: url.to_string(),
+            status,
+            body: text.trim().to_string(),
+        })
     }
 
     /// The current bearer token, logging in first when there is none or it
@@ -439,7 +465,7 @@ impl Api {
 
     /// Whether the token should be refreshed now (without waiting for the
     /// lock: a busy token is being used or refreshed already).
-    pub fn refresh_due(&self) -> bool {
+    pub(crate) fn refresh_due(&self) -> bool {
         self.token.try_lock().is_ok_and(|t| {
             !t.value.is_empty() && t.refresh_at.is_some_and(|at| Instant::now() >= at)
         })
@@ -447,7 +473,7 @@ impl Api {
 
     /// Refreshes the token ahead of its expiry. A bearer-only token cannot
     /// be renewed once expired, so this must not wait for the next request.
-    pub async fn refresh(&self) -> Result<(), CallError> {
+    pub(crate) async fn refresh(&self) -> Result<(), CallError> {
         let mut delay = self.backoff_min;
         loop {
             let result = {
@@ -477,7 +503,7 @@ impl Api {
     }
 
     /// One attempt, with the single re-login on a 401.
-    pub async fn call(&self, endpoint: &str, body: &Body) -> Result<Value, CallError> {
+    pub(crate) async fn call(&self, endpoint: &str, body: &Body) -> Result<Value, CallError> {
         let first = self.bearer().await?;
         match self
             .exchange(endpoint, body, &format!("Bearer {first}"))
@@ -513,7 +539,11 @@ impl Api {
     /// [`Api::call`] with retries: transient failures are retried with
     /// exponential backoff (without limit, except 500-like replies), the
     /// rest returned. Logs the start and the end of an outage once.
-    pub async fn call_retrying(&self, endpoint: &str, body: &Body) -> Result<Value, CallError> {
+    pub(crate) async fn call_retrying(
+        &self,
+        endpoint: &str,
+        body: &Body,
+    ) -> Result<Value, CallError> {
         self.retrying(endpoint, body, false).await
     }
 
@@ -523,7 +553,11 @@ impl Api {
     /// here. A timeout, a 504 or a 5xx is returned at once, so that the
     /// caller looks for what the call may have created before trying again
     /// (as the SDK does; a blind retry makes duplicates).
-    pub async fn call_creating(&self, endpoint: &str, body: &Body) -> Result<Value, CallError> {
+    pub(crate) async fn call_creating(
+        &self,
+        endpoint: &str,
+        body: &Body,
+    ) -> Result<Value, CallError> {
         self.retrying(endpoint, body, true).await
     }
 
@@ -632,7 +666,7 @@ fn refresh_instant(exp: f64, now: f64) -> Instant {
 }
 
 /// The `exp` claim of a JWT, read without checking the signature.
-pub fn jwt_exp(token: &str) -> Option<f64> {
+pub(crate) fn jwt_exp(token: &str) -> Option<f64> {
     let payload = token.split('.').nth(1)?;
     let bytes = base64_decode(payload)?;
     let v: Value = serde_json::from_slice(&bytes).ok()?;
@@ -642,7 +676,7 @@ pub fn jwt_exp(token: &str) -> Option<f64> {
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 /// Standard base64 with padding (for `Authorization: Basic`).
-pub fn base64_encode(data: &[u8]) -> String {
+pub(crate) fn base64_encode(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
         let b = [
@@ -663,7 +697,7 @@ pub fn base64_encode(data: &[u8]) -> String {
 }
 
 /// Base64, standard or URL-safe, padding optional (JWT segments).
-pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+pub(crate) fn base64_decode(text: &str) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len() * 3 / 4);
     let mut acc = 0u32;
     let mut bits = 0;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use super::api::Api;
+use super::api::{Api, PostError};
 use super::outcome::{Artifact, TaskRef};
 
 /// Uploads documents to the fileserver of a ClearML setup.
@@ -20,7 +20,7 @@ pub struct FileServer {
 }
 
 impl FileServer {
-    pub fn new(api: Api, base: &str) -> FileServer {
+    pub(crate) fn new(api: Api, base: &str) -> FileServer {
         FileServer {
             api,
             base: base.trim_end_matches('/').to_string(),
@@ -29,7 +29,7 @@ impl FileServer {
 
     /// Where the SDK keeps `task`'s artifact `memory_usage`:
     /// `<project>/<task name>.<task id>/artifacts/memory_usage/<file>`.
-    pub fn path(task: &TaskRef, file: &str) -> String {
+    pub(crate) fn path(task: &TaskRef, file: &str) -> String {
         let folder = if task.project.is_empty() {
             format!("{}.{}", task.name, task.id)
         } else {
@@ -39,13 +39,13 @@ impl FileServer {
     }
 
     /// The object's URL: the base and the path, each part percent-encoded.
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         let parts: Vec<String> = path.split('/').map(encode).collect();
         format!("{}/{}", self.base, parts.join("/"))
     }
 
     /// Uploads `document` as `path`; the artifact to register.
-    pub async fn upload(&self, document: &Path, path: &str) -> Result<Artifact, String> {
+    pub(crate) async fn upload(&self, document: &Path, path: &str) -> Result<Artifact, FileError> {
         // A regular file, read to at most the largest document, off the
         // runtime's threads.
         let owned = document.to_path_buf();
@@ -53,8 +53,14 @@ impl FileServer {
             crate::files::read_capped(&owned, crate::model::json::MAX_DOCUMENT_BYTES)
         })
         .await
-        .map_err(|e| format!("cannot read {}: {e}", document.display()))?
-        .map_err(|e| format!("cannot read {}: {e}", document.display()))?;
+        .map_err(|source| FileError::Reader {
+            path: document.to_path_buf(),
+            source,
+        })?
+        .map_err(|source| FileError::Read {
+            path: document.to_path_buf(),
+            source,
+        })?;
         let size = data.len() as u64;
         let sha256 = hex(&Sha256::digest(&data));
         let boundary = format!("memtrack-{}", &sha256[..24]);
@@ -70,18 +76,36 @@ impl FileServer {
     }
 }
 
+/// Why a document did not reach the fileserver.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FileError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The blocking read's task panicked or was cancelled.
+    #[error("cannot read {}: {source}", path.display())]
+    Reader {
+        path: std::path::PathBuf,
+        source: tokio::task::JoinError,
+    },
+    #[error(transparent)]
+    Post(#[from] PostError),
+}
+
 /// What the run needs to put the document where the job's task keeps its
 /// artifacts: the settings, and the API client a fileserver upload
 /// authenticates with.
 #[derive(Debug, Clone)]
-pub struct Outputs {
+pub(crate) struct Outputs {
     api: Api,
     files_host: String,
     conf: super::output::OutputConf,
 }
 
 impl Outputs {
-    pub fn new(api: Api, files_host: &str, conf: super::output::OutputConf) -> Outputs {
+    pub(crate) fn new(api: Api, files_host: &str, conf: super::output::OutputConf) -> Outputs {
         Outputs {
             api,
             files_host: files_host.trim_end_matches('/').to_string(),
@@ -91,12 +115,12 @@ impl Outputs {
 
     /// Where `task`'s artifact goes and what chose it; `None`: nowhere
     /// (no output_uri, no default_output_uri, no fileserver).
-    pub fn for_task(
+    pub(crate) fn for_task(
         &self,
         task: &TaskRef,
     ) -> Option<(
         super::output::Chosen,
-        Result<super::output::Destination, String>,
+        Result<super::output::Destination, super::output::DestinationError>,
     )> {
         let chosen = super::output::choose(&task.output_uri, &self.conf, &self.files_host)?;
         let dest = super::output::destination(&chosen, &self.conf);
@@ -104,7 +128,7 @@ impl Outputs {
     }
 
     /// An uploader to the fileserver (or http store) at `base`.
-    pub fn files(&self, base: &str) -> FileServer {
+    pub(crate) fn files(&self, base: &str) -> FileServer {
         FileServer::new(self.api.clone(), base)
     }
 }

@@ -10,7 +10,7 @@ use super::api::Body;
 use super::machine::Phase;
 use super::outcome::{Artifact, RunEnd};
 use super::points;
-use super::state::{JobKind, JobOutput, Running, State};
+use super::state::{JobKind, JobOutput, ReporterState, Running};
 use super::tasks;
 
 /// Largest `events.add_batch` body (the SDK caps at 15 MiB).
@@ -30,8 +30,8 @@ struct Wire<'a> {
     model_event: bool,
 }
 
-impl State {
-    pub fn setup_job(&self) -> Running {
+impl ReporterState {
+    pub(crate) fn setup_job(&self) -> Running {
         let api = self.api.clone();
         let mut settings = self.settings.clone();
         let adopted = self.machine.adopt.is_some();
@@ -53,7 +53,7 @@ impl State {
 
     /// Reads the job's task's `last_iteration`, the axis memtrack's points
     /// stay on.
-    pub fn axis_job(&mut self, task: &str) -> Running {
+    pub(crate) fn axis_job(&mut self, task: &str) -> Running {
         self.last_axis = Instant::now();
         let api = self.api.clone();
         let body = json!({"task": task});
@@ -73,7 +73,7 @@ impl State {
         }
     }
 
-    pub fn batch_job(&mut self) -> Option<Running> {
+    pub(crate) fn batch_job(&mut self) -> Option<Running> {
         let Phase::Ready(t) = &self.machine.phase else {
             return None;
         };
@@ -130,7 +130,7 @@ impl State {
 
     /// Registers `a` on `task`; a task memtrack did not create is read
     /// first, and left alone once it no longer takes artifacts.
-    pub fn artifact_job(&self, task: &str, check_status: bool, a: &Artifact) -> Running {
+    pub(crate) fn artifact_job(&self, task: &str, check_status: bool, a: &Artifact) -> Running {
         let body = json!({
             "task": task,
             "force": true,
@@ -155,7 +155,7 @@ impl State {
         }
     }
 
-    pub fn status_job(&self, task: &str, outcome: &RunEnd) -> Running {
+    pub(crate) fn status_job(&self, task: &str, outcome: &RunEnd) -> Running {
         let api = self.api.clone();
         let task = task.to_string();
         let exit = outcome.exit;
@@ -167,7 +167,7 @@ impl State {
         }
     }
 
-    pub fn ping_job(&mut self, task: &str) -> Running {
+    pub(crate) fn ping_job(&mut self, task: &str) -> Running {
         self.last_ok = Instant::now();
         let api = self.api.clone();
         let body = json!({"task": task});
@@ -179,7 +179,7 @@ impl State {
         }
     }
 
-    pub fn refresh_job(&self) -> Running {
+    pub(crate) fn refresh_job(&self) -> Running {
         let api = self.api.clone();
         Running {
             kind: JobKind::Refresh,

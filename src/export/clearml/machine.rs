@@ -11,11 +11,11 @@ use super::tasks::{Registered, TaskCtx};
 use crate::event::inbox::JobTaskReply;
 
 /// Distinct problems kept for the final report.
-pub const MAX_ERRORS: usize = 32;
+pub(crate) const MAX_ERRORS: usize = 32;
 
 /// Where the reporter stands with the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Waiting for the job to announce its own task (entries are held).
     Waiting,
     /// Logging in and finding or creating the task (retrying as needed).
@@ -27,7 +27,7 @@ pub enum Phase {
 
 /// How the wait for the job's task ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decided {
+pub(crate) enum Decided {
     /// Take up the job's task, on the job's iteration axis.
     Adopt,
     /// Set up memtrack's own (or the given) task.
@@ -36,7 +36,7 @@ pub enum Decided {
 
 /// What to do with the job's announcement of its own task.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Announce {
+pub(crate) enum Announce {
     /// The wait is over: take the task up ([`Machine::decide`]); the reply
     /// waits for the outcome.
     Adopt,
@@ -48,7 +48,7 @@ pub enum Announce {
 
 /// A network job to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// Log in, find or create the task.
     Setup,
     /// Refresh the token.
@@ -65,17 +65,17 @@ pub enum Plan {
 
 /// What the clock and the queue say is due, for [`Machine::next_job`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Due {
-    pub refresh: bool,
-    pub artifact_pending: bool,
-    pub axis: bool,
-    pub batch: bool,
-    pub ping: bool,
+pub(crate) struct Due {
+    pub(crate) refresh: bool,
+    pub(crate) artifact_pending: bool,
+    pub(crate) axis: bool,
+    pub(crate) batch: bool,
+    pub(crate) ping: bool,
 }
 
 /// What became of a batch.
 #[derive(Debug)]
-pub enum BatchVerdict {
+pub(crate) enum BatchVerdict {
     /// The server took it; `refused` points of it were refused (`info`
     /// says why). The batch is settled.
     Stored { refused: u64, info: Value },
@@ -90,7 +90,7 @@ pub enum BatchVerdict {
 
 /// What became of an artifact registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ArtifactVerdict {
+pub(crate) enum ArtifactVerdict {
     /// Registered; `first`: the first time in this run.
     Registered { first: bool },
     /// The task no longer takes artifacts (`status`).
@@ -101,7 +101,7 @@ pub enum ArtifactVerdict {
 
 /// Stages of the end of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
+pub(crate) enum EndStage {
     Drain,
     Setup,
     Artifact,
@@ -112,18 +112,18 @@ pub enum Stage {
 
 /// Where the end of the run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct End {
-    pub stage: Stage,
-    pub status_started: bool,
-    pub artifact_started: bool,
+pub(crate) struct End {
+    pub(crate) stage: EndStage,
+    pub(crate) status_started: bool,
+    pub(crate) artifact_started: bool,
     /// The points set aside during the run went back into the line.
-    pub aside_restored: bool,
+    pub(crate) aside_restored: bool,
 }
 
 impl End {
-    pub fn new() -> End {
+    pub(crate) fn new() -> End {
         End {
-            stage: Stage::Drain,
+            stage: EndStage::Drain,
             status_started: false,
             artifact_started: false,
             aside_restored: false,
@@ -139,23 +139,23 @@ impl Default for End {
 
 /// What the end of the run finds now, for [`Machine::end_step`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EndFacts {
-    pub entries_open: bool,
-    pub drain_passed: bool,
-    pub job_running: bool,
-    pub has_artifact: bool,
-    pub queue_empty: bool,
+pub(crate) struct EndFacts {
+    pub(crate) entries_open: bool,
+    pub(crate) drain_passed: bool,
+    pub(crate) job_running: bool,
+    pub(crate) has_artifact: bool,
+    pub(crate) queue_empty: bool,
 }
 
 /// One step of the end of the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EndStep {
+pub(crate) enum EndStep {
     /// Nothing to do until something changes.
     Stay,
     /// Move on to this stage.
-    Move(Stage),
+    Move(EndStage),
     /// Stop waiting for entries (warn when the channel is still open):
-    /// close the converter's windows, then [`Stage::Setup`].
+    /// close the converter's windows, then [`EndStage::Setup`].
     CloseIntake { still_open: bool },
     /// Put the points set aside back in the line (once).
     RestoreAside,
@@ -170,30 +170,30 @@ pub enum EndStep {
 
 /// The reporter's decisions and what they leave behind.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Machine {
-    pub phase: Phase,
+pub(crate) struct Machine {
+    pub(crate) phase: Phase,
     /// The task memtrack was given (config or environment).
-    pub given_task: Option<String>,
+    pub(crate) given_task: Option<String>,
     /// `memory_usage.json` will be uploaded, so an adopted task waits for
     /// its first registration before the job is answered.
-    pub artifact_expected: bool,
+    pub(crate) artifact_expected: bool,
     /// The job's task to take up (set when announced).
-    pub adopt: Option<String>,
+    pub(crate) adopt: Option<String>,
     /// False once the job's task refused artifacts (closed by its owner).
-    pub artifact_open: bool,
+    pub(crate) artifact_open: bool,
     /// The first registration on the job's task was tried (or its upload
     /// failed): announcements can be answered.
-    pub artifact_settled: bool,
-    pub artifact_registered: bool,
-    pub sent: u64,
-    pub refused: u64,
-    pub problems: Vec<String>,
-    pub final_status: Option<String>,
+    pub(crate) artifact_settled: bool,
+    pub(crate) artifact_registered: bool,
+    pub(crate) sent: u64,
+    pub(crate) refused: u64,
+    pub(crate) problems: Vec<String>,
+    pub(crate) final_status: Option<String>,
 }
 
 impl Machine {
     /// `wait`: wait for the job's own task first.
-    pub fn new(given_task: Option<String>, artifact_expected: bool, wait: bool) -> Machine {
+    pub(crate) fn new(given_task: Option<String>, artifact_expected: bool, wait: bool) -> Machine {
         Machine {
             phase: if wait {
                 Phase::Waiting
@@ -215,21 +215,21 @@ impl Machine {
 
     /// Keeps a problem for the final report (distinct ones, a bounded
     /// number).
-    pub fn problem(&mut self, p: String) {
+    pub(crate) fn problem(&mut self, p: String) {
         if self.problems.len() < MAX_ERRORS && !self.problems.contains(&p) {
             self.problems.push(p);
         }
     }
 
     /// Stops reporting for this run.
-    pub fn disable(&mut self, why: String) {
+    pub(crate) fn disable(&mut self, why: String) {
         self.problem(why);
         self.phase = Phase::Disabled;
     }
 
     /// Ends the wait for the job's task: take up `adopt`, or (`None`)
     /// set up memtrack's own. `None` when no longer waiting.
-    pub fn decide(&mut self, adopt: Option<String>) -> Option<Decided> {
+    pub(crate) fn decide(&mut self, adopt: Option<String>) -> Option<Decided> {
         if self.phase != Phase::Waiting {
             return None;
         }
@@ -245,7 +245,7 @@ impl Machine {
 
     /// The job announced its own task `id`. On [`Announce::Adopt`] the
     /// caller takes it up with [`Machine::decide`].
-    pub fn announced(&self, id: &str) -> Announce {
+    pub(crate) fn announced(&self, id: &str) -> Announce {
         let refuse = |message: String, warn: bool| Announce::Answer {
             reply: JobTaskReply {
                 reporting: false,
@@ -317,7 +317,7 @@ impl Machine {
 
     /// The answer to announcements held for the outcome; `None` while it
     /// is not known yet.
-    pub fn answer(&self) -> Option<JobTaskReply> {
+    pub(crate) fn answer(&self) -> Option<JobTaskReply> {
         let (reporting, message) = match &self.phase {
             Phase::Ready(ctx) if ctx.adopted => {
                 if self.artifact_expected && !self.artifact_settled {
@@ -351,7 +351,7 @@ impl Machine {
     }
 
     /// The next network job, when none is running.
-    pub fn next_job(&self, due: Due) -> Option<Plan> {
+    pub(crate) fn next_job(&self, due: Due) -> Option<Plan> {
         match &self.phase {
             Phase::Waiting | Phase::Disabled => None,
             Phase::Starting => Some(Plan::Setup),
@@ -375,12 +375,12 @@ impl Machine {
     }
 
     /// The setup found or made the task.
-    pub fn setup_done(&mut self, ctx: TaskCtx) {
+    pub(crate) fn setup_done(&mut self, ctx: TaskCtx) {
         self.phase = Phase::Ready(ctx);
     }
 
     /// A batch of `n` points came back.
-    pub fn batch_done(&mut self, n: u64, res: Result<Value, CallError>) -> BatchVerdict {
+    pub(crate) fn batch_done(&mut self, n: u64, res: Result<Value, CallError>) -> BatchVerdict {
         match res {
             Ok(data) => {
                 let refused = data
@@ -408,7 +408,7 @@ impl Machine {
     }
 
     /// An artifact registration came back.
-    pub fn artifact_done(&mut self, res: Result<Registered, CallError>) -> ArtifactVerdict {
+    pub(crate) fn artifact_done(&mut self, res: Result<Registered, CallError>) -> ArtifactVerdict {
         self.artifact_settled = true;
         match res {
             Ok(Registered::Yes) => {
@@ -441,7 +441,7 @@ impl Machine {
 
     /// The upload of the checkpoint to register failed: the job is
     /// answered without waiting for a registration. `true` the first time.
-    pub fn checkpoint_failed(&mut self, why: &str) -> bool {
+    pub(crate) fn checkpoint_failed(&mut self, why: &str) -> bool {
         if self.artifact_settled {
             return false;
         }
@@ -454,7 +454,7 @@ impl Machine {
 
     /// Whether memtrack sets the task's final status (so the end of the
     /// run keeps time for it).
-    pub fn owns_status(&self) -> bool {
+    pub(crate) fn owns_status(&self) -> bool {
         match &self.phase {
             Phase::Waiting => true,
             Phase::Starting => self.given_task.is_none() && self.adopt.is_none(),
@@ -464,18 +464,18 @@ impl Machine {
     }
 
     /// The next step of the end of the run.
-    pub fn end_step(&self, end: &End, f: EndFacts) -> EndStep {
+    pub(crate) fn end_step(&self, end: &End, f: EndFacts) -> EndStep {
         match end.stage {
-            Stage::Drain if !f.entries_open || f.drain_passed => EndStep::CloseIntake {
+            EndStage::Drain if !f.entries_open || f.drain_passed => EndStep::CloseIntake {
                 still_open: f.entries_open,
             },
-            Stage::Drain | Stage::Done => EndStep::Stay,
-            Stage::Setup => match &self.phase {
+            EndStage::Drain | EndStage::Done => EndStep::Stay,
+            EndStage::Setup => match &self.phase {
                 Phase::Waiting | Phase::Starting => EndStep::Stay,
-                Phase::Ready(_) => EndStep::Move(Stage::Artifact),
-                Phase::Disabled => EndStep::Move(Stage::Done),
+                Phase::Ready(_) => EndStep::Move(EndStage::Artifact),
+                Phase::Disabled => EndStep::Move(EndStage::Done),
             },
-            Stage::Artifact => match &self.phase {
+            EndStage::Artifact => match &self.phase {
                 Phase::Ready(t) if f.has_artifact && self.artifact_open => {
                     if !end.artifact_started {
                         if f.job_running {
@@ -489,32 +489,32 @@ impl Machine {
                     } else if f.job_running {
                         EndStep::Stay
                     } else {
-                        EndStep::Move(Stage::Flush)
+                        EndStep::Move(EndStage::Flush)
                     }
                 }
-                _ => EndStep::Move(Stage::Flush),
+                _ => EndStep::Move(EndStage::Flush),
             },
-            Stage::Flush => {
+            EndStage::Flush => {
                 if !end.aside_restored {
                     // One more try for batches the server failed with
                     // internal errors: it may be back.
                     EndStep::RestoreAside
                 } else if self.phase == Phase::Disabled {
-                    EndStep::Move(Stage::Done)
+                    EndStep::Move(EndStage::Done)
                 } else if f.job_running {
                     EndStep::Stay
                 } else if f.queue_empty {
-                    EndStep::Move(Stage::Status)
+                    EndStep::Move(EndStage::Status)
                 } else {
                     EndStep::StartBatch
                 }
             }
-            Stage::Status => {
+            EndStage::Status => {
                 if end.status_started {
                     if f.job_running {
                         EndStep::Stay
                     } else {
-                        EndStep::Move(Stage::Done)
+                        EndStep::Move(EndStage::Done)
                     }
                 } else {
                     match &self.phase {
@@ -522,7 +522,7 @@ impl Machine {
                             task: t.task.id.clone(),
                         },
                         Phase::Ready(t) if t.created => EndStep::Stay,
-                        _ => EndStep::Move(Stage::Done),
+                        _ => EndStep::Move(EndStage::Done),
                     }
                 }
             }
@@ -787,11 +787,11 @@ mod tests {
             m.end_step(&end, facts()),
             EndStep::CloseIntake { still_open: false }
         );
-        end.stage = Stage::Setup;
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Artifact));
-        end.stage = Stage::Artifact;
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Flush));
-        end.stage = Stage::Flush;
+        end.stage = EndStage::Setup;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Artifact));
+        end.stage = EndStage::Artifact;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Flush));
+        end.stage = EndStage::Flush;
         assert_eq!(m.end_step(&end, facts()), EndStep::RestoreAside);
         end.aside_restored = true;
         let queued = EndFacts {
@@ -804,21 +804,21 @@ mod tests {
             ..queued
         };
         assert_eq!(m.end_step(&end, sending), EndStep::Stay);
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Status));
-        end.stage = Stage::Status;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Status));
+        end.stage = EndStage::Status;
         assert_eq!(
             m.end_step(&end, facts()),
             EndStep::StartStatus { task: "t1".into() }
         );
         end.status_started = true;
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Done));
     }
 
     #[test]
     fn closing_registers_the_artifact_and_leaves_a_given_task_open() {
         let m = ready(false, false);
         let mut end = End {
-            stage: Stage::Artifact,
+            stage: EndStage::Artifact,
             ..End::new()
         };
         let with = EndFacts {
@@ -833,9 +833,9 @@ mod tests {
             }
         );
         end.artifact_started = true;
-        assert_eq!(m.end_step(&end, with), EndStep::Move(Stage::Flush));
-        end.stage = Stage::Status;
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
+        assert_eq!(m.end_step(&end, with), EndStep::Move(EndStage::Flush));
+        end.stage = EndStage::Status;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Done));
         assert!(!m.owns_status());
     }
 
@@ -844,17 +844,17 @@ mod tests {
         let mut m = ready(true, false);
         m.disable("task locked".into());
         let mut end = End {
-            stage: Stage::Setup,
+            stage: EndStage::Setup,
             ..End::new()
         };
-        assert_eq!(m.end_step(&end, facts()), EndStep::Move(Stage::Done));
-        end.stage = Stage::Flush;
+        assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Done));
+        end.stage = EndStage::Flush;
         end.aside_restored = true;
         let queued = EndFacts {
             queue_empty: false,
             ..facts()
         };
-        assert_eq!(m.end_step(&end, queued), EndStep::Move(Stage::Done));
+        assert_eq!(m.end_step(&end, queued), EndStep::Move(EndStage::Done));
     }
 
     #[test]

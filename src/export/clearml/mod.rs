@@ -9,50 +9,48 @@
 //! creation, batched `events.add_batch` with retries — happens on tokio
 //! tasks that sampling never waits for.
 //!
-//! - [`settings`]: the `[clearml]` section and the settings resolved from
+//! - `settings`: the `[clearml]` section and the settings resolved from
 //!   it, the `CLEARML_*` environment and `clearml.conf`;
 //! - [`hocon`]: the pure `clearml.conf` reader;
 //! - [`points`]: entries → scalar points (timer windows, iteration keys,
 //!   collisions), pure;
 //! - [`queue`]: the bounded in-memory queue and its spool file;
-//! - [`api`]: the HTTP client (auth, envelopes, retry classification);
-//! - [`files`]: the artifact on the ClearML fileserver (no S3 destination);
-//! - [`output`]: where the job's task keeps its artifacts (`output_uri`,
+//! - `api`: the HTTP client (auth, envelopes, retry classification);
+//! - `files`: the artifact on the ClearML fileserver (no S3 destination);
+//! - `output`: where the job's task keeps its artifacts (`output_uri`,
 //!   `clearml.conf`'s `default_output_uri` and `sdk.aws.s3`);
-//! - [`tasks`]: the REST calls on tasks and projects (find, create, end,
+//! - `tasks`: the REST calls on tasks and projects (find, create, end,
 //!   register the artifact);
 //! - `jobs`: the network jobs the reporter runs, as futures;
-//! - [`machine`]: the reporter's decisions as a pure state machine, kept
+//! - `machine`: the reporter's decisions as a pure state machine, kept
 //!   in `state`;
-//! - [`reporter`]: the task that owns the queue and drives the server,
+//! - `reporter`: the task that owns the queue and drives the server,
 //!   doing what the machine decides;
-//! - [`outcome`]: what the reporter and the app tell each other.
+//! - `outcome`: what the reporter and the app tell each other.
 //!
 //! The run-directory files a later resend or upload reads (the spool, the
 //! task note) are in [`crate::export::task_note`].
 
-pub mod advice;
-pub mod api;
-pub mod files;
+pub(crate) mod advice;
+pub(crate) mod api;
+pub(crate) mod files;
 pub mod hocon;
 mod jobs;
-pub mod machine;
-pub mod outcome;
-pub mod output;
+pub(crate) mod machine;
+pub(crate) mod outcome;
+pub(crate) mod output;
 pub mod points;
 pub mod queue;
-pub mod reporter;
-pub mod settings;
+pub(crate) mod reporter;
+pub(crate) mod settings;
 mod state;
-pub mod tasks;
+pub(crate) mod tasks;
 
-pub use crate::export::task_note::{read as read_task_note, TaskFile, SPOOL_FILE, TASK_FILE};
-pub use api::API_VERSION;
-pub use files::FileServer;
-pub use outcome::{note_task, Artifact, FinishReport, RunEnd, TaskRef};
+pub use crate::export::task_note::SPOOL_FILE;
+pub(crate) use crate::export::task_note::{read as read_task_note, TASK_FILE};
+pub(crate) use files::FileServer;
+pub(crate) use outcome::{note_task, TaskRef};
+pub use outcome::{Artifact, FinishReport, RunEnd};
 pub use reporter::Reporter;
-pub use settings::{
-    check_name, check_task_name, mask, read_conf, resolve, tidy_project, zero_config,
-    ClearmlConfig, ClearmlError, Credentials, Settings, BACKOFF_MAX, BACKOFF_MIN, MIN_NAME,
-    TASK_TYPES,
-};
+pub(crate) use settings::{check_task_name, zero_config, NoZeroConfig};
+pub use settings::{resolve, ClearmlConfig, ClearmlError, Credentials, Settings};

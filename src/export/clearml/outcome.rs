@@ -39,7 +39,7 @@ pub struct Artifact {
 pub struct FinishReport {
     /// Nothing was meant to be reported (only a task the job announces
     /// would do, and it announced none): why, in words. Not a failure.
-    pub stood_down: Option<String>,
+    pub(crate) stood_down: Option<String>,
     /// Points the server stored.
     pub sent: u64,
     /// Points left in the spool file ([`FinishReport::spool`]).
@@ -66,7 +66,7 @@ pub struct FinishReport {
 
 impl TaskRef {
     /// The note a later `clearml-resend` or upload reads.
-    pub fn note(&self, created: bool) -> TaskFile {
+    pub(crate) fn note(&self, created: bool) -> TaskFile {
         TaskFile {
             id: self.id.clone(),
             name: self.name.clone(),
@@ -79,6 +79,10 @@ impl TaskRef {
 /// Notes `task` in `run_dir`'s task file, unless a note is already there
 /// (the reporter's, which knows whether memtrack created the task). Best
 /// effort: without it a resend or a later upload needs to be told the task.
-pub fn note_task(run_dir: &Path, task: &TaskRef, created: bool) {
+pub(crate) fn note_task(run_dir: &Path, task: &TaskRef, created: bool) {
     task_note::note_unless_present(run_dir, &task.note(created));
 }
+
+/// A checkpoint's upload for the job's task: the artifact to register, or
+/// why there is none (the uploader's error, S3's or the fileserver's).
+pub(crate) type Checkpoint = Result<Artifact, Box<dyn std::error::Error + Send + Sync>>;

@@ -20,43 +20,43 @@ const MAX_ENTRIES: usize = 256;
 
 /// What `clearml.conf` says about where artifacts go.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OutputConf {
+pub(crate) struct OutputConf {
     /// `sdk.development.default_output_uri` (empty: not set).
-    pub default_uri: String,
+    pub(crate) default_uri: String,
     /// `sdk.aws.s3`.
-    pub s3: ConfS3,
+    pub(crate) s3: ConfS3,
     /// The file these came from, for messages.
-    pub file: String,
+    pub(crate) file: String,
     /// Why the file's output settings could not be read: an `s3://`
     /// destination then fails with this reason.
-    pub problem: Option<String>,
+    pub(crate) problem: Option<String>,
 }
 
 /// The `sdk.aws.s3` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConfS3 {
-    pub keys: Option<Keys>,
-    pub region: String,
-    pub entries: Vec<BucketConf>,
+pub(crate) struct ConfS3 {
+    pub(crate) keys: Option<Keys>,
+    pub(crate) region: String,
+    pub(crate) entries: Vec<BucketConf>,
 }
 
 /// One entry of `sdk.aws.s3.credentials`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BucketConf {
-    pub bucket: String,
+pub(crate) struct BucketConf {
+    pub(crate) bucket: String,
     /// `host[:port]` of an S3-compatible store; empty: AWS.
-    pub host: String,
-    pub keys: Option<Keys>,
-    pub region: String,
+    pub(crate) host: String,
+    pub(crate) keys: Option<Keys>,
+    pub(crate) region: String,
     /// `https` (the SDK's default) or `http`.
-    pub secure: bool,
+    pub(crate) secure: bool,
 }
 
 /// An access key and its secret; shown masked.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Keys {
-    pub key: String,
-    pub secret: String,
+pub(crate) struct Keys {
+    pub(crate) key: String,
+    pub(crate) secret: String,
 }
 
 impl fmt::Debug for Keys {
@@ -67,7 +67,7 @@ impl fmt::Debug for Keys {
 
 /// The destination the document goes to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Destination {
+pub(crate) enum Destination {
     /// An S3 bucket (AWS or an S3-compatible store).
     S3(S3Target),
     /// A ClearML fileserver (or any http(s) store that takes its uploads).
@@ -76,34 +76,34 @@ pub enum Destination {
 
 /// An `s3://` destination resolved against `sdk.aws.s3`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct S3Target {
+pub(crate) struct S3Target {
     /// `s3://bucket/prefix`, as memtrack's S3 uploader takes it.
-    pub url: String,
+    pub(crate) url: String,
     /// `http(s)://host[:port]` of an S3-compatible store (`None`: AWS, or
     /// the AWS settings' own endpoint).
-    pub endpoint: Option<String>,
+    pub(crate) endpoint: Option<String>,
     /// `host[:port]` when the destination names it: the artifact's URI
     /// is then `s3://host[:port]/bucket/key`, as the SDK writes it.
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
     /// Empty: the AWS chain's.
-    pub region: String,
+    pub(crate) region: String,
     /// From `sdk.aws.s3`, used when the AWS environment and profile give
     /// none.
-    pub keys: Option<Keys>,
+    pub(crate) keys: Option<Keys>,
     /// Where `keys` come from, for messages (never the keys).
-    pub keys_source: String,
+    pub(crate) keys_source: String,
 }
 
 /// Where the destination came from, for messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Chosen {
-    pub uri: String,
-    pub source: String,
+pub(crate) struct Chosen {
+    pub(crate) uri: String,
+    pub(crate) source: String,
 }
 
 /// The destination for the job's task: its own `output.destination`, else
 /// the file's `default_output_uri`, else the fileserver (`None`: none).
-pub fn choose(task_uri: &str, conf: &OutputConf, files_host: &str) -> Option<Chosen> {
+pub(crate) fn choose(task_uri: &str, conf: &OutputConf, files_host: &str) -> Option<Chosen> {
     let task_uri = task_uri.trim();
     if !task_uri.is_empty() {
         return Some(Chosen {
@@ -125,7 +125,10 @@ pub fn choose(task_uri: &str, conf: &OutputConf, files_host: &str) -> Option<Cho
 
 /// `chosen` as an upload destination; `Err` says why it cannot be used
 /// (an unsupported scheme, a malformed URL), never with a secret.
-pub fn destination(chosen: &Chosen, conf: &OutputConf) -> Result<Destination, String> {
+pub(crate) fn destination(
+    chosen: &Chosen,
+    conf: &OutputConf,
+) -> Result<Destination, DestinationError> {
     let uri = chosen.uri.trim_end_matches('/');
     let lower = uri.to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
@@ -133,22 +136,76 @@ pub fn destination(chosen: &Chosen, conf: &OutputConf) -> Result<Destination, St
     }
     if lower.starts_with("s3://") {
         if let Some(problem) = &conf.problem {
-            return Err(format!("{} `{}`: {problem}", chosen.source, shown(uri)));
+            return Err(DestinationError::Unusable {
+                chosen: chosen.source.clone(),
+                uri: shown(uri),
+                problem: problem.clone(),
+            });
         }
         return s3_target(uri, conf).map(Destination::S3);
     }
-    Err(format!(
-        "{} `{}` is not an s3:// or http(s):// URL; memtrack uploads only to S3 and ClearML \
-         fileservers",
-        chosen.source,
-        shown(uri)
-    ))
+    Err(DestinationError::Unsupported {
+        chosen: chosen.source.clone(),
+        uri: shown(uri),
+    })
+}
+
+/// Why the chosen destination cannot take the document. URLs are shown
+/// with [`shown`]: never a secret.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DestinationError {
+    /// `clearml.conf`'s S3 settings could not be read (`problem`).
+    #[error("{chosen} `{uri}`: {problem}")]
+    Unusable {
+        chosen: String,
+        uri: String,
+        problem: String,
+    },
+    #[error(
+        "{chosen} `{uri}` is not an s3:// or http(s):// URL; memtrack uploads only to S3 and \
+         ClearML fileservers"
+    )]
+    Unsupported { chosen: String, uri: String },
+    #[error("`{uri}` names the S3 host {host} but no bucket (s3://host:port/bucket/prefix)")]
+    NoBucket { uri: String, host: String },
+}
+
+/// Why `clearml.conf`'s artifact settings cannot be used: the entry at
+/// fault is named, never its keys.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OutputConfError {
+    #[error("malformed ClearML config file {file}, {source}")]
+    Malformed { file: String, source: ParseError },
+    #[error("{file}: sdk.development.default_output_uri holds control characters")]
+    ControlInUri { file: String },
+    #[error("{section}: credentials holds {count} entries; at most {MAX_ENTRIES} are read")]
+    TooMany { section: String, count: usize },
+    #[error("{section}: credentials is not a list")]
+    NotAList { section: String },
+    #[error("{what} is not an object")]
+    NotAnObject { what: String },
+    #[error("{what}: `{field}` is not a string")]
+    NotAString { what: String, field: String },
+    #[error("{what}: `bucket` is not a bucket name")]
+    BadBucket { what: String },
+    #[error("{what}: `host` is not host[:port] (no scheme, user, path or space)")]
+    BadHost { what: String },
+    #[error("{what}: `secure` is neither true nor false")]
+    BadSecure { what: String },
+    #[error("{what}: the key or secret holds control characters")]
+    ControlInKeys { what: String },
+    #[error("{what}: `key` is set but `secret` is not")]
+    KeyWithoutSecret { what: String },
+    #[error("{what}: `secret` is set but `key` is not")]
+    SecretWithoutKey { what: String },
+    #[error("{what}: `region` is not a region name")]
+    BadRegion { what: String },
 }
 
 /// `s3://…` resolved as the SDK resolves it: the longest matching entry of
 /// `sdk.aws.s3.credentials` (a `host` entry matches `s3://host/bucket`, a
 /// bucket entry `s3://bucket`), else the section's own keys and region.
-pub fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, String> {
+pub(crate) fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, DestinationError> {
     let rest = &uri["s3://".len()..];
     let (netloc, path) = rest.split_once('/').unwrap_or((rest, ""));
     let lower = uri.to_ascii_lowercase();
@@ -207,11 +264,10 @@ pub fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, String> {
     // `s3://host:port/bucket/prefix`: the bucket is the path's first part.
     let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
     if bucket.is_empty() {
-        return Err(format!(
-            "`{}` names the S3 host {} but no bucket (s3://host:port/bucket/prefix)",
-            shown(uri),
-            shown(netloc)
-        ));
+        return Err(DestinationError::NoBucket {
+            uri: shown(uri),
+            host: shown(netloc),
+        });
     }
     let scheme = if entry.secure { "https" } else { "http" };
     Ok(S3Target {
@@ -233,13 +289,16 @@ pub fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, String> {
 /// string, an entry that is no object, a key without its secret, a host
 /// that is not `host[:port]`, a region that is no region: an error naming
 /// the entry, never its keys.
-pub fn read(
+pub(crate) fn read(
     doc: &ConfTree,
     env: &dyn Fn(&str) -> Option<String>,
     file: &str,
-) -> Result<OutputConf, String> {
-    let bad = |e: ParseError| format!("malformed ClearML config file {file}, {e}");
-    let get = |key: &str| -> Result<String, String> {
+) -> Result<OutputConf, OutputConfError> {
+    let bad = |source: ParseError| OutputConfError::Malformed {
+        file: file.to_string(),
+        source,
+    };
+    let get = |key: &str| -> Result<String, OutputConfError> {
         Ok(doc
             .get_str(key, env)
             .map_err(bad)?
@@ -248,9 +307,9 @@ pub fn read(
     };
     let default_uri = get("sdk.development.default_output_uri")?;
     if default_uri.chars().any(char::is_control) {
-        return Err(format!(
-            "{file}: sdk.development.default_output_uri holds control characters"
-        ));
+        return Err(OutputConfError::ControlInUri {
+            file: file.to_string(),
+        });
     }
     let section = format!("sdk.aws.s3 in {file}");
     let keys = keys(get("sdk.aws.s3.key")?, get("sdk.aws.s3.secret")?, &section)?;
@@ -260,20 +319,20 @@ pub fn read(
         None => {}
         Some(Value::List(list)) => {
             if list.len() > MAX_ENTRIES {
-                return Err(format!(
-                    "{section}: credentials holds {} entries; at most {MAX_ENTRIES} are read",
-                    list.len()
-                ));
+                return Err(OutputConfError::TooMany {
+                    section,
+                    count: list.len(),
+                });
             }
             for (i, item) in list.iter().enumerate() {
                 let what = format!("credentials entry {} of {section}", i + 1);
                 entries.push(entry(doc, item, env, &what).map_err(|e| match e {
                     Bad::Parse(p) => bad(p),
-                    Bad::Said(s) => s,
+                    Bad::Said(e) => e,
                 })?);
             }
         }
-        Some(_) => return Err(format!("{section}: credentials is not a list")),
+        Some(_) => return Err(OutputConfError::NotAList { section }),
     }
     Ok(OutputConf {
         default_uri,
@@ -289,7 +348,7 @@ pub fn read(
 
 enum Bad {
     Parse(ParseError),
-    Said(String),
+    Said(OutputConfError),
 }
 
 fn entry(
@@ -299,7 +358,9 @@ fn entry(
     what: &str,
 ) -> Result<BucketConf, Bad> {
     let Value::Object(map) = item else {
-        return Err(Bad::Said(format!("{what} is not an object")));
+        return Err(Bad::Said(OutputConfError::NotAnObject {
+            what: what.to_string(),
+        }));
     };
     let field = |name: &str| -> Result<String, Bad> {
         match map.get(name) {
@@ -308,22 +369,31 @@ fn entry(
                 .map_err(Bad::Parse)?
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default()),
-            Some(_) => Err(Bad::Said(format!("{what}: `{name}` is not a string"))),
+            Some(_) => Err(Bad::Said(OutputConfError::NotAString {
+                what: what.to_string(),
+                field: name.to_string(),
+            })),
         }
     };
     let bucket = field("bucket")?;
     if bucket.len() > 255 || bucket.chars().any(|c| c.is_control() || c == '/') {
-        return Err(Bad::Said(format!("{what}: `bucket` is not a bucket name")));
+        return Err(Bad::Said(OutputConfError::BadBucket {
+            what: what.to_string(),
+        }));
     }
     let host = field("host")?;
-    check_host(&host).map_err(|why| Bad::Said(format!("{what}: `host` {why}")))?;
+    if !host_ok(&host) {
+        return Err(Bad::Said(OutputConfError::BadHost {
+            what: what.to_string(),
+        }));
+    }
     let secure = match field("secure")?.to_ascii_lowercase().as_str() {
         "" | "true" | "yes" | "on" | "1" => true,
         "false" | "no" | "off" | "0" => false,
         _ => {
-            return Err(Bad::Said(format!(
-                "{what}: `secure` is neither true nor false"
-            )))
+            return Err(Bad::Said(OutputConfError::BadSecure {
+                what: what.to_string(),
+            }))
         }
     };
     Ok(BucketConf {
@@ -382,23 +452,22 @@ fn scalar(
 }
 
 /// Both or neither; an empty pair is none (`clearml-init` writes `key: ""`).
-fn keys(key: String, secret: String, what: &str) -> Result<Option<Keys>, String> {
+fn keys(key: String, secret: String, what: &str) -> Result<Option<Keys>, OutputConfError> {
+    let what = what.to_string();
     match (key.is_empty(), secret.is_empty()) {
         (true, true) => Ok(None),
         (false, false) => {
             if key.chars().chain(secret.chars()).any(char::is_control) {
-                return Err(format!(
-                    "{what}: the key or secret holds control characters"
-                ));
+                return Err(OutputConfError::ControlInKeys { what });
             }
             Ok(Some(Keys { key, secret }))
         }
-        (false, true) => Err(format!("{what}: `key` is set but `secret` is not")),
-        (true, false) => Err(format!("{what}: `secret` is set but `key` is not")),
+        (false, true) => Err(OutputConfError::KeyWithoutSecret { what }),
+        (true, false) => Err(OutputConfError::SecretWithoutKey { what }),
     }
 }
 
-fn region(region: String, what: &str) -> Result<String, String> {
+fn region(region: String, what: &str) -> Result<String, OutputConfError> {
     let ok = region.len() <= 64
         && region
             .chars()
@@ -406,12 +475,14 @@ fn region(region: String, what: &str) -> Result<String, String> {
     if ok {
         Ok(region)
     } else {
-        Err(format!("{what}: `region` is not a region name"))
+        Err(OutputConfError::BadRegion {
+            what: what.to_string(),
+        })
     }
 }
 
 /// A URL with its user part (which may hold a password) masked.
-pub fn redact_userinfo(text: &str) -> String {
+pub(crate) fn redact_userinfo(text: &str) -> String {
     match text.split_once("://") {
         Some((scheme, rest)) => {
             let host_end = rest.find('/').unwrap_or(rest.len());
@@ -424,10 +495,11 @@ pub fn redact_userinfo(text: &str) -> String {
     }
 }
 
-/// `host[:port]`, nothing else (no scheme, user, path or space).
-fn check_host(host: &str) -> Result<(), String> {
+/// `host[:port]`, nothing else (no scheme, user, path or space); empty
+/// is fine (no host).
+fn host_ok(host: &str) -> bool {
     if host.is_empty() {
-        return Ok(());
+        return true;
     }
     let (name, port) = match host.rsplit_once(':') {
         Some((n, p)) if !n.contains(']') || n.ends_with(']') => (n, Some(p)),
@@ -439,18 +511,14 @@ fn check_host(host: &str) -> Result<(), String> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '[' | ']' | ':'));
     let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|n| n > 0));
-    if name_ok && port_ok {
-        Ok(())
-    } else {
-        // Not shown: a user part may hold a password.
-        Err("is not host[:port] (no scheme, user, path or space)".into())
-    }
+    // The host is not shown in the error: a user part may hold a password.
+    name_ok && port_ok
 }
 
 /// A value for a message: at most 80 characters, control characters
 /// escaped, a URL's user part (which may hold a password) masked. A task's
 /// `output_uri` comes from the server: shown only this way.
-pub fn shown(text: &str) -> String {
+pub(crate) fn shown(text: &str) -> String {
     let text = redact_userinfo(text);
     let cut: String = text.chars().take(80).collect();
     let escaped: String = cut.escape_debug().collect();
@@ -472,6 +540,7 @@ mod tests {
             &|v| (v == "MINIO_SECRET").then(|| "from-env".into()),
             "c.conf",
         )
+        .map_err(|e| e.to_string())
     }
 
     const SDK: &str = r#"
@@ -514,12 +583,15 @@ sdk {
             uri: "gs://bucket/x".into(),
             source: "the task's output_uri".into(),
         };
-        assert!(destination(&gs, &c).unwrap_err().contains("gs://bucket/x"));
+        assert!(destination(&gs, &c)
+            .unwrap_err()
+            .to_string()
+            .contains("gs://bucket/x"));
         let userinfo = Chosen {
             uri: "gs://me:PASSWORD@bucket/x".into(),
             source: "the task's output_uri".into(),
         };
-        let e = destination(&userinfo, &c).unwrap_err();
+        let e = destination(&userinfo, &c).unwrap_err().to_string();
         assert!(
             e.contains("gs://***@bucket/x") && !e.contains("PASSWORD"),
             "{e}"

@@ -3,7 +3,7 @@
 //!
 //! Each forwarded entry becomes up to six points under the title
 //! `memory/<component>`, one per figure of `detailed_log`
-//! ([`FIELDS`]). Timer samples are first folded into windows of
+//! (`FIELDS`). Timer samples are first folded into windows of
 //! `timer_every` per component (the maximum of each figure is kept, so no
 //! peak is lost); marks and system entries are all forwarded.
 //!
@@ -21,7 +21,7 @@
 //! **The job's own task.** When memtrack reports into the task the job's
 //! ClearML SDK made, its points must not move that task's iteration axis
 //! (a scalar's `iter` raises the task's `last_iteration`). There the
-//! converter runs on the job's axis only ([`Converter::use_job_axis`]): an
+//! converter runs on the job's axis only (`Converter::use_job_axis`): an
 //! entry without an iteration is placed at the latest iteration the job
 //! reached (its marks, and the task's `last_iteration` the reporter reads
 //! from the server), and the timer window of a component stays open while
@@ -37,7 +37,7 @@ use crate::model::{Entry, EntryKind};
 
 /// The series reported for every entry: the four base figures, then
 /// memtrack's NVML and high-water-mark figures.
-pub const FIELDS: [&str; 6] = [
+pub(crate) const FIELDS: [&str; 6] = [
     "cpu_ram_used_mb",
     "gpu_ram_used_mb",
     "gpu_ram_peak_mb",
@@ -47,18 +47,18 @@ pub const FIELDS: [&str; 6] = [
 ];
 
 /// Title prefix: `memory/<component>`.
-pub const TITLE_PREFIX: &str = "memory/";
+pub(crate) const TITLE_PREFIX: &str = "memory/";
 
 /// One scalar, without its task (added when sent). This is also the line
 /// format of the spool file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Point {
-    pub metric: String,
-    pub variant: String,
-    pub value: f64,
-    pub iter: u64,
+    pub(crate) metric: String,
+    pub(crate) variant: String,
+    pub(crate) value: f64,
+    pub(crate) iter: u64,
     /// Unix milliseconds.
-    pub timestamp: i64,
+    pub(crate) timestamp: i64,
 }
 
 /// Folds `e` into `acc`, keeping the maximum of each figure (NaN-safe:
@@ -81,9 +81,9 @@ struct Window {
 
 /// What the converter dropped, for the final report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Dropped {
-    pub duplicates: u64,
-    pub non_finite: u64,
+pub(crate) struct Dropped {
+    pub(crate) duplicates: u64,
+    pub(crate) non_finite: u64,
 }
 
 /// The fold: feed entries in, get points out.
@@ -97,7 +97,7 @@ pub struct Converter {
     operations: HashMap<String, u32>,
     /// (title, alternative: 0 = the plain series, else operation + 1, iter).
     taken: HashSet<(u32, u32, u64)>,
-    pub dropped: Dropped,
+    pub(crate) dropped: Dropped,
     duplicate_logged: bool,
     /// Report on the job's iteration axis only (see the module doc).
     job_axis: bool,
@@ -120,13 +120,13 @@ pub struct Converter {
 /// ClearML's own monitor waits for a first iteration before it falls back
 /// to seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TimeAxis {
-    pub from: f64,
-    pub after: f64,
+pub(crate) struct TimeAxis {
+    pub(crate) from: f64,
+    pub(crate) after: f64,
 }
 
 /// The largest `iter` a ClearML server stores (a signed 64-bit integer).
-pub const MAX_ITER: u64 = i64::MAX as u64;
+pub(crate) const MAX_ITER: u64 = i64::MAX as u64;
 
 impl Converter {
     pub fn new(timer_every: Duration) -> Self {
@@ -151,7 +151,7 @@ impl Converter {
     /// a job that has reported no iteration by `time.after` gets the time
     /// axis instead ([`TimeAxis`]); so does one that reported none by the
     /// end of the run.
-    pub fn use_job_axis(&mut self, time: Option<TimeAxis>) {
+    pub(crate) fn use_job_axis(&mut self, time: Option<TimeAxis>) {
         self.job_axis = true;
         self.time_pending = time.filter(|t| t.from.is_finite() && t.after.is_finite());
     }
@@ -176,13 +176,13 @@ impl Converter {
     }
 
     /// Whether points go on the time axis now.
-    pub fn on_time_axis(&self) -> bool {
+    pub(crate) fn on_time_axis(&self) -> bool {
         self.job_axis && self.time_from.is_some()
     }
 
     /// The task's `last_iteration` on the server is `iter`. On the time
     /// axis only a value beyond memtrack's own points is the job's.
-    pub fn raise_axis(&mut self, iter: u64) {
+    pub(crate) fn raise_axis(&mut self, iter: u64) {
         if self.on_time_axis() {
             if iter <= self.time_max {
                 return;
@@ -202,13 +202,15 @@ impl Converter {
         self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
     }
 
+    #[cfg(test)]
     /// The latest iteration the job reached, on the job axis.
-    pub fn job_iter(&self) -> u64 {
+    pub(crate) fn job_iter(&self) -> u64 {
         self.job_iter
     }
 
+    #[cfg(test)]
     /// Entries forwarded so far (the next counter value).
-    pub fn forwarded(&self) -> u64 {
+    pub(crate) fn forwarded(&self) -> u64 {
         self.counter
     }
 
@@ -257,7 +259,7 @@ impl Converter {
 
     /// Closes windows whose span has passed in entry time (`ts`) or in
     /// machine time (`now`).
-    pub fn close_passed(&mut self, ts: f64, now: Instant, out: &mut Vec<Point>) {
+    pub(crate) fn close_passed(&mut self, ts: f64, now: Instant, out: &mut Vec<Point>) {
         if self.windows.is_empty() {
             return;
         }
@@ -279,7 +281,7 @@ impl Converter {
     }
 
     /// Closes every window (end of the run).
-    pub fn close_all(&mut self, out: &mut Vec<Point>) {
+    pub(crate) fn close_all(&mut self, out: &mut Vec<Point>) {
         self.time_axis_due(f64::INFINITY, true);
         let all: Vec<String> = self.windows.keys().cloned().collect();
         self.close(all, out);
@@ -378,7 +380,7 @@ impl Converter {
 }
 
 /// The system clock as Unix milliseconds.
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

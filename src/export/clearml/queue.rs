@@ -7,9 +7,9 @@
 //! from its read position, so once anything is spooled every newer point
 //! is spooled too, and memory is refilled from the head of the spool as
 //! batches leave. A fully read spool is truncated. A batch the server
-//! keeps failing with internal errors is set aside ([`Queue::set_aside`])
+//! keeps failing with internal errors is set aside (`Queue::set_aside`)
 //! so later ones go on, and kept: it is tried again at the end of the run.
-//! At the end [`Queue::persist`] rewrites the spool to hold every unsent
+//! At the end `Queue::persist` rewrites the spool to hold every unsent
 //! point, set-aside ones first, then memory, so nothing is lost when the
 //! server never came back.
 //!
@@ -77,7 +77,7 @@ pub struct Queue {
     /// Points in the spool not yet read back.
     spooled: u64,
     /// Points lost because the spool could not be written.
-    pub lost: u64,
+    pub(crate) lost: u64,
     spool_error_logged: bool,
 }
 
@@ -108,7 +108,7 @@ impl Queue {
     /// clearml-resend`): its points come first, in their order. Lines that
     /// are not points (one torn by a `kill -9`, an over-long one) are
     /// dropped; the second number says how many.
-    pub fn resume(max: usize, path: PathBuf) -> io::Result<(Queue, u64)> {
+    pub(crate) fn resume(max: usize, path: PathBuf) -> io::Result<(Queue, u64)> {
         let mut q = Queue::new(max, path);
         let src = match crate::files::open_input(&q.path) {
             Ok(f) => f,
@@ -156,7 +156,7 @@ impl Queue {
         Ok((q, bad))
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -169,18 +169,19 @@ impl Queue {
         self.len() == 0
     }
 
+    #[cfg(test)]
     /// Points waiting in the spool file.
-    pub fn spooled(&self) -> u64 {
+    pub(crate) fn spooled(&self) -> u64 {
         self.spooled
     }
 
     /// Points in memory, including those out for sending and set aside.
-    pub fn in_memory(&self) -> usize {
+    pub(crate) fn in_memory(&self) -> usize {
         self.mem.len() + self.held + self.aside.len()
     }
 
     /// Points set aside ([`Queue::set_aside`]).
-    pub fn aside(&self) -> usize {
+    pub(crate) fn aside(&self) -> usize {
         self.aside.len()
     }
 
@@ -250,7 +251,7 @@ impl Queue {
     /// Takes up to `n` points from the front for sending (refilling memory
     /// from the spool first). They are held until [`Queue::settle`] or
     /// [`Queue::put_back`].
-    pub fn take(&mut self, n: usize) -> Vec<Point> {
+    pub(crate) fn take(&mut self, n: usize) -> Vec<Point> {
         self.refill();
         let k = n.min(self.mem.len());
         let batch: Vec<Point> = self.mem.drain(..k).collect();
@@ -259,27 +260,27 @@ impl Queue {
     }
 
     /// The held batch left for good (delivered or dropped).
-    pub fn settle(&mut self, n: usize) {
+    pub(crate) fn settle(&mut self, n: usize) {
         self.held = self.held.saturating_sub(n);
         self.refill();
     }
 
     /// The held batch leaves the line but is kept: after the points set
     /// aside before it, ahead of everything waiting.
-    pub fn set_aside(&mut self, batch: Vec<Point>) {
+    pub(crate) fn set_aside(&mut self, batch: Vec<Point>) {
         self.held = self.held.saturating_sub(batch.len());
         self.aside.extend(batch);
     }
 
     /// The points set aside go back to the front, in their order.
-    pub fn restore_aside(&mut self) {
+    pub(crate) fn restore_aside(&mut self) {
         for p in std::mem::take(&mut self.aside).into_iter().rev() {
             self.mem.push_front(p);
         }
     }
 
     /// The held batch goes back to the front, in its order.
-    pub fn put_back(&mut self, batch: Vec<Point>) {
+    pub(crate) fn put_back(&mut self, batch: Vec<Point>) {
         self.held = self.held.saturating_sub(batch.len());
         for p in batch.into_iter().rev() {
             self.mem.push_front(p);
@@ -361,7 +362,7 @@ impl Queue {
     /// spool) to the spool file, replacing it atomically, and returns how
     /// many. Removes the file when there is nothing left. Held points must
     /// have been put back first.
-    pub fn persist(&mut self) -> io::Result<u64> {
+    pub(crate) fn persist(&mut self) -> io::Result<u64> {
         self.restore_aside();
         let unread: Option<u64> = match self.spool.as_mut() {
             Some(s) => {

@@ -30,14 +30,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::api::{Api, CallError};
 use super::machine::{
-    Announce, ArtifactVerdict, BatchVerdict, Decided, Due, End, EndFacts, EndStep, Machine, Phase,
-    Plan, Stage,
+    Announce, ArtifactVerdict, BatchVerdict, Decided, Due, End, EndFacts, EndStage, EndStep,
+    Machine, Phase, Plan,
 };
-use super::outcome::{Artifact, FinishReport, RunEnd, TaskRef};
+use super::outcome::{Checkpoint, FinishReport, RunEnd, TaskRef};
 use super::points::{Converter, Point};
 use super::queue::Queue;
 use super::settings::Settings;
-use super::state::{Ending, Event, Finish, JobKind, JobOutput, Running, State};
+use super::state::{Ending, Event, Finish, JobKind, JobOutput, ReporterState, Running};
 use super::tasks::{Registered, TaskCtx};
 use crate::event::inbox::JobTask;
 use crate::export::task_note::{self, SPOOL_FILE, TASK_FILE};
@@ -63,7 +63,7 @@ pub struct Reporter {
     job_task: watch::Receiver<Option<TaskRef>>,
     /// Uploaded checkpoints of the document (or why an upload failed), to
     /// register on the job's task.
-    artifacts: Option<mpsc::UnboundedSender<Result<Artifact, String>>>,
+    artifacts: Option<mpsc::UnboundedSender<Checkpoint>>,
     /// True once the task is known or reporting is off for good.
     settled: watch::Receiver<bool>,
     /// Set when the run ends: stop waiting for the job's task.
@@ -104,7 +104,7 @@ impl Reporter {
     }
 
     /// Starts a reporter for what an ended run left in `run_dir`: the
-    /// points of its spool file (see [`Queue::resume`]; the number is the
+    /// points of its spool file (see `Queue::resume`; the number is the
     /// lines that were not points), sent once the task is known.
     /// [`Reporter::finish`] then delivers them.
     pub fn resend(
@@ -153,7 +153,7 @@ impl Reporter {
         };
         let api = match Api::new(&settings, Arc::clone(&errors)) {
             Ok(a) => a,
-            Err(e) => return failed(e),
+            Err(e) => return failed(e.to_string()),
         };
         let outputs = settings.files_upload.then(|| {
             super::files::Outputs::new(api.clone(), &settings.files_host, settings.output.clone())
@@ -165,7 +165,7 @@ impl Reporter {
         let wait = settings.task.is_none()
             && job_tasks.is_some()
             && (settings.job_task_only || !settings.job_task_wait.is_zero());
-        let state = State {
+        let state = ReporterState {
             conv: Converter::new(settings.timer_every),
             queue,
             task_file: run_dir.join(TASK_FILE),
@@ -219,7 +219,7 @@ impl Reporter {
     /// Where the document goes for the job's task without an S3
     /// destination of memtrack's own: where the task keeps its artifacts
     /// (`None`: nowhere).
-    pub fn outputs(&self) -> Option<super::files::Outputs> {
+    pub(crate) fn outputs(&self) -> Option<super::files::Outputs> {
         self.outputs.clone()
     }
 
@@ -232,7 +232,7 @@ impl Reporter {
     /// `timeout`; then [`Reporter::task`]. Called when the run has ended:
     /// a reporter still waiting for the job's own task stops waiting and
     /// creates its own.
-    pub async fn settle(&self, timeout: Duration) -> Option<TaskRef> {
+    pub(crate) async fn settle(&self, timeout: Duration) -> Option<TaskRef> {
         let _ = self.hurry.send(true);
         let mut settled = self.settled.clone();
         let _ = tokio::time::timeout(timeout, settled.wait_for(|s| *s)).await;
@@ -240,19 +240,19 @@ impl Reporter {
     }
 
     /// Follows the job's own task (announced by the job and taken up).
-    pub fn job_task(&self) -> watch::Receiver<Option<TaskRef>> {
+    pub(crate) fn job_task(&self) -> watch::Receiver<Option<TaskRef>> {
         self.job_task.clone()
     }
 
     /// Where the run hands in uploaded checkpoints of the document: while
     /// memtrack reports into the job's own task, each is registered as the
     /// `memory_usage` artifact as long as the task takes it.
-    pub fn artifacts(&self) -> Option<mpsc::UnboundedSender<Result<Artifact, String>>> {
+    pub(crate) fn artifacts(&self) -> Option<mpsc::UnboundedSender<Checkpoint>> {
         self.artifacts.clone()
     }
 
     /// Follows the task as it becomes known (for keys computed later).
-    pub fn task_updates(&self) -> watch::Receiver<Option<TaskRef>> {
+    pub(crate) fn task_updates(&self) -> watch::Receiver<Option<TaskRef>> {
         self.task.clone()
     }
 
@@ -303,7 +303,7 @@ impl Reporter {
 
 /// Waits for the job's task ([`Reporter::job_task`]) to change; `false`
 /// (and no more waiting) once the reporter is gone.
-pub async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+pub(crate) async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
     let Some(r) = rx.as_mut() else {
         return std::future::pending().await;
     };
@@ -315,7 +315,7 @@ pub async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>)
 }
 
 /// Whether memtrack reports into the job's own task.
-pub fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+pub(crate) fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
     rx.as_ref().is_some_and(|r| r.borrow().is_some())
 }
 
@@ -327,7 +327,7 @@ struct Inputs {
     entries_open: bool,
     job_tasks: mpsc::Receiver<JobTask>,
     job_tasks_open: bool,
-    artifacts: mpsc::UnboundedReceiver<Result<Artifact, String>>,
+    artifacts: mpsc::UnboundedReceiver<Checkpoint>,
     artifacts_open: bool,
     hurry: watch::Receiver<bool>,
     hurry_open: bool,
@@ -373,7 +373,7 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-impl State {
+impl ReporterState {
     /// The loop: move the machine along, wait for the next event, handle
     /// it; at the end, answer the finish.
     async fn run(mut self, mut inputs: Inputs) {
@@ -382,7 +382,10 @@ impl State {
         let mut pending: Vec<Point> = Vec::new();
         loop {
             self.advance(&mut job, &mut ending, inputs.entries_open);
-            if ending.as_ref().is_some_and(|e| e.end.stage == Stage::Done) {
+            if ending
+                .as_ref()
+                .is_some_and(|e| e.end.stage == EndStage::Done)
+            {
                 break;
             }
             let deadline = self.deadline(ending.as_ref());
@@ -433,9 +436,9 @@ impl State {
     /// When the loop must wake up even if nothing arrives.
     fn deadline(&self, ending: Option<&Ending>) -> Option<Instant> {
         let deadline = ending.map(|e| match e.end.stage {
-            Stage::Drain => e.drain_until,
-            Stage::Setup | Stage::Artifact | Stage::Flush => e.points_until,
-            Stage::Status | Stage::Done => e.until,
+            EndStage::Drain => e.drain_until,
+            EndStage::Setup | EndStage::Artifact | EndStage::Flush => e.points_until,
+            EndStage::Status | EndStage::Done => e.until,
         });
         match (&self.machine.phase, deadline) {
             // Only the job's task will do: wait for it as long as the run.
@@ -498,11 +501,11 @@ impl State {
     }
 
     /// An uploaded checkpoint to register, or why its upload failed.
-    fn checkpoint(&mut self, c: Result<Artifact, String>) {
+    fn checkpoint(&mut self, c: Checkpoint) {
         match c {
             Ok(a) => self.pending_artifact = Some(a),
             Err(why) => {
-                if self.machine.checkpoint_failed(&why) {
+                if self.machine.checkpoint_failed(&why.to_string()) {
                     self.answer_announcements();
                 }
             }
@@ -530,8 +533,8 @@ impl State {
             return;
         };
         match e.end.stage {
-            Stage::Drain => {} // advance() moves on
-            Stage::Setup | Stage::Artifact | Stage::Flush => {
+            EndStage::Drain => {} // advance() moves on
+            EndStage::Setup | EndStage::Artifact | EndStage::Flush => {
                 if let Some(r) = job.take() {
                     self.cancel(r);
                 }
@@ -545,9 +548,9 @@ impl State {
                     _ => format!("the final flush ran out of time with {left} points unsent"),
                 };
                 self.machine.problem(m);
-                e.end.stage = Stage::Status;
+                e.end.stage = EndStage::Status;
             }
-            Stage::Status | Stage::Done => {
+            EndStage::Status | EndStage::Done => {
                 if let Some(r) = job.take() {
                     self.cancel(r);
                 }
@@ -556,7 +559,7 @@ impl State {
                         "the task's final status could not be set before the timeout".into(),
                     );
                 }
-                e.end.stage = Stage::Done;
+                e.end.stage = EndStage::Done;
             }
         }
     }
@@ -742,7 +745,7 @@ impl State {
     ) {
         if let Some(e) = ending.as_mut() {
             self.advance_end(job, e, entries_open);
-            if e.end.stage != Stage::Setup
+            if e.end.stage != EndStage::Setup
                 || job.is_some()
                 || !matches!(self.machine.phase, Phase::Starting)
             {
@@ -808,7 +811,7 @@ impl State {
                     self.decide(None, &mut pending);
                     self.conv.close_all(&mut pending);
                     self.accept(&mut pending);
-                    e.end.stage = Stage::Setup;
+                    e.end.stage = EndStage::Setup;
                 }
                 EndStep::RestoreAside => {
                     self.queue.restore_aside();
@@ -839,7 +842,7 @@ impl State {
         match (kind, out) {
             (_, JobOutput::Setup(Ok(ctx))) => self.setup_done(ctx),
             (_, JobOutput::Setup(Err(why))) => {
-                self.disable(why);
+                self.disable(why.to_string());
                 self.answer_announcements();
             }
             (_, JobOutput::Axis(res)) => match res {
@@ -853,7 +856,7 @@ impl State {
                 Ok(s) => self.machine.final_status = Some(s),
                 Err(m) => {
                     tracing::error!("ClearML: {m}");
-                    self.machine.problem(m);
+                    self.machine.problem(m.to_string());
                 }
             },
             (_, JobOutput::Refresh(res)) => match res {

@@ -16,13 +16,13 @@ use crate::switch::Switch;
 use crate::units::serde_duration;
 
 /// `clearml.conf` files larger than this are refused before parsing.
-pub const MAX_CONF_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_CONF_BYTES: u64 = 1 << 20;
 
 /// Longest wait between two attempts of a failing request.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// First wait after a failed attempt (doubled each time up to the cap).
-pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(500);
 
 /// ClearML scalars (docs/clearml.md). Credentials are never set here:
 /// they come from `CLEARML_*` variables or `clearml.conf`, as ClearML users
@@ -32,7 +32,7 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
 pub struct ClearmlConfig {
     /// `auto`: on when `CLEARML_TASK_ID` or `CLEARML_API_HOST` is set, or a
     /// task or project is given here, else with only `clearml.conf` for a
-    /// task the job announces ([`zero_config`]); `true`: on; `false`: off.
+    /// task the job announces (`zero_config`); `true`: on; `false`: off.
     pub enabled: Switch,
     /// Report into this task (else `CLEARML_TASK_ID`; else one is created).
     pub task: String,
@@ -125,7 +125,7 @@ impl fmt::Debug for Credentials {
 }
 
 /// Shows at most the first 4 characters of a key.
-pub fn mask(secret: &str) -> String {
+pub(crate) fn mask(secret: &str) -> String {
     let head: String = secret.chars().take(4).collect();
     if secret.chars().count() > 8 {
         format!("{head}***")
@@ -138,55 +138,55 @@ pub fn mask(secret: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// API server without a trailing `/` (`https://api.clear.ml`).
-    pub api_host: String,
+    pub(crate) api_host: String,
     /// Web UI, for the task link in the log (may be empty).
-    pub web_host: String,
+    pub(crate) web_host: String,
     pub credentials: Credentials,
     /// Report into this existing task; `None`: create one.
     pub task: Option<String>,
     /// memtrack created `task` in an earlier run (`clearml-resend`): end it
     /// as that run ended if it is still in progress.
-    pub owns_task: bool,
-    pub project: String,
+    pub(crate) owns_task: bool,
+    pub(crate) project: String,
     /// Name of a created task; empty: the run name.
-    pub task_name: String,
-    pub task_type: String,
+    pub(crate) task_name: String,
+    pub(crate) task_type: String,
     /// Without a given task, how long to wait for the job to announce the
     /// task its ClearML SDK made (`Task.init`) before creating one.
-    pub job_task_wait: Duration,
+    pub(crate) job_task_wait: Duration,
     /// `memory_usage.json` will be uploaded (S3 is on), so a job's task
     /// announcement is answered once the artifact is registered.
-    pub artifact_expected: bool,
+    pub(crate) artifact_expected: bool,
     /// Found with nothing but the SDK's own setup (`clearml.conf`, no
     /// trigger): report only into a task the job announces, never create
     /// one, and stay silent when none is announced ([`zero_config`]).
-    pub job_task_only: bool,
+    pub(crate) job_task_only: bool,
     /// The ClearML fileserver (`CLEARML_FILES_HOST`, else
     /// `api.files_server` in the file), where a job's task keeps its
     /// artifacts by default; empty when not known.
-    pub files_host: String,
+    pub(crate) files_host: String,
     /// No S3 destination: the job's task gets `memory_usage.json` on the
     /// fileserver ([`Settings::files_host`]), as its other artifacts.
-    pub files_upload: bool,
+    pub(crate) files_upload: bool,
     /// Where the SDK would put the task's artifacts, from `clearml.conf`
     /// (`sdk.development.default_output_uri`, `sdk.aws.s3`).
-    pub output: super::output::OutputConf,
+    pub(crate) output: super::output::OutputConf,
     /// `X-ClearML-Worker`.
-    pub worker: String,
-    pub verify_certificate: bool,
+    pub(crate) worker: String,
+    pub(crate) verify_certificate: bool,
     pub timer_every: Duration,
     /// See [`ClearmlConfig::time_axis_after`].
-    pub time_axis_after: Duration,
+    pub(crate) time_axis_after: Duration,
     pub batch_max: usize,
     pub flush_interval: Duration,
     pub queue_max: usize,
-    pub request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     /// First and longest wait between attempts of a failing request.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     /// Where each setting came from, for messages (`CLEARML_API_HOST`, …).
-    pub host_source: String,
-    pub credentials_source: String,
+    pub(crate) host_source: String,
+    pub(crate) credentials_source: String,
 }
 
 /// A configuration problem, naming its source. Never contains a secret.
@@ -227,7 +227,7 @@ pub enum ClearmlError {
 }
 
 /// The task types a ClearML server accepts in `tasks.create`.
-pub const TASK_TYPES: [&str; 11] = [
+pub(crate) const TASK_TYPES: [&str; 11] = [
     "training",
     "testing",
     "inference",
@@ -242,13 +242,13 @@ pub const TASK_TYPES: [&str; 11] = [
 ];
 
 /// Shortest task or project name the server accepts, after stripping.
-pub const MIN_NAME: usize = 3;
+pub(crate) const MIN_NAME: usize = 3;
 
 /// A project name as the server stores it: every `/`-separated part
 /// stripped of surrounding white space, empty parts dropped
 /// (`" team / mem "` → `team/mem`, `a//b` → `a/b`). Looking a project up by
 /// anything else misses it.
-pub fn tidy_project(name: &str) -> String {
+pub(crate) fn tidy_project(name: &str) -> String {
     name.split('/')
         .map(str::trim)
         .filter(|p| !p.is_empty())
@@ -258,7 +258,7 @@ pub fn tidy_project(name: &str) -> String {
 
 /// Refuses a task or project name the server would refuse: shorter than
 /// [`MIN_NAME`] characters once stripped.
-pub fn check_name(key: &'static str, value: &str) -> Result<(), ClearmlError> {
+pub(crate) fn check_name(key: &'static str, value: &str) -> Result<(), ClearmlError> {
     if value.trim().chars().count() < MIN_NAME {
         return Err(ClearmlError::Name {
             key,
@@ -274,7 +274,7 @@ pub fn check_name(key: &'static str, value: &str) -> Result<(), ClearmlError> {
 
 /// Checks the name of the task memtrack would create for the run `run_name`
 /// (when it reports into no given task), before the run starts.
-pub fn check_task_name(settings: &Settings, run_name: &str) -> Result<(), ClearmlError> {
+pub(crate) fn check_task_name(settings: &Settings, run_name: &str) -> Result<(), ClearmlError> {
     if settings.task.is_some() {
         return Ok(());
     }
@@ -324,7 +324,7 @@ fn parse_bool(v: &str) -> Option<bool> {
 }
 
 /// Reads and parses a `clearml.conf` (at most 1 MiB).
-pub fn read_conf(path: &Path) -> Result<hocon::ConfTree, ClearmlError> {
+pub(crate) fn read_conf(path: &Path) -> Result<hocon::ConfTree, ClearmlError> {
     use std::io::Read;
     let read_err = |source| ClearmlError::ConfRead {
         path: path.to_path_buf(),
@@ -404,9 +404,12 @@ fn output_conf(conf: &ConfFile, env: &dyn Fn(&str) -> Option<String>) -> super::
             ..Default::default()
         };
     };
-    let read = read_conf(path)
-        .map_err(|e| e.to_string())
-        .and_then(|doc| super::output::read(&doc, env, &name));
+    // The problem is kept as text: the conf carries it to every
+    // destination it spoils.
+    let read = match read_conf(path) {
+        Ok(doc) => super::output::read(&doc, env, &name).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
     read.unwrap_or_else(|problem| {
         // Said once per process: the settings are resolved again at the end.
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -433,30 +436,22 @@ fn output_conf(conf: &ConfFile, env: &dyn Fn(&str) -> Option<String>) -> super::
 /// `Err`: why ClearML stays off, in one line for a job that announces a
 /// task anyway (never a secret). A file that does not read is such a
 /// reason here, not an error: nobody asked memtrack to use it.
-pub fn zero_config(
+pub(crate) fn zero_config(
     config: &ClearmlConfig,
     env: &dyn Fn(&str) -> Option<String>,
     home: Option<&Path>,
-) -> Result<Settings, String> {
+) -> Result<Settings, NoZeroConfig> {
     if config.enabled == Switch::Off {
-        return Err("clearml.enabled = false".into());
+        return Err(NoZeroConfig::Disabled);
     }
     let conf = ConfFile::locate(config, env, home);
     let exists = conf.path.as_ref().is_some_and(|p| p.exists());
     if !exists {
-        return Err(format!(
-            "no ClearML setup found: no CLEARML_API_HOST, no {} (run `clearml-init`, or set \
-             CLEARML_CONFIG_FILE)",
-            conf.name()
-        ));
+        return Err(NoZeroConfig::NoSetup { file: conf.name() });
     }
-    let mut found = Found::from_config_and_env(config, None, env).map_err(|e| format!("{e}"))?;
-    found
-        .fill_from_conf(&conf, env)
-        .map_err(|e| format!("{e}"))?;
-    let server = found
-        .require(format!("found {}", conf.name()), conf.name())
-        .map_err(|e| format!("{e}"))?;
+    let mut found = Found::from_config_and_env(config, None, env)?;
+    found.fill_from_conf(&conf, env)?;
+    let server = found.require(format!("found {}", conf.name()), conf.name())?;
     let target = Target {
         task: None,
         project: tidy_project(&config.project),
@@ -466,6 +461,21 @@ pub fn zero_config(
     settings.job_task_only = true;
     settings.output = output_conf(&conf, env);
     Ok(settings)
+}
+
+/// Why the job's own ClearML setup is not used (never a secret).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoZeroConfig {
+    #[error("clearml.enabled = false")]
+    Disabled,
+    #[error(
+        "no ClearML setup found: no CLEARML_API_HOST, no {file} (run `clearml-init`, or set \
+         CLEARML_CONFIG_FILE)"
+    )]
+    NoSetup { file: String },
+    /// The setup found is incomplete or does not read.
+    #[error(transparent)]
+    Setup(#[from] ClearmlError),
 }
 
 /// Why ClearML is on (for messages); `None`: off.
@@ -1116,7 +1126,9 @@ mod tests {
             matches!(&s.credentials, Credentials::Keys { access_key, .. } if access_key == "ENVKEY")
         );
         // Why it stays off, in words and without a secret.
-        let why = zero_config(&config, &env_of(&[]), Some(elsewhere.path())).unwrap_err();
+        let why = zero_config(&config, &env_of(&[]), Some(elsewhere.path()))
+            .unwrap_err()
+            .to_string();
         assert!(
             why.contains("clearml.conf") && why.contains("clearml-init"),
             "{why}"
@@ -1125,10 +1137,14 @@ mod tests {
             enabled: Switch::Off,
             ..ClearmlConfig::default()
         };
-        let why = zero_config(&off, &env_of(&[]), Some(dir.path())).unwrap_err();
+        let why = zero_config(&off, &env_of(&[]), Some(dir.path()))
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("clearml.enabled = false"), "{why}");
         let half = conf_dir("api { api_server: http://h:8008\n credentials { access_key: K } }\n");
-        let why = zero_config(&config, &env_of(&[]), Some(half.path())).unwrap_err();
+        let why = zero_config(&config, &env_of(&[]), Some(half.path()))
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("secret_key"), "{why}");
     }
 

@@ -26,27 +26,27 @@ use crate::model::{Entry, RunInfo};
 
 /// The end of the run, as the handle asks for it.
 #[derive(Debug)]
-pub struct Finish {
-    pub outcome: RunEnd,
-    pub timeout: Duration,
-    pub reply: oneshot::Sender<FinishReport>,
+pub(crate) struct Finish {
+    pub(crate) outcome: RunEnd,
+    pub(crate) timeout: Duration,
+    pub(crate) reply: oneshot::Sender<FinishReport>,
 }
 
-pub type JobFuture = Pin<Box<dyn Future<Output = JobOutput> + Send>>;
+pub(crate) type JobFuture = Pin<Box<dyn Future<Output = JobOutput> + Send>>;
 
 /// What a network job returns.
-pub enum JobOutput {
-    Setup(Result<TaskCtx, String>),
+pub(crate) enum JobOutput {
+    Setup(Result<TaskCtx, super::tasks::SetupError>),
     Batch(Result<Value, CallError>),
     Artifact(Result<Registered, CallError>),
-    Status(Result<String, String>),
+    Status(Result<String, super::tasks::StatusError>),
     /// The task's `last_iteration`.
     Axis(Result<u64, CallError>),
     Ping(Result<Value, CallError>),
     Refresh(Result<(), CallError>),
 }
 
-pub enum JobKind {
+pub(crate) enum JobKind {
     Setup,
     /// The points out for sending (put back if the job is cut short).
     Batch(Vec<Point>),
@@ -58,68 +58,68 @@ pub enum JobKind {
 }
 
 /// The network job under way.
-pub struct Running {
-    pub kind: JobKind,
-    pub fut: JobFuture,
+pub(crate) struct Running {
+    pub(crate) kind: JobKind,
+    pub(crate) fut: JobFuture,
 }
 
 /// The end of the run under way.
-pub struct Ending {
-    pub outcome: RunEnd,
-    pub end: End,
-    pub drain_until: Instant,
+pub(crate) struct Ending {
+    pub(crate) outcome: RunEnd,
+    pub(crate) end: End,
+    pub(crate) drain_until: Instant,
     /// Points (and the artifact) must be out by then, leaving time for
     /// the final status.
-    pub points_until: Instant,
-    pub until: Instant,
-    pub reply: oneshot::Sender<FinishReport>,
+    pub(crate) points_until: Instant,
+    pub(crate) until: Instant,
+    pub(crate) reply: oneshot::Sender<FinishReport>,
 }
 
 /// What woke the loop.
-pub enum Event {
+pub(crate) enum Event {
     Finish(Option<Finish>),
     Entry(Option<Entry>),
     JobTask(Option<JobTask>),
     /// The run ended (`false`: the handle is gone).
     Hurry(bool),
-    Checkpoint(Option<Result<Artifact, String>>),
+    Checkpoint(Option<super::outcome::Checkpoint>),
     Job(JobOutput),
     Tick,
     Deadline,
 }
 
 /// Everything the reporter's task owns.
-pub struct State {
-    pub settings: Settings,
-    pub run: RunInfo,
-    pub api: Api,
-    pub conv: Converter,
-    pub queue: Queue,
+pub(crate) struct ReporterState {
+    pub(crate) settings: Settings,
+    pub(crate) run: RunInfo,
+    pub(crate) api: Api,
+    pub(crate) conv: Converter,
+    pub(crate) queue: Queue,
     /// Where the task is noted for a later `clearml-resend`.
-    pub task_file: PathBuf,
+    pub(crate) task_file: PathBuf,
     /// The decisions, and the counts and problems they keep.
-    pub machine: Machine,
-    pub errors: Arc<AtomicU64>,
-    pub task_tx: watch::Sender<Option<TaskRef>>,
-    pub settled_tx: watch::Sender<bool>,
-    pub last_send: Instant,
-    pub last_ok: Instant,
-    pub partial_logged: RateLimited,
-    pub set_aside_logged: RateLimited,
+    pub(crate) machine: Machine,
+    pub(crate) errors: Arc<AtomicU64>,
+    pub(crate) task_tx: watch::Sender<Option<TaskRef>>,
+    pub(crate) settled_tx: watch::Sender<bool>,
+    pub(crate) last_send: Instant,
+    pub(crate) last_ok: Instant,
+    pub(crate) partial_logged: RateLimited,
+    pub(crate) set_aside_logged: RateLimited,
     /// End of the wait for the job's task.
-    pub wait_until: Instant,
+    pub(crate) wait_until: Instant,
     /// Entries held while waiting for the job's task.
-    pub held: Vec<Entry>,
+    pub(crate) held: Vec<Entry>,
     /// Announcements waiting for the outcome.
-    pub announce_replies: Vec<oneshot::Sender<JobTaskReply>>,
+    pub(crate) announce_replies: Vec<oneshot::Sender<JobTaskReply>>,
     /// The latest uploaded checkpoint not yet registered.
-    pub pending_artifact: Option<Artifact>,
+    pub(crate) pending_artifact: Option<Artifact>,
     /// When the task's `last_iteration` was last read (job axis).
-    pub last_axis: Instant,
-    pub job_task_tx: watch::Sender<Option<TaskRef>>,
+    pub(crate) last_axis: Instant,
+    pub(crate) job_task_tx: watch::Sender<Option<TaskRef>>,
     /// Announcements of another task, logged at most once per `LOG_INTERVAL`.
-    pub announce_logged: RateLimited,
+    pub(crate) announce_logged: RateLimited,
     /// Why nothing is reported ([`Settings::job_task_only`] and the job
     /// announced no task).
-    pub stood_down: Option<String>,
+    pub(crate) stood_down: Option<String>,
 }

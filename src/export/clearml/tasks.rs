@@ -13,26 +13,53 @@ use crate::model::RunInfo;
 
 /// The task memtrack reports into, as the setup found or made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskCtx {
-    pub task: TaskRef,
-    pub project_id: String,
+pub(crate) struct TaskCtx {
+    pub(crate) task: TaskRef,
+    pub(crate) project_id: String,
     /// memtrack created it, so memtrack starts and ends it.
-    pub created: bool,
+    pub(crate) created: bool,
     /// The job announced it: its own task, on its own iteration axis.
-    pub adopted: bool,
+    pub(crate) adopted: bool,
 }
 
 /// What an artifact job achieved.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Registered {
+pub(crate) enum Registered {
     Yes,
     /// The task no longer takes artifacts (its owner closed it).
     Closed(String),
 }
 
-/// A fatal setup error in words (wrong credentials, locked or unknown
-/// task, refused creation); transient ones are retried inside.
-pub async fn setup(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, String> {
+/// Why memtrack cannot report into a task (a fatal setup error).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SetupError {
+    /// The credentials were refused: the server's own message.
+    #[error("{0}")]
+    Auth(String),
+    #[error("{what}: {source}")]
+    Call { what: String, source: CallError },
+    #[error("task {id} does not exist on the ClearML server {host}")]
+    NoSuchTask { id: String, host: String },
+    #[error("task {id} is {status} and locked; memtrack cannot report into it")]
+    Locked { id: String, status: String },
+}
+
+/// Why a task memtrack created could not be ended.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StatusError {
+    #[error("cannot read task {task} before ending it: {source}")]
+    Read { task: String, source: CallError },
+    #[error("cannot mark task {task} {status}: {source}")]
+    Mark {
+        task: String,
+        status: &'static str,
+        source: CallError,
+    },
+}
+
+/// A fatal setup error (wrong credentials, locked or unknown task, refused
+/// creation); transient ones are retried inside.
+pub(crate) async fn setup(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, SetupError> {
     match &s.task {
         Some(id) => reuse_task(api, s, id).await,
         None => new_task(api, s, run).await,
@@ -41,32 +68,36 @@ pub async fn setup(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, St
 
 /// A failed call as a fatal setup error: the credentials' own message, or
 /// `what` failed and why.
-fn fatal(what: &str, e: CallError) -> String {
+fn fatal(what: &str, e: CallError) -> SetupError {
     match e {
-        CallError::Auth(m) => m,
-        other => format!("{what}: {other}"),
+        CallError::Auth(m) => SetupError::Auth(m),
+        source => SetupError::Call {
+            what: what.to_string(),
+            source,
+        },
     }
 }
 
 /// Reads the given task `id` (and its project's name); a published task
 /// is refused.
-async fn reuse_task(api: &Api, s: &Settings, id: &str) -> Result<TaskCtx, String> {
+async fn reuse_task(api: &Api, s: &Settings, id: &str) -> Result<TaskCtx, SetupError> {
     let data = api
         .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": id})))
         .await
         .map_err(|e| match e {
-            CallError::Rejected { subcode: 101, .. } => format!(
-                "task {id} does not exist on the ClearML server {}",
-                api.host()
-            ),
+            CallError::Rejected { subcode: 101, .. } => SetupError::NoSuchTask {
+                id: id.to_string(),
+                host: api.host().to_string(),
+            },
             e => fatal(&format!("cannot read task {id}"), e),
         })?;
     let task = data.get("task").cloned().unwrap_or(Value::Null);
     let status = task.get("status").and_then(Value::as_str).unwrap_or("");
     if status == "published" || status == "publishing" {
-        return Err(format!(
-            "task {id} is {status} and locked; memtrack cannot report into it"
-        ));
+        return Err(SetupError::Locked {
+            id: id.to_string(),
+            status: status.to_string(),
+        });
     }
     let name = task
         .get("name")
@@ -101,7 +132,7 @@ async fn reuse_task(api: &Api, s: &Settings, id: &str) -> Result<TaskCtx, String
 
 /// The name of task `id`'s project (empty when it has none or it cannot
 /// be read; refused credentials are fatal).
-async fn project_name(api: &Api, id: &str, project_id: &str) -> Result<String, String> {
+async fn project_name(api: &Api, id: &str, project_id: &str) -> Result<String, SetupError> {
     if project_id.is_empty() {
         return Ok(String::new());
     }
@@ -117,7 +148,7 @@ async fn project_name(api: &Api, id: &str, project_id: &str) -> Result<String, S
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string()),
-        Err(CallError::Auth(m)) => Err(m),
+        Err(CallError::Auth(m)) => Err(SetupError::Auth(m)),
         Err(e) => {
             tracing::warn!("ClearML: cannot read the project of task {id}: {e}");
             Ok(String::new())
@@ -126,7 +157,7 @@ async fn project_name(api: &Api, id: &str, project_id: &str) -> Result<String, S
 }
 
 /// Finds or creates the project, creates the task and starts it.
-async fn new_task(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, String> {
+async fn new_task(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, SetupError> {
     let project_id = project_id(api, &s.project)
         .await
         .map_err(|e| fatal(&format!("cannot find or create project `{}`", s.project), e))?;
@@ -156,14 +187,14 @@ async fn new_task(api: &Api, s: &Settings, run: &RunInfo) -> Result<TaskCtx, Str
 
 /// The comment a created task carries: it names the run, so that a
 /// creation whose reply was lost is found again instead of repeated.
-pub fn task_comment(run: &RunInfo) -> String {
+pub(crate) fn task_comment(run: &RunInfo) -> String {
     format!("memtrack run {} on {}", run.id, run.host)
 }
 
 /// `tasks.create`, never repeated blindly: when a try may have reached the
 /// server (a timeout, a 504, a 5xx), the task is looked up by its name,
 /// project and comment before the next try.
-pub async fn create_task(
+pub(crate) async fn create_task(
     api: &Api,
     s: &Settings,
     run: &RunInfo,
@@ -215,7 +246,7 @@ pub async fn create_task(
 /// Registers the artifact (`body`); with `check_status`, only while the
 /// task is `created` or `in_progress` (a task closed by its owner refuses
 /// it, and memtrack never changes the status of a task it did not create).
-pub async fn register_artifact(
+pub(crate) async fn register_artifact(
     api: &Api,
     task: &str,
     check_status: bool,
@@ -239,7 +270,7 @@ pub async fn register_artifact(
 }
 
 /// `^<name>$` with the regex metacharacters escaped.
-pub fn anchored(name: &str) -> String {
+pub(crate) fn anchored(name: &str) -> String {
     let mut out = String::with_capacity(name.len() + 8);
     out.push('^');
     for c in name.chars() {
@@ -252,7 +283,7 @@ pub fn anchored(name: &str) -> String {
     out
 }
 
-pub async fn project_id(api: &Api, name: &str) -> Result<String, CallError> {
+pub(crate) async fn project_id(api: &Api, name: &str) -> Result<String, CallError> {
     let lookup = || async {
         let data = api
             .call_retrying(
@@ -320,15 +351,18 @@ fn created_id(data: &Value, call: &str) -> Result<String, CallError> {
 
 /// Marks a task memtrack created completed or failed, if it is still
 /// `in_progress` (someone may have stopped it from the UI).
-pub async fn final_status(
+pub(crate) async fn final_status(
     api: &Api,
     task: &str,
     exit: Option<crate::model::Exit>,
-) -> Result<String, String> {
+) -> Result<String, StatusError> {
     let current = api
         .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": task})))
         .await
-        .map_err(|e| format!("cannot read task {task} before ending it: {e}"))?;
+        .map_err(|source| StatusError::Read {
+            task: task.to_string(),
+            source,
+        })?;
     let status = current
         .pointer("/task/status")
         .and_then(Value::as_str)
@@ -376,7 +410,11 @@ pub async fn final_status(
         &Body::Json(json!({"task": task, "status_reason": reason, "status_message": message})),
     )
     .await
-    .map_err(|e| format!("cannot mark task {task} {new}: {e}"))?;
+    .map_err(|source| StatusError::Mark {
+        task: task.to_string(),
+        status: new,
+        source,
+    })?;
     tracing::info!("ClearML: task {task} marked {new}");
     Ok(new.to_string())
 }
