@@ -122,7 +122,6 @@ fn footprint_reader(choice: SourceChoice) -> FootprintReader {
         FootprintOptions {
             choice,
             proc_root: "/proc".into(),
-            pss_budget: 0.02,
         },
         None,
     )
@@ -159,7 +158,6 @@ fn footprint_rows(n: usize, root: u32, pids: &[u32]) {
                 FootprintOptions {
                     choice: SourceChoice::Auto,
                     proc_root: "/proc".into(),
-                    pss_budget: 0.02,
                 },
                 cg,
             ),

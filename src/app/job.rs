@@ -61,7 +61,6 @@ pub(super) fn options(config: &Config, is_run: bool) -> (ProcOptions, FootprintO
     let footprint_opts = FootprintOptions {
         choice: config.host.source,
         proc_root: config.host.proc_root.clone(),
-        pss_budget: config.host.pss_budget,
     };
     (opts, footprint_opts)
 }

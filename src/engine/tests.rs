@@ -66,7 +66,6 @@ fn rig(flight: bool, self_register: bool) -> Rig {
         FootprintOptions {
             choice: SourceChoice::Rss,
             proc_root: proc.path().into(),
-            pss_budget: 0.02,
         },
         None,
     );

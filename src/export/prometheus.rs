@@ -474,16 +474,7 @@ fn host_memory(f: &mut Families, snap: &Snapshot) {
 /// Whether the run has GPU memory to speak of: a GPU seen, or a GPU
 /// figure above 0 (PyTorch's allocator figures come without NVML too).
 fn has_gpu(snap: &Snapshot) -> bool {
-    let p = &snap.peaks;
-    !snap.gpus.is_empty()
-        || [
-            p.gpu_ram_used_mb,
-            p.gpu_ram_peak_mb,
-            p.reserved_gpu_ram_mb,
-            p.gpu_process_used_mb,
-        ]
-        .iter()
-        .any(|v| *v > 0.0)
+    !snap.gpus.is_empty() || snap.peaks.any_gpu()
 }
 
 /// Peaks of the run and of each component, per figure; the GPU figures

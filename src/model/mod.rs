@@ -523,6 +523,19 @@ pub struct Peaks {
 }
 
 impl Peaks {
+    /// Whether any GPU figure is above 0 (PyTorch's allocator figures come
+    /// without NVML too).
+    pub(crate) fn any_gpu(&self) -> bool {
+        [
+            self.gpu_ram_used_mb,
+            self.gpu_ram_peak_mb,
+            self.reserved_gpu_ram_mb,
+            self.gpu_process_used_mb,
+        ]
+        .iter()
+        .any(|v| *v > 0.0)
+    }
+
     /// Folds one measurement in: the pure heart of "keep the peaks".
     pub fn observe(&mut self, e: &Entry) {
         self.observe_weighted(e, 1);

@@ -280,20 +280,10 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
 /// figure above 0 anywhere (PyTorch's allocator figures come without NVML
 /// too). Without it the report shows no GPU column: all zeros say nothing.
 pub(crate) fn has_gpu(doc: &Document) -> bool {
-    let any = |p: &Peaks| {
-        [
-            p.gpu_ram_used_mb,
-            p.gpu_ram_peak_mb,
-            p.reserved_gpu_ram_mb,
-            p.gpu_process_used_mb,
-        ]
-        .iter()
-        .any(|v| *v > 0.0)
-    };
     !doc.gpus.is_empty()
-        || any(&doc.peak_usage)
-        || doc.peaks_by_component.values().any(any)
-        || doc.ranks.iter().any(|r| any(&r.peak_usage))
+        || doc.peak_usage.any_gpu()
+        || doc.peaks_by_component.values().any(Peaks::any_gpu)
+        || doc.ranks.iter().any(|r| r.peak_usage.any_gpu())
         || doc.targets.iter().any(|t| t.peak_gpu_mb > 0.0)
 }
 

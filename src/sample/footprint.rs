@@ -97,7 +97,6 @@ const MEMBERSHIP_EVERY: Duration = Duration::from_secs(2);
 pub struct FootprintOptions {
     pub choice: SourceChoice,
     pub proc_root: PathBuf,
-    pub pss_budget: f64,
 }
 
 enum SourceState {
@@ -854,7 +853,6 @@ mod tests {
             FootprintOptions {
                 choice: SourceChoice::Cgroup,
                 proc_root: proc_root.clone(),
-                pss_budget: 0.02,
             },
             Some("memtrack does not create cgroups on cgroup v2".into()),
         );

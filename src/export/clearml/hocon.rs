@@ -91,8 +91,21 @@ impl ConfTree {
         path: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<String>, ParseError> {
+        match self.get(path) {
+            Some(v) => self.str_of(v, env),
+            None => Ok(None),
+        }
+    }
+
+    /// The string a value of this tree (a list element, say) stands for,
+    /// substitutions resolved as [`ConfTree::get_str`] resolves them.
+    pub(crate) fn str_of(
+        &self,
+        v: &Value,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<String>, ParseError> {
         let mut budget = Budget { substitutions: 0 };
-        self.resolve(path, env, 0, &mut budget)
+        self.resolve_value(v, env, 0, &mut budget)
     }
 
     fn resolve(
@@ -102,7 +115,20 @@ impl ConfTree {
         depth: usize,
         budget: &mut Budget,
     ) -> Result<Option<String>, ParseError> {
-        let Some(Value::Scalar { pieces, line }) = self.get(path) else {
+        match self.get(path) {
+            Some(v) => self.resolve_value(v, env, depth, budget),
+            None => Ok(None),
+        }
+    }
+
+    fn resolve_value(
+        &self,
+        v: &Value,
+        env: &dyn Fn(&str) -> Option<String>,
+        depth: usize,
+        budget: &mut Budget,
+    ) -> Result<Option<String>, ParseError> {
+        let Value::Scalar { pieces, line } = v else {
             return Ok(None);
         };
         let mut out = String::new();

@@ -12,7 +12,7 @@
 
 use std::fmt;
 
-use super::hocon::{ConfTree, ParseError, Piece, Value};
+use super::hocon::{ConfTree, ParseError, Value};
 
 /// Entries of `sdk.aws.s3.credentials` read at most (the file is at most
 /// 1 MiB anyway).
@@ -365,7 +365,8 @@ fn entry(
     let field = |name: &str| -> Result<String, Bad> {
         match map.get(name) {
             None => Ok(String::new()),
-            Some(v @ Value::Scalar { .. }) => Ok(scalar(doc, v, env)
+            Some(v @ Value::Scalar { .. }) => Ok(doc
+                .str_of(v, env)
                 .map_err(Bad::Parse)?
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default()),
@@ -403,52 +404,6 @@ fn entry(
         host,
         secure,
     })
-}
-
-/// A list element's text, substitutions resolved as [`ConfTree::get_str`]
-/// resolves them (the file first, then the environment).
-fn scalar(
-    doc: &ConfTree,
-    v: &Value,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<String>, ParseError> {
-    let Value::Scalar { pieces, line } = v else {
-        return Ok(None);
-    };
-    let mut out = String::new();
-    let mut any = false;
-    for piece in pieces {
-        match piece {
-            Piece::Text(t) => {
-                out.push_str(t);
-                any = true;
-            }
-            Piece::Subst { path, optional } => {
-                match doc.get_str(path, env)?.or_else(|| env(path)) {
-                    Some(s) => {
-                        out.push_str(&s);
-                        any = true;
-                    }
-                    None if *optional => {}
-                    None => {
-                        return Err(ParseError {
-                            line: *line,
-                            message: "a substitution is defined neither in the file nor in the \
-                                  environment"
-                                .into(),
-                        })
-                    }
-                }
-            }
-        }
-        if out.len() > 64 * 1024 {
-            return Err(ParseError {
-                line: *line,
-                message: "a value built by substitutions is too long".into(),
-            });
-        }
-    }
-    Ok(any.then_some(out))
 }
 
 /// Both or neither; an empty pair is none (`clearml-init` writes `key: ""`).
