@@ -4,16 +4,17 @@
 //!
 //! # The tree's figure between passes
 //!
-//! A page pass ([`super::pages`]) counts every physical page of the tree
-//! once, but costs a page-table walk per process, so it runs within the
-//! budget, in slices, every few seconds at most. In between, the figure is
-//! the last pass's count moved by what each process did since, as `statm`
-//! shows it every tick:
+//! The page count ([`super::pages`]) counts every physical page of the
+//! tree once, but costs a page-table walk per process, so it reads one
+//! process at a time, within the budget, the most changed first: the
+//! figure is the count after the last slice (each process's pages as it
+//! was last read) moved by what each process did since its read, as
+//! `statm` shows it every tick:
 //!
-//! - a process read by the pass adds its change of anonymous resident
-//!   memory since (file and shared-memory pages it maps may be pages the
-//!   tree already had — a library, a `share_memory_()` tensor — so they
-//!   wait for the next pass, which a rise of them makes due at once);
+//! - a process read already adds its change of anonymous resident memory
+//!   since (file and shared-memory pages it maps may be pages the tree
+//!   already had — a library, a `share_memory_()` tensor — so they wait
+//!   for its next read, which the page faults that mapped them make due);
 //! - a process forked since (same command line as its parent) adds its
 //!   anonymous memory beyond its parent's: a fork shares its parent's
 //!   pages and adds none until it writes (it may have written before it
@@ -21,14 +22,19 @@
 //! - any other new process (a spawned or exec'd one) adds its anonymous
 //!   memory (its file and shared pages — libraries the tree mostly holds
 //!   already — wait for the next pass, due at once);
-//! - a process that left takes only its own pages (its last USS) with it:
-//!   the pages it shared stay with the others, so the figure does not dip;
-//!   a process that left a fork of itself behind (a worker's parent, a
-//!   daemon forking away from its parent) takes nothing: its pages may all
-//!   be its fork's now, until the next pass says which are not.
+//! - a process that left takes only its own pages (those it alone held
+//!   at its last read, or its last USS) with it: the pages it shared stay
+//!   with the others, so the figure does not dip; a process that left a
+//!   fork of itself behind (a worker's parent, a daemon forking away from
+//!   its parent) takes nothing: its pages may all be its fork's now. The
+//!   next slice forgets its pages and counts exactly what is left.
 //!
-//! Without root the pass sums each process's Pss instead
-//! ([`super::pss`]), carried forward by the same rules; such a pass is
+//! Copies on write (a worker touching its parent's Python objects: the
+//! DataLoader "copy-on-read") change no `statm` figure; the page faults
+//! that made them put the worker first in the next slice.
+//!
+//! Without root a pass sums each process's Pss instead ([`super::pss`]),
+//! over all of them, carried forward by the same rules; such a pass is
 //! dropped when a fork or an exit overlapped it (shares are then not
 //! consistent) and the next one starts at once.
 
@@ -37,19 +43,23 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::own::{Found, OwnReader};
-use super::pages::Pass;
+use super::pages::{Pass, Slice};
 use super::pss::PassKind;
 
-/// How often a page pass is due when nothing calls for one sooner.
+/// How often a Σ Pss pass is due when nothing calls for one sooner.
 const PAGES_EVERY: Duration = Duration::from_secs(2);
 
+/// How often the page count looks for processes to read again (their
+/// fault counts) when nothing calls for it sooner.
+const ROLL_EVERY: Duration = Duration::from_millis(500);
+
 /// A rise of a process's file and shared-memory pages beyond this makes a
-/// pass due at once.
+/// pass (or a slice of the page count) due at once.
 const SHARED_RISE: u64 = 4 << 20;
 
-/// While a page pass runs, own-cost reads take at most this share of the
-/// reader's CPU time (none before the first pass is complete): the
-/// headline rests on the pass.
+/// While a page pass runs (or the page count has processes to read),
+/// own-cost reads take at most this share of the reader's CPU time (none
+/// before the first count is whole): the headline rests on the pages.
 const OWN_SHARE_IN_PASS: f64 = 0.2;
 
 /// One process as the sampler reads it every tick.
@@ -79,8 +89,8 @@ pub(crate) struct Own {
     base: Option<i128>,
     /// Its file and shared-memory bytes when `base` was set.
     shared_at_base: u64,
-    /// The pages the last pass found first in this process (processes are
-    /// read parents first, so a worker's are those its parent lacks).
+    /// The pages the last count found it alone holds (a Σ Pss pass: its
+    /// USS).
     pass_own: u64,
     rss: u64,
     anon: u64,
@@ -108,17 +118,22 @@ pub(crate) struct CostOptions {
 #[derive(Debug, Default)]
 struct Pages {
     on: bool,
-    /// Distinct resident bytes at the last complete pass.
+    /// Distinct resident bytes (Σ Pss) at the last count: the last slice
+    /// of the page count, the last complete Σ Pss pass.
     total: Option<u64>,
-    /// Changes since for processes that left (their own pages).
-    exits: i128,
-    /// The pass under way: processes still to read.
+    /// A count has been whole: every process read.
+    exact: bool,
+    /// What each departure changed beyond its part of the carried-forward
+    /// figure (its own pages go), for processes the last count still
+    /// held: an entry goes once a count no longer holds that process.
+    exits: Vec<(u32, i128)>,
+    /// The Σ Pss pass under way: processes still to read.
     todo: Vec<u32>,
+    /// A Σ Pss pass runs, or the page count has processes left to read.
     running: bool,
-    /// Departures while the pass runs, with their own pages: taken off the
-    /// pass's count at its end for those it read.
-    exits_during: Vec<(u32, i128)>,
     urgent: bool,
+    /// When the page count's last slice was handed over.
+    rolled_at: Option<Instant>,
     committed_at: Option<Instant>,
     /// When the pass under way began, its slices so far, and the CPU time
     /// the reader spent on the pass and on own-cost reads since it began.
@@ -221,10 +236,11 @@ impl CostReader {
             return None;
         }
         let sum: i128 = self.own.values().map(Own::contribution).sum();
-        let used = self.pages.total.unwrap_or(0) as i128 + self.pages.exits + sum;
+        let exits: i128 = self.pages.exits.iter().map(|e| e.1).sum();
+        let used = self.pages.total.unwrap_or(0) as i128 + exits + sum;
         Some(PagesFigure {
             used: used.max(0) as u64,
-            exact: self.pages.total.is_some(),
+            exact: self.pages.exact,
             age_s: self
                 .pages
                 .committed_at
@@ -281,26 +297,49 @@ impl CostReader {
             let cpu = self.cost().1.saturating_sub(cpu_before);
             match found {
                 Found::Own(_) => self.pages.cpu_own += cpu,
-                Found::Pages { .. } => self.pages.cpu_pages += cpu,
+                Found::Pages { .. } | Found::Roll(_) => self.pages.cpu_pages += cpu,
             }
             self.found(now, found);
         }
         if !self.reader.as_mut().is_some_and(|r| r.ready(now)) {
             return;
         }
+        let since = |t: Option<Instant>, every: Duration| {
+            t.is_none_or(|t| now.saturating_duration_since(t) >= every)
+        };
         let pages_due = self.pages.on
-            && (self.pages.running
-                || (!self.pages.changing
-                    && (self.pages.urgent
-                        || self
-                            .pages
-                            .committed_at
-                            .is_none_or(|t| now.saturating_duration_since(t) >= PAGES_EVERY))));
-        let own_turn = self.pages.total.is_some()
+            && match self.pages.kind {
+                PassKind::Pages => {
+                    self.pages.running
+                        || self.pages.urgent
+                        || since(self.pages.rolled_at, ROLL_EVERY)
+                }
+                PassKind::Pss => {
+                    self.pages.running
+                        || (!self.pages.changing
+                            && (self.pages.urgent || since(self.pages.committed_at, PAGES_EVERY)))
+                }
+            };
+        let own_turn = self.pages.exact
             && self.pages.cpu_own.as_secs_f64()
                 < OWN_SHARE_IN_PASS * (self.pages.cpu_own + self.pages.cpu_pages).as_secs_f64()
             && self.own_due(now, tree);
-        if pages_due && !own_turn {
+        if pages_due && !own_turn && self.pages.kind == PassKind::Pages {
+            if !self.pages.running {
+                self.pages.started_at = Some(now);
+                self.pages.slices = 0;
+                self.pages.cpu_pages = Duration::ZERO;
+                self.pages.cpu_own = Duration::ZERO;
+            }
+            self.pages.urgent = false;
+            self.pages.rolled_at = Some(now);
+            self.pages.slices += 1;
+            let mut alive: Vec<u32> = tree.iter().filter(|v| v.rss > 0).map(|v| v.pid).collect();
+            alive.sort_unstable();
+            if let Some(reader) = &mut self.reader {
+                reader.submit_roll(alive);
+            }
+        } else if pages_due && !own_turn {
             let fresh = !self.pages.running;
             if fresh {
                 // Parents (older, lower PIDs as a rule) first.
@@ -308,7 +347,6 @@ impl CostReader {
                 self.pages.todo.sort_unstable();
                 self.pages.running = true;
                 self.pages.urgent = false;
-                self.pages.exits_during.clear();
                 self.pages.started_at = Some(now);
                 self.pages.slices = 0;
                 self.pages.cpu_pages = Duration::ZERO;
@@ -317,7 +355,7 @@ impl CostReader {
             self.pages.slices += 1;
             let todo = self.pages.todo.clone();
             if let Some(reader) = &mut self.reader {
-                reader.submit_pages(todo, fresh, self.pages.kind);
+                reader.submit_pss(todo, fresh);
                 self.pages.in_flight = Some(self.pages.generation);
             }
         } else if let Some(interval) = self.own_interval() {
@@ -379,7 +417,6 @@ impl CostReader {
         self.pages.running = false;
         self.pages.urgent = true;
         self.pages.todo.clear();
-        self.pages.exits_during.clear();
     }
 
     /// A process left: its own pages leave the figure, the ones it shared
@@ -403,12 +440,8 @@ impl CostReader {
                 .max(o.uss.map_or(0, i128::from))
                 .min(i128::from(o.rss.max(o.anon)))
         };
-        self.pages.exits += c - private;
-        if self.pages.running {
-            // If the pass under way read it, its own pages are in that
-            // pass's count: they leave it when the pass is committed.
-            self.pages.exits_during.push((pid, -private));
-        }
+        // Its own pages stay in the count until a count no longer holds it.
+        self.pages.exits.push((pid, c - private));
     }
 
     fn found(&mut self, now: Instant, found: Found) {
@@ -432,18 +465,17 @@ impl CostReader {
             {
                 // A slice of a dropped pass.
             }
+            Found::Roll(Err(e)) => self.pages_fail(format!("cannot read the tree's pages: {e}")),
+            Found::Roll(Ok(s)) if s.unreadable => {
+                self.pages_fail("page frame numbers read as 0 (reading them needs root)".into())
+            }
+            Found::Roll(Ok(s)) => self.commit_slice(now, &s),
             Found::Pages {
                 pass,
                 read,
                 complete,
             } => match pass {
-                Err(e) => self.pages_fail(match self.pages.kind {
-                    PassKind::Pages => format!("cannot read the tree's pages: {e}"),
-                    PassKind::Pss => format!("cannot read a process's smaps_rollup: {e}"),
-                }),
-                Ok(p) if p.unreadable => {
-                    self.pages_fail("page frame numbers read as 0 (reading them needs root)".into())
-                }
+                Err(e) => self.pages_fail(format!("cannot read a process's smaps_rollup: {e}")),
                 Ok(p) => {
                     let slice: Vec<u32> = self
                         .pages
@@ -474,29 +506,66 @@ impl CostReader {
         self.pages.running = false;
     }
 
-    /// A complete pass: its count, and each process it read counted from
-    /// its anonymous memory then.
-    fn commit(&mut self, now: Instant, p: &Pass) {
-        for s in &p.seen {
+    /// Each process read counted from its anonymous memory then.
+    fn rebase(&mut self, seen: &[super::pages::Seen]) {
+        for s in seen {
             if let Some(o) = self.own.get_mut(&s.pid) {
                 o.base = Some(s.anon as i128);
                 o.shared_at_base = s.rss.saturating_sub(s.anon);
                 o.pass_own = s.first_seen;
             }
         }
+    }
+
+    /// A slice of the page count: its figure, each process it read
+    /// counted from then, and the departures it no longer holds done with.
+    fn commit_slice(&mut self, now: Instant, s: &Slice) {
+        self.rebase(&s.read);
+        for &(pid, alone) in &s.alone {
+            if let Some(o) = self.own.get_mut(&pid) {
+                o.pass_own = alone;
+            }
+        }
+        self.pages.total = Some(s.bytes);
+        self.pages
+            .exits
+            .retain(|(pid, _)| s.alone.iter().any(|a| a.0 == *pid));
+        self.pages.running = !s.whole;
+        if !s.whole {
+            return;
+        }
+        self.pages.exact = true;
+        self.pages.committed_at = Some(now);
+        self.pages.passes += 1;
+        tracing::debug!(
+            "page count {}: {:.1} MiB of distinct pages in {} processes, {} slices, {:.1} ms of \
+             CPU ({:.1} ms on own-cost reads meanwhile) over {:.2} s",
+            self.pages.passes,
+            s.bytes as f64 / f64::from(1u32 << 20),
+            s.alone.len(),
+            self.pages.slices,
+            self.pages.cpu_pages.as_secs_f64() * 1e3,
+            self.pages.cpu_own.as_secs_f64() * 1e3,
+            self.pages
+                .started_at
+                .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64()),
+        );
+    }
+
+    /// A complete Σ Pss pass: its sum, and each process it read counted
+    /// from its anonymous memory then.
+    fn commit(&mut self, now: Instant, p: &Pass) {
+        self.rebase(&p.seen);
         self.pages.total = Some(p.bytes);
-        self.pages.exits = self
-            .pages
-            .exits_during
-            .drain(..)
-            .filter(|(pid, _)| p.seen.iter().any(|s| s.pid == *pid))
-            .map(|(_, c)| c)
-            .sum();
+        self.pages.exact = true;
+        self.pages
+            .exits
+            .retain(|(pid, _)| p.seen.iter().any(|s| s.pid == *pid));
         self.pages.running = false;
         self.pages.committed_at = Some(now);
         self.pages.passes += 1;
         tracing::debug!(
-            "page pass {}: {:.1} MiB of distinct pages in {} processes, {} slices, {:.1} ms of CPU \
+            "Σ Pss pass {}: {:.1} MiB in {} processes, {} slices, {:.1} ms of CPU \
              ({:.1} ms on own-cost reads meanwhile) over {:.2} s",
             self.pages.passes,
             p.bytes as f64 / f64::from(1u32 << 20),
@@ -515,6 +584,27 @@ impl CostReader {
 mod tests {
     use super::*;
     use crate::sample::pages::Seen;
+
+    /// A whole slice of the page count that read `read` (pid, rss, anon,
+    /// alone) and holds `alone` (pid, alone), in MiB.
+    fn slice(read: &[(u32, u64, u64, u64)], alone: &[(u32, u64)], bytes: u64) -> Found {
+        Found::Roll(Ok(Slice {
+            bytes: bytes * M,
+            read: read
+                .iter()
+                .map(|&(pid, rss, anon, own)| Seen {
+                    pid,
+                    rss: rss * M,
+                    anon: anon * M,
+                    first_seen: own * M,
+                    pss: None,
+                })
+                .collect(),
+            alone: alone.iter().map(|&(pid, a)| (pid, a * M)).collect(),
+            whole: true,
+            unreadable: false,
+        }))
+    }
 
     const M: u64 = 1 << 20;
 
@@ -557,28 +647,9 @@ mod tests {
             480,
             "before any pass: a new process counts its anonymous memory"
         );
-        assert!(r.pages.urgent, "its shared pages make a pass due");
-        // A pass finds 400 MiB of distinct pages.
-        r.pages.running = true;
-        r.pages.todo = vec![1];
-        r.found(
-            now,
-            Found::Pages {
-                pass: Ok(Pass {
-                    bytes: 400 * M,
-                    seen: vec![Seen {
-                        pid: 1,
-                        rss: 500 * M,
-                        anon: 480 * M,
-                        first_seen: 400 * M,
-                        pss: None,
-                    }],
-                    unreadable: false,
-                }),
-                read: 1,
-                complete: true,
-            },
-        );
+        assert!(r.pages.urgent, "its shared pages make a slice due");
+        // The count finds 400 MiB of distinct pages.
+        r.found(now, slice(&[(1, 500, 480, 400)], &[(1, 400)], 400));
         assert_eq!(used(&r, now), 400);
         assert!(r.pages_figure(now).expect("on").exact);
         // A fork shares everything: nothing new.
@@ -609,7 +680,7 @@ mod tests {
         assert_eq!(used(&r, now), 300);
     }
 
-    fn pass(pid_figures: &[(u32, u64, u64, u64)], bytes: u64) -> Found {
+    fn pss_pass(pid_figures: &[(u32, u64, u64, u64)], bytes: u64) -> Found {
         Found::Pages {
             pass: Ok(Pass {
                 bytes: bytes * M,
@@ -631,16 +702,37 @@ mod tests {
     }
 
     #[test]
+    fn copies_on_write_count_once_read_and_leave_exactly_with_their_process() {
+        let now = Instant::now();
+        let mut r = reader();
+        r.update(now, &[view(1, 500, 480, false)], &[]);
+        r.found(now, slice(&[(1, 500, 480, 400)], &[(1, 400)], 400));
+        let tree = [view(1, 500, 480, false), view(2, 500, 480, true)];
+        r.update(now, &tree, &[]);
+        assert_eq!(used(&r, now), 400, "a fork adds no page");
+        // The worker copies 30 MiB of its parent's pages on write: no
+        // `statm` figure moves, the next slice reads it and they count.
+        r.found(now, slice(&[(2, 500, 480, 30)], &[(1, 30), (2, 30)], 430));
+        r.update(now, &tree, &[]);
+        assert_eq!(used(&r, now), 430);
+        // It writes 10 MiB more of its own, then exits: its own pages go,
+        // at once and after the next slice forgets it, no more, no less.
+        r.update(now, &[tree[0], view(2, 510, 490, true)], &[]);
+        assert_eq!(used(&r, now), 440);
+        r.update(now, &[tree[0]], &[2]);
+        assert_eq!(used(&r, now), 400, "its 30 + 10 MiB left with it");
+        r.found(now, slice(&[], &[(1, 400)], 400));
+        assert_eq!(used(&r, now), 400, "the count without it agrees");
+    }
+
+    #[test]
     fn a_process_that_forks_away_and_exits_leaves_its_pages_to_the_fork() {
         // A daemon holding 2 GiB forks and exits in a loop: each fork holds
         // the pages, the exits take none of them.
         let now = Instant::now();
         let mut r = reader();
         r.update(now, &[view(1, 2060, 2048, false)], &[]);
-        r.pages.running = true;
-        r.pages.todo = vec![1];
-        r.pages.in_flight = Some(r.pages.generation);
-        r.found(now, pass(&[(1, 2060, 2048, 2048)], 2050));
+        r.found(now, slice(&[(1, 2060, 2048, 2048)], &[(1, 2048)], 2050));
         assert_eq!(used(&r, now), 2050);
         let mut parent = 1;
         for child in 2..20 {
@@ -675,7 +767,7 @@ mod tests {
         };
         r.update(now, &[tree[0], tree[1], fork], &[]);
         assert!(!r.pages.running && r.pages.urgent, "the pass is dropped");
-        r.found(now, pass(&[(1, 500, 480, 200), (2, 100, 90, 80)], 450));
+        r.found(now, pss_pass(&[(1, 500, 480, 200), (2, 100, 90, 80)], 450));
         assert!(
             !r.pages_figure(now).expect("on").exact,
             "its late result is not taken"
@@ -686,7 +778,7 @@ mod tests {
         r.pages.in_flight = Some(r.pages.generation);
         r.found(
             now,
-            pass(
+            pss_pass(
                 &[(1, 500, 480, 10), (2, 100, 90, 80), (3, 500, 480, 10)],
                 600,
             ),
@@ -706,14 +798,10 @@ mod tests {
         let mut r = reader();
         r.found(
             now,
-            Found::Pages {
-                pass: Ok(Pass {
-                    unreadable: true,
-                    ..Pass::default()
-                }),
-                read: 0,
-                complete: true,
-            },
+            Found::Roll(Ok(Slice {
+                unreadable: true,
+                ..Slice::default()
+            })),
         );
         assert!(r.pages_figure(now).is_none());
         assert!(r.pages_failed().is_some_and(|w| w.contains("root")));

@@ -18,9 +18,9 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
-use super::pages::{self, Pass};
+use super::pages::{self, Pass, Slice};
 use super::parse::parse_smaps_rollup;
-use super::pss::{self, PassKind};
+use super::pss;
 use crate::sys;
 
 /// One process's read: `(pss, uss)` in bytes, or why not.
@@ -34,7 +34,9 @@ pub(crate) struct OwnRead {
 #[derive(Debug)]
 pub(crate) enum Found {
     Own(Vec<OwnRead>),
-    /// A slice of a page pass: the processes read so far in this pass
+    /// A slice of the rolling page count.
+    Roll(io::Result<Slice>),
+    /// A slice of a Σ Pss pass: the processes read so far in this pass
     /// (all of them, cumulated), whether the pass is complete, and its
     /// result so far.
     Pages {
@@ -58,12 +60,15 @@ enum Batch {
         pids: Vec<u32>,
         allowed: Duration,
     },
-    /// The next processes of a page (or Σ Pss) pass; `fresh` starts a
-    /// new one.
-    Pages {
+    /// A slice of the rolling page count over the tree's processes now.
+    Roll {
+        alive: Vec<u32>,
+        allowed: Duration,
+    },
+    /// The next processes of a Σ Pss pass; `fresh` starts a new one.
+    Pss {
         pids: Vec<u32>,
         fresh: bool,
-        kind: PassKind,
         allowed: Duration,
     },
 }
@@ -112,7 +117,7 @@ impl OwnReader {
                 let mut worker = Worker {
                     root,
                     buf: Vec::with_capacity(4096),
-                    walk: pages::Walk::new(crate::sys::page_size()),
+                    roll: pages::Rolling::new(crate::sys::page_size()),
                     pss: Pass::default(),
                     page_size: crate::sys::page_size(),
                 };
@@ -147,6 +152,8 @@ impl OwnReader {
                 self.reads += match &done.found {
                     Found::Own(r) => r.len() as u64,
                     Found::Pages { read, .. } => *read as u64,
+                    Found::Roll(Ok(s)) => s.read.len() as u64,
+                    Found::Roll(Err(_)) => 0,
                 };
                 Some(done.found)
             }
@@ -180,14 +187,20 @@ impl OwnReader {
         self.send(Batch::Own { pids, allowed });
     }
 
-    /// Hands the next processes of a page (or Σ Pss) pass to the reader
-    /// (`fresh`: the first slice of a new pass).
-    pub(crate) fn submit_pages(&mut self, pids: Vec<u32>, fresh: bool, kind: PassKind) {
+    /// Hands the reader a slice of the rolling page count over `alive`,
+    /// the tree's processes now.
+    pub(crate) fn submit_roll(&mut self, alive: Vec<u32>) {
         let allowed = self.allowed();
-        self.send(Batch::Pages {
+        self.send(Batch::Roll { alive, allowed });
+    }
+
+    /// Hands the next processes of a Σ Pss pass to the reader (`fresh`:
+    /// the first slice of a new pass).
+    pub(crate) fn submit_pss(&mut self, pids: Vec<u32>, fresh: bool) {
+        let allowed = self.allowed();
+        self.send(Batch::Pss {
             pids,
             fresh,
-            kind,
             allowed,
         });
     }
@@ -231,8 +244,8 @@ impl Drop for OwnReader {
 struct Worker {
     root: PathBuf,
     buf: Vec<u8>,
-    /// The page pass under way.
-    walk: pages::Walk,
+    /// The rolling page count.
+    roll: pages::Rolling,
     /// The Σ Pss pass under way.
     pss: Pass,
     page_size: u64,
@@ -263,24 +276,17 @@ impl Worker {
                 }
                 Found::Own(reads)
             }
-            Batch::Pages {
+            Batch::Roll { alive, allowed } => Found::Roll(self.roll.slice(
+                &self.root,
+                &alive,
+                Instant::now(),
+                &mut || spent() >= allowed,
+            )),
+            Batch::Pss {
                 pids,
                 fresh,
-                kind,
                 allowed,
-            } => match kind {
-                PassKind::Pages => {
-                    let (pass, read, complete) =
-                        self.walk
-                            .step(&self.root, &pids, fresh, &mut || spent() >= allowed);
-                    Found::Pages {
-                        pass,
-                        read,
-                        complete,
-                    }
-                }
-                PassKind::Pss => self.pss_slice(&pids, fresh, &mut || spent() >= allowed),
-            },
+            } => self.pss_slice(&pids, fresh, &mut || spent() >= allowed),
         };
         Done {
             found,

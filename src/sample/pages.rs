@@ -6,16 +6,20 @@
 //! pages, address-space reservations), and reads the pagemap entries of
 //! the rest: one 64-bit word per virtual page, whose bit 63 says the page
 //! is resident and whose low 55 bits give its page frame number (PFN).
-//! Each PFN is set in a bitmap; the pages newly set are the tree's.
+//! Each process's PFNs are kept as last read ([`Rolling`]); the tree's
+//! figure is the number of distinct PFNs over all of them, counted in a
+//! bitmap.
 //!
 //! PFNs read as 0 without `CAP_SYS_ADMIN` (root): the pass then says it
 //! cannot count, and the footprint uses Σ Pss instead. Pages swapped out
 //! are not resident and not counted.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use super::parse::parse_statm_anon;
 
@@ -61,6 +65,18 @@ impl PfnSet {
         };
         self.count += u64::from(new);
         new
+    }
+
+    /// Whether `pfn` is in the set.
+    pub(crate) fn contains(&self, pfn: u64) -> bool {
+        if pfn < BITMAP_MAX_PFN {
+            let w = (pfn / 64) as usize;
+            self.words
+                .get(w)
+                .is_some_and(|w| w & (1u64 << (pfn % 64)) != 0)
+        } else {
+            self.high.contains(&pfn)
+        }
     }
 
     /// Distinct PFNs inserted since the last clear.
@@ -139,23 +155,43 @@ fn coalesced(
     })
 }
 
-#[cfg(test)]
-/// Reads the pages of `pids` into `set` (cleared first), in one go. A
-/// process gone meanwhile is left out; any other error is returned.
-pub(crate) fn pass(
-    root: &Path,
-    pids: &[u32],
-    page_size: u64,
-    set: &mut PfnSet,
-) -> io::Result<Pass> {
-    let mut walk = Walk::new(page_size);
-    std::mem::swap(&mut walk.set, set);
-    let (pass, _, _) = walk.step(root, pids, true, &mut || false);
-    std::mem::swap(&mut walk.set, set);
-    pass
+/// What a process's page faults say: `minflt + majflt` from
+/// `/proc/PID/stat`. A process gains a page only through a fault (a first
+/// touch, a copy on write, a file or shared page mapped in), so one whose
+/// count has not moved since its pages were read holds the same pages, but
+/// for the kernel's own moves (compaction, huge-page collapse), which a
+/// re-read every [`STALE`] covers.
+fn faults(root: &Path, pid: u32, buf: &mut String) -> Option<u64> {
+    use std::io::Read;
+    buf.clear();
+    File::open(root.join(pid.to_string()).join("stat"))
+        .and_then(|mut f| f.read_to_string(buf))
+        .ok()?;
+    // Fields after the last `)` (the command name may hold anything),
+    // numbered from 3 as in proc(5): minflt is 10, majflt 12.
+    let rest = &buf[buf.rfind(')')? + 1..];
+    let mut f = rest.split_ascii_whitespace().skip(10 - 3);
+    let minflt: u64 = f.next()?.parse().ok()?;
+    let majflt: u64 = f.nth(1)?.parse().ok()?;
+    Some(minflt + majflt)
 }
 
-/// A process being read: where the read stopped.
+/// A process whose faults have not moved is read again after this anyway.
+pub(crate) const STALE: Duration = Duration::from_secs(10);
+
+/// One process's pages as last read.
+#[derive(Debug, Default)]
+struct Held {
+    /// Its PFNs (those below 2³², the rest in `high`); a page it maps
+    /// twice is listed twice.
+    low: Vec<u32>,
+    high: Vec<u64>,
+    /// Its fault count when that read began.
+    faults: u64,
+    read_at: Option<Instant>,
+}
+
+/// A process being read: where the read stopped, and what it found so far.
 #[derive(Debug)]
 struct Cursor {
     pid: u32,
@@ -164,86 +200,217 @@ struct Cursor {
     ranges: Vec<(u64, u64)>,
     at: usize,
     page: u64,
-    /// The set's size when this process's read began.
-    before: u64,
-    /// Its `statm` (resident, anonymous) when its read began.
+    /// Its `statm` (resident, anonymous) and fault count when its read
+    /// began.
     statm: (u64, u64),
+    faults: u64,
+    held: Held,
 }
 
-/// A page pass read in slices: a slice stops when its CPU time is spent,
-/// between two pagemap reads — inside a process if need be, where the
-/// next slice resumes — so no slice runs much past what it was allowed.
+/// A slice of the rolling count.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Slice {
+    /// The tree's distinct resident pages (bytes): every process's pages
+    /// as last read, counted once.
+    pub(crate) bytes: u64,
+    /// The processes read in this slice, in order (`first_seen`: the pages
+    /// it alone holds).
+    pub(crate) read: Vec<Seen>,
+    /// Every counted process and the bytes of pages it alone holds, as
+    /// last read.
+    pub(crate) alone: Vec<(u32, u64)>,
+    /// Every process with pages to read again was read: the figure is
+    /// whole.
+    pub(crate) whole: bool,
+    /// Some present page came without its PFN: no permission to count.
+    pub(crate) unreadable: bool,
+}
+
+/// The tree's distinct pages, counted by re-reading one process at a time.
+///
+/// Each process's page frame numbers are kept as last read. A slice reads
+/// the processes whose pages may have changed — never read, then those
+/// with the most page faults since their last read, then any not read for
+/// [`STALE`] — until its CPU time is spent, stopping between two pagemap
+/// reads if need be (the next slice resumes there). The union of the lists
+/// is then counted again: the figure moves after each process, not after
+/// a pass over all of them, and a process that left takes exactly the
+/// pages it alone held.
+///
+/// Memory: four bytes per resident page of each process (a page mapped by
+/// five processes is listed five times), and two bitmaps of one bit per
+/// physical page.
 #[derive(Debug)]
-pub(crate) struct Walk {
+pub(crate) struct Rolling {
     page_size: u64,
-    set: PfnSet,
-    pass: Pass,
+    held: HashMap<u32, Held>,
     current: Option<Cursor>,
+    /// Pages seen once / more than once in the last count.
+    once: PfnSet,
+    twice: PfnSet,
+    counted: Slice,
     words: Vec<u8>,
     text: String,
 }
 
-impl Walk {
-    pub(crate) fn new(page_size: u64) -> Walk {
-        Walk {
+impl Rolling {
+    pub(crate) fn new(page_size: u64) -> Rolling {
+        Rolling {
             page_size,
-            set: PfnSet::default(),
-            pass: Pass::default(),
+            held: HashMap::new(),
             current: None,
+            once: PfnSet::default(),
+            twice: PfnSet::default(),
+            counted: Slice::default(),
             words: Vec::new(),
             text: String::new(),
         }
     }
 
-    /// Reads `pids` in order (`fresh`: as a new pass; else resuming the
-    /// process the last slice stopped in, when it is `pids[0]`) until
-    /// `stop` says so, checked after each pagemap read. Returns the pass so
-    /// far, how many of `pids` are done (read or found gone), and whether
-    /// all are. A process gone meanwhile is left out (what was read of it
-    /// stays in the pass); any other error ends the pass.
-    pub(crate) fn step(
+    /// One slice over the tree's processes now (`alive`): forgets those
+    /// that left, reads those due in order until `stop` says so (checked
+    /// after each pagemap read), and counts the union again. A process
+    /// gone meanwhile is left out; any other error is returned.
+    pub(crate) fn slice(
         &mut self,
         root: &Path,
-        pids: &[u32],
-        fresh: bool,
+        alive: &[u32],
+        now: Instant,
         stop: &mut dyn FnMut() -> bool,
-    ) -> (io::Result<Pass>, usize, bool) {
-        if fresh {
-            self.set.clear();
-            self.pass = Pass::default();
+    ) -> io::Result<Slice> {
+        let before = self.held.len();
+        self.held.retain(|pid, _| alive.contains(pid));
+        let mut changed = self.held.len() != before;
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|c| !alive.contains(&c.pid))
+        {
             self.current = None;
         }
-        let mut done = 0;
-        for (i, &pid) in pids.iter().enumerate() {
+        let order = self.due(root, alive, now);
+        let mut read = Vec::new();
+        let mut whole = true;
+        for (i, &(pid, faults)) in order.iter().enumerate() {
             if i > 0 && stop() {
+                whole = false;
                 break;
             }
-            match self.read(root, pid, stop) {
-                Ok(true) => done += 1,
-                Ok(false) => break,
+            match self.read(root, pid, faults, now, stop) {
+                Ok(Some(Some(seen))) => {
+                    read.push(seen);
+                    changed = true;
+                }
+                Ok(Some(None)) => {}
+                Ok(None) => {
+                    whole = false;
+                    break;
+                }
                 Err(e) => {
                     self.current = None;
-                    return (Err(e), done, true);
+                    return Err(e);
                 }
             }
         }
-        self.pass.bytes = self.set.len() * self.page_size;
-        (Ok(self.pass.clone()), done, done == pids.len())
+        if changed {
+            self.count();
+        }
+        let alone: HashMap<u32, u64> = self.counted.alone.iter().copied().collect();
+        for s in &mut read {
+            s.first_seen = alone.get(&s.pid).copied().unwrap_or(0);
+        }
+        Ok(Slice {
+            read,
+            whole,
+            ..self.counted.clone()
+        })
     }
 
-    /// Reads (on) `pid`: true when done with it.
-    fn read(&mut self, root: &Path, pid: u32, stop: &mut dyn FnMut() -> bool) -> io::Result<bool> {
+    /// The processes to read, in order, with their fault counts now.
+    fn due(&mut self, root: &Path, alive: &[u32], now: Instant) -> Vec<(u32, u64)> {
+        // (class, -faults since, pid): the one a slice stopped in, the
+        // never read (parents first: lower PIDs as a rule), the most
+        // faulted, the stale.
+        let mut order: Vec<(u8, i128, u32, u64)> = Vec::new();
+        for &pid in alive {
+            let Some(now_faults) = faults(root, pid, &mut self.text) else {
+                continue;
+            };
+            let resuming = self.current.as_ref().is_some_and(|c| c.pid == pid);
+            let entry = match self.held.get(&pid) {
+                _ if resuming => (0, 0, pid),
+                None => (1, 0, pid),
+                Some(h) if now_faults > h.faults => (2, -i128::from(now_faults - h.faults), pid),
+                Some(h)
+                    if h.read_at
+                        .is_none_or(|t| now.saturating_duration_since(t) >= STALE) =>
+                {
+                    (3, 0, pid)
+                }
+                Some(_) => continue,
+            };
+            order.push((entry.0, entry.1, entry.2, now_faults));
+        }
+        order.sort_unstable();
+        order.into_iter().map(|(_, _, pid, f)| (pid, f)).collect()
+    }
+
+    /// Counts the union of every process's pages, and the pages each
+    /// alone holds.
+    fn count(&mut self) {
+        self.once.clear();
+        self.twice.clear();
+        for h in self.held.values() {
+            for &pfn in &h.low {
+                if !self.once.insert(u64::from(pfn)) {
+                    self.twice.insert(u64::from(pfn));
+                }
+            }
+            for &pfn in &h.high {
+                if !self.once.insert(pfn) {
+                    self.twice.insert(pfn);
+                }
+            }
+        }
+        let mut alone: Vec<(u32, u64)> = self
+            .held
+            .iter()
+            .map(|(&pid, h)| {
+                let n = h
+                    .low
+                    .iter()
+                    .filter(|&&p| !self.twice.contains(u64::from(p)))
+                    .count()
+                    + h.high.iter().filter(|&&p| !self.twice.contains(p)).count();
+                (pid, n as u64 * self.page_size)
+            })
+            .collect();
+        alone.sort_unstable();
+        self.counted.bytes = self.once.len() * self.page_size;
+        self.counted.alone = alone;
+    }
+
+    /// Reads (on) `pid`: `Some(Some(seen))` when done with it, `Some(None)`
+    /// when it is gone or a zombie, `None` when stopped inside it.
+    fn read(
+        &mut self,
+        root: &Path,
+        pid: u32,
+        faults: u64,
+        now: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> io::Result<Option<Option<Seen>>> {
         if self.current.as_ref().is_none_or(|c| c.pid != pid) {
             self.current = None;
-            match self.open(root, pid) {
+            match self.open(root, pid, faults) {
                 Ok(Some(c)) => self.current = Some(c),
-                Ok(None) => return Ok(true),
-                Err(e) if gone(&e) => return Ok(true),
+                Ok(None) => return Ok(Some(None)),
+                Err(e) if gone(&e) => return Ok(Some(None)),
                 Err(e) => return Err(e),
             }
         }
         let Some(cur) = self.current.as_mut() else {
-            return Ok(true);
+            return Ok(Some(None));
         };
         if self.words.is_empty() {
             self.words = vec![0u8; CHUNK_PAGES * 8];
@@ -278,45 +445,51 @@ impl Walk {
                 if v & PRESENT == 0 {
                     continue;
                 }
-                let pfn = v & PFN_MASK;
-                if pfn == 0 {
-                    self.pass.unreadable = true;
-                    continue;
+                match v & PFN_MASK {
+                    0 => self.counted.unreadable = true,
+                    pfn => match u32::try_from(pfn) {
+                        Ok(low) => cur.held.low.push(low),
+                        Err(_) => cur.held.high.push(pfn),
+                    },
                 }
-                self.set.insert(pfn);
             }
             cur.page = page + (got / 8) as u64;
-            if stop() {
-                return Ok(false);
+            let more = cur.page < end || cur.at + 1 < cur.ranges.len();
+            if more && stop() {
+                return Ok(None);
             }
+        }
+        let Some(mut cur) = self.current.take() else {
+            return Ok(Some(None));
+        };
+        if left {
+            // Gone mid-read: it leaves with the next slice's `alive`.
+            return Ok(Some(None));
         }
         // The figure is carried forward from what `statm` says after the
         // pages were read: memory the process took while they were read is
-        // then counted once (by the pass, or not until the next one), never
-        // twice. A process that left mid-read keeps what was read of it.
-        let after = if left {
-            None
-        } else {
-            std::fs::read_to_string(root.join(pid.to_string()).join("statm"))
-                .ok()
-                .and_then(|t| parse_statm_anon(&t, self.page_size).ok())
-                .filter(|s| s.0 > 0)
-        };
+        // then counted once (by this read, or not until the next one),
+        // never twice.
+        let after = std::fs::read_to_string(root.join(pid.to_string()).join("statm"))
+            .ok()
+            .and_then(|t| parse_statm_anon(&t, self.page_size).ok())
+            .filter(|s| s.0 > 0);
         let (rss, anon) = after.unwrap_or(cur.statm);
-        self.pass.seen.push(Seen {
+        cur.held.faults = cur.faults;
+        cur.held.read_at = Some(now);
+        self.held.insert(pid, std::mem::take(&mut cur.held));
+        Ok(Some(Some(Seen {
             pid,
             rss,
             anon,
-            first_seen: (self.set.len() - cur.before) * self.page_size,
+            first_seen: 0,
             pss: None,
-        });
-        self.current = None;
-        Ok(true)
+        })))
     }
 
     /// Starts reading `pid`: its `statm`, mappings and pagemap. `None`: a
     /// zombie.
-    fn open(&mut self, root: &Path, pid: u32) -> io::Result<Option<Cursor>> {
+    fn open(&mut self, root: &Path, pid: u32, faults: u64) -> io::Result<Option<Cursor>> {
         let dir = root.join(pid.to_string());
         let statm = std::fs::read_to_string(dir.join("statm"))?;
         let statm = parse_statm_anon(&statm, self.page_size).map_err(io::Error::other)?;
@@ -333,14 +506,22 @@ impl Walk {
         let ranges = coalesced(mappings(&self.text), ps)
             .map(|(a, b)| (a / ps, b / ps))
             .collect();
+        // Room for what it held last time, or its RSS.
+        let room = self
+            .held
+            .get(&pid)
+            .map_or((statm.0 / ps) as usize, |h| h.low.len());
+        let mut held = Held::default();
+        held.low.reserve(room);
         Ok(Some(Cursor {
             pid,
             pagemap,
             ranges,
             at: 0,
             page: 0,
-            before: self.set.len(),
             statm,
+            faults,
+            held,
         }))
     }
 }
@@ -390,35 +571,57 @@ mod tests {
         assert_eq!(m, [(0x400000, 0x452000), (0x7ffd000, 0x7ffe000)]);
     }
 
-    /// A procfs stand-in: each process's `statm`, `maps` and a `pagemap`
-    /// file holding `(page, pfn)` entries (present), the rest not present.
-    /// A process: its PID, mapped page ranges and `(page, pfn)` entries.
-    type FakeProcess<'a> = (u32, &'a [(u64, u64)], &'a [(u64, u64)]);
+    /// A procfs stand-in: each process's `statm`, `stat` (its fault
+    /// count), `maps` and a `pagemap` holding `(page, pfn)` entries
+    /// (present), the rest not present.
+    struct FakeProcess<'a> {
+        pid: u32,
+        ranges: &'a [(u64, u64)],
+        pages: &'a [(u64, u64)],
+        faults: u64,
+    }
+
+    fn write_proc(dir: &Path, p: &FakeProcess<'_>) {
+        let d = dir.join(p.pid.to_string());
+        std::fs::create_dir_all(&d).expect("dir");
+        std::fs::write(d.join("statm"), "1000 300 100 1 0 200 0\n").expect("statm");
+        std::fs::write(
+            d.join("stat"),
+            format!(
+                "{} (py thon) S 1 1 1 0 -1 0 {} 0 0 0 1 1\n",
+                p.pid, p.faults
+            ),
+        )
+        .expect("stat");
+        let maps: String = p
+            .ranges
+            .iter()
+            .map(|(a, b)| format!("{:x}-{:x} rw-p 00000000 00:00 0\n", a * 4096, b * 4096))
+            .collect();
+        std::fs::write(d.join("maps"), maps).expect("maps");
+        let end = p.ranges.iter().map(|r| r.1).max().unwrap_or(0);
+        let mut words = vec![0u8; end as usize * 8];
+        for (page, pfn) in p.pages {
+            let v = PRESENT | pfn;
+            words[*page as usize * 8..][..8].copy_from_slice(&v.to_le_bytes());
+        }
+        std::fs::write(d.join("pagemap"), words).expect("pagemap");
+    }
 
     fn fake_proc(procs: &[FakeProcess<'_>]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("temp dir");
-        for (pid, ranges, pages) in procs {
-            let d = dir.path().join(pid.to_string());
-            std::fs::create_dir(&d).expect("dir");
-            std::fs::write(d.join("statm"), "1000 300 100 1 0 200 0\n").expect("statm");
-            let maps: String = ranges
-                .iter()
-                .map(|(a, b)| format!("{:x}-{:x} rw-p 00000000 00:00 0\n", a * 4096, b * 4096))
-                .collect();
-            std::fs::write(d.join("maps"), maps).expect("maps");
-            let end = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-            let mut words = vec![0u8; end as usize * 8];
-            for (page, pfn) in pages.iter() {
-                let v = PRESENT | pfn;
-                words[*page as usize * 8..][..8].copy_from_slice(&v.to_le_bytes());
-            }
-            std::fs::write(d.join("pagemap"), words).expect("pagemap");
+        for p in procs {
+            write_proc(dir.path(), p);
         }
         dir
     }
 
+    fn whole(r: &mut Rolling, root: &Path, alive: &[u32], now: Instant) -> Slice {
+        r.slice(root, alive, now, &mut || false).expect("slice")
+    }
+
     #[test]
-    fn a_pass_stopped_anywhere_resumes_to_the_same_count() {
+    fn a_count_stopped_anywhere_resumes_to_the_same_figure() {
         // Two processes over more than one pagemap read each; the second
         // shares half the first's pages (a fork) and has 3 of its own.
         let big = CHUNK_PAGES as u64 * 2 + 10;
@@ -427,66 +630,192 @@ mod tests {
         second.extend([(big + 1, 9), (big + 2, 10), (big + 3, 11)]);
         let r1: &[(u64, u64)] = &[(0, big)];
         let r2: &[(u64, u64)] = &[(0, big), (big + 1, big + 4)];
-        let proc = fake_proc(&[(10, r1, &first), (11, r2, &second), (12, r1, &[])]);
+        let proc = fake_proc(&[
+            FakeProcess {
+                pid: 10,
+                ranges: r1,
+                pages: &first,
+                faults: 5,
+            },
+            FakeProcess {
+                pid: 11,
+                ranges: r2,
+                pages: &second,
+                faults: 5,
+            },
+            FakeProcess {
+                pid: 12,
+                ranges: r1,
+                pages: &[],
+                faults: 5,
+            },
+        ]);
         let pids = [10, 11, 12, 13];
-        let mut whole = Walk::new(4096);
-        let (one_go, done, complete) = whole.step(proc.path(), &pids, true, &mut || false);
-        let one_go = one_go.expect("pass");
-        assert_eq!(
-            (done, complete),
-            (4, true),
-            "a missing process counts as done"
-        );
+        let now = Instant::now();
+        let mut at_once = Rolling::new(4096);
+        let one_go = whole(&mut at_once, proc.path(), &pids, now);
+        assert!(one_go.whole, "a missing process is no work left");
         assert_eq!(one_go.bytes, (first.len() as u64 + 3) * 4096);
-        assert_eq!(one_go.seen.len(), 3);
-        assert_eq!(one_go.seen[1].first_seen, 3 * 4096, "the fork's own pages");
-        assert_eq!(one_go.seen[0].rss, 300 * 4096, "statm after the read");
+        assert_eq!(one_go.read.len(), 3);
+        assert_eq!(one_go.read[1].first_seen, 3 * 4096, "the fork's own pages");
+        assert_eq!(
+            one_go.read[0].first_seen,
+            (first.len() - second.len() + 3) as u64 * 4096
+        );
+        assert_eq!(one_go.read[0].rss, 300 * 4096, "statm after the read");
 
         // Stopped after every pagemap read: several slices per process.
-        let mut walk = Walk::new(4096);
-        let mut todo: Vec<u32> = pids.to_vec();
-        let mut fresh = true;
+        let mut sliced = Rolling::new(4096);
         let mut slices = 0;
         let last = loop {
-            let (p, done, complete) = walk.step(proc.path(), &todo, fresh, &mut || true);
-            fresh = false;
+            let s = sliced
+                .slice(proc.path(), &pids, now, &mut || true)
+                .expect("slice");
             slices += 1;
-            todo.drain(..done);
-            if complete {
-                break p.expect("pass");
+            if s.whole {
+                break s;
             }
             assert!(slices < 100, "no progress");
         };
         assert!(slices >= 5, "{slices} slices");
-        assert_eq!(last, one_go);
+        assert_eq!(last.bytes, one_go.bytes);
+        assert_eq!(last.alone, one_go.alone);
+    }
+
+    #[test]
+    fn a_process_is_read_again_when_its_faults_move_or_it_is_stale() {
+        let parent: Vec<(u64, u64)> = (0..100).map(|p| (p, 5000 + p)).collect();
+        let r: &[(u64, u64)] = &[(0, 100)];
+        let proc = fake_proc(&[
+            FakeProcess {
+                pid: 20,
+                ranges: r,
+                pages: &parent,
+                faults: 7,
+            },
+            FakeProcess {
+                pid: 21,
+                ranges: r,
+                pages: &parent,
+                faults: 7,
+            },
+        ]);
+        let t0 = Instant::now();
+        let mut roll = Rolling::new(4096);
+        let s = whole(&mut roll, proc.path(), &[20, 21], t0);
+        assert_eq!(
+            (s.bytes, s.read.len()),
+            (100 * 4096, 2),
+            "a fork shares all"
+        );
+        assert_eq!(s.alone, [(20, 0), (21, 0)]);
+
+        // Nothing moved: nothing is read, the figure stands.
+        let s = whole(
+            &mut roll,
+            proc.path(),
+            &[20, 21],
+            t0 + Duration::from_secs(1),
+        );
+        assert_eq!((s.bytes, s.read.len(), s.whole), (100 * 4096, 0, true));
+
+        // The fork writes to 30 of the shared pages: copies on write, no
+        // change of its RSS, 30 faults. It alone is read, and the copies
+        // count.
+        let mut copied = parent.clone();
+        for (page, pfn) in copied.iter_mut().take(30) {
+            *pfn = 90_000 + *page;
+        }
+        write_proc(
+            proc.path(),
+            &FakeProcess {
+                pid: 21,
+                ranges: r,
+                pages: &copied,
+                faults: 37,
+            },
+        );
+        let s = whole(
+            &mut roll,
+            proc.path(),
+            &[20, 21],
+            t0 + Duration::from_secs(2),
+        );
+        assert_eq!(s.read.iter().map(|s| s.pid).collect::<Vec<_>>(), [21]);
+        assert_eq!(s.bytes, 130 * 4096);
+        assert_eq!(s.alone, [(20, 30 * 4096), (21, 30 * 4096)]);
+
+        // Stale: read again though its faults did not move.
+        let s = whole(
+            &mut roll,
+            proc.path(),
+            &[20, 21],
+            t0 + STALE + Duration::from_secs(1),
+        );
+        assert_eq!(s.read.iter().map(|s| s.pid).collect::<Vec<_>>(), [20]);
+
+        // The most faulted first: a slice that stops after one process
+        // reads the one with more faults since.
+        write_proc(
+            proc.path(),
+            &FakeProcess {
+                pid: 20,
+                ranges: r,
+                pages: &parent,
+                faults: 9,
+            },
+        );
+        write_proc(
+            proc.path(),
+            &FakeProcess {
+                pid: 21,
+                ranges: r,
+                pages: &copied,
+                faults: 500,
+            },
+        );
+        let s = roll
+            .slice(
+                proc.path(),
+                &[20, 21],
+                t0 + STALE + Duration::from_secs(2),
+                &mut || true,
+            )
+            .expect("slice");
+        assert_eq!(s.read.iter().map(|s| s.pid).collect::<Vec<_>>(), [21]);
+        assert!(!s.whole);
+
+        // The parent leaves: exactly the pages it alone held go with it.
+        let s = whole(
+            &mut roll,
+            proc.path(),
+            &[21],
+            t0 + STALE + Duration::from_secs(3),
+        );
+        assert_eq!(s.bytes, 100 * 4096);
+        assert_eq!(s.alone, [(21, 100 * 4096)]);
     }
 
     #[test]
     fn this_process_pages_are_counted_or_unreadable() {
         let page = crate::sys::page_size();
-        let mut set = PfnSet::default();
         let me = std::process::id();
-        let p = pass(Path::new("/proc"), &[me, me], page, &mut set).expect("pass");
-        assert_eq!(p.seen.len(), 2);
-        if p.unreadable {
+        let mut roll = Rolling::new(page);
+        let s = whole(&mut roll, Path::new("/proc"), &[me], Instant::now());
+        assert_eq!(s.read.len(), 1);
+        if s.unreadable {
             // Without root the PFNs read as 0.
-            assert_eq!(p.bytes, 0);
+            assert_eq!(s.bytes, 0);
         } else {
             assert!(
-                p.bytes > 0 && p.bytes <= p.seen[1].rss,
-                "{} bytes of pages, RSS {} then {}",
-                p.bytes,
-                p.seen[0].rss,
-                p.seen[1].rss
+                s.bytes > 0 && s.bytes <= s.read[0].rss,
+                "{} bytes of pages, RSS {}",
+                s.bytes,
+                s.read[0].rss
             );
-            // The same pages again add nothing but what this process (the
-            // pass, tests on other threads) touched in between.
-            let grew = p.seen[1].rss.saturating_sub(p.seen[0].rss);
-            assert!(
-                p.seen[1].first_seen < p.seen[0].first_seen / 2 + grew,
-                "{:?}",
-                p.seen
-            );
+            // A page it maps twice counts as held by another.
+            assert_eq!(s.alone.len(), 1);
+            assert!(s.alone[0].0 == me && s.alone[0].1 > 0 && s.alone[0].1 <= s.bytes);
         }
     }
 }

@@ -81,6 +81,27 @@ time.sleep(0.5)
 steady([os.getpid()])
 "#;
 
+/// A parent holding 400 MiB forks 4 workers that each write one byte in
+/// every page of their quarter of it: 400 MiB of copies on write, which
+/// change no worker's resident or anonymous figure (the DataLoader
+/// workers' "copy-on-read" growth, made quick).
+const COPY_ON_WRITE: &str = r#"
+b = bytearray(400 << 20); touch(b)
+kids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        q = len(b) // 4
+        for j in range(i * q, (i + 1) * q, PAGE): b[j] = 2
+        hold_then_exit(9)
+    kids.append(pid)
+time.sleep(2.0)
+steady([os.getpid()] + kids)
+for k in kids: os.waitpid(k, 0)
+time.sleep(0.5)
+steady([os.getpid()])
+"#;
+
 /// Workers exec'd afresh (multiprocessing's spawn), each with 40 MiB.
 const SPAWN: &str = r#"
 import subprocess
@@ -244,6 +265,21 @@ fn fork_workers_headline_is_the_distinct_pages() {
     // The peak (while the workers live) is their count too, not Σ RSS.
     let host = doc.host.as_ref().expect("host");
     assert!(host.rss_sum_peak_mb > 2.0 * doc.peak_usage.cpu_ram_used_mb);
+}
+
+#[test]
+fn copies_on_write_by_fork_workers_count_once_they_are_made() {
+    if !root_or_explained() {
+        return;
+    }
+    let doc = pages_job("copy on write", COPY_ON_WRITE, &[]);
+    // The copies doubled the tree's pages: 800 MiB and more, not the
+    // parent's 400 that every process's resident figure still shows.
+    assert!(
+        doc.peak_usage.cpu_ram_used_mb > 780.0,
+        "{}",
+        doc.peak_usage.cpu_ram_used_mb
+    );
 }
 
 #[test]
