@@ -3,9 +3,22 @@
 //! alert, kept up to [`Limits::max_alerts`](super::limits::Limits::max_alerts)
 //! and always returned to the caller.
 
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::pressure::Level;
 use super::state::Store;
 use crate::model::Alert;
 use crate::sample::Sample;
+
+/// The alerts' state: the alerts kept, and each resource's level.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct AlertsState {
+    #[serde(rename = "alerts")]
+    pub(super) kept: Vec<Alert>,
+    pub(super) levels: BTreeMap<String, Level>,
+}
 
 impl Store {
     /// The pressure levels crossed by a sample, as alerts.
@@ -22,12 +35,17 @@ impl Store {
         }
         let mut alerts = Vec::new();
         for (resource, ratio) in ratios {
-            let previous = self.levels.get(&resource).copied().unwrap_or_default();
+            let previous = self
+                .alerts
+                .levels
+                .get(&resource)
+                .copied()
+                .unwrap_or_default();
             let level = self.thresholds.level(ratio, previous);
             if level == previous {
                 continue;
             }
-            self.levels.insert(resource.clone(), level);
+            self.alerts.levels.insert(resource.clone(), level);
             let what = if resource == "host" {
                 "host RAM".to_string()
             } else {
@@ -46,8 +64,8 @@ impl Store {
                     level.as_str()
                 ),
             };
-            if self.alerts.len() < self.limits.max_alerts {
-                self.alerts.push(alert.clone());
+            if self.alerts.kept.len() < self.limits.max_alerts {
+                self.alerts.kept.push(alert.clone());
             }
             alerts.push(alert);
         }

@@ -25,8 +25,8 @@ impl Store {
     /// use, so the event log is never held whole (entries come one at a
     /// time from the entries file, or are borrowed from memory).
     pub fn document_view(&self) -> DocumentOf<LogView<'_>> {
-        let mut targets: Vec<Target> = self.gone.clone();
-        targets.extend(self.live.values().map(|l| {
+        let mut targets: Vec<Target> = self.targets.gone.clone();
+        targets.extend(self.targets.live.values().map(|l| {
             let mut t = l.target.clone();
             t.series = l.series.iter().copied().collect();
             t.own_series = l.own_series.iter().copied().collect();
@@ -39,7 +39,7 @@ impl Store {
         });
 
         let mut counters = self.counters.clone();
-        counters.timer_samples_merged = self.timer.merged();
+        counters.timer_samples_merged = self.samples.timer.merged();
 
         let mut run = self.run.clone();
         if run.status.is_empty() {
@@ -50,20 +50,20 @@ impl Store {
             schema: SCHEMA_VERSION,
             run,
             detailed_log: LogView::new(self),
-            peak_usage: self.peaks,
-            peaks_by_component: self.by_component.clone(),
-            stages: self.stages.clone(),
+            peak_usage: self.peaks.run,
+            peaks_by_component: self.peaks.by_component.clone(),
+            stages: self.stages.list.clone(),
             targets,
-            gpus: self.gpus.values().cloned().collect(),
-            gpu_attribution: self.gpu_attribution.clone(),
-            alerts: self.alerts.clone(),
+            gpus: self.gpu.devices.values().cloned().collect(),
+            gpu_attribution: self.gpu.attribution.clone(),
+            alerts: self.alerts.kept.clone(),
             leak: Some(leak.to_value()),
             flight_recorder: self.flights.clone(),
             summary: self.summary(),
             counters,
             ranks: Vec::new(),
             worst_rank: BTreeMap::new(),
-            host: self.host.clone(),
+            host: self.host.info.clone(),
             advice: Vec::new(),
         };
         doc.advice = self.advice_on(&doc);
@@ -91,8 +91,8 @@ impl Store {
     /// block holds). Costs up to a few milliseconds: callers that ask
     /// often keep the answer a while.
     pub(crate) fn leak_report(&self) -> LeakReport {
-        let mut targets: Vec<Target> = self.gone.clone();
-        targets.extend(self.live.values().map(|l| {
+        let mut targets: Vec<Target> = self.targets.gone.clone();
+        targets.extend(self.targets.live.values().map(|l| {
             let mut t = l.target.clone();
             t.series = l.series.iter().copied().collect();
             t
@@ -101,24 +101,29 @@ impl Store {
     }
 
     fn leak_of(&self, targets: &[Target]) -> LeakReport {
-        let timers: Vec<&Entry> = self.timer.iter().collect();
+        let timers: Vec<&Entry> = self.samples.timer.iter().collect();
         self.leak
             .analyze_beside(&timers, targets, SCHEMA_VERSION, &LeakConfig::default())
     }
 
     /// What a re-run needs, as of now: the peaks plus [`HEADROOM`].
     pub(crate) fn summary(&self) -> Summary {
-        let peak_host = self.peaks.cpu_ram_used_mb.max(self.peaks.cpu_ram_hwm_mb);
+        let peak_host = self
+            .peaks
+            .run
+            .cpu_ram_used_mb
+            .max(self.peaks.run.cpu_ram_hwm_mb);
         let mut by_device: BTreeMap<u32, f64> = self
-            .gpus
+            .gpu
+            .devices
             .values()
             .filter(|g| g.peak_tree_used_mb > 0.0)
             .map(|g| (g.index, g.peak_tree_used_mb))
             .collect();
-        if by_device.is_empty() && self.peaks.reserved_gpu_ram_mb > 0.0 {
+        if by_device.is_empty() && self.peaks.run.reserved_gpu_ram_mb > 0.0 {
             // Allocator figures only (NVML unavailable): PyTorch's reserved
             // pool, which leaves out the CUDA context.
-            by_device.insert(0, self.peaks.reserved_gpu_ram_mb);
+            by_device.insert(0, self.peaks.run.reserved_gpu_ram_mb);
         }
         let max_gpu = by_device.values().copied().fold(0.0, f64::max);
         let round_up = |mb: f64| (mb * (1.0 + HEADROOM)).ceil();

@@ -7,11 +7,27 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use super::state::Store;
+use crate::model::number_keys;
 use crate::model::{Gpu, GpuAttribution};
 use crate::sample::gpu::{Device, Status as GpuStatus};
 use crate::sample::Sample;
 use crate::units::mib;
+
+/// The GPUs' state: each device's row, how the tree's share is told
+/// apart, and whether NVML answered the latest sample.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct GpuState {
+    #[serde(rename = "gpus", deserialize_with = "number_keys::deserialize")]
+    pub(super) devices: BTreeMap<u32, Gpu>,
+    /// How the tree's GPU memory is told apart (absent without NVML).
+    #[serde(default, rename = "gpu_attribution")]
+    pub(super) attribution: Option<GpuAttribution>,
+    #[serde(default)]
+    pub(super) nvml_up: bool,
+}
 
 /// GPU memory of the tree in one sample, in bytes.
 #[derive(Debug, Default)]
@@ -25,9 +41,9 @@ impl Store {
     /// the tree's share of them is told apart. Called before the first
     /// checkpoint, so the journal's state holds it.
     pub fn describe_gpus(&mut self, devices: &[Device], attribution: Option<GpuAttribution>) {
-        self.gpu_attribution = attribution;
+        self.gpu.attribution = attribution;
         for d in devices {
-            let g = self.gpus.entry(d.index).or_insert_with(|| Gpu {
+            let g = self.gpu.devices.entry(d.index).or_insert_with(|| Gpu {
                 index: d.index,
                 ..Gpu::default()
             });
@@ -38,7 +54,7 @@ impl Store {
 
     /// How the tree's GPU memory is told apart (absent without NVML).
     pub(crate) fn gpu_attribution(&self) -> Option<&GpuAttribution> {
-        self.gpu_attribution.as_ref()
+        self.gpu.attribution.as_ref()
     }
 
     /// Folds the GPU memory of the tree's processes into their rows and
@@ -47,12 +63,13 @@ impl Store {
         if let GpuStatus::Error(_) = sample.gpu_status {
             self.counters.nvml_errors += 1;
         }
+        self.gpu.nvml_up = sample.gpu_status == GpuStatus::Sampled;
         let mut tree = TreeGpu::default();
-        for live in self.live.values_mut() {
+        for live in self.targets.live.values_mut() {
             live.gpu.clear();
         }
         if sample.gpu_status == GpuStatus::Sampled {
-            if let Some(a) = &mut self.gpu_attribution {
+            if let Some(a) = &mut self.gpu.attribution {
                 a.count(sample.gpu.device_level);
             }
             if sample.gpu.device_level {
@@ -64,7 +81,7 @@ impl Store {
             }
         }
         for p in &sample.gpu.processes {
-            let Some(live) = self.live.get_mut(&p.pid) else {
+            let Some(live) = self.targets.live.get_mut(&p.pid) else {
                 continue;
             };
             let used = p.used.unwrap_or(0);
@@ -89,7 +106,7 @@ impl Store {
         tree_by_device: &BTreeMap<u32, u64>,
     ) {
         for d in &sample.gpu.devices {
-            let g = self.gpus.entry(d.index).or_insert_with(|| Gpu {
+            let g = self.gpu.devices.entry(d.index).or_insert_with(|| Gpu {
                 index: d.index,
                 ..Gpu::default()
             });

@@ -2,13 +2,27 @@
 //! it), what that source saw (cgroup breakdown at the peak, PSS reads),
 //! the machine's memory, and the tree's current figures each sample.
 
+use serde::{Deserialize, Serialize};
+
 use super::snapshot::Current;
 use super::state::Store;
 use crate::model::{CgroupBreakdown, GpuSource, HostInfo, HostSource, HostSourceChange};
 use crate::sample::footprint::SourceInfo;
 use crate::sample::gpu::Status as GpuStatus;
-use crate::sample::Sample;
+use crate::sample::{HostMemory, Sample};
 use crate::units::mib;
+
+/// The host's state: the machine's memory, the footprint source and what
+/// it saw (absent until the first sample), and since when it serves.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct HostState {
+    #[serde(default, rename = "host_memory")]
+    pub(super) memory: HostMemory,
+    #[serde(default, rename = "host")]
+    pub(super) info: Option<HostInfo>,
+    #[serde(default, rename = "host_since")]
+    pub(super) since: f64,
+}
 
 impl Store {
     /// Folds a sample's host figures and the tree's GPU memory (`gpu_tree`,
@@ -16,9 +30,8 @@ impl Store {
     pub(super) fn fold_current(&mut self, sample: &Sample, gpu_tree: f64) {
         let sampled = sample.gpu_status == GpuStatus::Sampled;
         if sample.memory.total > 0 {
-            self.host_memory = sample.memory;
+            self.host.memory = sample.memory;
         }
-        self.nvml_up = sampled;
         let (used, peak, source) = match &sample.host.footprint {
             Some(f) => (f.used, f.peak.max(f.used), f.source),
             // Journals of older builds: the RSS sum, as it was then.
@@ -51,16 +64,16 @@ impl Store {
     /// Records the host source the sampler chose (or changed to).
     pub(super) fn set_host_source(&mut self, info: &SourceInfo) {
         let mut earlier = Vec::new();
-        if let Some(old) = self.host.take() {
+        if let Some(old) = self.host.info.take() {
             earlier = old.earlier;
             earlier.push(HostSourceChange {
                 source: old.source,
                 reason: old.reason,
-                since: self.host_since,
+                since: self.host.since,
             });
         }
-        self.host_since = info.since;
-        self.host = Some(HostInfo {
+        self.host.since = info.since;
+        self.host.info = Some(HostInfo {
             source: info.source,
             reason: info.reason.clone(),
             cgroup: info.cgroup.as_ref().map(|p| p.display().to_string()),
@@ -74,8 +87,8 @@ impl Store {
     /// Folds what the host source saw into the run's [`HostInfo`].
     pub(super) fn observe_host(&mut self, sample: &Sample, used_mb: f64) {
         let rss_sum = mib(sample.host.tree_rss());
-        let new_peak = used_mb > self.peaks.cpu_ram_used_mb;
-        let Some(host) = &mut self.host else {
+        let new_peak = used_mb > self.peaks.run.cpu_ram_used_mb;
+        let Some(host) = &mut self.host.info else {
             return;
         };
         host.rss_sum_peak_mb = host.rss_sum_peak_mb.max(rss_sum);

@@ -524,6 +524,7 @@ pub(crate) fn supersede(run_dir: &Path, final_doc: &Path) -> Result<PathBuf, Jou
 
 #[cfg(test)]
 mod tests {
+    use super::super::testkit::{every_fold_gpus, every_fold_records, every_fold_run_info};
     use super::*;
     use crate::model::{Document, RunInfo};
     use crate::sample::host::HostProcessReading;
@@ -763,6 +764,215 @@ mod tests {
         assert!(!dir.path().join(FILE_NAME).exists());
         let err = Journal::create(dir.path(), &mut store).unwrap_err();
         assert!(err.to_string().contains("symbolic link"), "{err}");
+    }
+
+    /// Runs the records of [`every_fold_records`] as a daemon does:
+    /// GPUs described, the journal created, a checkpoint after the first
+    /// part, the rest journalled only; then the daemon "dies" (its lock
+    /// goes, the journal is not finished). Returns the store it held.
+    fn run_every_fold(run_dir: &Path) -> Store {
+        let mut store = Store::new(
+            every_fold_run_info(),
+            Limits::default(),
+            Thresholds::default(),
+        );
+        let (devices, attribution) = every_fold_gpus();
+        store.describe_gpus(&devices, attribution);
+        let mut journal = Journal::create(run_dir, &mut store).unwrap();
+        let (before, after) = every_fold_records();
+        for r in &before {
+            store.apply(r);
+            journal.append(store.seq, r).unwrap();
+        }
+        journal.checkpoint(&store).unwrap();
+        for r in &after {
+            store.apply(r);
+            journal.append(store.seq, r).unwrap();
+        }
+        journal.flush().unwrap();
+        drop(journal);
+        store
+    }
+
+    /// The `.memtrack` folder of [`run_every_fold`] as an older memtrack
+    /// wrote it: produced with the store of commit 40aa9bc (before each
+    /// fold kept its state in a struct of its own) by calling
+    /// `run_every_fold` on a temporary directory and copying its
+    /// `state.json`, `entries.jsonl` and `journal.jsonl` here unchanged.
+    /// Never regenerate it: it stands for the checkpoints that runs of
+    /// that version left behind.
+    fn old_checkpoint(file: &str) -> Vec<u8> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/old_checkpoint")
+            .join(file);
+        fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// Every value `old` holds is in `now`, the same (objects may have
+    /// gained keys): names the first path that differs.
+    fn holds(now: &serde_json::Value, old: &serde_json::Value, path: &str) -> Result<(), String> {
+        use serde_json::Value;
+        match (now, old) {
+            (Value::Object(n), Value::Object(o)) => o.iter().try_for_each(|(k, v)| {
+                let at = format!("{path}.{k}");
+                match n.get(k) {
+                    Some(nv) => holds(nv, v, &at),
+                    None => Err(format!("{at} is gone")),
+                }
+            }),
+            (Value::Array(n), Value::Array(o)) if n.len() == o.len() => n
+                .iter()
+                .zip(o)
+                .enumerate()
+                .try_for_each(|(i, (nv, ov))| holds(nv, ov, &format!("{path}[{i}]"))),
+            _ if now == old => Ok(()),
+            _ => Err(format!("{path}: was {old}, now {now}")),
+        }
+    }
+
+    #[test]
+    fn holds_names_a_lost_or_changed_value() {
+        let old = serde_json::json!({"a": {"b": [1, {"c": 2}]}, "d": 3});
+        let mut now = old.clone();
+        now["e"] = 4.into();
+        assert_eq!(holds(&now, &old, "s"), Ok(()), "a new key is no loss");
+        now["a"]["b"][1]["c"] = 5.into();
+        assert_eq!(
+            holds(&now, &old, "s"),
+            Err("s.a.b[1].c: was 2, now 5".into())
+        );
+        let mut now = old.clone();
+        now.as_object_mut().unwrap().remove("d");
+        assert_eq!(holds(&now, &old, "s"), Err("s.d is gone".into()));
+    }
+
+    fn value<T: Serialize + ?Sized>(v: &T) -> serde_json::Value {
+        serde_json::to_value(v).unwrap()
+    }
+
+    fn is_empty(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::Object(m) => m.is_empty(),
+            serde_json::Value::Array(a) => a.is_empty(),
+            _ => v.is_null(),
+        }
+    }
+
+    #[test]
+    fn an_old_checkpoint_loads_with_every_value_it_held() {
+        let bytes = old_checkpoint("state.json");
+        let old: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let store: Store = serde_json::from_slice(&bytes).unwrap();
+        let now = serde_json::to_value(&store).unwrap();
+        if let Err(e) = holds(&now, &old, "state") {
+            panic!("the old checkpoint does not come back whole: {e}");
+        }
+        // What the accessors read is what the file held.
+        assert_eq!(old["seq"], store.seq);
+        assert_eq!(old["run"], value(&store.run));
+        assert_eq!(old["current"], value(store.current()));
+        assert_eq!(old["peaks"], value(store.peaks()));
+        assert_eq!(old["counters"], value(store.counters()));
+        assert_eq!(old["levels"], value(store.levels()));
+        assert_eq!(old["stages"], value(&store.stages()));
+        assert_eq!(old["gpu_attribution"], value(&store.gpu_attribution()));
+        let gpus: Vec<&crate::model::Gpu> = store.gpus().collect();
+        let old_gpus: Vec<&serde_json::Value> = old["gpus"].as_object().unwrap().values().collect();
+        assert_eq!(
+            serde_json::to_value(&gpus).unwrap(),
+            serde_json::json!(old_gpus)
+        );
+        let live: Vec<&crate::model::Target> = store.live_targets().collect();
+        let old_live: Vec<&serde_json::Value> = old["live"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|l| &l["target"])
+            .collect();
+        assert_eq!(
+            serde_json::to_value(&live).unwrap(),
+            serde_json::json!(old_live)
+        );
+        let spans: Vec<String> = store.open_spans().collect();
+        let old_spans: Vec<String> = old["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}/{}",
+                    s["component"].as_str().unwrap(),
+                    s["operation"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(spans, old_spans);
+        let gone = &old["gone"][0];
+        assert_eq!(
+            store
+                .target_name(gone["pid"].as_u64().unwrap() as u32)
+                .as_deref(),
+            gone["name"].as_str()
+        );
+        // The fixture is what its comment says: no fold left empty.
+        for key in [
+            "live",
+            "gone",
+            "gpus",
+            "spans",
+            "stages",
+            "alerts",
+            "levels",
+            "by_component",
+            "event_counts",
+            "allocator_now",
+            "flights",
+        ] {
+            assert!(!is_empty(&old[key]), "the old checkpoint's {key} is empty");
+        }
+        assert!(!is_empty(&old["timer"]["done"]));
+        assert!(!old["host"]["earlier"].as_array().unwrap().is_empty());
+        assert!(old["gone"][0]["exit"].is_object());
+    }
+
+    #[test]
+    fn an_old_checkpoint_and_its_journal_recover_what_the_run_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let memtrack = dir.path().join(DIR);
+        crate::files::private_dir(&memtrack).unwrap();
+        for file in ["state.json", super::super::entries::FILE, JOURNAL] {
+            let mut f = crate::files::create(&memtrack.join(file), true).unwrap();
+            f.write_all(&old_checkpoint(file)).unwrap();
+        }
+        let (recovered, report) = replay(dir.path()).unwrap();
+        let (_, after) = every_fold_records();
+        assert_eq!(
+            report,
+            Recovered {
+                replayed: after.len() as u64,
+                skipped_lines: 0,
+                lost: Default::default(),
+            }
+        );
+        // The same run today, never killed: recovery gives what it holds.
+        let live_dir = tempfile::tempdir().unwrap();
+        let live = run_every_fold(live_dir.path());
+        live.sync_entries().unwrap();
+        recovered.sync_entries().unwrap();
+        let state = |s: &Store| {
+            let mut v = serde_json::to_value(s).unwrap();
+            v.as_object_mut().unwrap().remove("events");
+            v
+        };
+        let (got, want) = (state(&recovered), state(&live));
+        if let Err(e) = holds(&got, &want, "live").and(holds(&want, &got, "recovered")) {
+            panic!("recovery differs from the live run: {e}");
+        }
+        assert!(
+            recovered.document() == live.document(),
+            "the documents differ"
+        );
+        assert_eq!(recovered.event_entries(), live.event_entries());
     }
 
     #[test]

@@ -73,7 +73,8 @@ impl<'a> LogView<'a> {
 
     /// Entries in the view.
     pub(crate) fn len(&self) -> usize {
-        usize::try_from(self.store.events.len()).unwrap_or(usize::MAX) + self.store.timer.len()
+        usize::try_from(self.store.events.len()).unwrap_or(usize::MAX)
+            + self.store.samples.timer.len()
     }
 
     /// Visits every entry in order; stops at the first error.
@@ -82,7 +83,7 @@ impl<'a> LogView<'a> {
         mut f: impl FnMut(&Entry) -> Result<(), StreamError>,
     ) -> Result<(), StreamError> {
         let events = self.store.events.read()?;
-        let mut timer = self.store.timer.iter().peekable();
+        let mut timer = self.store.samples.timer.iter().peekable();
         let mut emit = |e: &Entry| -> Result<(), StreamError> {
             while let Some(t) = timer.next_if(|t| t.timestamp <= e.timestamp) {
                 f(t)?;
@@ -114,7 +115,7 @@ impl<'a> LogView<'a> {
         let n = self.store.events.len();
         // Pairs beyond MAX_EVENT_KINDS are not counted apart: a run with
         // that many may exceed the bound.
-        let kinds = (self.store.event_kinds as u64).max(1) + 2;
+        let kinds = (self.store.marks.event_kinds as u64).max(1) + 2;
         let stretches = (self.store.limits.max_event_entries as u64 / kinds).max(1);
         n.div_ceil(stretches).max(1)
     }

@@ -3,12 +3,31 @@
 //! them, and a count per (component, operation) bounded by
 //! [`Limits::max_event_kinds`](super::limits::Limits::max_event_kinds).
 
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
 use super::limits::{admit, OTHER};
 use super::record::Mark;
 use super::snapshot::{AllocatorNow, Current};
 use super::state::Store;
+use crate::model::number_keys;
 use crate::model::{Entry, EntryKind, GpuSource};
 use crate::units::mib;
+
+/// The marks' state: events per component and operation (and how many
+/// kinds that is), and the latest allocator figures each process sent.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct MarksState {
+    /// Events per component and operation.
+    #[serde(default)]
+    pub(super) event_counts: BTreeMap<String, BTreeMap<String, u64>>,
+    #[serde(default)]
+    pub(super) event_kinds: usize,
+    /// The latest allocator figures each process sent.
+    #[serde(default, deserialize_with = "number_keys::deserialize")]
+    pub(super) allocator_now: BTreeMap<u32, AllocatorNow>,
+}
 
 impl Store {
     /// An entry with the tree's figures; GPU fields from NVML (or none).
@@ -61,7 +80,7 @@ impl Store {
             }
         }
         if let (Some(a), Some(pid)) = (mark.allocator, mark.pid) {
-            self.allocator_now.insert(
+            self.marks.allocator_now.insert(
                 pid,
                 AllocatorNow {
                     pid,
@@ -91,23 +110,25 @@ impl Store {
 
     pub(super) fn count_event(&mut self, component: &str, operation: &str) {
         let known = self
+            .marks
             .event_counts
             .get(component)
             .is_some_and(|ops| ops.contains_key(operation));
-        let (c, o) = if admit(known, self.event_kinds, self.limits.max_event_kinds) {
+        let (c, o) = if admit(known, self.marks.event_kinds, self.limits.max_event_kinds) {
             (component, operation)
         } else {
             self.counters.event_kinds_folded += 1;
             (OTHER, OTHER)
         };
         let n = self
+            .marks
             .event_counts
             .entry(c.to_string())
             .or_default()
             .entry(o.to_string())
             .or_insert(0);
         if *n == 0 {
-            self.event_kinds += 1;
+            self.marks.event_kinds += 1;
         }
         *n += 1;
     }

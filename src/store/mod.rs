@@ -12,8 +12,9 @@
 //! its fold. The files beside this one, by concern:
 //! - `record`: what records carry and what applying one gives;
 //!   `limits`: the bounds and the fold into [`OTHER`] past them.
-//! - `state`: the [`Store`]'s fields and accessors, and the end of the run.
-//! - The folds: `samples` (phase by phase), `targets`, `gpu`, `host`,
+//! - `state`: the [`Store`], its accessors, and the end of the run.
+//! - The folds, each with its state in a struct of its own that the
+//!   [`Store`] holds: `samples` (phase by phase), `targets`, `gpu`, `host`,
 //!   `alerts`, `marks`, `spans`, `stages`, `peaks`.
 //! - Views of the state: `status` (status, levels, [`snapshot::Snapshot`]),
 //!   `document` (`memory_usage.json`) and `log_view` (`LogView`).

@@ -3,11 +3,29 @@
 //! figures, pressure — and a timer sample becomes a timer entry, counted
 //! for the innermost open span's component.
 
+use serde::{Deserialize, Serialize};
+
+use super::limits::Limits;
 use super::record::{Applied, SampleKind};
 use super::state::{Store, SYSTEM};
+use crate::model::thin::Thinned;
 use crate::model::{Entry, EntryKind};
 use crate::sample::Sample;
 use crate::units::mib;
+
+/// The samples' state: the timer entries, thinned.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct SamplesState {
+    pub(super) timer: Thinned<Entry>,
+}
+
+impl SamplesState {
+    pub(super) fn new(limits: &Limits) -> SamplesState {
+        SamplesState {
+            timer: Thinned::new(limits.max_timer_entries),
+        }
+    }
+}
 
 impl Store {
     /// Applies one sample.
@@ -39,7 +57,7 @@ impl Store {
     /// component (or [`SYSTEM`]), kept in the thinned timer log.
     fn timer_entry(&mut self) -> Entry {
         self.counters.ticks += 1;
-        let span = self.spans.last();
+        let span = self.spans.open.last();
         let entry = Entry {
             component: span.map_or_else(|| SYSTEM.to_string(), |s| s.component.clone()),
             operation: "timer".into(),
@@ -49,7 +67,7 @@ impl Store {
             ..self.entry_from(&self.current.clone())
         };
         self.observe(&entry, 1);
-        self.timer.push(entry.clone());
+        self.samples.timer.push(entry.clone());
         entry
     }
 }

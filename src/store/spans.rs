@@ -3,15 +3,34 @@
 //! component timer samples count for; `span_end` closes the innermost
 //! match, the same process's first.
 
+use serde::{Deserialize, Serialize};
+
 use super::record::{Applied, Boundary};
-use super::state::{OpenSpan, Store};
+use super::state::Store;
+
+/// The spans' state: those open, outermost first.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct SpansState {
+    #[serde(rename = "spans")]
+    pub(super) open: Vec<OpenSpan>,
+}
+
+/// An open span: the process that opened it (when known), its name and
+/// when it began.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(super) struct OpenSpan {
+    pub(super) pid: Option<u32>,
+    pub(super) component: String,
+    pub(super) operation: String,
+    pub(super) started: f64,
+}
 
 impl Store {
     /// Logs a span's start and opens it when there is room.
     pub(super) fn begin_span(&mut self, b: &Boundary) -> Applied {
         let entry = self.record_mark(&b.mark, format!("before_{}", b.mark.operation), None);
-        if self.spans.len() < self.limits.max_open_spans {
-            self.spans.push(OpenSpan {
+        if self.spans.open.len() < self.limits.max_open_spans {
+            self.spans.open.push(OpenSpan {
                 pid: b.mark.pid,
                 component: b.mark.component.clone(),
                 operation: b.mark.operation.clone(),
@@ -32,17 +51,19 @@ impl Store {
         let m = &b.mark;
         let found = self
             .spans
+            .open
             .iter()
             .rposition(|s| {
                 s.component == m.component && s.operation == m.operation && s.pid == m.pid
             })
             .or_else(|| {
                 self.spans
+                    .open
                     .iter()
                     .rposition(|s| s.component == m.component && s.operation == m.operation)
             });
         if let Some(i) = found {
-            self.spans.remove(i);
+            self.spans.open.remove(i);
         }
         let entry = self.record_mark(m, format!("after_{}", m.operation), None);
         Applied {
@@ -160,8 +181,12 @@ mod tests {
         let out = st.apply(&Record::SpanEnd(boundary(3.0, 10)));
         assert!(!out.unmatched);
         assert_eq!(out.entry.unwrap().operation, "after_step");
-        assert_eq!(st.spans.len(), 1);
-        assert_eq!(st.spans[0].pid, Some(11), "pid 11's span is still open");
+        assert_eq!(st.spans.open.len(), 1);
+        assert_eq!(
+            st.spans.open[0].pid,
+            Some(11),
+            "pid 11's span is still open"
+        );
         // No span of that pid: the innermost of the same name closes.
         assert!(!st.apply(&Record::SpanEnd(boundary(4.0, 12))).unmatched);
         assert!(st.apply(&Record::SpanEnd(boundary(5.0, 11))).unmatched);

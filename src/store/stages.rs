@@ -4,16 +4,25 @@
 //! and the end of the run abandons those still open. Entries logged while
 //! a stage is open carry its name and count for its peak.
 
+use serde::{Deserialize, Serialize};
+
 use super::record::{Applied, Boundary};
 use super::state::Store;
 use crate::model::Stage;
+
+/// The stages' state: every stage kept, open and closed, in start order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct StagesState {
+    #[serde(rename = "stages")]
+    pub(super) list: Vec<Stage>,
+}
 
 impl Store {
     /// Opens a stage (when there is room) and logs its start.
     pub(super) fn begin_stage(&mut self, b: &Boundary) -> Applied {
         let name = b.mark.operation.clone();
         if self.make_room_for_a_stage() {
-            self.stages.push(Stage {
+            self.stages.list.push(Stage {
                 name: name.clone(),
                 status: "RUNNING".into(),
                 start: b.mark.timestamp,
@@ -36,6 +45,7 @@ impl Store {
         let entry = self.record_mark(&b.mark, format!("{name}/end"), Some(name.clone()));
         let open = self
             .stages
+            .list
             .iter_mut()
             .rev()
             .find(|s| s.name == name && s.end.is_none());
@@ -55,7 +65,7 @@ impl Store {
 
     /// Closes every open stage at the end of the run as `ABANDONED`.
     pub(super) fn abandon_open_stages(&mut self, timestamp: f64) {
-        for stage in self.stages.iter_mut().filter(|s| s.end.is_none()) {
+        for stage in self.stages.list.iter_mut().filter(|s| s.end.is_none()) {
             stage.end = Some(timestamp);
             stage.duration_s = Some((timestamp - stage.start).max(0.0));
             stage.status = "ABANDONED".into();
@@ -66,12 +76,13 @@ impl Store {
     /// stage with the smallest peak goes (counted); with every stage
     /// open, the new one is not kept (counted).
     pub(super) fn make_room_for_a_stage(&mut self) -> bool {
-        if self.stages.len() < self.limits.max_stages {
+        if self.stages.list.len() < self.limits.max_stages {
             return true;
         }
         self.counters.stages_dropped += 1;
         let smallest = self
             .stages
+            .list
             .iter()
             .enumerate()
             .filter(|(_, s)| s.end.is_some())
@@ -82,7 +93,7 @@ impl Store {
             .map(|(i, _)| i);
         match smallest {
             Some(i) => {
-                self.stages.remove(i);
+                self.stages.list.remove(i);
                 true
             }
             None => false,
@@ -91,6 +102,7 @@ impl Store {
 
     pub(super) fn open_stage(&self) -> Option<String> {
         self.stages
+            .list
             .iter()
             .rev()
             .find(|s| s.end.is_none())

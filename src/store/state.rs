@@ -3,63 +3,38 @@
 //! [`Store::apply`](super::Store::apply) changes it, through the folds in
 //! the files beside this one.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
+use super::alerts::AlertsState;
 use super::entries::EntryLog;
+use super::gpu::GpuState;
+use super::host::HostState;
 use super::limits::Limits;
-use super::pressure::{Level, Thresholds};
-use super::snapshot::{AllocatorNow, Current};
+use super::marks::MarksState;
+use super::peaks::PeaksState;
+use super::pressure::Thresholds;
+use super::samples::SamplesState;
+use super::snapshot::Current;
+use super::spans::SpansState;
+use super::stages::StagesState;
+use super::targets::TargetsState;
 use crate::model::leak::Series;
-use crate::model::thin::Thinned;
 use crate::model::RunStatus;
-use crate::model::{
-    Alert, Counters, Entry, EntryKind, Exit, FlightWindow, Gpu, GpuAttribution, HostInfo, Peaks,
-    RunInfo, Stage, Target,
-};
-use crate::sample::HostMemory;
+use crate::model::{Counters, Entry, EntryKind, Exit, FlightWindow, Peaks, RunInfo};
 
 /// Component of timer samples taken outside any span, and of memtrack's
 /// own entries (`experiment_start` / `experiment_end`).
 pub const SYSTEM: &str = "system";
 
-/// A process of the tree while it lives: its row and its bounded series.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct LiveTarget {
-    pub(super) target: Target,
-    pub(super) series: Thinned<[f64; 3]>,
-    /// Latest figures in bytes, for exporters.
-    #[serde(default)]
-    pub(super) rss: u64,
-    #[serde(default)]
-    pub(super) hwm: u64,
-    #[serde(default)]
-    pub(super) gpu: BTreeMap<u32, u64>,
-    #[serde(default)]
-    pub(super) pss: Option<u64>,
-    #[serde(default)]
-    pub(super) uss: Option<u64>,
-    /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read.
-    #[serde(default = "own_series_default")]
-    pub(super) own_series: Thinned<[f64; 3]>,
-}
-
-/// The own-cost series of a live row a snapshot of an older memtrack
-/// lacks.
-fn own_series_default() -> Thinned<[f64; 3]> {
-    Thinned::new(super::limits::Limits::default().target_series_points)
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(super) struct OpenSpan {
-    pub(super) pid: Option<u32>,
-    pub(super) component: String,
-    pub(super) operation: String,
-    pub(super) started: f64,
-}
-
-/// All run state.
+/// All run state: each fold's in a struct of its own, defined in the
+/// fold's file, and here what no single fold owns.
+///
+/// A checkpoint is this struct serialized, one JSON object: the folds'
+/// structs are flattened into it, each of their fields a key of that
+/// object under the checkpoint's name for it (`rename` keeps it where the
+/// struct's own name is shorter). serde reads flattened fields from a
+/// buffered copy, where a map's keys stay strings: maps keyed by a number
+/// read them with [`number_keys`](crate::model::number_keys).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Store {
     pub(crate) run: RunInfo,
@@ -71,19 +46,20 @@ pub struct Store {
     /// The leak rule's series over the event entries, bounded.
     #[serde(default)]
     pub(super) leak: Series,
-    pub(super) timer: Thinned<Entry>,
-    pub(super) peaks: Peaks,
-    pub(super) by_component: BTreeMap<String, Peaks>,
-    pub(super) live: BTreeMap<u32, LiveTarget>,
-    pub(super) gone: Vec<Target>,
-    pub(super) gpus: BTreeMap<u32, Gpu>,
-    /// How the tree's GPU memory is told apart (absent without NVML).
-    #[serde(default)]
-    pub(super) gpu_attribution: Option<GpuAttribution>,
-    pub(super) spans: Vec<OpenSpan>,
-    pub(super) stages: Vec<Stage>,
-    pub(super) alerts: Vec<Alert>,
-    pub(super) levels: BTreeMap<String, Level>,
+    #[serde(flatten)]
+    pub(super) samples: SamplesState,
+    #[serde(flatten)]
+    pub(super) peaks: PeaksState,
+    #[serde(flatten)]
+    pub(super) targets: TargetsState,
+    #[serde(flatten)]
+    pub(super) gpu: GpuState,
+    #[serde(flatten)]
+    pub(super) spans: SpansState,
+    #[serde(flatten)]
+    pub(super) stages: StagesState,
+    #[serde(flatten)]
+    pub(super) alerts: AlertsState,
     pub(super) counters: Counters,
     pub(super) current: Current,
     /// The figures of the last sample in which the tree was alive: what
@@ -92,25 +68,12 @@ pub struct Store {
     /// Sequence number of the last record applied (journal replay skips
     /// what a checkpoint already holds).
     pub(crate) seq: u64,
-    /// Events per component and operation.
-    #[serde(default)]
-    pub(super) event_counts: BTreeMap<String, BTreeMap<String, u64>>,
-    #[serde(default)]
-    pub(super) event_kinds: usize,
-    /// The latest allocator figures each process sent.
-    #[serde(default)]
-    pub(super) allocator_now: BTreeMap<u32, AllocatorNow>,
-    #[serde(default)]
-    pub(super) host_memory: HostMemory,
-    #[serde(default)]
-    pub(super) nvml_up: bool,
+    #[serde(flatten)]
+    pub(super) marks: MarksState,
+    #[serde(flatten)]
+    pub(super) host: HostState,
     #[serde(default)]
     pub(super) flights: Vec<FlightWindow>,
-    /// The host source and what it saw (absent until the first sample).
-    #[serde(default)]
-    pub(super) host: Option<HostInfo>,
-    #[serde(default)]
-    pub(super) host_since: f64,
 }
 
 impl Store {
@@ -121,29 +84,20 @@ impl Store {
             thresholds,
             events: EntryLog::new(),
             leak: Series::default(),
-            timer: Thinned::new(limits.max_timer_entries),
-            peaks: Peaks::default(),
-            by_component: BTreeMap::new(),
-            live: BTreeMap::new(),
-            gone: Vec::new(),
-            gpus: BTreeMap::new(),
-            gpu_attribution: None,
-            spans: Vec::new(),
-            stages: Vec::new(),
-            alerts: Vec::new(),
-            levels: BTreeMap::new(),
+            samples: SamplesState::new(&limits),
+            peaks: PeaksState::default(),
+            targets: TargetsState::default(),
+            gpu: GpuState::default(),
+            spans: SpansState::default(),
+            stages: StagesState::default(),
+            alerts: AlertsState::default(),
             counters: Counters::default(),
             current: Current::default(),
             last_alive: None,
             seq: 0,
-            event_counts: BTreeMap::new(),
-            event_kinds: 0,
-            allocator_now: BTreeMap::new(),
-            host_memory: Default::default(),
-            nvml_up: false,
+            marks: MarksState::default(),
+            host: HostState::default(),
             flights: Vec::new(),
-            host: None,
-            host_since: 0.0,
         }
     }
 
@@ -153,7 +107,7 @@ impl Store {
     }
 
     pub(crate) fn peaks(&self) -> &Peaks {
-        &self.peaks
+        &self.peaks.run
     }
 
     pub(crate) fn counters(&self) -> &Counters {
@@ -165,30 +119,31 @@ impl Store {
     }
 
     #[cfg(test)]
-    pub(crate) fn gpus(&self) -> impl Iterator<Item = &Gpu> {
-        self.gpus.values()
+    pub(crate) fn gpus(&self) -> impl Iterator<Item = &crate::model::Gpu> {
+        self.gpu.devices.values()
     }
 
     #[cfg(test)]
-    pub(crate) fn live_targets(&self) -> impl Iterator<Item = &Target> {
-        self.live.values().map(|l| &l.target)
+    pub(crate) fn live_targets(&self) -> impl Iterator<Item = &crate::model::Target> {
+        self.targets.live.values().map(|l| &l.target)
     }
 
     #[cfg(test)]
-    pub(crate) fn levels(&self) -> &BTreeMap<String, Level> {
-        &self.levels
+    pub(crate) fn levels(&self) -> &std::collections::BTreeMap<String, super::pressure::Level> {
+        &self.alerts.levels
     }
 
     /// Open spans as `component/operation`, outermost first.
     pub(crate) fn open_spans(&self) -> impl Iterator<Item = String> + '_ {
         self.spans
+            .open
             .iter()
             .map(|s| format!("{}/{}", s.component, s.operation))
     }
 
     #[cfg(test)]
-    pub(crate) fn stages(&self) -> &[Stage] {
-        &self.stages
+    pub(crate) fn stages(&self) -> &[crate::model::Stage] {
+        &self.stages.list
     }
 
     pub(crate) fn is_finished(&self) -> bool {
@@ -199,8 +154,7 @@ impl Store {
     /// `experiment_end` reports the last figures of a live tree.
     pub(super) fn finish(&mut self, timestamp: f64, exit: Option<Exit>) -> Entry {
         self.abandon_open_stages(timestamp);
-        self.spans.clear();
-        self.spans.clear();
+        self.spans.open.clear();
         let last = self
             .last_alive
             .clone()
@@ -234,6 +188,55 @@ impl Store {
 mod tests {
     use super::super::limits::MAX_FLIGHTS;
     use super::super::testkit::*;
+
+    /// The folds' state is flattened into the checkpoint, and serde reads
+    /// flattened fields from a buffered copy: numbers must come back
+    /// exact (u64 past 2^53, floats to the last bit) and maps keyed by
+    /// PIDs and GPU indices must read their string keys.
+    #[test]
+    fn a_checkpoint_reads_back_exactly_what_was_written() {
+        let mut st = Store::new(
+            every_fold_run_info(),
+            Limits::default(),
+            Thresholds::default(),
+        );
+        let (devices, attribution) = every_fold_gpus();
+        st.describe_gpus(&devices, attribution);
+        let (before, after) = every_fold_records();
+        for r in before.iter().chain(&after) {
+            st.apply(r);
+        }
+        let live = st.targets.live.get_mut(&10).unwrap();
+        live.rss = u64::MAX;
+        live.gpu.insert(1, (1 << 53) + 1);
+        st.host.memory.total = u64::MAX - 1;
+        st.marks
+            .event_counts
+            .entry("c0".into())
+            .or_default()
+            .insert("step".into(), (1 << 60) + 7);
+        st.peaks.run.cpu_ram_used_mb = 0.1 + 0.2;
+        st.host.since = 5e-324;
+        st.gpu.devices.get_mut(&1).unwrap().peak_used_mb = f64::MAX;
+        st.alerts.kept[0].used_ratio = 1.0 / 3.0;
+        let written = serde_json::to_string(&st).unwrap();
+        let back: Store = serde_json::from_str(&written).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), written);
+        let live = &back.targets.live[&10];
+        assert_eq!((live.rss, live.gpu[&1]), (u64::MAX, (1 << 53) + 1));
+        assert_eq!(back.host.memory.total, u64::MAX - 1);
+        assert_eq!(back.marks.event_counts["c0"]["step"], (1 << 60) + 7);
+        assert_eq!(
+            back.peaks.run.cpu_ram_used_mb.to_bits(),
+            (0.1f64 + 0.2).to_bits()
+        );
+        assert_eq!(back.host.since.to_bits(), 5e-324f64.to_bits());
+        assert_eq!(back.gpu.devices[&1].peak_used_mb, f64::MAX);
+        assert_eq!(
+            back.alerts.kept[0].used_ratio.to_bits(),
+            (1.0f64 / 3.0).to_bits()
+        );
+    }
 
     #[test]
     fn flight_windows_past_the_bound_are_counted_only() {

@@ -14,6 +14,7 @@ impl Store {
     /// tree's share of them is told apart), counters.
     pub(crate) fn status(&self) -> serde_json::Value {
         let processes: Vec<serde_json::Value> = self
+            .targets
             .live
             .values()
             .map(|l| {
@@ -27,6 +28,7 @@ impl Store {
             .collect();
         let open_stages: Vec<&str> = self
             .stages
+            .list
             .iter()
             .filter(|s| s.end.is_none())
             .map(|s| s.name.as_str())
@@ -42,16 +44,16 @@ impl Store {
                 "start": self.run.start, "labels": self.run.labels, "gpu_backend": self.run.gpu_backend,
             },
             "current": current,
-            "peak_usage": self.peaks,
-            "peaks_by_component": self.by_component,
+            "peak_usage": self.peaks.run,
+            "peaks_by_component": self.peaks.by_component,
             "processes": processes,
             "open_spans": self.open_spans().collect::<Vec<_>>(),
             "open_stages": open_stages,
-            "levels": self.levels,
-            "gpus": self.gpus.values().collect::<Vec<_>>(),
+            "levels": self.alerts.levels,
+            "gpus": self.gpu.devices.values().collect::<Vec<_>>(),
             "counters": self.counters,
         });
-        if let (Some(a), Some(m)) = (&self.gpu_attribution, status.as_object_mut()) {
+        if let (Some(a), Some(m)) = (&self.gpu.attribution, status.as_object_mut()) {
             m.insert("gpu_attribution".into(), serde_json::json!(a));
         }
         status
@@ -60,11 +62,11 @@ impl Store {
     /// The level of every resource seen (host RAM and each GPU), normal
     /// included, so exporters have a series from the start.
     pub(crate) fn all_levels(&self) -> BTreeMap<String, Level> {
-        let mut levels = self.levels.clone();
-        if self.host_memory.total > 0 {
+        let mut levels = self.alerts.levels.clone();
+        if self.host.memory.total > 0 {
             levels.entry("host".into()).or_default();
         }
-        for g in self.gpus.values() {
+        for g in self.gpu.devices.values() {
             levels.entry(format!("gpu{}", g.index)).or_default();
         }
         levels
@@ -85,9 +87,10 @@ impl Store {
                 labels: self.run.labels.clone(),
             },
             current: self.current.clone(),
-            peaks: self.peaks,
-            by_component: self.by_component.clone(),
+            peaks: self.peaks.run,
+            by_component: self.peaks.by_component.clone(),
             processes: self
+                .targets
                 .live
                 .values()
                 .map(|l| ProcessNow {
@@ -103,21 +106,22 @@ impl Store {
                     uss_bytes: l.uss,
                 })
                 .collect(),
-            gpus: self.gpus.values().cloned().collect(),
-            gpu_attribution: self.gpu_attribution.clone(),
-            allocator: self.allocator_now.values().copied().collect(),
-            events: self.event_counts.clone(),
+            gpus: self.gpu.devices.values().cloned().collect(),
+            gpu_attribution: self.gpu.attribution.clone(),
+            allocator: self.marks.allocator_now.values().copied().collect(),
+            events: self.marks.event_counts.clone(),
             levels: self.all_levels(),
             open_spans: self.open_spans().collect(),
             open_stages: self
                 .stages
+                .list
                 .iter()
                 .filter(|s| s.end.is_none())
                 .map(|s| s.name.clone())
                 .collect(),
-            host_memory: self.host_memory,
+            host_memory: self.host.memory,
             counters: self.counters.clone(),
-            nvml_up: self.nvml_up,
+            nvml_up: self.gpu.nvml_up,
             finished: self.is_finished(),
             needs: self.summary(),
             ..Snapshot::default()

@@ -7,12 +7,50 @@
 
 use std::collections::BTreeMap;
 
-use super::state::{LiveTarget, Store};
+use serde::{Deserialize, Serialize};
+
+use super::state::Store;
+use crate::model::number_keys;
 use crate::model::thin::Thinned;
 use crate::model::{Exit, Target};
 use crate::sample::host::{Joined, Left};
 use crate::sample::Sample;
 use crate::units::mib;
+
+/// The targets' state: the processes of the tree, live and gone.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct TargetsState {
+    #[serde(deserialize_with = "number_keys::deserialize")]
+    pub(super) live: BTreeMap<u32, LiveTarget>,
+    pub(super) gone: Vec<Target>,
+}
+
+/// A process of the tree while it lives: its row and its bounded series.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct LiveTarget {
+    pub(super) target: Target,
+    pub(super) series: Thinned<[f64; 3]>,
+    /// Latest figures in bytes, for exporters.
+    #[serde(default)]
+    pub(super) rss: u64,
+    #[serde(default)]
+    pub(super) hwm: u64,
+    #[serde(default, deserialize_with = "number_keys::deserialize")]
+    pub(super) gpu: BTreeMap<u32, u64>,
+    #[serde(default)]
+    pub(super) pss: Option<u64>,
+    #[serde(default)]
+    pub(super) uss: Option<u64>,
+    /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read.
+    #[serde(default = "own_series_default")]
+    pub(super) own_series: Thinned<[f64; 3]>,
+}
+
+/// The own-cost series of a live row a snapshot of an older memtrack
+/// lacks.
+fn own_series_default() -> Thinned<[f64; 3]> {
+    Thinned::new(super::limits::Limits::default().target_series_points)
+}
 
 impl LiveTarget {
     /// A live row around `target`, no figures read yet.
@@ -33,11 +71,13 @@ impl LiveTarget {
 impl Store {
     /// The name of a process of the tree, live or gone.
     pub(crate) fn target_name(&self, pid: u32) -> Option<String> {
-        self.live
+        self.targets
+            .live
             .get(&pid)
             .map(|l| l.target.name.clone())
             .or_else(|| {
-                self.gone
+                self.targets
+                    .gone
                     .iter()
                     .rev()
                     .find(|t| t.pid == pid)
@@ -53,7 +93,7 @@ impl Store {
             self.join(j, ts);
         }
         for d in &sample.host.described {
-            if let Some(live) = self.live.get_mut(&d.pid) {
+            if let Some(live) = self.targets.live.get_mut(&d.pid) {
                 live.target.name.clone_from(&d.name);
                 live.target.cmdline.clone_from(&d.cmdline);
             }
@@ -71,11 +111,12 @@ impl Store {
         // The same process (PID and start time) seen again — a zombie
         // found by a later scan — keeps its one row.
         if let Some(i) = self
+            .targets
             .gone
             .iter()
             .position(|t| t.pid == j.id.pid && t.start_time == j.start_time)
         {
-            let target = self.gone.remove(i);
+            let target = self.targets.gone.remove(i);
             let mut series = Thinned::new(self.limits.target_series_points);
             for point in &target.series {
                 series.push(*point);
@@ -90,11 +131,13 @@ impl Store {
                 own_series: Vec::new(),
                 ..target
             };
-            self.live
+            self.targets
+                .live
                 .insert(j.id.pid, LiveTarget::new(target, series, own_series));
             return;
         }
         if self
+            .targets
             .live
             .get(&j.id.pid)
             .is_some_and(|l| l.target.start_time == j.start_time)
@@ -115,7 +158,8 @@ impl Store {
         };
         let series = Thinned::new(self.limits.target_series_points);
         let own_series = Thinned::new(self.limits.target_series_points);
-        self.live
+        self.targets
+            .live
             .insert(j.id.pid, LiveTarget::new(target, series, own_series));
     }
 
@@ -128,7 +172,7 @@ impl Store {
     ) {
         let ts = sample.timestamp;
         for r in &sample.host.processes {
-            let Some(live) = self.live.get_mut(&r.pid) else {
+            let Some(live) = self.targets.live.get_mut(&r.pid) else {
                 continue;
             };
             live.rss = r.rss;
@@ -162,7 +206,7 @@ impl Store {
     }
 
     pub(super) fn leave(&mut self, left: &Left, ts: f64) {
-        let Some(live) = self.live.remove(&left.id.pid) else {
+        let Some(live) = self.targets.live.remove(&left.id.pid) else {
             return;
         };
         let mut t = live.target;
@@ -177,11 +221,12 @@ impl Store {
             self.exact_peak(b);
         }
         // Spans a dead process left open can never be closed by it.
-        self.spans.retain(|s| s.pid != Some(t.pid));
-        self.allocator_now.remove(&t.pid);
-        self.gone.push(t);
-        if self.gone.len() + self.live.len() > self.limits.max_targets {
+        self.spans.open.retain(|s| s.pid != Some(t.pid));
+        self.marks.allocator_now.remove(&t.pid);
+        self.targets.gone.push(t);
+        if self.targets.gone.len() + self.targets.live.len() > self.limits.max_targets {
             if let Some(i) = self
+                .targets
                 .gone
                 .iter()
                 .enumerate()
@@ -189,7 +234,7 @@ impl Store {
                 .min_by(|a, b| a.1.peak_rss_mb.total_cmp(&b.1.peak_rss_mb))
                 .map(|(i, _)| i)
             {
-                self.gone.remove(i);
+                self.targets.gone.remove(i);
                 self.counters.targets_pruned += 1;
             }
         }
@@ -198,9 +243,9 @@ impl Store {
     /// A process we reaped: its exact exit status, and its `wait4` peak
     /// for its row and the run's peak.
     pub(super) fn exit(&mut self, pid: u32, exit: Exit, max_rss: Option<u64>) {
-        let target = match self.live.get_mut(&pid) {
+        let target = match self.targets.live.get_mut(&pid) {
             Some(l) => Some(&mut l.target),
-            None => self.gone.iter_mut().rev().find(|t| t.pid == pid),
+            None => self.targets.gone.iter_mut().rev().find(|t| t.pid == pid),
         };
         if let Some(t) = target {
             t.exit = Some(exit);

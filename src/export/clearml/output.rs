@@ -29,7 +29,23 @@ pub(crate) struct OutputConf {
     pub(crate) file: String,
     /// Why the file's output settings could not be read: an `s3://`
     /// destination then fails with this reason.
-    pub(crate) problem: Option<String>,
+    pub(crate) problem: Option<ConfProblem>,
+}
+
+/// Why `clearml.conf`'s output settings are not used. Comparable, as the
+/// settings that carry it are; every `s3://` destination it spoils says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ConfProblem {
+    /// The file did not read or parse: the reader's message, and the kind
+    /// of the I/O failure behind it (`None`: too large or malformed).
+    #[error("{message}")]
+    Unread {
+        message: String,
+        kind: Option<std::io::ErrorKind>,
+    },
+    /// The file read, but its output settings are wrong.
+    #[error(transparent)]
+    Settings(#[from] OutputConfError),
 }
 
 /// The `sdk.aws.s3` section.
@@ -159,7 +175,7 @@ pub(crate) enum DestinationError {
     Unusable {
         chosen: String,
         uri: String,
-        problem: String,
+        problem: ConfProblem,
     },
     #[error(
         "{chosen} `{uri}` is not an s3:// or http(s):// URL; memtrack uploads only to S3 and \
@@ -172,7 +188,7 @@ pub(crate) enum DestinationError {
 
 /// Why `clearml.conf`'s artifact settings cannot be used: the entry at
 /// fault is named, never its keys.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum OutputConfError {
     #[error("malformed ClearML config file {file}, {source}")]
     Malformed { file: String, source: ParseError },

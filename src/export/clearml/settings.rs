@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::hocon;
+use super::output::ConfProblem;
 use crate::switch::Switch;
 use crate::units::serde_duration;
 
@@ -357,6 +358,21 @@ pub(crate) fn read_conf(path: &Path) -> Result<hocon::ConfTree, ClearmlError> {
     })
 }
 
+impl From<ClearmlError> for ConfProblem {
+    /// A [`read_conf`] failure, kept comparable: its message, and the
+    /// kind of the I/O failure behind it.
+    fn from(e: ClearmlError) -> Self {
+        let kind = match &e {
+            ClearmlError::ConfRead { source, .. } => Some(source.kind()),
+            _ => None,
+        };
+        ConfProblem::Unread {
+            message: e.to_string(),
+            kind,
+        }
+    }
+}
+
 /// Resolves ClearML settings from memtrack's config, the environment
 /// (`CLEARML_*`, and the older `TRAINS_*` aliases) and `clearml.conf`
 /// (`config.config_file`, else `CLEARML_CONFIG_FILE`, else
@@ -404,12 +420,10 @@ fn output_conf(conf: &ConfFile, env: &dyn Fn(&str) -> Option<String>) -> super::
             ..Default::default()
         };
     };
-    // The problem is kept as text: the conf carries it to every
-    // destination it spoils.
-    let read = match read_conf(path) {
-        Ok(doc) => super::output::read(&doc, env, &name).map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
+    // The conf carries the problem to every destination it spoils.
+    let read = read_conf(path)
+        .map_err(ConfProblem::from)
+        .and_then(|doc| super::output::read(&doc, env, &name).map_err(ConfProblem::from));
     read.unwrap_or_else(|problem| {
         // Said once per process: the settings are resolved again at the end.
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -858,6 +872,52 @@ mod tests {
             }
         );
         assert!(!format!("{s:?}").contains("CONFSECRET"));
+    }
+
+    #[test]
+    fn wrong_artifact_settings_are_kept_typed_and_comparable() {
+        let text = format!(
+            "{CONF}sdk {{ aws {{ s3 {{ credentials: [ {{ host: \"http://minio:9000\", key: \"K\", secret: \"S\" }} ] }} }} }}\n"
+        );
+        let dir = conf_dir(&text);
+        let resolved = || {
+            resolve(
+                &ClearmlConfig::default(),
+                &env_of(&[("CLEARML_TASK_ID", "abc")]),
+                Some(dir.path()),
+            )
+            .unwrap()
+            .unwrap()
+        };
+        let s = resolved();
+        let problem = s.output.problem.clone().unwrap();
+        assert!(
+            matches!(
+                &problem,
+                ConfProblem::Settings(super::super::output::OutputConfError::BadHost { .. })
+            ),
+            "{problem:?}"
+        );
+        assert!(problem.to_string().contains("not host[:port]"), "{problem}");
+        assert_eq!(
+            s.output,
+            resolved().output,
+            "the same file, the same settings"
+        );
+        // An unreadable file keeps its I/O kind beside the message.
+        let missing = dir.path().join("gone.conf");
+        let unread = ConfProblem::from(read_conf(&missing).unwrap_err());
+        assert!(
+            matches!(
+                &unread,
+                ConfProblem::Unread {
+                    kind: Some(std::io::ErrorKind::NotFound),
+                    ..
+                }
+            ),
+            "{unread:?}"
+        );
+        assert!(unread.to_string().contains("gone.conf"), "{unread}");
     }
 
     #[test]
