@@ -3,22 +3,9 @@
 //! alert, kept up to [`Limits::max_alerts`](super::limits::Limits::max_alerts)
 //! and always returned to the caller.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
-use super::pressure::Level;
 use super::state::Store;
 use crate::model::Alert;
 use crate::sample::Sample;
-
-/// The alerts' state: the alerts kept, and each resource's level.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct AlertsState {
-    #[serde(rename = "alerts")]
-    pub(super) kept: Vec<Alert>,
-    pub(super) levels: BTreeMap<String, Level>,
-}
 
 impl Store {
     /// The pressure levels crossed by a sample, as alerts.

@@ -7,27 +7,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use super::state::Store;
-use crate::model::number_keys;
 use crate::model::{Gpu, GpuAttribution};
 use crate::sample::gpu::{Device, Status as GpuStatus};
 use crate::sample::Sample;
 use crate::units::mib;
-
-/// The GPUs' state: each device's row, how the tree's share is told
-/// apart, and whether NVML answered the latest sample.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct GpuState {
-    #[serde(rename = "gpus", deserialize_with = "number_keys::deserialize")]
-    pub(super) devices: BTreeMap<u32, Gpu>,
-    /// How the tree's GPU memory is told apart (absent without NVML).
-    #[serde(default, rename = "gpu_attribution")]
-    pub(super) attribution: Option<GpuAttribution>,
-    #[serde(default)]
-    pub(super) nvml_up: bool,
-}
 
 /// GPU memory of the tree in one sample, in bytes.
 #[derive(Debug, Default)]

@@ -2,27 +2,13 @@
 //! it), what that source saw (cgroup breakdown at the peak, PSS reads),
 //! the machine's memory, and the tree's current figures each sample.
 
-use serde::{Deserialize, Serialize};
-
 use super::snapshot::Current;
 use super::state::Store;
 use crate::model::{CgroupBreakdown, GpuSource, HostInfo, HostSource, HostSourceChange};
 use crate::sample::footprint::SourceInfo;
 use crate::sample::gpu::Status as GpuStatus;
-use crate::sample::{HostMemory, Sample};
+use crate::sample::Sample;
 use crate::units::mib;
-
-/// The host's state: the machine's memory, the footprint source and what
-/// it saw (absent until the first sample), and since when it serves.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct HostState {
-    #[serde(default, rename = "host_memory")]
-    pub(super) memory: HostMemory,
-    #[serde(default, rename = "host")]
-    pub(super) info: Option<HostInfo>,
-    #[serde(default, rename = "host_since")]
-    pub(super) since: f64,
-}
 
 impl Store {
     /// Folds a sample's host figures and the tree's GPU memory (`gpu_tree`,

@@ -3,31 +3,12 @@
 //! them, and a count per (component, operation) bounded by
 //! [`Limits::max_event_kinds`](super::limits::Limits::max_event_kinds).
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
 use super::limits::{admit, OTHER};
 use super::record::Mark;
 use super::snapshot::{AllocatorNow, Current};
 use super::state::Store;
-use crate::model::number_keys;
 use crate::model::{Entry, EntryKind, GpuSource};
 use crate::units::mib;
-
-/// The marks' state: events per component and operation (and how many
-/// kinds that is), and the latest allocator figures each process sent.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct MarksState {
-    /// Events per component and operation.
-    #[serde(default)]
-    pub(super) event_counts: BTreeMap<String, BTreeMap<String, u64>>,
-    #[serde(default)]
-    pub(super) event_kinds: usize,
-    /// The latest allocator figures each process sent.
-    #[serde(default, deserialize_with = "number_keys::deserialize")]
-    pub(super) allocator_now: BTreeMap<u32, AllocatorNow>,
-}
 
 impl Store {
     /// An entry with the tree's figures; GPU fields from NVML (or none).

@@ -2,22 +2,10 @@
 //! (bounded by [`Limits::max_components`](super::limits::Limits::max_components),
 //! the rest under [`OTHER`]) and the peaks of the stages open at the time.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
 use super::limits::{admit, OTHER};
 use super::state::Store;
-use crate::model::{Entry, Peaks};
+use crate::model::Entry;
 use crate::units::mib;
-
-/// The peaks' state: the run's, and each component's.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct PeaksState {
-    #[serde(rename = "peaks")]
-    pub(super) run: Peaks,
-    pub(super) by_component: BTreeMap<String, Peaks>,
-}
 
 impl Store {
     /// Folds an entry into the overall, component and open-stage peaks.

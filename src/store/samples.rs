@@ -3,21 +3,13 @@
 //! figures, pressure — and a timer sample becomes a timer entry, counted
 //! for the innermost open span's component.
 
-use serde::{Deserialize, Serialize};
-
 use super::limits::Limits;
 use super::record::{Applied, SampleKind};
-use super::state::{Store, SYSTEM};
+use super::state::{SamplesState, Store, SYSTEM};
 use crate::model::thin::Thinned;
 use crate::model::{Entry, EntryKind};
 use crate::sample::Sample;
 use crate::units::mib;
-
-/// The samples' state: the timer entries, thinned.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct SamplesState {
-    pub(super) timer: Thinned<Entry>,
-}
 
 impl SamplesState {
     pub(super) fn new(limits: &Limits) -> SamplesState {

@@ -3,27 +3,8 @@
 //! component timer samples count for; `span_end` closes the innermost
 //! match, the same process's first.
 
-use serde::{Deserialize, Serialize};
-
 use super::record::{Applied, Boundary};
-use super::state::Store;
-
-/// The spans' state: those open, outermost first.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct SpansState {
-    #[serde(rename = "spans")]
-    pub(super) open: Vec<OpenSpan>,
-}
-
-/// An open span: the process that opened it (when known), its name and
-/// when it began.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(super) struct OpenSpan {
-    pub(super) pid: Option<u32>,
-    pub(super) component: String,
-    pub(super) operation: String,
-    pub(super) started: f64,
-}
+use super::state::{OpenSpan, Store};
 
 impl Store {
     /// Logs a span's start and opens it when there is room.

@@ -4,18 +4,9 @@
 //! and the end of the run abandons those still open. Entries logged while
 //! a stage is open carry its name and count for its peak.
 
-use serde::{Deserialize, Serialize};
-
 use super::record::{Applied, Boundary};
 use super::state::Store;
 use crate::model::Stage;
-
-/// The stages' state: every stage kept, open and closed, in start order.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct StagesState {
-    #[serde(rename = "stages")]
-    pub(super) list: Vec<Stage>,
-}
 
 impl Store {
     /// Opens a stage (when there is room) and logs its start.

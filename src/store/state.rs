@@ -3,31 +3,31 @@
 //! [`Store::apply`](super::Store::apply) changes it, through the folds in
 //! the files beside this one.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
-use super::alerts::AlertsState;
 use super::entries::EntryLog;
-use super::gpu::GpuState;
-use super::host::HostState;
 use super::limits::Limits;
-use super::marks::MarksState;
-use super::peaks::PeaksState;
-use super::pressure::Thresholds;
-use super::samples::SamplesState;
-use super::snapshot::Current;
-use super::spans::SpansState;
-use super::stages::StagesState;
-use super::targets::TargetsState;
+use super::pressure::{Level, Thresholds};
+use super::snapshot::{AllocatorNow, Current};
 use crate::model::leak::Series;
+use crate::model::number_keys;
+use crate::model::thin::Thinned;
 use crate::model::RunStatus;
-use crate::model::{Counters, Entry, EntryKind, Exit, FlightWindow, Peaks, RunInfo};
+use crate::model::{
+    Alert, Counters, Entry, EntryKind, Exit, FlightWindow, Gpu, GpuAttribution, HostInfo, Peaks,
+    RunInfo, Stage, Target,
+};
+use crate::sample::HostMemory;
 
 /// Component of timer samples taken outside any span, and of memtrack's
 /// own entries (`experiment_start` / `experiment_end`).
 pub const SYSTEM: &str = "system";
 
-/// All run state: each fold's in a struct of its own, defined in the
-/// fold's file, and here what no single fold owns.
+/// All run state: each fold's in a struct of its own (below; the fold's
+/// code is in its file beside this one), and here what no single fold
+/// owns.
 ///
 /// A checkpoint is this struct serialized, one JSON object: the folds'
 /// structs are flattened into it, each of their fields a key of that
@@ -74,6 +74,126 @@ pub struct Store {
     pub(super) host: HostState,
     #[serde(default)]
     pub(super) flights: Vec<FlightWindow>,
+}
+
+/// The alerts' state: the alerts kept, and each resource's level.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct AlertsState {
+    #[serde(rename = "alerts")]
+    pub(super) kept: Vec<Alert>,
+    pub(super) levels: BTreeMap<String, Level>,
+}
+
+/// The GPUs' state: each device's row, how the tree's share is told
+/// apart, and whether NVML answered the latest sample.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct GpuState {
+    #[serde(rename = "gpus", deserialize_with = "number_keys::deserialize")]
+    pub(super) devices: BTreeMap<u32, Gpu>,
+    /// How the tree's GPU memory is told apart (absent without NVML).
+    #[serde(default, rename = "gpu_attribution")]
+    pub(super) attribution: Option<GpuAttribution>,
+    #[serde(default)]
+    pub(super) nvml_up: bool,
+}
+
+/// The host's state: the machine's memory, the footprint source and what
+/// it saw (absent until the first sample), and since when it serves.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct HostState {
+    #[serde(default, rename = "host_memory")]
+    pub(super) memory: HostMemory,
+    #[serde(default, rename = "host")]
+    pub(super) info: Option<HostInfo>,
+    #[serde(default, rename = "host_since")]
+    pub(super) since: f64,
+}
+
+/// The marks' state: events per component and operation (and how many
+/// kinds that is), and the latest allocator figures each process sent.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct MarksState {
+    /// Events per component and operation.
+    #[serde(default)]
+    pub(super) event_counts: BTreeMap<String, BTreeMap<String, u64>>,
+    #[serde(default)]
+    pub(super) event_kinds: usize,
+    /// The latest allocator figures each process sent.
+    #[serde(default, deserialize_with = "number_keys::deserialize")]
+    pub(super) allocator_now: BTreeMap<u32, AllocatorNow>,
+}
+
+/// The peaks' state: the run's, and each component's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct PeaksState {
+    #[serde(rename = "peaks")]
+    pub(super) run: Peaks,
+    pub(super) by_component: BTreeMap<String, Peaks>,
+}
+
+/// The samples' state: the timer entries, thinned.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct SamplesState {
+    pub(super) timer: Thinned<Entry>,
+}
+
+/// The spans' state: those open, outermost first.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct SpansState {
+    #[serde(rename = "spans")]
+    pub(super) open: Vec<OpenSpan>,
+}
+
+/// The stages' state: every stage kept, open and closed, in start order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct StagesState {
+    #[serde(rename = "stages")]
+    pub(super) list: Vec<Stage>,
+}
+
+/// The targets' state: the processes of the tree, live and gone.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct TargetsState {
+    #[serde(deserialize_with = "number_keys::deserialize")]
+    pub(super) live: BTreeMap<u32, LiveTarget>,
+    pub(super) gone: Vec<Target>,
+}
+
+/// A process of the tree while it lives: its row and its bounded series.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct LiveTarget {
+    pub(super) target: Target,
+    pub(super) series: Thinned<[f64; 3]>,
+    /// Latest figures in bytes, for exporters.
+    #[serde(default)]
+    pub(super) rss: u64,
+    #[serde(default)]
+    pub(super) hwm: u64,
+    #[serde(default, deserialize_with = "number_keys::deserialize")]
+    pub(super) gpu: BTreeMap<u32, u64>,
+    #[serde(default)]
+    pub(super) pss: Option<u64>,
+    #[serde(default)]
+    pub(super) uss: Option<u64>,
+    /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read.
+    #[serde(default = "own_series_default")]
+    pub(super) own_series: Thinned<[f64; 3]>,
+}
+
+/// The own-cost series of a live row a snapshot of an older memtrack
+/// lacks.
+fn own_series_default() -> Thinned<[f64; 3]> {
+    Thinned::new(super::limits::Limits::default().target_series_points)
+}
+
+/// An open span: the process that opened it (when known), its name and
+/// when it began.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(super) struct OpenSpan {
+    pub(super) pid: Option<u32>,
+    pub(super) component: String,
+    pub(super) operation: String,
+    pub(super) started: f64,
 }
 
 impl Store {

@@ -7,50 +7,12 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
-use super::state::Store;
-use crate::model::number_keys;
+use super::state::{LiveTarget, Store};
 use crate::model::thin::Thinned;
 use crate::model::{Exit, Target};
 use crate::sample::host::{Joined, Left};
 use crate::sample::Sample;
 use crate::units::mib;
-
-/// The targets' state: the processes of the tree, live and gone.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct TargetsState {
-    #[serde(deserialize_with = "number_keys::deserialize")]
-    pub(super) live: BTreeMap<u32, LiveTarget>,
-    pub(super) gone: Vec<Target>,
-}
-
-/// A process of the tree while it lives: its row and its bounded series.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct LiveTarget {
-    pub(super) target: Target,
-    pub(super) series: Thinned<[f64; 3]>,
-    /// Latest figures in bytes, for exporters.
-    #[serde(default)]
-    pub(super) rss: u64,
-    #[serde(default)]
-    pub(super) hwm: u64,
-    #[serde(default, deserialize_with = "number_keys::deserialize")]
-    pub(super) gpu: BTreeMap<u32, u64>,
-    #[serde(default)]
-    pub(super) pss: Option<u64>,
-    #[serde(default)]
-    pub(super) uss: Option<u64>,
-    /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read.
-    #[serde(default = "own_series_default")]
-    pub(super) own_series: Thinned<[f64; 3]>,
-}
-
-/// The own-cost series of a live row a snapshot of an older memtrack
-/// lacks.
-fn own_series_default() -> Thinned<[f64; 3]> {
-    Thinned::new(super::limits::Limits::default().target_series_points)
-}
 
 impl LiveTarget {
     /// A live row around `target`, no figures read yet.

@@ -188,77 +188,17 @@ pub(super) fn busy_run(st: &mut Store, marks: u32) {
 /// a flight window; an event sample; journal errors. After: more marks,
 /// a span's end and a timer sample. The run is not finished.
 pub(super) fn every_fold_records() -> (Vec<Record>, Vec<Record>) {
-    use crate::model::{FlightPoint, FlightWindow, HostSource};
-    use crate::sample::cgroup::{CgroupReading, MemStat};
-    use crate::sample::footprint::SourceInfo;
-    use crate::sample::host::{Described, Footprint};
+    use crate::model::{FlightPoint, FlightWindow};
 
-    let with_pss = |mut s: Box<Sample>| {
-        for p in &mut s.host.processes {
-            p.pss = Some(p.rss - 3 * M);
-            p.uss = Some(p.rss - 7 * M);
-            p.own_read = true;
-        }
-        s
-    };
     let boundary = |m: Mark, status: Option<&str>, message: Option<&str>| Boundary {
         mark: m,
         status: status.map(str::to_string),
         message: message.map(str::to_string),
     };
-    let mut before = Vec::new();
-
-    let mut s = with_pss(sample(
-        101.0,
-        &[(10, 100), (11, 50), (12, 30)],
-        &[(10, 2000), (11, 500), (99, 700)],
-    ));
-    for pid in [10, 11, 12] {
-        join(&mut s, pid);
-    }
-    s.gpu.devices[0].utilization_pct = Some(93);
-    s.gpu.devices[0].temperature_c = Some(71);
-    s.gpu.devices.push(crate::sample::gpu::DeviceReading {
-        index: 1,
-        used: 1234 * M,
-        free: 0,
-        total: 40_000 * M,
-        utilization_pct: Some(12),
-        memory_utilization_pct: Some(4),
-        temperature_c: Some(45),
-    });
-    s.host_source = Some(SourceInfo {
-        source: HostSource::Cgroup,
-        reason: "a cgroup of the job's own".into(),
-        cgroup: Some("/sys/fs/cgroup/memtrack.slice/run-1".into()),
-        cgroup_version: Some(2),
-        cgroup_created: true,
-        since: 100.5,
-    });
-    s.host.footprint = Some(Footprint {
-        source: HostSource::Cgroup,
-        used: 170 * M,
-        peak: 190 * M,
-        cgroup: Some(CgroupReading {
-            usage: 200 * M,
-            interval_peak: Some(205 * M),
-            kernel_peak: Some(210 * M),
-            stat: MemStat {
-                anon: 150 * M,
-                file: 50 * M,
-                shmem: 4 * M,
-                file_mapped: 9 * M,
-                inactive_file: 30 * M,
-                active_file: 20 * M,
-            },
-            oom_kills: Some(1),
-        }),
-        ..Footprint::default()
-    });
-    before.push(Record::Sample {
+    let mut before = vec![Record::Sample {
         kind: SampleKind::Timer,
-        sample: s,
-    });
+        sample: first_sample(),
+    }];
 
     let mut m = mark(101.2, "data", "load");
     m.iteration = Some(7);
@@ -281,45 +221,9 @@ pub(super) fn every_fold_records() -> (Vec<Record>, Vec<Record>) {
     m.pid = Some(11);
     before.push(Record::SpanBegin(boundary(m, None, None)));
 
-    // Inside the span: the host nearly full, GPU 0 past critical; 11 is
-    // described and 12 leaves with its exit and wait4 peak.
-    let mut s = with_pss(sample(
-        102.0,
-        &[(10, 300), (11, 60)],
-        &[(10, 70_000), (11, 900)],
-    ));
-    s.memory.available = 40 * M;
-    s.host.described.push(Described {
-        pid: 11,
-        name: "python".into(),
-        cmdline: vec!["python".into(), "worker.py".into()],
-    });
-    s.host.left.push(crate::sample::host::Left {
-        id: crate::sample::host::Identity {
-            pid: 12,
-            start_ticks: 12,
-        },
-        exit: Some(Exit::code(3)),
-        max_rss: Some(45 * M),
-    });
-    s.host_source = Some(SourceInfo {
-        source: HostSource::Pss,
-        reason: "the cgroup went away".into(),
-        since: 101.9,
-        ..SourceInfo::default()
-    });
-    s.host.footprint = Some(Footprint {
-        source: HostSource::Pss,
-        used: 340 * M,
-        peak: 350 * M,
-        age_s: Some(0.25),
-        pss_reads: 3,
-        pss_read_s: 0.125,
-        ..Footprint::default()
-    });
     before.push(Record::Sample {
         kind: SampleKind::Timer,
-        sample: s,
+        sample: sample_in_span(),
     });
     before.push(Record::Exit {
         pid: 12,
@@ -380,6 +284,119 @@ pub(super) fn every_fold_records() -> (Vec<Record>, Vec<Record>) {
     });
     after.push(Record::Mark(mark(103.6, "eval", "score")));
     (before, after)
+}
+
+/// [`every_fold_records`]' first sample: three processes joined, two GPUs,
+/// a cgroup host source.
+fn first_sample() -> Box<Sample> {
+    use crate::model::HostSource;
+    use crate::sample::cgroup::{CgroupReading, MemStat};
+    use crate::sample::footprint::SourceInfo;
+    use crate::sample::host::Footprint;
+
+    let mut s = with_pss(sample(
+        101.0,
+        &[(10, 100), (11, 50), (12, 30)],
+        &[(10, 2000), (11, 500), (99, 700)],
+    ));
+    for pid in [10, 11, 12] {
+        join(&mut s, pid);
+    }
+    s.gpu.devices[0].utilization_pct = Some(93);
+    s.gpu.devices[0].temperature_c = Some(71);
+    s.gpu.devices.push(crate::sample::gpu::DeviceReading {
+        index: 1,
+        used: 1234 * M,
+        free: 0,
+        total: 40_000 * M,
+        utilization_pct: Some(12),
+        memory_utilization_pct: Some(4),
+        temperature_c: Some(45),
+    });
+    s.host_source = Some(SourceInfo {
+        source: HostSource::Cgroup,
+        reason: "a cgroup of the job's own".into(),
+        cgroup: Some("/sys/fs/cgroup/memtrack.slice/run-1".into()),
+        cgroup_version: Some(2),
+        cgroup_created: true,
+        since: 100.5,
+    });
+    s.host.footprint = Some(Footprint {
+        source: HostSource::Cgroup,
+        used: 170 * M,
+        peak: 190 * M,
+        cgroup: Some(CgroupReading {
+            usage: 200 * M,
+            interval_peak: Some(205 * M),
+            kernel_peak: Some(210 * M),
+            stat: MemStat {
+                anon: 150 * M,
+                file: 50 * M,
+                shmem: 4 * M,
+                file_mapped: 9 * M,
+                inactive_file: 30 * M,
+                active_file: 20 * M,
+            },
+            oom_kills: Some(1),
+        }),
+        ..Footprint::default()
+    });
+    s
+}
+
+/// [`every_fold_records`]' second sample, inside the span: the host nearly
+/// full, GPU 0 past critical; 11 is described and 12 leaves with its exit
+/// and wait4 peak; the source turns to PSS.
+fn sample_in_span() -> Box<Sample> {
+    use crate::model::HostSource;
+    use crate::sample::footprint::SourceInfo;
+    use crate::sample::host::{Described, Footprint};
+
+    let mut s = with_pss(sample(
+        102.0,
+        &[(10, 300), (11, 60)],
+        &[(10, 70_000), (11, 900)],
+    ));
+    s.memory.available = 40 * M;
+    s.host.described.push(Described {
+        pid: 11,
+        name: "python".into(),
+        cmdline: vec!["python".into(), "worker.py".into()],
+    });
+    s.host.left.push(crate::sample::host::Left {
+        id: crate::sample::host::Identity {
+            pid: 12,
+            start_ticks: 12,
+        },
+        exit: Some(Exit::code(3)),
+        max_rss: Some(45 * M),
+    });
+    s.host_source = Some(SourceInfo {
+        source: HostSource::Pss,
+        reason: "the cgroup went away".into(),
+        since: 101.9,
+        ..SourceInfo::default()
+    });
+    s.host.footprint = Some(Footprint {
+        source: HostSource::Pss,
+        used: 340 * M,
+        peak: 350 * M,
+        age_s: Some(0.25),
+        pss_reads: 3,
+        pss_read_s: 0.125,
+        ..Footprint::default()
+    });
+    s
+}
+
+/// Each process's Pss and USS, a little below its RSS.
+fn with_pss(mut s: Box<Sample>) -> Box<Sample> {
+    for p in &mut s.host.processes {
+        p.pss = Some(p.rss - 3 * M);
+        p.uss = Some(p.rss - 7 * M);
+        p.own_read = true;
+    }
+    s
 }
 
 /// The run whose records [`every_fold_records`] gives.
