@@ -123,6 +123,8 @@ struct Pages {
     total: Option<u64>,
     /// A count has been whole: every process read.
     exact: bool,
+    /// The page count's file and shared-memory bytes.
+    shared: Option<u64>,
     /// What each departure changed beyond its part of the carried-forward
     /// figure (its own pages go), for processes the last count still
     /// held: an entry goes once a count no longer holds that process.
@@ -182,6 +184,9 @@ pub(crate) struct PagesFigure {
     /// Seconds since the last complete pass.
     pub(crate) age_s: Option<f64>,
     pub(crate) passes: u64,
+    /// Bytes of file pages and shared memory in the last page count (none
+    /// for Σ Pss).
+    pub(crate) shared: Option<u64>,
 }
 
 impl CostReader {
@@ -246,6 +251,7 @@ impl CostReader {
                 .committed_at
                 .map(|t| now.saturating_duration_since(t).as_secs_f64()),
             passes: self.pages.passes,
+            shared: self.pages.shared,
         })
     }
 
@@ -527,6 +533,7 @@ impl CostReader {
             }
         }
         self.pages.total = Some(s.bytes);
+        self.pages.shared = Some(s.shared_bytes);
         self.pages
             .exits
             .retain(|(pid, _)| s.alone.iter().any(|a| a.0 == *pid));
@@ -601,6 +608,7 @@ mod tests {
                 })
                 .collect(),
             alone: alone.iter().map(|&(pid, a)| (pid, a * M)).collect(),
+            shared_bytes: 0,
             whole: true,
             unreadable: false,
         }))

@@ -422,8 +422,23 @@ impl FootprintReader {
         }
     }
 
+    /// Whether the cgroup read holds memtrack too (its memory is then taken
+    /// off what the cgroup says).
+    fn cgroup_holds_self(&self) -> bool {
+        matches!(
+            self.state,
+            SourceState::Cgroup {
+                minus_self: true,
+                ..
+            }
+        )
+    }
+
     /// The tree's distinct pages as the figure, over what the source below
-    /// read: its anonymous charge (a cgroup's) is the floor.
+    /// read: a cgroup's anonymous charge now, with the file and shared
+    /// pages of the last page count, is the floor. The charge moves every
+    /// tick with pages `statm` does not see: a worker's copies on write of
+    /// its parent's pages are anonymous pages charged to the job.
     fn pages_figure(&self, now: Instant, tree: &ProcTree, host: &mut HostSample) {
         if self.pages != PagesMode::On {
             return;
@@ -432,11 +447,14 @@ impl FootprintReader {
             return;
         };
         let below = host.footprint.take().unwrap_or_default();
-        let floor = below
-            .cgroup
-            .as_ref()
-            .filter(|_| self.floor)
-            .map_or(0, |r| r.stat.anon);
+        let own = if self.cgroup_holds_self() {
+            self_rss(&self.self_statm, self.page_size)
+        } else {
+            0
+        };
+        let floor = below.cgroup.as_ref().filter(|_| self.floor).map_or(0, |r| {
+            r.stat.anon.saturating_sub(own) + fig.shared.unwrap_or(0)
+        });
         let used = fig.used.max(floor);
         let (reads, cpu) = tree.cost().cost();
         host.footprint = Some(Footprint {

@@ -31,6 +31,8 @@ const BITMAP_MAX_PFN: u64 = 1 << 32;
 const CHUNK_PAGES: usize = 16 * 1024;
 
 const PRESENT: u64 = 1 << 63;
+/// A file page or shared anonymous memory (`/dev/shm`, `MAP_SHARED`).
+const FILE_OR_SHARED: u64 = 1 << 61;
 const PFN_MASK: u64 = (1 << 55) - 1;
 
 /// The set of PFNs seen in one pass, reused between passes.
@@ -179,13 +181,42 @@ fn faults(root: &Path, pid: u32, buf: &mut String) -> Option<u64> {
 /// A process whose faults have not moved is read again after this anyway.
 pub(crate) const STALE: Duration = Duration::from_secs(10);
 
+/// PFNs, those below 2³² in four bytes each; a page mapped twice is
+/// listed twice.
+#[derive(Debug, Default)]
+struct PfnList {
+    low: Vec<u32>,
+    high: Vec<u64>,
+}
+
+impl PfnList {
+    fn push(&mut self, pfn: u64) {
+        match u32::try_from(pfn) {
+            Ok(low) => self.low.push(low),
+            Err(_) => self.high.push(pfn),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.low
+            .iter()
+            .map(|&p| u64::from(p))
+            .chain(self.high.iter().copied())
+    }
+
+    fn len(&self) -> usize {
+        self.low.len() + self.high.len()
+    }
+}
+
 /// One process's pages as last read.
 #[derive(Debug, Default)]
 struct Held {
-    /// Its PFNs (those below 2³², the rest in `high`); a page it maps
-    /// twice is listed twice.
-    low: Vec<u32>,
-    high: Vec<u64>,
+    /// Its private anonymous pages' PFNs (those a fork shares until one
+    /// side writes included), and those of its file and shared-memory
+    /// pages.
+    anon: PfnList,
+    shared: PfnList,
     /// Its fault count when that read began.
     faults: u64,
     read_at: Option<Instant>,
@@ -213,6 +244,9 @@ pub(crate) struct Slice {
     /// The tree's distinct resident pages (bytes): every process's pages
     /// as last read, counted once.
     pub(crate) bytes: u64,
+    /// Of those, file pages and shared memory: what a cgroup's anonymous
+    /// charge leaves out.
+    pub(crate) shared_bytes: u64,
     /// The processes read in this slice, in order (`first_seen`: the pages
     /// it alone holds).
     pub(crate) read: Vec<Seen>,
@@ -360,33 +394,37 @@ impl Rolling {
     fn count(&mut self) {
         self.once.clear();
         self.twice.clear();
+        let mut shared = 0u64;
         for h in self.held.values() {
-            for &pfn in &h.low {
-                if !self.once.insert(u64::from(pfn)) {
-                    self.twice.insert(u64::from(pfn));
-                }
-            }
-            for &pfn in &h.high {
+            for pfn in h.anon.iter() {
                 if !self.once.insert(pfn) {
                     self.twice.insert(pfn);
                 }
             }
+            for pfn in h.shared.iter() {
+                if self.once.insert(pfn) {
+                    shared += 1;
+                } else {
+                    self.twice.insert(pfn);
+                }
+            }
         }
+        let twice = &self.twice;
         let mut alone: Vec<(u32, u64)> = self
             .held
             .iter()
             .map(|(&pid, h)| {
                 let n = h
-                    .low
+                    .anon
                     .iter()
-                    .filter(|&&p| !self.twice.contains(u64::from(p)))
-                    .count()
-                    + h.high.iter().filter(|&&p| !self.twice.contains(p)).count();
-                (pid, n as u64 * self.page_size)
+                    .chain(h.shared.iter())
+                    .filter(|&p| !twice.contains(p));
+                (pid, n.count() as u64 * self.page_size)
             })
             .collect();
         alone.sort_unstable();
         self.counted.bytes = self.once.len() * self.page_size;
+        self.counted.shared_bytes = shared * self.page_size;
         self.counted.alone = alone;
     }
 
@@ -447,10 +485,8 @@ impl Rolling {
                 }
                 match v & PFN_MASK {
                     0 => self.counted.unreadable = true,
-                    pfn => match u32::try_from(pfn) {
-                        Ok(low) => cur.held.low.push(low),
-                        Err(_) => cur.held.high.push(pfn),
-                    },
+                    pfn if v & FILE_OR_SHARED != 0 => cur.held.shared.push(pfn),
+                    pfn => cur.held.anon.push(pfn),
                 }
             }
             cur.page = page + (got / 8) as u64;
@@ -506,13 +542,17 @@ impl Rolling {
         let ranges = coalesced(mappings(&self.text), ps)
             .map(|(a, b)| (a / ps, b / ps))
             .collect();
-        // Room for what it held last time, or its RSS.
-        let room = self
-            .held
-            .get(&pid)
-            .map_or((statm.0 / ps) as usize, |h| h.low.len());
+        // Room for what it held last time, or its RSS (anonymous first).
+        let room = self.held.get(&pid).map_or(
+            (
+                (statm.1 / ps) as usize,
+                (statm.0.saturating_sub(statm.1) / ps) as usize,
+            ),
+            |h| (h.anon.len(), h.shared.len()),
+        );
         let mut held = Held::default();
-        held.low.reserve(room);
+        held.anon.low.reserve(room.0);
+        held.shared.low.reserve(room.1);
         Ok(Some(Cursor {
             pid,
             pagemap,
@@ -578,6 +618,8 @@ mod tests {
         pid: u32,
         ranges: &'a [(u64, u64)],
         pages: &'a [(u64, u64)],
+        /// Of `pages`, those from this page on are file pages.
+        file_from: u64,
         faults: u64,
     }
 
@@ -602,7 +644,12 @@ mod tests {
         let end = p.ranges.iter().map(|r| r.1).max().unwrap_or(0);
         let mut words = vec![0u8; end as usize * 8];
         for (page, pfn) in p.pages {
-            let v = PRESENT | pfn;
+            let file = if *page >= p.file_from {
+                FILE_OR_SHARED
+            } else {
+                0
+            };
+            let v = PRESENT | file | pfn;
             words[*page as usize * 8..][..8].copy_from_slice(&v.to_le_bytes());
         }
         std::fs::write(d.join("pagemap"), words).expect("pagemap");
@@ -635,18 +682,21 @@ mod tests {
                 pid: 10,
                 ranges: r1,
                 pages: &first,
+                file_from: u64::MAX,
                 faults: 5,
             },
             FakeProcess {
                 pid: 11,
                 ranges: r2,
                 pages: &second,
+                file_from: u64::MAX,
                 faults: 5,
             },
             FakeProcess {
                 pid: 12,
                 ranges: r1,
                 pages: &[],
+                file_from: u64::MAX,
                 faults: 5,
             },
         ]);
@@ -691,12 +741,14 @@ mod tests {
                 pid: 20,
                 ranges: r,
                 pages: &parent,
+                file_from: 60,
                 faults: 7,
             },
             FakeProcess {
                 pid: 21,
                 ranges: r,
                 pages: &parent,
+                file_from: 60,
                 faults: 7,
             },
         ]);
@@ -709,6 +761,7 @@ mod tests {
             "a fork shares all"
         );
         assert_eq!(s.alone, [(20, 0), (21, 0)]);
+        assert_eq!(s.shared_bytes, 40 * 4096, "the file pages, once");
 
         // Nothing moved: nothing is read, the figure stands.
         let s = whole(
@@ -732,6 +785,7 @@ mod tests {
                 pid: 21,
                 ranges: r,
                 pages: &copied,
+                file_from: 60,
                 faults: 37,
             },
         );
@@ -744,6 +798,7 @@ mod tests {
         assert_eq!(s.read.iter().map(|s| s.pid).collect::<Vec<_>>(), [21]);
         assert_eq!(s.bytes, 130 * 4096);
         assert_eq!(s.alone, [(20, 30 * 4096), (21, 30 * 4096)]);
+        assert_eq!(s.shared_bytes, 40 * 4096, "copies are anonymous");
 
         // Stale: read again though its faults did not move.
         let s = whole(
@@ -762,6 +817,7 @@ mod tests {
                 pid: 20,
                 ranges: r,
                 pages: &parent,
+                file_from: u64::MAX,
                 faults: 9,
             },
         );
@@ -771,6 +827,7 @@ mod tests {
                 pid: 21,
                 ranges: r,
                 pages: &copied,
+                file_from: u64::MAX,
                 faults: 500,
             },
         );
