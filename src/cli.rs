@@ -116,9 +116,9 @@ pub struct DaemonArgs {
     #[arg(long, conflicts_with = "smaps")]
     pub(crate) no_smaps: bool,
     /// Source of the tree's host figure: auto (as root the distinct pages,
-    /// else a memory cgroup holding only the job, else the Pss sum), pages,
-    /// cgroup, pss, or rss (counts shared pages once per process) (default:
-    /// auto)
+    /// else the Pss sum; a memory cgroup holding only the job is a floor
+    /// under either), pages, cgroup (that cgroup's charge), pss, or rss
+    /// (counts shared pages once per process) (default: auto)
     #[arg(long, value_name = "SOURCE")]
     pub(crate) host_source: Option<String>,
     /// How often memory_usage.json is rewritten during the run (default: 30s)

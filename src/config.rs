@@ -184,9 +184,11 @@ pub struct HostConfig {
     pub(crate) smaps_interval: Duration,
     /// Processes above this RSS are skipped by the `smaps_rollup` read.
     pub(crate) smaps_max_rss_mb: u64,
-    /// Where the tree's host figure comes from: `auto` (a memory cgroup
-    /// holding only the job, else Σ Pss), `pss`, or `rss` (the plain sum,
-    /// which counts pages shared between processes once per process).
+    /// Where the tree's host figure comes from: `auto` (the distinct pages
+    /// as root, else Σ Pss; a memory cgroup holding only the job is a floor
+    /// under either), `pages`, `cgroup` (that cgroup's charge), `pss`, or
+    /// `rss` (the plain sum, which counts pages shared between processes
+    /// once per process).
     pub(crate) source: SourceChoice,
     /// Share of one core spent reading `smaps_rollup` (0.02 = 2 %): for
     /// Σ Pss when that is the source, else for each process's own cost.

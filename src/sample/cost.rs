@@ -564,6 +564,7 @@ impl CostReader {
     fn commit(&mut self, now: Instant, p: &Pass) {
         self.rebase(&p.seen);
         self.pages.total = Some(p.bytes);
+        self.pages.shared = Some(p.shared);
         self.pages.exact = true;
         self.pages
             .exits
@@ -692,6 +693,7 @@ mod tests {
         Found::Pages {
             pass: Ok(Pass {
                 bytes: bytes * M,
+                shared: 0,
                 seen: pid_figures
                     .iter()
                     .map(|&(pid, rss, anon, own)| Seen {

@@ -5,21 +5,27 @@
 //! overstate a DataLoader job several times over. The footprint comes from
 //! the best source the run can have, chosen once and recorded:
 //!
-//! 1. [`HostSource::Cgroup`]: the kernel's charge for a memory cgroup that
-//!    holds only the job — one memtrack created for it, or the job's own
-//!    (a container, a SLURM step, a systemd unit) when it holds nothing
-//!    else. Exact, with the kernel's peak catching spikes between ticks.
+//! 1. [`HostSource::Pages`] (root): the tree's distinct resident pages,
+//!    counted by the cost reader (`super::cost`, `super::pages`).
 //! 2. [`HostSource::Pss`]: the sum of each process's proportional share
 //!    (`smaps_rollup`), read off the sampling thread within a CPU budget
 //!    and carried forward in between by the rules the page count uses
 //!    (`super::cost`): a fork adds only what it writes beyond its
 //!    parent, an exit takes only the pages the process alone had.
-//! 3. [`HostSource::Rss`]: the plain RSS sum, when asked for or when
+//! 3. [`HostSource::Cgroup`] (asked for): the kernel's charge for a memory
+//!    cgroup that holds only the job. It leaves out library pages another
+//!    cgroup loaded first.
+//! 4. [`HostSource::Rss`]: the plain RSS sum, when asked for or when
 //!    `smaps_rollup` cannot be read — labelled as such, never silently.
 //!
-//! An existing cgroup is checked again every few seconds: once another
-//! process shows up in it (or a process of the tree leaves it), the run
-//! falls back to Pss and says so.
+//! A memory cgroup that holds only the job — one memtrack created for it,
+//! or the job's own (a container, a SLURM step, a systemd unit) — is a
+//! floor under a count (pages or Σ Pss): its anonymous charge now, which
+//! moves every tick with pages no `statm` shows (copies on write), plus
+//! the file and shared-memory part of the last count. It is checked
+//! again every few seconds: once another process shows up in it (or a
+//! process of the tree leaves it), the floor is dropped (the cgroup
+//! source falls back to Σ Pss) and the run says so.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -38,7 +44,8 @@ pub(crate) use crate::model::HostSource;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceChoice {
-    /// The best available: distinct pages (root), else cgroup, else Pss.
+    /// The best available: distinct pages (root), else Σ Pss; a cgroup
+    /// holding only the job is a floor under either.
     #[default]
     Auto,
     /// The tree's distinct pages (root), else the best other source.
@@ -129,6 +136,9 @@ pub struct FootprintReader {
     /// The cgroup's anonymous charge bounds the page figure from below
     /// (until a process of the tree leaves the cgroup).
     floor: bool,
+    /// Without pages, Σ Pss is the figure over a cgroup holding only the
+    /// job (auto), rather than the cgroup's charge.
+    pss_over_cgroup: bool,
     state: SourceState,
     /// The cost reader sums Pss (turned on with the first Σ Pss sample).
     pss_on: bool,
@@ -154,6 +164,7 @@ impl FootprintReader {
     /// cgroup could not be created: `why_not` says why).
     pub fn new(opts: FootprintOptions, why_not: Option<String>) -> FootprintReader {
         let self_statm = File::open(opts.proc_root.join("self/statm")).ok();
+        let pss_over_cgroup = opts.choice == SourceChoice::Auto;
         // Page frame numbers read as 0 without CAP_SYS_ADMIN; a root
         // without it is found out by the first pass.
         let pages = match opts.choice {
@@ -193,6 +204,7 @@ impl FootprintReader {
             opts,
             pages,
             floor: true,
+            pss_over_cgroup,
             state,
             pss_on: false,
             info,
@@ -219,7 +231,21 @@ impl FootprintReader {
             minus_self: false,
             checked_at: Instant::now(),
         };
+        r.over_cgroup();
         r
+    }
+
+    /// With a cgroup holding only the job and no page count: Σ Pss is the
+    /// figure (auto), the cgroup its floor; else the cgroup's charge.
+    fn over_cgroup(&mut self) {
+        if self.pss_over_cgroup && self.pages == PagesMode::Off {
+            self.info.source = HostSource::Pss;
+            self.info.reason = format!(
+                "Σ Pss of the processes, over {}: its anonymous charge and the shared pages \
+                 are a floor",
+                self.info.reason
+            );
+        }
     }
 
     /// The file with the cgroup's `oom_kill` counter, when the source is a
@@ -306,7 +332,7 @@ impl FootprintReader {
                             cgroup: Some(reading),
                             ..Footprint::default()
                         });
-                        self.pages_figure(now, tree, host);
+                        self.count_figure(now, tree, host);
                         return;
                     }
                     Err(e) => fallback = Some(format!("cannot read the cgroup: {e}")),
@@ -358,7 +384,7 @@ impl FootprintReader {
             pss_reads,
             pss_read_s: pss_time.as_secs_f64(),
         });
-        self.pages_figure(now, tree, host);
+        self.count_figure(now, tree, host);
     }
 
     /// Σ Pss: the cost reader sums it from the first sample on; once it
@@ -410,6 +436,7 @@ impl FootprintReader {
                             self.info.cgroup = Some(cgroup.dir().to_path_buf());
                             self.info.since = at;
                             self.changed = true;
+                            self.over_cgroup();
                         }
                         _ => {
                             self.state = SourceState::Undecided;
@@ -439,10 +466,20 @@ impl FootprintReader {
     /// pages of the last page count, is the floor. The charge moves every
     /// tick with pages `statm` does not see: a worker's copies on write of
     /// its parent's pages are anonymous pages charged to the job.
-    fn pages_figure(&self, now: Instant, tree: &ProcTree, host: &mut HostSample) {
-        if self.pages != PagesMode::On {
-            return;
-        }
+    fn count_figure(&mut self, now: Instant, tree: &mut ProcTree, host: &mut HostSample) {
+        let source = match self.pages {
+            PagesMode::On => HostSource::Pages,
+            _ if self.info.source == HostSource::Pss
+                && matches!(self.state, SourceState::Cgroup { .. }) =>
+            {
+                if !self.pss_on {
+                    tree.cost_mut().count_pss();
+                    self.pss_on = true;
+                }
+                HostSource::Pss
+            }
+            _ => return,
+        };
         let Some(fig) = tree.cost().pages_figure(now) else {
             return;
         };
@@ -458,7 +495,7 @@ impl FootprintReader {
         let used = fig.used.max(floor);
         let (reads, cpu) = tree.cost().cost();
         host.footprint = Some(Footprint {
-            source: HostSource::Pages,
+            source,
             used,
             peak: used + host.tree_hwm_rise(),
             age_s: fig.age_s,
@@ -528,6 +565,7 @@ impl FootprintReader {
                     checked_at: Instant::now(),
                 };
                 self.changed = true;
+                self.over_cgroup();
             }
             Err(why) => {
                 let reason = if why_not_created.is_empty() {
@@ -822,6 +860,115 @@ mod tests {
         );
         write(&dir.join("cmdline"), "python3\0train.py\0");
         write(&dir.join("cgroup"), "0::/job.scope\n");
+    }
+
+    /// Auto, without a page count (no root, or pages that cannot be read):
+    /// a cgroup holding only the job is no longer the figure but the floor
+    /// under Σ Pss. The recorded v2 cgroup's anonymous charge is raised (as
+    /// copies on write raise it before any pass sees them): the figure is
+    /// that charge plus the file and shared part of Σ Pss.
+    #[test]
+    fn auto_over_a_cgroup_holding_only_the_job_is_pss_with_the_charge_as_floor() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let proc_root = tmp.path().join("proc");
+        let mount = tmp.path().join("cgroup");
+        let job = mount.join("job.scope");
+        std::fs::create_dir_all(&job).expect("mkdir");
+        for f in [
+            "cgroup.procs",
+            "memory.current",
+            "memory.peak",
+            "memory.events",
+        ] {
+            std::fs::copy(Path::new(RECORDED).join(f), job.join(f)).expect("copy the recording");
+        }
+        let stat = std::fs::read_to_string(Path::new(RECORDED).join("memory.stat")).expect("stat");
+        let anon = 100 * 1024 * 1024u64;
+        let raised: String = stat
+            .lines()
+            .map(|l| match l.split_once(' ') {
+                Some(("anon", _)) => format!("anon {anon}\n"),
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        write(&job.join("memory.stat"), &raised);
+        let procs = std::fs::read_to_string(job.join("cgroup.procs")).expect("procs");
+        let pids = cgroup::parse_procs(&procs);
+        write(&proc_root.join("stat"), "cpu 1 2 3\nbtime 1700000000\n");
+        write(
+            &proc_root.join("self/mountinfo"),
+            &format!(
+                "32 23 0:28 / {} rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n",
+                mount.display()
+            ),
+        );
+        write(&proc_root.join("self/cgroup"), "0::/memtrack.scope\n");
+        process(&proc_root, pids[0], 1);
+        for &pid in &pids[1..] {
+            process(&proc_root, pid, pids[0]);
+        }
+        // Each process: Pss 1 MiB, of which 512 KiB file and shared; a
+        // pagemap that cannot be read (as root, the page count fails).
+        for &pid in &pids {
+            let dir = proc_root.join(pid.to_string());
+            write(
+                &dir.join("maps"),
+                "00400000-00452000 r-xp 00000000 08:02 1 /usr/bin/python3\n",
+            );
+            std::fs::create_dir_all(dir.join("pagemap")).expect("an unreadable pagemap");
+            write(
+                &proc_root.join(pid.to_string()).join("smaps_rollup"),
+                "Rss: 6144 kB\nPss: 1024 kB\nPss_Anon: 512 kB\nPss_File: 500 kB\nPss_Shmem: 12 kB\n\
+                 Private_Clean: 0 kB\nPrivate_Dirty: 512 kB\n",
+            );
+        }
+        let mut tree = ProcTree::new(ProcOptions {
+            root: proc_root.clone(),
+            hwm_interval: Duration::from_secs(1),
+            reaper: None,
+            job: None,
+            smaps: None,
+            read_share: 0.02,
+        })
+        .expect("fake procfs");
+        tree.add_root(pids[0]).expect("the job");
+        let mut reader = FootprintReader::new(
+            FootprintOptions {
+                choice: SourceChoice::Auto,
+                proc_root: proc_root.clone(),
+            },
+            Some("memtrack does not create cgroups on cgroup v2".into()),
+        );
+        // As root a page count is tried first, and fails here (no
+        // pagemap); the Σ Pss pass runs on the reader thread. Sample until
+        // a complete pass is behind the figure.
+        let mut now = Instant::now();
+        let mut footprint = None;
+        for _ in 0..400 {
+            let mut host = HostSample::default();
+            tree.sample(now, &mut host);
+            reader.sample(now, 1.0, &mut tree, &mut host);
+            let f = host.footprint.expect("a figure");
+            if f.source == HostSource::Pss && f.age_s.is_some() {
+                footprint = Some(f);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            now += Duration::from_millis(100);
+        }
+        let f = footprint.expect("a complete Σ Pss pass within 400 samples");
+        let info = reader.info().clone();
+        assert_eq!(info.source, HostSource::Pss, "{info:?}");
+        assert_eq!(info.cgroup.as_deref(), Some(job.as_path()));
+        assert!(info.reason.contains("floor"), "{}", info.reason);
+        let shared = pids.len() as u64 * 512 * 1024;
+        assert_eq!(
+            f.used,
+            anon + shared,
+            "the charge and the shared part, over Σ Pss (4 MiB)"
+        );
+        assert!(f.cgroup.is_some(), "the cgroup's reading is kept");
+        assert_eq!(reader.oom_counter(), Some(job.join("memory.events")));
     }
 
     #[test]

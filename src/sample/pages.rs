@@ -112,6 +112,9 @@ pub(crate) struct Seen {
 pub(crate) struct Pass {
     /// Distinct resident pages of the processes read, in bytes.
     pub(crate) bytes: u64,
+    /// Of those, file pages and shared memory (a Σ Pss pass: its
+    /// `Pss_File + Pss_Shmem`).
+    pub(crate) shared: u64,
     pub(crate) seen: Vec<Seen>,
     /// Some present page came without its PFN: no permission to count.
     pub(crate) unreadable: bool,

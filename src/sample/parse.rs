@@ -188,6 +188,18 @@ pub(crate) fn parse_smaps_rollup(text: &str) -> Result<(u64, u64), ParseError> {
     ))
 }
 
+/// The file and shared-memory part of a `smaps_rollup`'s Pss
+/// (`Pss_File + Pss_Shmem`, Linux ≥ 5.0), in bytes; 0 where the kernel
+/// does not split it.
+pub(crate) fn smaps_rollup_pss_shared(text: &str) -> u64 {
+    text.lines()
+        .filter_map(|line| line.split_once(':'))
+        .filter(|(key, _)| matches!(*key, "Pss_File" | "Pss_Shmem"))
+        .filter_map(|(_, v)| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .sum()
+}
+
 /// `/proc/PID/cmdline`: NUL-separated arguments.
 pub(crate) fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
     bytes

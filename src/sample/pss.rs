@@ -22,7 +22,7 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use super::pages::{Pass, Seen};
-use super::parse::{parse_smaps_rollup, parse_statm_anon};
+use super::parse::{parse_smaps_rollup, parse_statm_anon, smaps_rollup_pss_shared};
 
 /// What a pass counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,6 +48,7 @@ pub(crate) fn add(
     match read_process(&dir, page_size, buf) {
         Ok(Some((rss, anon, pss, uss))) => {
             out.bytes += pss;
+            out.shared += std::str::from_utf8(buf).map_or(0, smaps_rollup_pss_shared);
             out.seen.push(Seen {
                 pid,
                 rss,
