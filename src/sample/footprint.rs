@@ -476,6 +476,14 @@ impl FootprintReader {
                     tree.cost_mut().count_pss();
                     self.pss_on = true;
                 }
+                if let Some(why) = tree.cost().pages_failed() {
+                    // No Σ Pss to be had: the cgroup's charge is the figure.
+                    tracing::warn!("host memory: {why}; using the cgroup's charge");
+                    self.info.source = HostSource::Cgroup;
+                    self.info.reason = format!("{why}: the cgroup's charge is the figure");
+                    self.changed = true;
+                    return;
+                }
                 HostSource::Pss
             }
             _ => return,
@@ -862,13 +870,13 @@ mod tests {
         write(&dir.join("cgroup"), "0::/job.scope\n");
     }
 
-    /// Auto, without a page count (no root, or pages that cannot be read):
-    /// a cgroup holding only the job is no longer the figure but the floor
-    /// under Σ Pss. The recorded v2 cgroup's anonymous charge is raised (as
-    /// copies on write raise it before any pass sees them): the figure is
-    /// that charge plus the file and shared part of Σ Pss.
-    #[test]
-    fn auto_over_a_cgroup_holding_only_the_job_is_pss_with_the_charge_as_floor() {
+    /// The recorded v2 cgroup holding only the job, with its anonymous
+    /// charge set to `anon` (as copies on write raise it before any pass
+    /// sees them), in a procfs whose pagemaps cannot be read (as root, the
+    /// page count fails). Each process's `smaps_rollup` says Pss 1 MiB, of
+    /// which 512 KiB file and shared; `smaps: false` makes it unreadable.
+    /// Returns the folder, the cgroup and the tree (its roots added).
+    fn recorded_job_with_charge(anon: u64, smaps: bool) -> (tempfile::TempDir, PathBuf, ProcTree) {
         let tmp = tempfile::tempdir().expect("tempdir");
         let proc_root = tmp.path().join("proc");
         let mount = tmp.path().join("cgroup");
@@ -883,7 +891,6 @@ mod tests {
             std::fs::copy(Path::new(RECORDED).join(f), job.join(f)).expect("copy the recording");
         }
         let stat = std::fs::read_to_string(Path::new(RECORDED).join("memory.stat")).expect("stat");
-        let anon = 100 * 1024 * 1024u64;
         let raised: String = stat
             .lines()
             .map(|l| match l.split_once(' ') {
@@ -907,8 +914,6 @@ mod tests {
         for &pid in &pids[1..] {
             process(&proc_root, pid, pids[0]);
         }
-        // Each process: Pss 1 MiB, of which 512 KiB file and shared; a
-        // pagemap that cannot be read (as root, the page count fails).
         for &pid in &pids {
             let dir = proc_root.join(pid.to_string());
             write(
@@ -916,14 +921,19 @@ mod tests {
                 "00400000-00452000 r-xp 00000000 08:02 1 /usr/bin/python3\n",
             );
             std::fs::create_dir_all(dir.join("pagemap")).expect("an unreadable pagemap");
-            write(
-                &proc_root.join(pid.to_string()).join("smaps_rollup"),
-                "Rss: 6144 kB\nPss: 1024 kB\nPss_Anon: 512 kB\nPss_File: 500 kB\nPss_Shmem: 12 kB\n\
-                 Private_Clean: 0 kB\nPrivate_Dirty: 512 kB\n",
-            );
+            let rollup = dir.join("smaps_rollup");
+            if smaps {
+                write(
+                    &rollup,
+                    "Rss: 6144 kB\nPss: 1024 kB\nPss_Anon: 512 kB\nPss_File: 500 kB\n\
+                     Pss_Shmem: 12 kB\nPrivate_Clean: 0 kB\nPrivate_Dirty: 512 kB\n",
+                );
+            } else {
+                std::fs::create_dir_all(&rollup).expect("an unreadable smaps_rollup");
+            }
         }
         let mut tree = ProcTree::new(ProcOptions {
-            root: proc_root.clone(),
+            root: proc_root,
             hwm_interval: Duration::from_secs(1),
             reaper: None,
             job: None,
@@ -932,36 +942,59 @@ mod tests {
         })
         .expect("fake procfs");
         tree.add_root(pids[0]).expect("the job");
-        let mut reader = FootprintReader::new(
-            FootprintOptions {
-                choice: SourceChoice::Auto,
-                proc_root: proc_root.clone(),
-            },
-            Some("memtrack does not create cgroups on cgroup v2".into()),
-        );
-        // As root a page count is tried first, and fails here (no
-        // pagemap); the Σ Pss pass runs on the reader thread. Sample until
-        // a complete pass is behind the figure.
+        (tmp, job, tree)
+    }
+
+    /// Samples `tree` under an auto reader until `done` holds of a figure
+    /// (the reads run on the reader thread); that figure.
+    fn sample_until(
+        tree: &mut ProcTree,
+        reader: &mut FootprintReader,
+        done: impl Fn(&Footprint) -> bool,
+    ) -> Footprint {
         let mut now = Instant::now();
-        let mut footprint = None;
         for _ in 0..400 {
             let mut host = HostSample::default();
             tree.sample(now, &mut host);
-            reader.sample(now, 1.0, &mut tree, &mut host);
+            reader.sample(now, 1.0, tree, &mut host);
             let f = host.footprint.expect("a figure");
-            if f.source == HostSource::Pss && f.age_s.is_some() {
-                footprint = Some(f);
-                break;
+            if done(&f) {
+                return f;
             }
             std::thread::sleep(Duration::from_millis(10));
             now += Duration::from_millis(100);
         }
-        let f = footprint.expect("a complete Σ Pss pass within 400 samples");
+        panic!("no such figure within 400 samples: {:?}", reader.info());
+    }
+
+    fn auto_reader(tree: &ProcTree) -> FootprintReader {
+        FootprintReader::new(
+            FootprintOptions {
+                choice: SourceChoice::Auto,
+                proc_root: tree.root().to_path_buf(),
+            },
+            Some("memtrack does not create cgroups on cgroup v2".into()),
+        )
+    }
+
+    /// Auto, without a page count (no root, or pages that cannot be read):
+    /// a cgroup holding only the job is no longer the figure but the floor
+    /// under Σ Pss: its anonymous charge plus the file and shared part of
+    /// Σ Pss.
+    #[test]
+    fn auto_over_a_cgroup_holding_only_the_job_is_pss_with_the_charge_as_floor() {
+        let anon = 100 * 1024 * 1024u64;
+        let (_tmp, job, mut tree) = recorded_job_with_charge(anon, true);
+        let mut reader = auto_reader(&tree);
+        // A complete Σ Pss pass behind the figure.
+        let f = sample_until(&mut tree, &mut reader, |f| {
+            f.source == HostSource::Pss && f.age_s.is_some()
+        });
         let info = reader.info().clone();
         assert_eq!(info.source, HostSource::Pss, "{info:?}");
         assert_eq!(info.cgroup.as_deref(), Some(job.as_path()));
         assert!(info.reason.contains("floor"), "{}", info.reason);
-        let shared = pids.len() as u64 * 512 * 1024;
+        let shared = 4 * 512 * 1024;
         assert_eq!(
             f.used,
             anon + shared,
@@ -969,6 +1002,23 @@ mod tests {
         );
         assert!(f.cgroup.is_some(), "the cgroup's reading is kept");
         assert_eq!(reader.oom_counter(), Some(job.join("memory.events")));
+    }
+
+    /// Where Σ Pss cannot be read either, the cgroup's charge is the
+    /// figure, and says so.
+    #[test]
+    fn auto_over_a_cgroup_without_pss_takes_the_charge() {
+        let (_tmp, _job, mut tree) = recorded_job_with_charge(100 * 1024 * 1024, false);
+        let mut reader = auto_reader(&tree);
+        let f = sample_until(&mut tree, &mut reader, |f| f.source == HostSource::Cgroup);
+        let info = reader.info().clone();
+        assert_eq!(info.source, HostSource::Cgroup, "{info:?}");
+        assert!(
+            info.reason.contains("the cgroup's charge is the figure"),
+            "{}",
+            info.reason
+        );
+        assert!(f.used > 0);
     }
 
     #[test]
