@@ -34,7 +34,7 @@ pub const SYSTEM: &str = "system";
 /// object under the checkpoint's name for it (`rename` keeps it where the
 /// struct's own name is shorter). serde reads flattened fields from a
 /// buffered copy, where a map's keys stay strings: maps keyed by a number
-/// read them with [`number_keys`](crate::model::number_keys).
+/// read them with `model::number_keys`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Store {
     pub(crate) run: RunInfo,
