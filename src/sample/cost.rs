@@ -156,6 +156,15 @@ struct Pages {
     changing: bool,
 }
 
+/// What the reader is handed next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    Roll,
+    Pss,
+    Own,
+    Nothing,
+}
+
 /// The reader of costs and its bookkeeping.
 pub(crate) struct CostReader {
     opts: CostOptions,
@@ -310,6 +319,19 @@ impl CostReader {
         if !self.reader.as_mut().is_some_and(|r| r.ready(now)) {
             return;
         }
+        match self.turn(now, tree) {
+            Turn::Roll => self.roll(now, tree),
+            Turn::Pss => self.pss_slice(now, tree),
+            Turn::Own => self.own_batch(now, tree),
+            Turn::Nothing => {}
+        }
+    }
+
+    /// What the reader does next: the page count (or a Σ Pss pass) comes
+    /// first; own-cost reads take at most a fifth of the CPU spent since
+    /// the count's round began (a round: slices until one leaves no process
+    /// due), so they get a turn after each round.
+    fn turn(&self, now: Instant, tree: &[View]) -> Turn {
         let since = |t: Option<Instant>, every: Duration| {
             t.is_none_or(|t| now.saturating_duration_since(t) >= every)
         };
@@ -330,41 +352,58 @@ impl CostReader {
             && self.pages.cpu_own.as_secs_f64()
                 < OWN_SHARE_IN_PASS * (self.pages.cpu_own + self.pages.cpu_pages).as_secs_f64()
             && self.own_due(now, tree);
-        if pages_due && !own_turn && self.pages.kind == PassKind::Pages {
-            if !self.pages.running {
-                self.pages.started_at = Some(now);
-                self.pages.slices = 0;
-                self.pages.cpu_pages = Duration::ZERO;
-                self.pages.cpu_own = Duration::ZERO;
-            }
+        match (pages_due && !own_turn, self.pages.kind) {
+            (true, PassKind::Pages) => Turn::Roll,
+            (true, PassKind::Pss) => Turn::Pss,
+            (false, _) if self.own_interval().is_some() => Turn::Own,
+            (false, _) => Turn::Nothing,
+        }
+    }
+
+    /// Hands the reader a slice of the page count.
+    fn roll(&mut self, now: Instant, tree: &[View]) {
+        if !self.pages.running {
+            self.pages.started_at = Some(now);
+            self.pages.slices = 0;
+            self.pages.cpu_pages = Duration::ZERO;
+            self.pages.cpu_own = Duration::ZERO;
+        }
+        self.pages.urgent = false;
+        self.pages.rolled_at = Some(now);
+        self.pages.slices += 1;
+        let mut alive: Vec<u32> = tree.iter().filter(|v| v.rss > 0).map(|v| v.pid).collect();
+        alive.sort_unstable();
+        if let Some(reader) = &mut self.reader {
+            reader.submit_roll(alive);
+        }
+    }
+
+    /// Hands the reader the next slice of a Σ Pss pass.
+    fn pss_slice(&mut self, now: Instant, tree: &[View]) {
+        let fresh = !self.pages.running;
+        if fresh {
+            // Parents (older, lower PIDs as a rule) first.
+            self.pages.todo = tree.iter().filter(|v| v.rss > 0).map(|v| v.pid).collect();
+            self.pages.todo.sort_unstable();
+            self.pages.running = true;
             self.pages.urgent = false;
-            self.pages.rolled_at = Some(now);
-            self.pages.slices += 1;
-            let mut alive: Vec<u32> = tree.iter().filter(|v| v.rss > 0).map(|v| v.pid).collect();
-            alive.sort_unstable();
-            if let Some(reader) = &mut self.reader {
-                reader.submit_roll(alive);
-            }
-        } else if pages_due && !own_turn {
-            let fresh = !self.pages.running;
-            if fresh {
-                // Parents (older, lower PIDs as a rule) first.
-                self.pages.todo = tree.iter().filter(|v| v.rss > 0).map(|v| v.pid).collect();
-                self.pages.todo.sort_unstable();
-                self.pages.running = true;
-                self.pages.urgent = false;
-                self.pages.started_at = Some(now);
-                self.pages.slices = 0;
-                self.pages.cpu_pages = Duration::ZERO;
-                self.pages.cpu_own = Duration::ZERO;
-            }
-            self.pages.slices += 1;
-            let todo = self.pages.todo.clone();
-            if let Some(reader) = &mut self.reader {
-                reader.submit_pss(todo, fresh);
-                self.pages.in_flight = Some(self.pages.generation);
-            }
-        } else if let Some(interval) = self.own_interval() {
+            self.pages.started_at = Some(now);
+            self.pages.slices = 0;
+            self.pages.cpu_pages = Duration::ZERO;
+            self.pages.cpu_own = Duration::ZERO;
+        }
+        self.pages.slices += 1;
+        let todo = self.pages.todo.clone();
+        if let Some(reader) = &mut self.reader {
+            reader.submit_pss(todo, fresh);
+            self.pages.in_flight = Some(self.pages.generation);
+        }
+    }
+
+    /// Hands the reader the processes whose own cost is due, never read
+    /// first.
+    fn own_batch(&mut self, now: Instant, tree: &[View]) {
+        if let Some(interval) = self.own_interval() {
             let due = |at: Option<Instant>| {
                 at.is_none_or(|t| now.saturating_duration_since(t) >= interval)
             };
@@ -733,6 +772,50 @@ mod tests {
         assert_eq!(used(&r, now), 400, "its 30 + 10 MiB left with it");
         r.found(now, slice(&[], &[(1, 400)], 400));
         assert_eq!(used(&r, now), 400, "the count without it agrees");
+    }
+
+    #[test]
+    fn own_cost_reads_get_a_fifth_of_the_reader_after_each_round_of_the_count() {
+        let mut r = CostReader::new(
+            "/nonexistent".into(),
+            CostOptions {
+                own_interval: Some(Duration::from_secs(1)),
+                max_rss: u64::MAX,
+                share: 0.0,
+            },
+        );
+        r.count_pages();
+        let t0 = Instant::now();
+        let tree = [view(1, 500, 480, false), view(2, 100, 90, false)];
+        r.update(t0, &tree, &[]);
+        assert_eq!(r.turn(t0, &tree), Turn::Roll, "the page count comes first");
+        r.roll(t0, &tree);
+        // A slice that stops with a process left to read: the count's turn
+        // again, whatever it cost.
+        let mut part = slice(&[(1, 500, 480, 400)], &[(1, 400)], 400);
+        if let Found::Roll(Ok(s)) = &mut part {
+            s.whole = false;
+        }
+        r.found(t0, part);
+        r.pages.cpu_pages = Duration::from_millis(20);
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(
+            r.turn(t1, &tree),
+            Turn::Roll,
+            "no own read before a whole count"
+        );
+        r.roll(t1, &tree);
+        r.found(t1, slice(&[(2, 100, 90, 80)], &[(1, 400), (2, 80)], 480));
+        r.pages.cpu_pages += Duration::from_millis(5);
+        // The round is whole: own-cost reads, due, have had none of its CPU.
+        let t2 = t1 + Duration::from_secs(1);
+        assert_eq!(r.turn(t2, &tree), Turn::Own);
+        r.own_batch(t2, &tree);
+        r.pages.cpu_own = Duration::from_millis(10);
+        let t3 = t2 + Duration::from_secs(1);
+        assert_eq!(r.turn(t3, &tree), Turn::Roll, "then the count again");
+        r.roll(t3, &tree);
+        assert_eq!(r.pages.cpu_own, Duration::ZERO, "a new round counts afresh");
     }
 
     #[test]
