@@ -577,25 +577,9 @@ impl CostReader {
             .exits
             .retain(|(pid, _)| s.alone.iter().any(|a| a.0 == *pid));
         self.pages.running = !s.whole;
-        if !s.whole {
-            return;
+        if s.whole {
+            self.whole(now, "page count", s.bytes, s.alone.len());
         }
-        self.pages.exact = true;
-        self.pages.committed_at = Some(now);
-        self.pages.passes += 1;
-        tracing::debug!(
-            "page count {}: {:.1} MiB of distinct pages in {} processes, {} slices, {:.1} ms of \
-             CPU ({:.1} ms on own-cost reads meanwhile) over {:.2} s",
-            self.pages.passes,
-            s.bytes as f64 / f64::from(1u32 << 20),
-            s.alone.len(),
-            self.pages.slices,
-            self.pages.cpu_pages.as_secs_f64() * 1e3,
-            self.pages.cpu_own.as_secs_f64() * 1e3,
-            self.pages
-                .started_at
-                .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64()),
-        );
     }
 
     /// A complete Σ Pss pass: its sum, and each process it read counted
@@ -604,19 +588,24 @@ impl CostReader {
         self.rebase(&p.seen);
         self.pages.total = Some(p.bytes);
         self.pages.shared = Some(p.shared);
-        self.pages.exact = true;
         self.pages
             .exits
             .retain(|(pid, _)| p.seen.iter().any(|s| s.pid == *pid));
         self.pages.running = false;
+        self.whole(now, "Σ Pss pass", p.bytes, p.seen.len());
+    }
+
+    /// A count is whole (every process read): the figure is exact from
+    /// now on, and its round is logged.
+    fn whole(&mut self, now: Instant, what: &str, bytes: u64, processes: usize) {
+        self.pages.exact = true;
         self.pages.committed_at = Some(now);
         self.pages.passes += 1;
         tracing::debug!(
-            "Σ Pss pass {}: {:.1} MiB in {} processes, {} slices, {:.1} ms of CPU \
+            "{what} {}: {:.1} MiB in {processes} processes, {} slices, {:.1} ms of CPU \
              ({:.1} ms on own-cost reads meanwhile) over {:.2} s",
             self.pages.passes,
-            p.bytes as f64 / f64::from(1u32 << 20),
-            p.seen.len(),
+            bytes as f64 / f64::from(1u32 << 20),
             self.pages.slices,
             self.pages.cpu_pages.as_secs_f64() * 1e3,
             self.pages.cpu_own.as_secs_f64() * 1e3,
@@ -743,7 +732,6 @@ mod tests {
                         pss: None,
                     })
                     .collect(),
-                unreadable: false,
             }),
             read: pid_figures.len(),
             complete: true,

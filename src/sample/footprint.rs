@@ -870,27 +870,81 @@ mod tests {
         write(&dir.join("cgroup"), "0::/job.scope\n");
     }
 
-    /// The recorded v2 cgroup holding only the job, with its anonymous
-    /// charge set to `anon` (as copies on write raise it before any pass
-    /// sees them), in a procfs whose pagemaps cannot be read (as root, the
-    /// page count fails). Each process's `smaps_rollup` says Pss 1 MiB, of
-    /// which 512 KiB file and shared; `smaps: false` makes it unreadable.
-    /// Returns the folder, the cgroup and the tree (its roots added).
-    fn recorded_job_with_charge(anon: u64, smaps: bool) -> (tempfile::TempDir, PathBuf, ProcTree) {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let proc_root = tmp.path().join("proc");
-        let mount = tmp.path().join("cgroup");
-        let job = mount.join("job.scope");
-        std::fs::create_dir_all(&job).expect("mkdir");
-        for f in [
-            "cgroup.procs",
-            "memory.current",
-            "memory.peak",
-            "memory.events",
-        ] {
-            std::fs::copy(Path::new(RECORDED).join(f), job.join(f)).expect("copy the recording");
+    /// The recorded v2 cgroup holding only the job (its four processes, the
+    /// first the job and the others its workers) in a fake procfs.
+    struct RecordedJob {
+        _tmp: tempfile::TempDir,
+        proc_root: PathBuf,
+        job: PathBuf,
+        procs: String,
+        pids: Vec<u32>,
+    }
+
+    impl RecordedJob {
+        fn new() -> RecordedJob {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let proc_root = tmp.path().join("proc");
+            let mount = tmp.path().join("cgroup");
+            let job = mount.join("job.scope");
+            std::fs::create_dir_all(&job).expect("mkdir");
+            for f in [
+                "cgroup.procs",
+                "memory.current",
+                "memory.peak",
+                "memory.stat",
+                "memory.events",
+            ] {
+                std::fs::copy(Path::new(RECORDED).join(f), job.join(f))
+                    .expect("copy the recording");
+            }
+            let procs = std::fs::read_to_string(job.join("cgroup.procs")).expect("procs");
+            let pids = cgroup::parse_procs(&procs);
+            write(&proc_root.join("stat"), "cpu 1 2 3\nbtime 1700000000\n");
+            write(
+                &proc_root.join("self/mountinfo"),
+                &format!(
+                    "32 23 0:28 / {} rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n",
+                    mount.display()
+                ),
+            );
+            write(&proc_root.join("self/cgroup"), "0::/memtrack.scope\n");
+            process(&proc_root, pids[0], 1);
+            for &pid in &pids[1..] {
+                process(&proc_root, pid, pids[0]);
+            }
+            RecordedJob {
+                _tmp: tmp,
+                proc_root,
+                job,
+                procs,
+                pids,
+            }
         }
-        let stat = std::fs::read_to_string(Path::new(RECORDED).join("memory.stat")).expect("stat");
+
+        /// The tree, the job its root.
+        fn tree(&self) -> ProcTree {
+            let mut tree = ProcTree::new(ProcOptions {
+                root: self.proc_root.clone(),
+                hwm_interval: Duration::from_secs(1),
+                reaper: None,
+                job: None,
+                smaps: None,
+                read_share: 0.02,
+            })
+            .expect("fake procfs");
+            tree.add_root(self.pids[0]).expect("the job");
+            tree
+        }
+    }
+
+    /// [`RecordedJob`] with the cgroup's anonymous charge set to `anon` (as
+    /// copies on write raise it before any pass sees them) and pagemaps
+    /// that cannot be read (as root, the page count fails). Each process's
+    /// `smaps_rollup` says Pss 1 MiB, of which 512 KiB file and shared;
+    /// `smaps: false` makes it unreadable.
+    fn recorded_job_with_charge(anon: u64, smaps: bool) -> (RecordedJob, ProcTree) {
+        let rec = RecordedJob::new();
+        let stat = std::fs::read_to_string(rec.job.join("memory.stat")).expect("stat");
         let raised: String = stat
             .lines()
             .map(|l| match l.split_once(' ') {
@@ -898,24 +952,9 @@ mod tests {
                 _ => format!("{l}\n"),
             })
             .collect();
-        write(&job.join("memory.stat"), &raised);
-        let procs = std::fs::read_to_string(job.join("cgroup.procs")).expect("procs");
-        let pids = cgroup::parse_procs(&procs);
-        write(&proc_root.join("stat"), "cpu 1 2 3\nbtime 1700000000\n");
-        write(
-            &proc_root.join("self/mountinfo"),
-            &format!(
-                "32 23 0:28 / {} rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n",
-                mount.display()
-            ),
-        );
-        write(&proc_root.join("self/cgroup"), "0::/memtrack.scope\n");
-        process(&proc_root, pids[0], 1);
-        for &pid in &pids[1..] {
-            process(&proc_root, pid, pids[0]);
-        }
-        for &pid in &pids {
-            let dir = proc_root.join(pid.to_string());
+        write(&rec.job.join("memory.stat"), &raised);
+        for &pid in &rec.pids {
+            let dir = rec.proc_root.join(pid.to_string());
             write(
                 &dir.join("maps"),
                 "00400000-00452000 r-xp 00000000 08:02 1 /usr/bin/python3\n",
@@ -932,17 +971,8 @@ mod tests {
                 std::fs::create_dir_all(&rollup).expect("an unreadable smaps_rollup");
             }
         }
-        let mut tree = ProcTree::new(ProcOptions {
-            root: proc_root,
-            hwm_interval: Duration::from_secs(1),
-            reaper: None,
-            job: None,
-            smaps: None,
-            read_share: 0.02,
-        })
-        .expect("fake procfs");
-        tree.add_root(pids[0]).expect("the job");
-        (tmp, job, tree)
+        let tree = rec.tree();
+        (rec, tree)
     }
 
     /// Samples `tree` under an auto reader until `done` holds of a figure
@@ -984,7 +1014,8 @@ mod tests {
     #[test]
     fn auto_over_a_cgroup_holding_only_the_job_is_pss_with_the_charge_as_floor() {
         let anon = 100 * 1024 * 1024u64;
-        let (_tmp, job, mut tree) = recorded_job_with_charge(anon, true);
+        let (rec, mut tree) = recorded_job_with_charge(anon, true);
+        let job = &rec.job;
         let mut reader = auto_reader(&tree);
         // A complete Σ Pss pass behind the figure.
         let f = sample_until(&mut tree, &mut reader, |f| {
@@ -1008,7 +1039,7 @@ mod tests {
     /// figure, and says so.
     #[test]
     fn auto_over_a_cgroup_without_pss_takes_the_charge() {
-        let (_tmp, _job, mut tree) = recorded_job_with_charge(100 * 1024 * 1024, false);
+        let (_rec, mut tree) = recorded_job_with_charge(100 * 1024 * 1024, false);
         let mut reader = auto_reader(&tree);
         let f = sample_until(&mut tree, &mut reader, |f| f.source == HostSource::Cgroup);
         let info = reader.info().clone();
@@ -1023,47 +1054,10 @@ mod tests {
 
     #[test]
     fn a_recorded_cgroup_v2_holding_only_the_job_is_the_source_until_a_stranger_joins() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let proc_root = tmp.path().join("proc");
-        let mount = tmp.path().join("cgroup");
-        let job = mount.join("job.scope");
-        std::fs::create_dir_all(&job).expect("mkdir");
-        for f in [
-            "cgroup.procs",
-            "memory.current",
-            "memory.peak",
-            "memory.stat",
-            "memory.events",
-        ] {
-            std::fs::copy(Path::new(RECORDED).join(f), job.join(f)).expect("copy the recording");
-        }
-        let procs = std::fs::read_to_string(job.join("cgroup.procs")).expect("procs");
-        let pids = cgroup::parse_procs(&procs);
-        assert_eq!(pids.len(), 4, "{procs}");
-        write(&proc_root.join("stat"), "cpu 1 2 3\nbtime 1700000000\n");
-        write(
-            &proc_root.join("self/mountinfo"),
-            &format!(
-                "32 23 0:28 / {} rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n",
-                mount.display()
-            ),
-        );
-        write(&proc_root.join("self/cgroup"), "0::/memtrack.scope\n");
-        // The first recorded process is the job; the others its workers.
-        process(&proc_root, pids[0], 1);
-        for &pid in &pids[1..] {
-            process(&proc_root, pid, pids[0]);
-        }
-        let mut tree = ProcTree::new(ProcOptions {
-            root: proc_root.clone(),
-            hwm_interval: Duration::from_secs(1),
-            reaper: None,
-            job: None,
-            smaps: None,
-            read_share: 0.02,
-        })
-        .expect("fake procfs");
-        tree.add_root(pids[0]).expect("the job");
+        let rec = RecordedJob::new();
+        assert_eq!(rec.pids.len(), 4, "{}", rec.procs);
+        let (proc_root, job, procs) = (&rec.proc_root, &rec.job, &rec.procs);
+        let mut tree = rec.tree();
         let mut reader = FootprintReader::new(
             FootprintOptions {
                 choice: SourceChoice::Cgroup,
@@ -1114,7 +1108,7 @@ mod tests {
 
         // A process that is not the job's joins the cgroup: from the next
         // membership check on, the figure is Σ Pss, and says why.
-        process(&proc_root, 999, 1);
+        process(proc_root, 999, 1);
         write(&job.join("cgroup.procs"), &format!("{procs}999\n"));
         let later = now + MEMBERSHIP_EVERY + Duration::from_millis(100);
         host.clear();

@@ -107,17 +107,14 @@ pub(crate) struct Seen {
     pub(crate) pss: Option<u64>,
 }
 
-/// A pass over the tree.
+/// A Σ Pss pass over the tree ([`super::pss`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Pass {
-    /// Distinct resident pages of the processes read, in bytes.
+    /// Σ Pss of the processes read, in bytes.
     pub(crate) bytes: u64,
-    /// Of those, file pages and shared memory (a Σ Pss pass: its
-    /// `Pss_File + Pss_Shmem`).
+    /// Of that, file pages and shared memory (`Pss_File + Pss_Shmem`).
     pub(crate) shared: u64,
     pub(crate) seen: Vec<Seen>,
-    /// Some present page came without its PFN: no permission to count.
-    pub(crate) unreadable: bool,
 }
 
 /// A mapping worth reading: `[start, end)` with some access.
