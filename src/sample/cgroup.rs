@@ -488,7 +488,7 @@ impl Cgroup {
     /// Every PID in the cgroup and the cgroups below it.
     pub(crate) fn procs(&self) -> io::Result<Vec<u32>> {
         let mut pids = Vec::new();
-        collect_procs(&self.dir, &mut pids, 0)?;
+        collect_procs(&self.dir, &mut pids)?;
         Ok(pids)
     }
 
@@ -505,56 +505,74 @@ impl Cgroup {
     }
 }
 
-fn collect_procs(dir: &Path, out: &mut Vec<u32>, depth: u32) -> io::Result<()> {
+/// The most cgroup folders walked below one cgroup: a job may nest its
+/// own cgroups as deep and as wide as it likes.
+const MAX_CGROUPS: usize = 10_000;
+
+/// Every folder of the cgroup tree at `dir`, each parent before its
+/// children (breadth first, without recursion: any depth, at most
+/// [`MAX_CGROUPS`] folders).
+fn subtree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    let mut next = 0;
+    while next < out.len() && out.len() < MAX_CGROUPS {
+        if let Ok(entries) = std::fs::read_dir(&out[next]) {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) && out.len() < MAX_CGROUPS {
+                    out.push(entry.path());
+                }
+            }
+        }
+        next += 1;
+    }
+    out
+}
+
+fn collect_procs(dir: &Path, out: &mut Vec<u32>) -> io::Result<()> {
     let text = std::fs::read_to_string(dir.join("cgroup.procs"))?;
     out.extend(parse_procs(&text));
-    if depth >= 16 {
-        return Ok(());
-    }
-    for entry in std::fs::read_dir(dir)?.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            collect_procs(&entry.path(), out, depth + 1)?;
+    for below in subtree(dir).iter().skip(1) {
+        if let Ok(text) = std::fs::read_to_string(below.join("cgroup.procs")) {
+            out.extend(parse_procs(&text));
         }
     }
     Ok(())
 }
 
-/// Moves what is left in `dir` to its parent and removes it, children
-/// first: a job may have made cgroups of its own inside it, which would
-/// keep it busy (EBUSY) forever.
+/// Moves what is left in `dir` and the cgroups a job made inside it to
+/// `dir`'s parent and removes them all, deepest first (a cgroup with
+/// children is busy, EBUSY, until they are gone), however deep they nest.
 pub(crate) fn remove_created(dir: &Path) -> Result<(), CgroupError> {
-    remove_tree(dir, 0)
-}
-
-fn remove_tree(dir: &Path, depth: u32) -> Result<(), CgroupError> {
-    if depth < 16 {
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for entry in entries.flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    remove_tree(&entry.path(), depth + 1)?;
-                }
-            }
-        }
-    }
     let parent_procs = dir
         .parent()
         .map(|p| p.join("cgroup.procs"))
         .ok_or_else(|| CgroupError::Unavailable(format!("{} has no parent", dir.display())))?;
-    for attempt in 0..50 {
+    // Breadth-first order reversed: every child before its parent.
+    for cgroup in subtree(dir).iter().rev() {
+        remove_one(cgroup, &parent_procs)?;
+    }
+    Ok(())
+}
+
+/// How often removing one cgroup is tried while it is busy (an exiting
+/// task still charged to it), 20 ms apart.
+const REMOVE_TRIES: u32 = 50;
+
+fn remove_one(dir: &Path, parent_procs: &Path) -> Result<(), CgroupError> {
+    for attempt in 0..REMOVE_TRIES {
         if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
             for pid in parse_procs(&text) {
                 // One PID per write, as the kernel requires.
                 let _ = OpenOptions::new()
                     .write(true)
-                    .open(&parent_procs)
+                    .open(parent_procs)
                     .and_then(|mut f| f.write_all(format!("{pid}\n").as_bytes()));
             }
         }
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            // EBUSY while an exiting task is still charged: try again.
-            Err(e) if attempt < 49 && e.raw_os_error() == Some(libc::EBUSY) => {
+            Err(e) if attempt + 1 < REMOVE_TRIES && e.raw_os_error() == Some(libc::EBUSY) => {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             Err(source) => {
@@ -569,36 +587,210 @@ fn remove_tree(dir: &Path, depth: u32) -> Result<(), CgroupError> {
     Ok(())
 }
 
-/// Prefix of the cgroups memtrack creates: `memtrack-<pid>-<run id>`.
+/// Prefix of the cgroups memtrack creates:
+/// `memtrack-<pid>-t<start>-n<pid namespace>-<run id>` (older versions:
+/// `memtrack-<pid>-<run id>`).
 pub(crate) const CREATED_PREFIX: &str = "memtrack-";
 
-/// The PID of the memtrack that created a cgroup named `name`.
-fn created_owner(name: &str) -> Option<u32> {
-    name.strip_prefix(CREATED_PREFIX)?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()
+/// The memtrack that created a cgroup, as its name records it: its PID
+/// and, from this version on, its start time (clock ticks after boot,
+/// `stat` field 22) and the inode of its PID namespace. PID and namespace
+/// together name one process even where PIDs repeat (every container's
+/// memtrack is PID 1); the start time tells a reused PID apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Creator {
+    pid: u32,
+    start: Option<u64>,
+    pid_ns: Option<u64>,
 }
 
-/// Removes empty cgroups that a memtrack killed before its cleanup left
-/// under `parent` (their owner PID is gone and no process is left in them).
-pub(crate) fn remove_stale(parent: &Path, alive: impl Fn(u32) -> bool) -> usize {
+impl Creator {
+    /// This process, read through `proc_root`.
+    pub(crate) fn this_process(proc_root: &Path) -> Creator {
+        let start = std::fs::read_to_string(proc_root.join("self/stat"))
+            .ok()
+            .and_then(|t| super::parse::parse_stat(&t).ok())
+            .map(|s| s.start_ticks);
+        Creator {
+            pid: std::process::id(),
+            start,
+            pid_ns: pid_ns_of(proc_root, "self"),
+        }
+    }
+
+    /// The name of a cgroup this process creates for run `run_id`.
+    pub(crate) fn cgroup_name(&self, run_id: &str) -> String {
+        let id: String = run_id
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(32)
+            .collect();
+        match (self.start, self.pid_ns) {
+            (Some(start), Some(ns)) => {
+                format!("{CREATED_PREFIX}{}-t{start}-n{ns}-{id}", self.pid)
+            }
+            _ => format!("{CREATED_PREFIX}{}-{id}", self.pid),
+        }
+    }
+
+    /// The creator a cgroup's name records.
+    fn of_name(name: &str) -> Option<Creator> {
+        let mut parts = name.strip_prefix(CREATED_PREFIX)?.split('-');
+        let pid = parts.next()?.parse().ok()?;
+        let number = |part: Option<&str>, tag: char| {
+            part.and_then(|p| p.strip_prefix(tag))
+                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|n| n.parse::<u64>().ok())
+        };
+        let start = number(parts.next(), 't');
+        let pid_ns = start.and_then(|_| number(parts.next(), 'n'));
+        Some(match pid_ns {
+            Some(_) => Creator { pid, start, pid_ns },
+            None => Creator {
+                pid,
+                start: None,
+                pid_ns: None,
+            },
+        })
+    }
+}
+
+/// The inode of `<proc_root>/<pid>/ns/pid`.
+fn pid_ns_of(proc_root: &Path, pid: &str) -> Option<u64> {
+    let link = std::fs::read_link(proc_root.join(pid).join("ns/pid")).ok()?;
+    super::pidns::ns_inode(&link.to_string_lossy())
+}
+
+/// Which creators are alive, asked of the procfs at `proc_root`.
+struct Living<'a> {
+    proc_root: &'a Path,
+    own_ns: Option<u64>,
+    /// Every process this procfs shows, read once when a creator of
+    /// another namespace is asked about.
+    seen: Option<Seen>,
+}
+
+/// The live processes a procfs shows: (PID namespace, PID in it, start)
+/// of each, and (PID in its namespace, start) of those whose namespace
+/// link cannot be read (another user's, or one the kernel hides).
+#[derive(Default)]
+struct Seen {
+    known: std::collections::HashSet<(u64, u32, u64)>,
+    unsure: std::collections::HashSet<(u32, u64)>,
+}
+
+impl<'a> Living<'a> {
+    fn new(proc_root: &'a Path) -> Living<'a> {
+        Living {
+            proc_root,
+            own_ns: pid_ns_of(proc_root, "self"),
+            seen: None,
+        }
+    }
+
+    /// Whether `c` may still be running (unsure is alive: a live run's
+    /// cgroup is never taken for stale).
+    fn alive(&mut self, c: Creator) -> bool {
+        let (Some(start), Some(ns)) = (c.start, c.pid_ns) else {
+            return self.alive_by_pid(c.pid);
+        };
+        if self.own_ns == Some(ns) {
+            return self.started_at(c.pid) == Some(start);
+        }
+        let proc_root = self.proc_root;
+        let seen = self.seen.get_or_insert_with(|| every_process(proc_root));
+        if seen.known.contains(&(ns, c.pid, start)) || seen.unsure.contains(&(c.pid, start)) {
+            return true;
+        }
+        // Only the host's procfs shows every process: from inside a PID
+        // namespace, one of a sibling namespace is out of sight, alive or
+        // not.
+        self.own_ns != Some(super::pidns::INIT_PID_NS_INODE)
+    }
+
+    /// An older name (no start, no namespace): alive while its PID is.
+    /// PID 1 is the exception: on the host it is init, and inside a PID
+    /// namespace it is memtrack itself, whose own cgroup has a name of this
+    /// version; either way not the memtrack that made the cgroup.
+    fn alive_by_pid(&self, pid: u32) -> bool {
+        pid != 1 && crate::sys::pid_exists(pid)
+    }
+
+    fn started_at(&self, pid: u32) -> Option<u64> {
+        let text =
+            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("stat")).ok()?;
+        let stat = super::parse::parse_stat(&text).ok()?;
+        (stat.state != 'Z' && stat.state != 'X').then_some(stat.start_ticks)
+    }
+}
+
+/// Every live process `proc_root` shows, as [`Seen`] records them.
+fn every_process(proc_root: &Path) -> Seen {
+    let mut seen = Seen::default();
+    let Ok(entries) = std::fs::read_dir(proc_root) else {
+        return seen;
+    };
+    for entry in entries.flatten() {
+        let numeric = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        if !numeric {
+            continue;
+        }
+        let dir = entry.path();
+        // The PID in its own namespace (the last of `NSpid`) and the start.
+        let inner = std::fs::read_to_string(dir.join("status"))
+            .ok()
+            .and_then(|s| super::pidns::nspid(&s))
+            .and_then(|chain| chain.last().copied());
+        let start = std::fs::read_to_string(dir.join("stat"))
+            .ok()
+            .and_then(|t| super::parse::parse_stat(&t).ok())
+            .filter(|s| s.state != 'Z' && s.state != 'X')
+            .map(|s| s.start_ticks);
+        let (Some(inner), Some(start)) = (inner, start) else {
+            continue;
+        };
+        match std::fs::read_link(dir.join("ns/pid")) {
+            Ok(link) => match super::pidns::ns_inode(&link.to_string_lossy()) {
+                Some(ns) => {
+                    seen.known.insert((ns, inner, start));
+                }
+                None => {
+                    seen.unsure.insert((inner, start));
+                }
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(_) => {
+                seen.unsure.insert((inner, start));
+            }
+        }
+    }
+    seen
+}
+
+/// Removes cgroups that a memtrack killed before its cleanup left under
+/// `parent`: their creator is gone (exactly: the same PID in the same PID
+/// namespace with the same start time, asked of the procfs at
+/// `proc_root`) and no process is left in them or below them.
+pub(crate) fn remove_stale(parent: &Path, proc_root: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return 0;
     };
+    let mut living = Living::new(proc_root);
     let mut removed = 0;
     for entry in entries.flatten() {
-        let Some(owner) = entry.file_name().to_str().and_then(created_owner) else {
+        let Some(creator) = entry.file_name().to_str().and_then(Creator::of_name) else {
             continue;
         };
-        if alive(owner) {
+        if living.alive(creator) {
             continue;
         }
         let path = entry.path();
         // Empty all the way down: a job's own child cgroups included.
         let mut procs = Vec::new();
-        let empty = collect_procs(&path, &mut procs, 0).is_ok() && procs.is_empty();
+        let empty = collect_procs(&path, &mut procs).is_ok() && procs.is_empty();
         if empty && remove_created(&path).is_ok() {
             removed += 1;
         }
@@ -862,11 +1054,78 @@ mod tests {
     }
 
     #[test]
-    fn owners_of_created_cgroups() {
-        assert_eq!(created_owner("memtrack-123-abc"), Some(123));
-        assert_eq!(created_owner("memtrack-9"), Some(9));
-        assert_eq!(created_owner("memtrack-x-1"), None);
-        assert_eq!(created_owner("other-1-2"), None);
-        assert_eq!(created_owner("memtrack--"), None);
+    fn creators_of_created_cgroups() {
+        let of = Creator::of_name;
+        let c = |pid, start, pid_ns| Some(Creator { pid, start, pid_ns });
+        assert_eq!(
+            of("memtrack-1-t4567-n4026532999-abc"),
+            c(1, Some(4567), Some(4026532999))
+        );
+        assert_eq!(of("memtrack-123-abc"), c(123, None, None));
+        assert_eq!(of("memtrack-9"), c(9, None, None));
+        assert_eq!(
+            of("memtrack-9-t12-abc"),
+            c(9, None, None),
+            "both or neither"
+        );
+        assert_eq!(of("memtrack-x-1"), None);
+        assert_eq!(of("other-1-2"), None);
+        assert_eq!(of("memtrack--"), None);
+        let me = Creator {
+            pid: 7,
+            start: Some(99),
+            pid_ns: Some(5),
+        };
+        assert_eq!(of(&me.cgroup_name("ab-CD/12")), Some(me));
+        assert_eq!(me.cgroup_name("ab-CD/12"), "memtrack-7-t99-n5-abCD12");
+    }
+
+    #[test]
+    fn only_a_creator_that_is_gone_is_stale() {
+        let proc_root = Path::new("/proc");
+        let mut living = Living::new(proc_root);
+        let me = Creator::this_process(proc_root);
+        assert!(me.start.is_some() && me.pid_ns.is_some(), "{me:?}");
+        assert!(living.alive(me));
+        // Another start time: the PID was reused.
+        let reused = Creator {
+            start: me.start.map(|s| s + 1),
+            ..me
+        };
+        assert!(!living.alive(reused));
+        // PID 1 of a namespace that is gone: stale, seen from the host.
+        let gone = Creator {
+            pid: 1,
+            start: Some(1),
+            pid_ns: Some(1),
+        };
+        let on_host = living.own_ns == Some(super::super::pidns::INIT_PID_NS_INODE);
+        assert_eq!(living.alive(gone), !on_host);
+        // An older name of PID 1: never this memtrack.
+        assert!(!living.alive(Creator {
+            pid: 1,
+            start: None,
+            pid_ns: None
+        }));
+    }
+
+    #[test]
+    fn a_tree_is_listed_parents_first_at_any_depth() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut deep = tmp.path().to_path_buf();
+        for _ in 0..40 {
+            deep.push("a");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::create_dir(tmp.path().join("b")).unwrap();
+        let tree = subtree(tmp.path());
+        assert_eq!(tree.len(), 42);
+        assert_eq!(tree.last().unwrap(), &deep);
+        for (i, d) in tree.iter().enumerate() {
+            if let Some(parent) = d.parent().filter(|_| i > 0) {
+                let at = tree.iter().position(|x| x == parent).unwrap();
+                assert!(at < i, "{} before {}", parent.display(), d.display());
+            }
+        }
     }
 }

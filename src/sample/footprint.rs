@@ -750,7 +750,7 @@ pub fn remove_stale_cgroups(proc_root: &Path) -> usize {
     else {
         return 0;
     };
-    cgroup::remove_stale(&parent, crate::sys::pid_exists)
+    cgroup::remove_stale(&parent, proc_root)
 }
 
 /// Creates a memory cgroup for the job under memtrack's own (cgroup v1's
@@ -776,17 +776,8 @@ pub fn job_cgroup(proc_root: &Path, run_id: &str) -> Result<Cgroup, NoJobCgroup>
         .find(|m| m.version == cgroup::Version::V1)
         .ok_or(NoJobCgroup::NoController)?;
     let parent = cgroup::cgroup_dir(mount, &own).ok_or(NoJobCgroup::NotMounted(own))?;
-    cgroup::remove_stale(&parent, crate::sys::pid_exists);
-    let name = format!(
-        "{}{}-{}",
-        cgroup::CREATED_PREFIX,
-        std::process::id(),
-        run_id
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric())
-            .take(32)
-            .collect::<String>()
-    );
+    cgroup::remove_stale(&parent, proc_root);
+    let name = cgroup::Creator::this_process(proc_root).cgroup_name(run_id);
     Ok(Cgroup::create_v1(&parent.join(name))?)
 }
 
