@@ -73,6 +73,11 @@ pub enum FlagError {
     MemoryLimit(#[source] crate::units::UnitError),
     #[error("--memory-limit: too large")]
     MemoryLimitTooLarge,
+    #[error(
+        "--memory-limit `{0}` is no size: 0 would mean no limit at all; leave the flag out \
+         for none, or give a size of at least 4M"
+    )]
+    MemoryLimitZero(String),
 }
 
 /// What a command reads its configuration from, above the defaults and
@@ -266,6 +271,9 @@ impl ConfigSources for RunArgs {
         let mut layer = self.daemon.layer()?;
         if let Some(limit) = &self.memory_limit {
             let bytes = crate::config::parse_limit(limit).map_err(FlagError::MemoryLimit)?;
+            if bytes == 0 {
+                return Err(FlagError::MemoryLimitZero(limit.clone()));
+            }
             let bytes = i64::try_from(bytes).map_err(|_| FlagError::MemoryLimitTooLarge)?;
             layer.set("host.memory_limit", Value::Integer(bytes));
         }

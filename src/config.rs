@@ -425,6 +425,7 @@ impl Layer {
 /// memtrack binary the Python client starts.
 pub(crate) const CLIENT_ONLY_ENV: &[&str] = &[
     "MEMTRACK_SOCKET",
+    "MEMTRACK_SOCKET_OWNER",
     "MEMTRACK_TIMEOUT",
     "MEMTRACK_DISABLE",
     "MEMTRACK_BIN",

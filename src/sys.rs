@@ -103,6 +103,30 @@ pub(crate) fn pid_exists(pid: u32) -> bool {
     }
 }
 
+/// The uid of the process at the other end of the connected Unix socket
+/// `fd` (`SO_PEERCRED`: the credentials the peer had when it connected or
+/// listened, which it cannot forge).
+pub(crate) fn peer_uid(fd: &impl std::os::fd::AsRawFd) -> io::Result<u32> {
+    // SAFETY: zeroed ucred is a valid value of a plain C struct.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into a local struct.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(cred.uid)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Bytes per page, for `statm`.
 pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf with a constant name.

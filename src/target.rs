@@ -57,9 +57,14 @@ pub(crate) const MAX_PID: u32 = i32::MAX as u32;
 )]
 pub(crate) struct NotAPid;
 
-/// Parses one PID (`--pid`): a decimal number from 1 to [`MAX_PID`].
+/// Parses one PID (`--pid`): a decimal number from 1 to [`MAX_PID`],
+/// digits only (no sign, no space: `' 1'` and `'+5'` are a mistake or a
+/// trick, not a PID).
 pub(crate) fn parse_pid(text: &str) -> Result<u32, NotAPid> {
-    match text.trim().parse::<u32>() {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(NotAPid);
+    }
+    match text.parse::<u32>() {
         Ok(pid) if (1..=MAX_PID).contains(&pid) => Ok(pid),
         _ => Err(NotAPid),
     }

@@ -27,9 +27,21 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// Connects to the daemon at `path` — only if the process listening
+    /// there is this user's, root's, or the uid `MEMTRACK_SOCKET_OWNER`
+    /// names: a socket in a folder others may write to can be swapped for
+    /// theirs, which would then read every mark and answer for the daemon.
     pub fn open(path: &Path, timeout: Duration) -> anyhow::Result<Connection> {
         let stream = UnixStream::connect(path)
             .with_context(|| format!("no memtrack daemon answers at {}", path.display()))?;
+        let owner = crate::sys::peer_uid(&stream)
+            .with_context(|| format!("cannot tell who listens at {}", path.display()))?;
+        check_owner(
+            path,
+            owner,
+            crate::sys::uid(),
+            std::env::var("MEMTRACK_SOCKET_OWNER").ok(),
+        )?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         Ok(Connection {
@@ -75,6 +87,21 @@ impl Connection {
         self.send(message)?;
         self.reply()
     }
+}
+
+/// Refuses a daemon socket whose listener runs as a uid other than `me`,
+/// root, or the one `allowed` (`MEMTRACK_SOCKET_OWNER`) names.
+fn check_owner(path: &Path, owner: u32, me: u32, allowed: Option<String>) -> anyhow::Result<()> {
+    let allowed = allowed.and_then(|v| v.trim().parse::<u32>().ok());
+    if owner == me || owner == 0 || allowed == Some(owner) {
+        return Ok(());
+    }
+    bail!(
+        "the socket {} is served by uid {owner}, not by this user (uid {me}) or root: not used \
+         (another user may have put it there; if that user runs your memtrack, set \
+         MEMTRACK_SOCKET_OWNER={owner})",
+        path.display()
+    )
 }
 
 /// A `status` reply as a short readable report.

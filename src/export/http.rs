@@ -110,7 +110,13 @@ fn respond(
 }
 
 fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
-    let mut body = serde_json::to_vec_pretty(value).unwrap_or_default();
+    let text = serde_json::to_string_pretty(value).unwrap_or_default();
+    // Read by people too (`curl`): C1 controls and bidirectional marks,
+    // which JSON writers leave raw, become `\uXXXX`, the same string to
+    // a JSON reader.
+    let mut body = crate::logging::terminal::escape_output(&text)
+        .into_owned()
+        .into_bytes();
     body.push(b'\n');
     respond(status, "application/json", body)
 }

@@ -176,7 +176,10 @@ impl Families {
             .map(|(k, v)| {
                 let mut l = LabelPair::default();
                 l.set_name(k.to_string());
-                l.set_value(v);
+                // Label values come from the job (names, labels, the
+                // command line): a control or bidirectional character is
+                // written as a visible `\u{1b}`, as on the terminal.
+                l.set_value(crate::logging::terminal::escape(&v).into_owned());
                 l
             })
             .collect()

@@ -38,6 +38,9 @@ const MAX_RESOLVED_BYTES: usize = 64 * 1024;
 /// What resolving one value may still spend.
 struct Budget {
     substitutions: usize,
+    /// The paths being resolved, outermost first: a target already among
+    /// them is a cycle.
+    chain: Vec<String>,
 }
 
 /// Why a file could not be read as HOCON, with the 1-based line.
@@ -92,7 +95,13 @@ impl ConfTree {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<String>, ParseError> {
         match self.get(path) {
-            Some(v) => self.str_of(v, env),
+            Some(v) => {
+                let mut budget = Budget {
+                    substitutions: 0,
+                    chain: vec![path.to_string()],
+                };
+                self.resolve_value(v, env, 0, &mut budget)
+            }
             None => Ok(None),
         }
     }
@@ -104,7 +113,10 @@ impl ConfTree {
         v: &Value,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<String>, ParseError> {
-        let mut budget = Budget { substitutions: 0 };
+        let mut budget = Budget {
+            substitutions: 0,
+            chain: Vec::new(),
+        };
         self.resolve_value(v, env, 0, &mut budget)
     }
 
@@ -116,7 +128,12 @@ impl ConfTree {
         budget: &mut Budget,
     ) -> Result<Option<String>, ParseError> {
         match self.get(path) {
-            Some(v) => self.resolve_value(v, env, depth, budget),
+            Some(v) => {
+                budget.chain.push(path.to_string());
+                let resolved = self.resolve_value(v, env, depth, budget);
+                budget.chain.pop();
+                resolved
+            }
             None => Ok(None),
         }
     }
@@ -143,10 +160,20 @@ impl ConfTree {
                     path: target,
                     optional,
                 } => {
-                    if depth >= MAX_SUBST_DEPTH {
+                    if budget.chain.iter().any(|p| p == target) {
                         return Err(ParseError {
                             line: *line,
                             message: format!("substitution {} refers to itself", name("", target)),
+                        });
+                    }
+                    if depth >= MAX_SUBST_DEPTH {
+                        return Err(ParseError {
+                            line: *line,
+                            message: format!(
+                                "substitutions nest too deep: {} is more than \
+                                 {MAX_SUBST_DEPTH} levels down",
+                                name("", target)
+                            ),
                         });
                     }
                     budget.substitutions += 1;
@@ -956,7 +983,16 @@ sdk {
         assert_eq!(err.line, 5);
         assert!(err.message.contains("CLEARML_KEY"), "{err}");
         let looped = parse("a: ${b}\nb: ${a}\n").unwrap();
-        assert!(looped.get_str("a", &no_env).is_err());
+        let err = looped.get_str("a", &no_env).unwrap_err();
+        assert!(err.message.contains("refers to itself"), "{err}");
+        // A chain 17 deep has no cycle: it is too deep, and says so.
+        let mut text = String::from("l0: x\n");
+        for i in 1..=17 {
+            text.push_str(&format!("l{i}: ${{l{}}}\n", i - 1));
+        }
+        let err = parse(&text).unwrap().get_str("l17", &no_env).unwrap_err();
+        assert!(err.message.contains("nest too deep"), "{err}");
+        assert!(!err.message.contains("itself"), "{err}");
     }
 
     #[test]

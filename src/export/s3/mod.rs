@@ -40,8 +40,14 @@ pub(crate) struct Destination {
 /// contains credentials.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum S3Error {
-    #[error("`{0}` is not an S3 URL like s3://bucket/prefix")]
+    #[error("`{}` is not an S3 URL like s3://bucket/prefix", shown_url(.0))]
     BadUrl(String),
+    #[error(
+        "`{}`: an S3 URL carries no credentials (user:password@); the keys come from the \
+         environment or the AWS files",
+        shown_url(.0)
+    )]
+    CredentialsInUrl(String),
     #[error("cannot read {path}: {source}")]
     Read {
         path: String,
@@ -90,12 +96,28 @@ pub(crate) enum S3Error {
     },
 }
 
+/// An S3 URL as messages show it: user information (`user:password@`
+/// before the bucket) as `***@`.
+fn shown_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority = rest.split('/').next().unwrap_or(rest);
+    match authority.rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
 /// Parses `s3://bucket/prefix`.
 pub(crate) fn parse_url(url: &str) -> Result<Destination, S3Error> {
     let rest = url
         .strip_prefix("s3://")
         .ok_or_else(|| S3Error::BadUrl(url.into()))?;
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.contains('@') {
+        return Err(S3Error::CredentialsInUrl(url.into()));
+    }
     let valid_bucket = (3..=63).contains(&bucket.len())
         && bucket
             .chars()

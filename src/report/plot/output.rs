@@ -29,10 +29,39 @@ pub(super) fn render_svg(
     opts: &PlotOptions,
 ) -> Result<PlotSummary, PlotError> {
     let draw_err = draw_error(out);
-    let root = SVGBackend::new(out, (opts.width, opts.height)).into_drawing_area();
-    let s = draw(&root, model, opts, false).map_err(|e| draw_err(e.to_string()))?;
-    root.present().map_err(|e| draw_err(e.to_string()))?;
+    let mut svg = String::new();
+    let s = {
+        let root = SVGBackend::with_string(&mut svg, (opts.width, opts.height)).into_drawing_area();
+        let s = draw(&root, model, opts, false).map_err(|e| draw_err(e.to_string()))?;
+        root.present().map_err(|e| draw_err(e.to_string()))?;
+        s
+    };
+    std::fs::write(out, xml_text(&svg).as_bytes()).map_err(|e| draw_err(e.to_string()))?;
     Ok(s)
+}
+
+/// The SVG with every character XML does not allow (C0 controls other
+/// than tab and newlines: a job's `ESC` in a stage name) and every other
+/// control or bidirectional mark written as a visible `\u{1b}`, as on
+/// the terminal: plotters escapes `<`, `&` and quotes, not these, and one
+/// `ESC` makes the file something no XML reader opens.
+fn xml_text(svg: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| {
+        crate::logging::terminal::is_control(c) && !matches!(c, '\n' | '\t' | '\r')
+            || matches!(c, '\u{fffe}' | '\u{ffff}')
+    };
+    if !svg.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(svg);
+    }
+    let mut out = String::with_capacity(svg.len() + 16);
+    for c in svg.chars() {
+        if bad(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Draws `model` into the PNG file `out`: drawn at SUPERSAMPLE times the

@@ -30,6 +30,7 @@ import operator
 import os
 import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -380,6 +381,7 @@ class Client:
             # Non-blocking: a daemon whose accept backlog is full gives
             # EAGAIN at once instead of stalling the job.
             sock.connect(self.path)
+            _check_owner(sock)
         except OSError as exc:
             if sock is not None:
                 sock.close()
@@ -856,6 +858,7 @@ class Client:
                 self._listen_sock = sock
                 sock.settimeout(max(self.timeout, 0.1))
                 sock.connect(self.path)
+                _check_owner(sock)
                 sock.sendall(_SUBSCRIBE_LINE)
                 sock.settimeout(None)
                 buf = b""
@@ -976,6 +979,29 @@ class Client:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _check_owner(sock):
+    """Refuse (``OSError``) a daemon socket served by a uid other than this
+    user's, root's or the one ``MEMTRACK_SOCKET_OWNER`` names: a socket in a
+    folder others may write to can be swapped for theirs, which would read
+    every mark and answer for the daemon. ``SO_PEERCRED`` gives the
+    listener's uid, which it cannot forge."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (AttributeError, OSError):
+        return  # no SO_PEERCRED (not Linux): nothing to check against
+    uid = struct.unpack("3i", raw)[1]
+    allowed = {os.getuid(), 0}
+    owner = os.environ.get("MEMTRACK_SOCKET_OWNER", "").strip()
+    if owner.isdigit():
+        allowed.add(int(owner))
+    if uid not in allowed:
+        raise OSError(
+            errno.EPERM,
+            "the socket is served by uid %d, not by this user or root: not used "
+            "(set MEMTRACK_SOCKET_OWNER=%d if that user runs your memtrack)" % (uid, uid),
+        )
 
 
 def _describe(exc):
