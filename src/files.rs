@@ -103,22 +103,9 @@ pub(crate) fn create_temp(path: &Path) -> io::Result<(PathBuf, File)> {
 /// as `mkdtemp` makes one: the name is random, and a name that exists (a
 /// folder or a link someone planted) is skipped, never used.
 pub(crate) fn create_temp_dir(base: &Path, prefix: &str) -> io::Result<PathBuf> {
-    use std::io::Read;
     let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
     for n in 0..64u64 {
-        let mut random = [0u8; 8];
-        // The kernel's random bytes; the clock and a counter if missing.
-        let got = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random));
-        let word = match got {
-            Ok(()) => u64::from_ne_bytes(random),
-            Err(_) => {
-                let nanos = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos() as u64);
-                nanos ^ (u64::from(std::process::id()) << 32) ^ n
-            }
-        };
-        let path = base.join(format!("{prefix}-{word:016x}"));
+        let path = base.join(format!("{prefix}-{:016x}", random_word(n)));
         match create_dir(&path) {
             Ok(()) => return Ok(path),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
@@ -126,6 +113,22 @@ pub(crate) fn create_temp_dir(base: &Path, prefix: &str) -> io::Result<PathBuf> 
         }
     }
     Err(last)
+}
+
+/// 64 random bits: the kernel's, else the clock, the PID and `n`.
+pub(crate) fn random_word(n: u64) -> u64 {
+    use std::io::Read;
+    let mut random = [0u8; 8];
+    let got = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random));
+    match got {
+        Ok(()) => u64::from_ne_bytes(random),
+        Err(_) => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            nanos ^ (u64::from(std::process::id()) << 32) ^ n
+        }
+    }
 }
 
 /// Creates the folder `path` (0700); an existing one is an error.
@@ -187,6 +190,224 @@ fn check_meta(path: &Path, meta: &std::fs::Metadata) -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Whether the folder `path` may hold this user's private state (run
+/// records, sockets, the Python hooks): [`check_dir`] on the folder itself,
+/// and, on the way to it, every folder owned by this user or root and,
+/// where others may write to it, sticky (so nobody else can rename or
+/// replace what it holds: `/tmp` passes, a folder every user may write to
+/// without the sticky bit does not), and every link owned by this user or
+/// root. A folder another user made, or one in a place another user can
+/// swap, is refused with the reason.
+pub(crate) fn check_private_place(path: &Path) -> io::Result<()> {
+    let me = crate::sys::uid();
+    let refuse = |what: &Path, why: String| {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} {why}; memtrack keeps its state only in places no other user can change",
+                what.display()
+            ),
+        ))
+    };
+    let abs = std::path::absolute(path)?;
+    let mut prefix = PathBuf::new();
+    for part in abs.components() {
+        prefix.push(part);
+        let meta = std::fs::symlink_metadata(&prefix)?;
+        if meta.file_type().is_symlink() && meta.uid() != me && meta.uid() != 0 {
+            return refuse(
+                &prefix,
+                format!(
+                    "is a link owned by uid {}, not this user or root",
+                    meta.uid()
+                ),
+            );
+        }
+    }
+    let real = std::fs::canonicalize(&abs)?;
+    check_meta(path, &std::fs::symlink_metadata(&real)?)?;
+    for above in real.ancestors().skip(1) {
+        let meta = std::fs::metadata(above)?;
+        if meta.uid() != me && meta.uid() != 0 {
+            return refuse(
+                above,
+                format!("belongs to uid {}, not this user or root", meta.uid()),
+            );
+        }
+        if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
+            return refuse(
+                above,
+                format!(
+                    "is writable by other users without the sticky bit (mode {:o})",
+                    meta.mode() & 0o7777
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a path through a link another user could have planted: each
+/// link on the way must belong to this user, root, or the owner of the
+/// folder it is in (the rule of the kernel's `fs.protected_symlinks`, here
+/// for every folder, sticky or not). An output root `/shared/out` that
+/// another user made a link to their own folder would otherwise have
+/// memtrack create its run folders in theirs. Parts that do not exist yet
+/// are not checked (memtrack creates them).
+pub(crate) fn check_links(path: &Path) -> io::Result<()> {
+    let me = crate::sys::uid();
+    let abs = std::path::absolute(path)?;
+    let mut prefix = PathBuf::new();
+    for part in abs.components() {
+        let holder = std::fs::metadata(&prefix).map(|m| m.uid()).ok();
+        prefix.push(part);
+        let Ok(meta) = std::fs::symlink_metadata(&prefix) else {
+            break;
+        };
+        let owner = meta.uid();
+        if meta.file_type().is_symlink() && owner != me && owner != 0 && Some(owner) != holder {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is a link owned by uid {owner}, not by this user, root or the owner \
+                     of the folder it is in; memtrack does not follow a link another user \
+                     may have planted (give the real folder)",
+                    prefix.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `$XDG_RUNTIME_DIR`, when it is set, a folder, and a private place of
+/// this user ([`check_private_place`]); otherwise `None`, and the reason
+/// is logged once.
+pub(crate) fn xdg_runtime_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty())?);
+    if !dir.is_dir() {
+        return None;
+    }
+    match check_private_place(&dir) {
+        Ok(()) => Some(dir),
+        Err(e) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| tracing::warn!("XDG_RUNTIME_DIR is not used: {e}"));
+            None
+        }
+    }
+}
+
+/// The folder memtrack keeps its per-user runtime state in:
+/// `$XDG_RUNTIME_DIR/memtrack` (when [`xdg_runtime_dir`] accepts it), else
+/// `/run/memtrack` for root, else `/tmp/memtrack-<uid>` (the socket's
+/// folder). Not checked here: readers check it with
+/// [`check_private_place`], writers make it with [`ensure_runtime_dir`].
+pub(crate) fn runtime_dir() -> PathBuf {
+    if let Some(dir) = xdg_runtime_dir() {
+        return dir.join("memtrack");
+    }
+    if crate::sys::uid() == 0 {
+        PathBuf::from("/run/memtrack")
+    } else {
+        PathBuf::from(format!("/tmp/memtrack-{}", crate::sys::uid()))
+    }
+}
+
+/// Creates [`runtime_dir`] where missing — readable by all where it may
+/// be (so that a Prometheus of another user reaches `sd/`), private under
+/// `/tmp`, where it is also the socket's folder — and checks it is a
+/// private place of this user. A folder another user made under its name
+/// is an error saying so (the caller goes on without it).
+pub(crate) fn ensure_runtime_dir() -> io::Result<PathBuf> {
+    let dir = runtime_dir();
+    let mode = if dir.starts_with("/tmp") {
+        0o700
+    } else {
+        0o755
+    };
+    DirBuilder::new().recursive(true).mode(mode).create(&dir)?;
+    check_private_place(&dir)?;
+    Ok(dir)
+}
+
+/// The folder of the default event socket: `$XDG_RUNTIME_DIR` (when
+/// [`xdg_runtime_dir`] accepts it), else `/tmp/memtrack-<uid>`, created
+/// 0700 or checked to be this user's private folder. When another user has
+/// taken that name, a fresh private folder `/tmp/memtrack-<uid>-<random>`
+/// is used instead, with a warning: a planted folder must not stop a run.
+pub(crate) fn socket_dir() -> io::Result<PathBuf> {
+    if let Some(dir) = xdg_runtime_dir() {
+        return Ok(dir);
+    }
+    let dir = PathBuf::from(format!("/tmp/memtrack-{}", crate::sys::uid()));
+    let private = match create_dir(&dir) {
+        Ok(()) => check_private_place(&dir),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            check_private_place(&dir).and_then(|()| {
+                let mode = std::fs::symlink_metadata(&dir)?.mode();
+                if mode & 0o077 == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "{} is open to other users (mode {:o})",
+                            dir.display(),
+                            mode & 0o7777
+                        ),
+                    ))
+                }
+            })
+        }
+        Err(e) => Err(e),
+    };
+    match private {
+        Ok(()) => Ok(dir),
+        Err(why) => {
+            let fresh = fallback_dir()?;
+            tracing::warn!(
+                "{why}; the event socket goes into {} instead",
+                fresh.display()
+            );
+            Ok(fresh)
+        }
+    }
+}
+
+/// A fresh private folder `/tmp/memtrack-<uid>-<random>` (0700, a name
+/// nobody could plant), made once per process: where the socket and the
+/// Python hooks go when the usual place is another user's.
+pub(crate) fn fallback_dir() -> io::Result<PathBuf> {
+    FALLBACK
+        .get_or_init(|| {
+            let base = Path::new("/tmp");
+            let dir = create_temp_dir(base, &format!("memtrack-{}", crate::sys::uid()))
+                .map_err(|e| format!("cannot make a private folder in /tmp: {e}"))?;
+            check_private_place(&dir).map_err(|e| e.to_string())?;
+            Ok(dir)
+        })
+        .clone()
+        .map_err(io::Error::other)
+}
+
+/// The folder [`fallback_dir`] made, once made.
+static FALLBACK: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+
+/// Removes the folder [`fallback_dir`] made, if any, when dropped — once
+/// what went into it (the socket, the hooks) is gone: a non-empty folder
+/// stays.
+#[derive(Debug)]
+pub(crate) struct FallbackCleanup;
+
+impl Drop for FallbackCleanup {
+    fn drop(&mut self) {
+        if let Some(Ok(dir)) = FALLBACK.get() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 /// Whether `path` is a real folder (not a link) owned by this user.

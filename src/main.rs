@@ -393,6 +393,14 @@ fn recover(args: &RecoverArgs) -> Result<u8, Failure> {
             if removed == 1 { "" } else { "s" }
         ));
     }
+    // So are the Python hooks' folders of killed runs.
+    let hooks = app::remove_leftover_hooks();
+    if hooks > 0 {
+        logging::say(&format!(
+            "memtrack: removed {hooks} Python hooks folder{} killed runs left",
+            if hooks == 1 { "" } else { "s" }
+        ));
+    }
     recover_dir(&args.dir).map_err(runtime)
 }
 

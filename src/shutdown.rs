@@ -137,6 +137,47 @@ impl Drop for SignalThread {
     }
 }
 
+/// Handlers that let SIGINT, SIGTERM and SIGHUP end memtrack while it
+/// starts, when it is PID 1 of a PID namespace (a container's init): the
+/// kernel ignores a signal PID 1 has no handler for, so until
+/// [`SignalThread`] is installed, `docker stop` or `kill` would do nothing
+/// and a slow start (a server that does not answer, a file that blocks)
+/// could not be cut short. Elsewhere the default action already ends
+/// memtrack and nothing is installed. The exit status is 128 + the signal,
+/// as a shell reports a process killed by it.
+#[derive(Debug)]
+pub(crate) struct StartupSignals {
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl StartupSignals {
+    /// Installs the handlers when memtrack is PID 1.
+    pub(crate) fn install() -> StartupSignals {
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let mut ids = Vec::new();
+        if std::process::id() == 1 {
+            for sig in [SIGINT, SIGTERM, SIGHUP] {
+                if let Ok(id) =
+                    signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, armed.clone())
+                {
+                    ids.push(id);
+                }
+            }
+        }
+        StartupSignals { armed, ids }
+    }
+
+    /// The run's own handling has begun: a signal no longer ends memtrack
+    /// at once.
+    pub(crate) fn disarm(self) {
+        self.armed.store(false, Ordering::SeqCst);
+        for id in self.ids {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
 /// The job's PID, waiting briefly if the signal came while it was being
 /// spawned.
 fn wait_for_job(job: &AtomicU32) -> Option<u32> {

@@ -31,6 +31,7 @@ use crate::sys;
 
 pub use context::{Mode, RunOutcome};
 pub use naming::{default_run_name, run_labels, LABEL_ENV};
+pub use pyhooks::remove_leftovers as remove_leftover_hooks;
 pub use resend::{clearml_resend, Resent};
 pub(crate) use run_dir::prepare_run_dir;
 
@@ -40,6 +41,11 @@ use run_dir::Cleanup;
 
 /// Runs `memtrack run` or `memtrack attach` to the end.
 pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
+    // Dropped last: the private folder made when the usual one was another
+    // user's goes once the socket and the hooks in it have.
+    let _fallback = crate::files::FallbackCleanup;
+    // As a container's PID 1, a signal during the start must still end it.
+    let startup_signals = crate::shutdown::StartupSignals::install();
     let name = RunName::choose(&mode, &config);
     job::check_attach_pids(&mode)?;
     let clearml_settings = io::clearml_settings(&config)?;
@@ -82,7 +88,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     // Kept until the run ends, then removed.
     let mut _hooks = None;
     if is_run && pyhooks::wanted(config.auto_hooks) {
-        match pyhooks::job_env(&std::env::temp_dir()) {
+        match pyhooks::job_env() {
             Ok((var, dir)) => {
                 job_env.push(var);
                 _hooks = Some(dir);
@@ -103,6 +109,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     // memtrack between the spawn and the handlers.
     let signals =
         SignalThread::start(is_run, tx.clone()).context("cannot install signal handlers")?;
+    startup_signals.disarm();
     // Start the job last, once everything that can fail has succeeded.
     let followed = job::follow(
         &mode,

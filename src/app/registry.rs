@@ -13,7 +13,11 @@
 //!   Prometheus running as another user can read it.
 //!
 //! `<runtime>` is `$XDG_RUNTIME_DIR/memtrack`, else `/run/memtrack` for
-//! root, else `/tmp/memtrack-<uid>` (the socket's folder).
+//! root, else `/tmp/memtrack-<uid>` (the socket's folder). It is trusted
+//! only as a private place of this user (`files::check_private_place`):
+//! this user's, writable by no one else, in folders nobody else can swap
+//! it in. A runtime folder another user made first is neither read nor
+//! written; the run goes on unlisted, with a warning.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -46,29 +50,14 @@ pub struct LiveRun {
     pub sd_file: Option<PathBuf>,
 }
 
-/// The folder memtrack keeps its per-user runtime state in.
-pub(crate) fn runtime_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        let dir = PathBuf::from(dir);
-        if dir.is_dir() {
-            return dir.join("memtrack");
-        }
-    }
-    if crate::sys::uid() == 0 {
-        PathBuf::from("/run/memtrack")
-    } else {
-        PathBuf::from(format!("/tmp/memtrack-{}", crate::sys::uid()))
-    }
-}
-
 /// The folder of run records.
 pub(crate) fn runs_dir() -> PathBuf {
-    runtime_dir().join("runs")
+    files::runtime_dir().join("runs")
 }
 
 /// The default folder of Prometheus discovery files.
 pub(crate) fn default_sd_dir() -> PathBuf {
-    runtime_dir().join("sd")
+    files::runtime_dir().join("sd")
 }
 
 /// Creates `dir` (and its parents) with `mode` where missing, then checks
@@ -96,9 +85,27 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
 }
 
 /// The records of live runs, oldest first; records of dead runs (and their
-/// discovery files) are removed on the way.
+/// discovery files) are removed on the way. Only a runs folder that is a
+/// private place of this user is read ([`files::check_private_place`]),
+/// and only records this user owns: another user who made the folder first
+/// (or can write to the folder above it) could otherwise list a spoofed
+/// run, point `mark --run` at their socket, or have a file deleted as a
+/// dead run's discovery file.
 pub fn live_runs() -> Vec<LiveRun> {
-    let Ok(entries) = std::fs::read_dir(runs_dir()) else {
+    let dir = runs_dir();
+    if std::fs::symlink_metadata(&dir).is_err() {
+        return Vec::new();
+    }
+    if let Err(e) = files::check_private_place(&dir) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            crate::logging::say(&format!(
+                "memtrack: warning: the run records are not read: {e}"
+            ))
+        });
+        return Vec::new();
+    }
+    let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
     let mut runs = Vec::new();
@@ -107,24 +114,56 @@ pub fn live_runs() -> Vec<LiveRun> {
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }
-        // Bounded and regular-file-only: the folder may hold anything.
-        let Some(run) = crate::files::read_capped(&path, 64 * 1024)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<LiveRun>(&b).ok())
-        else {
+        let Some(run) = read_record(&path) else {
             continue;
         };
         if crate::sys::pid_exists(run.pid) {
             runs.push(run);
         } else {
             if let Some(sd) = &run.sd_file {
-                let _ = std::fs::remove_file(sd);
+                remove_sd_file(sd, run.pid);
             }
             let _ = std::fs::remove_file(&path);
         }
     }
     runs.sort_by(|a, b| a.start.total_cmp(&b.start).then(a.pid.cmp(&b.pid)));
     runs
+}
+
+/// A run record, if it is a regular file of this user's (bounded: the
+/// folder may hold anything).
+fn read_record(path: &Path) -> Option<LiveRun> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let file = files::open_input(path).ok()?;
+    if file.metadata().ok()?.uid() != crate::sys::uid() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(RECORD_MAX + 1).read_to_end(&mut bytes).ok()?;
+    if bytes.len() as u64 > RECORD_MAX {
+        return None;
+    }
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The largest run record read.
+const RECORD_MAX: u64 = 64 * 1024;
+
+/// Removes a dead run's discovery file — only a file of this user's that
+/// has the name memtrack gives it (`memtrack-<pid>.json`), never another
+/// file a record names.
+fn remove_sd_file(sd: &Path, pid: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let name = format!("memtrack-{pid}.json");
+    if sd.file_name() != Some(std::ffi::OsStr::new(&name)) {
+        return;
+    }
+    let ours =
+        std::fs::symlink_metadata(sd).is_ok_and(|m| m.is_file() && m.uid() == crate::sys::uid());
+    if ours {
+        let _ = std::fs::remove_file(sd);
+    }
 }
 
 /// The runs as a table: name, pid, age, metrics address, socket.
@@ -233,12 +272,17 @@ impl Registration {
     ) -> Registration {
         let pid = std::process::id();
         let file_name = format!("memtrack-{pid}.json");
-        if let Err(e) = ensure_runtime_dir() {
+        // A runtime folder another user made (or can swap) is not written
+        // into: no record, and no discovery file in its default place.
+        let runtime = ensure_runtime_dir();
+        let said = runtime.is_err();
+        if let Err(e) = &runtime {
             tracing::warn!("`memtrack ls` will not list this run: {e:#}");
         }
         // Records of runs that died unannounced go first.
         let _ = live_runs();
         let sd_file = match metrics {
+            Some(_) if sd_dir.as_os_str().is_empty() && runtime.is_err() => None,
             Some(addr) if sd_dir.as_os_str() != "off" => {
                 let dir = if sd_dir.as_os_str().is_empty() {
                     default_sd_dir()
@@ -269,12 +313,15 @@ impl Registration {
             start: run.start,
             sd_file: sd_file.clone(),
         };
-        let record = match write_record(&runs_dir().join(&file_name), &live) {
+        let record = match runtime.and_then(|()| write_record(&runs_dir().join(&file_name), &live))
+        {
             Ok(path) => Some(path),
-            Err(e) => {
+            // Said above when the runtime folder itself was refused.
+            Err(e) if !said => {
                 tracing::warn!("`memtrack ls` will not list this run: {e:#}");
                 None
             }
+            Err(_) => None,
         };
         Registration { record, sd_file }
     }
@@ -296,22 +343,18 @@ impl Drop for Registration {
     }
 }
 
-/// Creates the runtime folder: readable by all where it may be (so that a
-/// Prometheus of another user reaches `sd/`), but `/tmp/memtrack-UID` is
-/// also the socket's folder, which stays private.
+/// Creates the runtime folder (see [`files::ensure_runtime_dir`]).
 fn ensure_runtime_dir() -> anyhow::Result<()> {
-    let runtime = runtime_dir();
-    let mode = if runtime.starts_with("/tmp") {
-        0o700
-    } else {
-        0o755
-    };
-    ensure_dir(&runtime, mode).with_context(|| runtime.display().to_string())
+    files::ensure_runtime_dir()
+        .map(drop)
+        .with_context(|| files::runtime_dir().display().to_string())
 }
 
 fn write_record(path: &Path, live: &LiveRun) -> anyhow::Result<PathBuf> {
     let dir = runs_dir();
-    ensure_dir(&dir, 0o700).with_context(|| dir.display().to_string())?;
+    ensure_dir(&dir, 0o700)
+        .and_then(|()| files::check_private_place(&dir))
+        .with_context(|| dir.display().to_string())?;
     write_atomic(path, &serde_json::to_vec_pretty(live)?, files::FILE_MODE)
         .with_context(|| path.display().to_string())?;
     Ok(path.to_path_buf())
@@ -333,7 +376,9 @@ fn sd_json(run: &RunInfo, addr: SocketAddr) -> serde_json::Value {
 
 fn write_sd_file(path: &Path, run: &RunInfo, addr: SocketAddr) -> anyhow::Result<PathBuf> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    ensure_dir(dir, 0o755).with_context(|| dir.display().to_string())?;
+    ensure_dir(dir, 0o755)
+        .and_then(|()| files::check_private_place(dir))
+        .with_context(|| dir.display().to_string())?;
     let text = serde_json::to_vec_pretty(&sd_json(run, addr))?;
     write_atomic(path, &text, 0o644).with_context(|| path.display().to_string())?;
     Ok(path.to_path_buf())

@@ -19,6 +19,8 @@ pub(crate) fn prepare_run_dir(
     name: &str,
     explicit: bool,
 ) -> anyhow::Result<PathBuf> {
+    crate::files::check_links(output)
+        .with_context(|| format!("cannot use output directory {}", output.display()))?;
     crate::files::create_dir_all(output)
         .with_context(|| format!("cannot create output directory {}", output.display()))?;
     recover_leftovers(output);

@@ -644,31 +644,12 @@ async fn forward_notices(mut rx: broadcast::Receiver<Notice>, out: mpsc::Sender<
 }
 
 /// The socket path used when none is configured: in `$XDG_RUNTIME_DIR`
-/// when set, else in a private `/tmp/memtrack-<uid>` directory.
+/// when it is a private place of this user, else in a private
+/// `/tmp/memtrack-<uid>` directory, else (another user took that name) in
+/// a fresh private folder beside it (see [`crate::files::socket_dir`]).
 pub(crate) fn default_path() -> io::Result<PathBuf> {
     let name = format!("memtrack-{}.sock", std::process::id());
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        let dir = PathBuf::from(dir);
-        if dir.is_dir() {
-            return Ok(dir.join(name));
-        }
-    }
-    let dir = PathBuf::from(format!("/tmp/memtrack-{}", crate::sys::uid()));
-    match crate::files::create_dir(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            use std::os::unix::fs::MetadataExt;
-            let meta = std::fs::symlink_metadata(&dir)?;
-            if !meta.is_dir() || meta.uid() != crate::sys::uid() || meta.mode() & 0o077 != 0 {
-                return Err(io::Error::other(format!(
-                    "{} is not a private directory of this user; set --socket",
-                    dir.display()
-                )));
-            }
-        }
-        Err(e) => return Err(e),
-    }
-    Ok(dir.join(name))
+    Ok(crate::files::socket_dir()?.join(name))
 }
 
 #[cfg(test)]

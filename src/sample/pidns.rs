@@ -22,6 +22,20 @@ use std::path::{Path, PathBuf};
 use super::parse::parse_stat;
 use crate::model::{AttributionMode, GpuAttribution, PidNamespaceInfo};
 
+/// The most read of one procfs file here (`status` is about 1.5 KiB).
+const PROC_FILE_MAX: u64 = 64 * 1024;
+
+/// Reads a procfs file through `files::read_capped`: `gpu.host_proc` is a
+/// setting, and what it names may be anything — a FIFO at `self/status`
+/// would hang the open, `/dev/zero` as a `PID/status` would never end, a
+/// sparse file would claim gigabytes. Opened without blocking, refused
+/// unless a regular file (procfs files are), at most [`PROC_FILE_MAX`]
+/// bytes.
+fn read_proc(path: &Path) -> std::io::Result<String> {
+    let bytes = crate::files::read_capped(path, PROC_FILE_MAX)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// The inode of the init PID namespace (`PROC_PID_INIT_INO` in the
 /// kernel, fixed since Linux 3.8): `/proc/self/ns/pid` reads
 /// `pid:[4026531836]` on the host.
@@ -43,7 +57,7 @@ impl PidNamespace {
         let inode = std::fs::read_link(proc_root.join("self/ns/pid"))
             .ok()
             .and_then(|l| ns_inode(&l.to_string_lossy()));
-        let nspid = std::fs::read_to_string(proc_root.join("self/status"))
+        let nspid = read_proc(&proc_root.join("self/status"))
             .ok()
             .and_then(|s| nspid(&s))
             .unwrap_or_default();
@@ -95,6 +109,11 @@ pub(crate) enum NotHostProc {
     NotInit(PathBuf),
     #[error("{}/self/status has no NSpid line", .0.display())]
     NoNspid(PathBuf),
+    #[error("cannot read {}: {source}", .path.display())]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(
         "{} is not a procfs of an outer PID namespace (it shows memtrack as {}/self does)",
         host_proc.display(),
@@ -118,13 +137,16 @@ impl HostPids {
                 return Err(NotHostProc::NotInit(shown()));
             }
         }
-        let chain = |root: &Path| {
-            std::fs::read_to_string(root.join("self/status"))
-                .ok()
-                .and_then(|s| nspid(&s))
-        };
-        let own = chain(host_proc).ok_or_else(|| NotHostProc::NoNspid(shown()))?;
-        let local = chain(local_proc).unwrap_or_default();
+        let status = host_proc.join("self/status");
+        let text = read_proc(&status).map_err(|source| NotHostProc::Unreadable {
+            path: status.clone(),
+            source,
+        })?;
+        let own = nspid(&text).ok_or_else(|| NotHostProc::NoNspid(shown()))?;
+        let local = read_proc(&local_proc.join("self/status"))
+            .ok()
+            .and_then(|s| nspid(&s))
+            .unwrap_or_default();
         if own.len() <= local.len() && host_proc != local_proc {
             return Err(NotHostProc::NotOuter {
                 host_proc: shown(),
@@ -144,7 +166,7 @@ impl HostPids {
     /// costs one read: its start time, which tells a reused PID apart.
     pub(crate) fn resolve(&mut self, host_pid: u32) -> Resolved {
         let dir = self.host_proc.join(host_pid.to_string());
-        let host_start = match std::fs::read_to_string(dir.join("stat")) {
+        let host_start = match read_proc(&dir.join("stat")) {
             Ok(text) => match parse_stat(&text) {
                 Ok(s) => s.start_ticks,
                 Err(_) => return Resolved::Unknown,
@@ -171,7 +193,7 @@ impl HostPids {
     /// Reads the `NSpid` chain of the host's process in `dir` (started at
     /// `host_start`) and checks its candidate in memtrack's procfs.
     fn look_up(&self, dir: &Path, host_start: u64) -> Resolved {
-        let status = match std::fs::read_to_string(dir.join("status")) {
+        let status = match read_proc(&dir.join("status")) {
             Ok(s) => s,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Resolved::Foreign,
             Err(_) => return Resolved::Unknown,
@@ -184,7 +206,7 @@ impl HostPids {
             return Resolved::Foreign;
         };
         let local = self.local_proc.join(candidate.to_string()).join("stat");
-        let local_start = std::fs::read_to_string(local)
+        let local_start = read_proc(&local)
             .ok()
             .and_then(|t| parse_stat(&t).ok())
             .map(|s| s.start_ticks);
