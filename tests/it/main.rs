@@ -30,5 +30,6 @@ mod report;
 mod s3;
 mod s3_moto;
 mod safety;
+mod trust;
 mod truth;
 mod truth_pss;
