@@ -280,7 +280,9 @@ impl Registration {
             tracing::warn!("`memtrack ls` will not list this run: {e:#}");
         }
         // Records of runs that died unannounced go first.
-        let _ = live_runs();
+        if !said {
+            let _ = live_runs();
+        }
         let sd_file = match metrics {
             Some(_) if sd_dir.as_os_str().is_empty() && runtime.is_err() => None,
             Some(addr) if sd_dir.as_os_str() != "off" => {
@@ -345,9 +347,15 @@ impl Drop for Registration {
 
 /// Creates the runtime folder (see [`files::ensure_runtime_dir`]).
 fn ensure_runtime_dir() -> anyhow::Result<()> {
-    files::ensure_runtime_dir()
-        .map(drop)
-        .with_context(|| files::runtime_dir().display().to_string())
+    let dir = files::runtime_dir().display().to_string();
+    files::ensure_runtime_dir().map(drop).map_err(|e| {
+        // A refusal names the folder already; an error of mkdir does not.
+        if e.to_string().contains(&dir) {
+            anyhow::Error::new(e)
+        } else {
+            anyhow::Error::new(e).context(dir)
+        }
+    })
 }
 
 fn write_record(path: &Path, live: &LiveRun) -> anyhow::Result<PathBuf> {
