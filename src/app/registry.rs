@@ -86,7 +86,7 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
 
 /// The records of live runs, oldest first; records of dead runs (and their
 /// discovery files) are removed on the way. Only a runs folder that is a
-/// private place of this user is read ([`files::check_private_place`]),
+/// private place of this user is read (`files::check_private_place`),
 /// and only records this user owns: another user who made the folder first
 /// (or can write to the folder above it) could otherwise list a spoofed
 /// run, point `mark --run` at their socket, or have a file deleted as a
