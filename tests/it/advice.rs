@@ -272,6 +272,96 @@ fn batch_sizes_stepped_under_a_limit_give_the_largest_batch_that_fits() {
     assert_eq!(figure(oom, "limit_mb"), 512.0);
 }
 
+/// A training loop's steps as PyTorch runs them: each step allocates
+/// 4 MiB per sample ("activations"), reads them ("backward") and frees
+/// them before its end mark, so the marks alone never see the peak. Two
+/// steps per batch size given, inside spans that name the batch size.
+const FREEING_BATCH_JOB: &str = r#"
+import sys, memtrack
+MIB = 1 << 20
+def touched(n):
+    b = bytearray(n)
+    for i in range(0, n, 4096): b[i] = 1
+    return b
+for b in map(int, sys.argv[1:]):
+    for _ in range(2):
+        with memtrack.span("train", "step", labels={"batch_size": str(b)}):
+            act = touched(b * 4 * MIB)
+            s = sum(act[::4096])
+            del act
+"#;
+
+/// `memtrack run --memory-limit LIMIT` of [`FREEING_BATCH_JOB`] at
+/// `sizes`: the exit code, the run's directory and memtrack's log.
+fn freeing_run(out: &Path, limit: &str, sizes: &[u64]) -> (Option<i32>, PathBuf, String) {
+    let mut job = python(FREEING_BATCH_JOB);
+    job.extend(sizes.iter().map(u64::to_string));
+    let res = run_to_end(
+        memtrack()
+            .args(["run", "--listen", "off", "--no-gpu", "--interval", "100ms"])
+            .args(["--memory-limit", limit, "--name", "f", "--output"])
+            .arg(out)
+            .arg("--")
+            .args(&job)
+            .env("PYTHONPATH", client_src()),
+        Duration::from_secs(120),
+    );
+    (res.status.code(), out.join("f"), stderr(&res))
+}
+
+#[test]
+fn a_step_that_frees_before_its_end_mark_gets_a_batch_that_runs() {
+    if !cgroup_or_skip() {
+        return;
+    }
+    let dir = scratch();
+    let limit = "400M";
+    let (code, run, log) = freeing_run(&dir.path().join("fit"), limit, &[8, 16, 32, 64]);
+    assert_eq!(code, Some(0), "{log}");
+    let advice = advise(&run);
+    let fit = find(&advice, "batch-fit");
+    assert_eq!(figure(fit, "capacity_mb"), 400.0, "{fit:#}");
+    let per_sample = figure(fit, "per_sample_mb");
+    assert!((per_sample - 4.0).abs() <= 0.15 * 4.0, "{fit:#}");
+    let named = figure(fit, "largest_batch") as u64;
+
+    // The true largest batch, found by running batches: one that fits
+    // (`lo`) and one killed (`hi`), then halving the range between.
+    let runs = std::cell::Cell::new(0);
+    let fits = |b: u64| {
+        runs.set(runs.get() + 1);
+        let (code, _, log) = freeing_run(&dir.path().join(format!("b{}", runs.get())), limit, &[b]);
+        assert!(
+            code == Some(0) || code == Some(137),
+            "batch {b}: exit {code:?}: {log}"
+        );
+        code == Some(0)
+    };
+    let (mut lo, mut hi) = (64u64, 128u64);
+    assert!(fits(lo), "batch {lo} fits in {limit}");
+    assert!(!fits(hi), "batch {hi} does not fit in {limit}");
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let truth = lo as f64;
+    assert!(
+        (named as f64) <= truth && (named as f64) >= 0.85 * truth,
+        "named {named}, true largest {lo} (killed at {hi}): {fit:#}"
+    );
+    // The named batch runs.
+    let (code, _, log) = freeing_run(&dir.path().join("named"), limit, &[named]);
+    assert_eq!(
+        code,
+        Some(0),
+        "the named batch {named} runs in {limit}: {log}"
+    );
+}
+
 #[test]
 fn a_memory_limit_without_a_cgroup_is_a_clear_error_before_the_job() {
     let dir = scratch();
@@ -537,3 +627,4 @@ fn cleanup_calls_that_free_nothing_are_called_useless() {
     assert_eq!(figure(useless, "calls"), 3.0, "{useless:#}");
     assert!(figure(useless, "freed_max_mb") < 16.0, "{useless:#}");
 }
+
