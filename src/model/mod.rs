@@ -14,6 +14,7 @@
 //! status vocabularies.
 
 pub mod advice;
+pub(crate) mod forecast;
 pub mod json;
 pub mod leak;
 pub(crate) mod number_keys;

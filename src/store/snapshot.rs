@@ -160,6 +160,8 @@ pub struct Snapshot {
     pub leak: Option<LeakReport>,
     /// What a re-run needs, as of this snapshot.
     pub needs: Summary,
+    /// Time to OOM: the resources climbing towards their limit.
+    pub forecasts: Vec<super::forecast::Forecast>,
 }
 
 #[cfg(test)]

@@ -52,6 +52,7 @@ impl Store {
             "levels": self.alerts.levels,
             "gpus": self.gpu.devices.values().collect::<Vec<_>>(),
             "counters": self.counters,
+            "forecasts": self.forecasts(),
         });
         if let (Some(a), Some(m)) = (&self.gpu.attribution, status.as_object_mut()) {
             m.insert("gpu_attribution".into(), serde_json::json!(a));
@@ -124,6 +125,7 @@ impl Store {
             nvml_up: self.gpu.nvml_up,
             finished: self.is_finished(),
             needs: self.summary(),
+            forecasts: self.forecasts(),
             ..Snapshot::default()
         }
     }

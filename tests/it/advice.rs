@@ -628,3 +628,96 @@ fn cleanup_calls_that_free_nothing_are_called_useless() {
     assert!(figure(useless, "freed_max_mb") < 16.0, "{useless:#}");
 }
 
+/// Grows 2 MiB every 100 ms (about 20 MiB/s) under a memory limit until
+/// the kernel ends it; notes the time after each step and the first
+/// forecast notice memtrack pushes.
+const GROWING_JOB: &str = r#"
+import json, os, sys, time, memtrack
+base = sys.argv[1]
+def put(name, text):
+    open(base + name + ".tmp", "w").write(text)
+    os.replace(base + name + ".tmp", base + name)
+def seen(n):
+    if n.get("level") == "forecast" and not os.path.exists(base + "notice"):
+        put("notice", json.dumps(n))
+memtrack.on_pressure(seen)
+held = []
+while True:
+    b = bytearray(2 << 20)
+    for i in range(0, len(b), 4096): b[i] = 1
+    held.append(b)
+    put("beat", repr(time.time()))
+    time.sleep(0.1)
+"#;
+
+#[test]
+fn a_job_growing_to_its_limit_is_forecast_on_metrics_and_to_its_subscribers() {
+    if !cgroup_or_skip() {
+        return;
+    }
+    let dir = scratch();
+    let base = dir.path().join("g.");
+    let mut job = python(GROWING_JOB);
+    job.push(base.display().to_string());
+    let out = dir.path().join("runs");
+    let src = client_src().display().to_string();
+    let d = Daemon::start(
+        &out,
+        &["--interval", "100ms", "--no-gpu", "--memory-limit", "640M"],
+        &job,
+        &[("PYTHONPATH", &src)],
+    );
+    let gauge = || -> Option<f64> {
+        let (_, body) = d.http("GET", "/metrics");
+        body.lines()
+            .filter(|l| l.starts_with("memtrack_seconds_to_limit{"))
+            .find(|l| l.contains("resource=\"host\"") && l.contains("limit=\"memory_limit\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    let mut first: Option<(f64, f64)> = None;
+    wait_for("a forecast on /metrics", Duration::from_secs(60), || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        first = gauge().map(|s| (now, s));
+        first.is_some()
+    });
+    let (code, _, log) = d.finish_logged();
+    assert_eq!(
+        code,
+        Some(137),
+        "the job grows until the kernel ends it: {log}"
+    );
+    let killed_at: f64 = std::fs::read_to_string(dir.path().join("g.beat"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The gauge's forecast, and the notice's, came true within 20 %.
+    let (scraped_at, seconds) = first.unwrap();
+    let actual = killed_at - scraped_at;
+    assert!(
+        actual > 0.0 && (scraped_at + seconds - killed_at).abs() <= 0.2 * actual + 0.5,
+        "/metrics said {seconds:.1} s; the limit came {actual:.1} s later"
+    );
+    let notice: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("g.notice")).unwrap())
+            .unwrap();
+    assert_eq!(notice["type"], "pressure", "{notice}");
+    assert_eq!(notice["resource"], "host", "{notice}");
+    let at = notice["timestamp"].as_f64().unwrap();
+    let said = notice["seconds_to_limit"].as_f64().unwrap();
+    let actual = killed_at - at;
+    assert!(
+        actual > 0.0 && (at + said - killed_at).abs() <= 0.2 * actual + 0.5,
+        "the notice said {said:.1} s at {at:.1}; the limit came {actual:.1} s later: {notice}"
+    );
+    assert!(
+        notice["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("at this rate the job's host memory reaches its memory limit"),
+        "{notice}"
+    );
+}
