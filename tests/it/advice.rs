@@ -628,6 +628,120 @@ fn cleanup_calls_that_free_nothing_are_called_useless() {
     assert!(figure(useless, "freed_max_mb") < 16.0, "{useless:#}");
 }
 
+/// DataLoader-style workers as PyTorch forks them by default
+/// (`persistent_workers=False`): three workers per epoch, forked again
+/// each epoch, each reading every one of the parent's Python strings
+/// (copying the pages) as soon as it starts. At its epoch's end each
+/// worker reads its own `smaps_rollup` (the truth), then waits to be
+/// told to end.
+const EPOCH_WORKERS_JOB: &str = r#"
+import os, sys, time
+dir = sys.argv[1]
+data = [("x" * 64) + str(i) for i in range(1_000_000)]
+def uss():
+    text = open("/proc/self/smaps_rollup").read()
+    kib = lambda k: sum(int(l.split()[1]) for l in text.splitlines() if l.startswith(k))
+    return (kib("Private_Clean:") + kib("Private_Dirty:")) / 1024
+for epoch in range(3):
+    pids = []
+    for w in range(3):
+        pid = os.fork()
+        if pid == 0:
+            n = 0
+            for s in data: n += len(s)
+            me = os.path.join(dir, str(os.getpid()))
+            open(me + ".tmp", "w").write("%d %r" % (epoch, uss()))
+            os.replace(me + ".tmp", me + ".uss")
+            while not os.path.exists(me + ".end"): time.sleep(0.02)
+            os._exit(0)
+        pids.append(pid)
+    for p in pids: os.waitpid(p, 0)
+"#;
+
+#[test]
+fn workers_forked_each_epoch_are_all_counted_at_their_epochs_end() {
+    let dir = scratch();
+    let talk = dir.path().join("talk");
+    std::fs::create_dir(&talk).unwrap();
+    let mut job = python(EPOCH_WORKERS_JOB);
+    job.push(talk.display().to_string());
+    let out = dir.path().join("runs");
+    let d = Daemon::start(&out, &["--interval", "200ms"], &job, &[]);
+    // (epoch, pid, USS the worker read at its epoch's end).
+    let mut truth: Vec<(u32, u32, f64)> = Vec::new();
+    for epoch in 0..3u32 {
+        let read = || -> Vec<(u32, u32, f64)> {
+            std::fs::read_dir(&talk)
+                .unwrap()
+                .filter_map(|e| {
+                    let path = e.ok()?.path();
+                    let pid: u32 = path.file_stem()?.to_str()?.parse().ok()?;
+                    (path.extension()? == "uss").then_some(())?;
+                    let text = std::fs::read_to_string(&path).ok()?;
+                    let (e, uss) = text.split_once(' ')?;
+                    Some((e.parse().ok()?, pid, uss.parse().ok()?))
+                })
+                .filter(|(e, _, _)| *e == epoch)
+                .collect()
+        };
+        wait_for(
+            "the epoch's workers to read the data",
+            Duration::from_secs(120),
+            || read().len() == 3,
+        );
+        let workers = read();
+        // memtrack has read each worker's copies before it ends.
+        wait_for(
+            "memtrack to read the epoch's copies",
+            Duration::from_secs(60),
+            || {
+                workers
+                    .iter()
+                    .all(|(_, p, t)| metric_uss(&d, *p).is_some_and(|m| m >= 0.95 * t))
+            },
+        );
+        for (_, p, _) in &workers {
+            std::fs::write(talk.join(format!("{p}.end")), "").unwrap();
+        }
+        truth.extend(workers);
+    }
+    let (code, _, log) = d.finish_logged();
+    assert_eq!(code, Some(0), "{log}");
+
+    let advice = advise(&out.join("d"));
+    let cost = find(&advice, "worker-cost");
+    assert_eq!(figure(cost, "workers"), 9.0, "{cost:#}");
+    assert_eq!(figure(cost, "workers_at_once"), 3.0, "{cost:#}");
+    for (_, pid, t) in &truth {
+        let got = figure(cost, &format!("worker_{pid}_uss_mb"));
+        assert!(
+            (got - t).abs() <= 0.15 * t,
+            "worker {pid}: memtrack {got:.1} MiB, smaps_rollup {t:.1} MiB"
+        );
+    }
+    // Together: the workers of one epoch, not of the run.
+    let epoch_sum = |e: u32| -> f64 {
+        truth
+            .iter()
+            .filter(|(x, _, _)| *x == e)
+            .map(|(_, _, t)| t)
+            .sum()
+    };
+    let at_once = (0..3).map(epoch_sum).fold(0.0, f64::max);
+    let together = figure(cost, "workers_uss_mb");
+    assert!(
+        (together - at_once).abs() <= 0.15 * at_once,
+        "together {together:.1} MiB, an epoch's workers {at_once:.1} MiB"
+    );
+    // Their memory is copies of the parent's strings.
+    let copies = find(&advice, "copy-on-read");
+    let saving = figure(copies, "projected_saving_mb");
+    assert!(
+        (saving - at_once).abs() <= 0.15 * at_once,
+        "projected saving {saving:.1} MiB, an epoch's workers hold {at_once:.1} MiB alone"
+    );
+}
+
 /// Grows 2 MiB every 100 ms (about 20 MiB/s) under a memory limit until
 /// the kernel ends it; notes the time after each step and the first
 /// forecast notice memtrack pushes.
