@@ -52,8 +52,12 @@ impl Store {
             "levels": self.alerts.levels,
             "gpus": self.gpu.devices.values().collect::<Vec<_>>(),
             "counters": self.counters,
-            "forecasts": self.forecasts(),
         });
+        // Time to OOM, only while some resource climbs towards its limit.
+        let forecasts = self.forecasts();
+        if let (false, Some(m)) = (forecasts.is_empty(), status.as_object_mut()) {
+            m.insert("forecasts".into(), serde_json::json!(forecasts));
+        }
         if let (Some(a), Some(m)) = (&self.gpu.attribution, status.as_object_mut()) {
             m.insert("gpu_attribution".into(), serde_json::json!(a));
         }
