@@ -157,7 +157,8 @@ pub(super) fn advise<L>(doc: &DocumentOf<L>) -> Vec<Advice> {
     let s = if n == 1 { "" } else { "s" };
     let mut finding = if sets.len() > 1 {
         format!(
-            "{n} workers of PID {} ({}), forked in {} sets of up to {most} (a set per epoch),              cost {} together at once",
+            "{n} workers of PID {} ({}), forked in {} sets of up to {most} (a set per epoch), \
+             cost {} together at once",
             parent.pid,
             parent.name,
             sets.len(),
@@ -331,7 +332,7 @@ mod tests {
         assert_eq!(a[0].figures["worker_uss_mean_mb"], 120.0);
         assert!(
             a[0].finding
-                .starts_with("12 workers of PID 100 (python3), forked in 3 sets of up to 4"),
+                .starts_with("12 workers of PID 100 (python3), forked in 3 sets of up to 4 (a set per epoch), cost 480 MiB together at once"),
             "{}",
             a[0].finding
         );
