@@ -82,11 +82,17 @@ impl Phases {
     /// MiB per second over the last seconds of timer points before `t`
     /// (growing only).
     fn growth_before(&self, t: f64) -> Option<f64> {
-        let mut before = self.points.iter().filter(|(at, _)| *at <= t + 0.5);
-        let last = *before.clone().next_back()?;
-        let first = before.find(|(at, _)| *at >= last.0 - GROWTH_WINDOW_S)?;
-        let dt = last.0 - first.0;
-        (dt > 0.0 && last.1 > first.1).then(|| (last.1 - first.1) / dt)
+        // Up to the highest point of the last seconds: a sample taken as
+        // the kill freed the memory must not read as a fall.
+        let recent = || {
+            self.points
+                .iter()
+                .filter(move |(at, _)| *at <= t + 0.5 && *at >= t - GROWTH_WINDOW_S)
+        };
+        let top = *recent().max_by(|a, b| a.1.total_cmp(&b.1))?;
+        let first = *recent().find(|(at, _)| *at >= top.0 - GROWTH_WINDOW_S)?;
+        let dt = top.0 - first.0;
+        (dt > 0.0 && top.1 > first.1).then(|| (top.1 - first.1) / dt)
     }
 
     /// The phase at time `t`.
@@ -103,7 +109,17 @@ impl Phases {
 /// `oom_kill` counter or a flight-recorder window kept for it.
 pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advice> {
     let kills = doc.host.as_ref().and_then(|h| h.oom_kills).unwrap_or(0);
-    let window = doc.flight_recorder.iter().find(|w| w.reason == "oom_kill");
+    // A window kept for the OOM kill, or (the kernel's kill reads as a
+    // SIGKILL) for a SIGKILLed process of a job the kernel killed in.
+    let window = doc
+        .flight_recorder
+        .iter()
+        .find(|w| w.reason == "oom_kill")
+        .or_else(|| {
+            doc.flight_recorder.iter().find(|w| {
+                kills > 0 && w.reason == "signal" && w.exit.is_some_and(|x| x.signal == Some(9))
+            })
+        });
     if kills == 0 && window.is_none() {
         return None;
     }
@@ -347,6 +363,8 @@ mod tests {
         d.detailed_log.push(entry(1002.0, "train", "epoch", 120.0));
         d.detailed_log.push(timer(1002.5, 150.0));
         d.detailed_log.push(timer(1003.0, 250.0));
+        // The sample that found the kill: the memory freed.
+        d.detailed_log.push(timer(1003.5, 5.0));
         // The headline counts library pages another cgroup was charged
         // for: the limit is compared with the charge.
         d.peak_usage.cpu_ram_used_mb = 290.0;
