@@ -129,11 +129,17 @@ pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advi
         .filter(|t| t.exit.is_some_and(|x| x.signal == Some(9)))
         .max_by(|a, b| a.hwm_mb.total_cmp(&b.hwm_mb));
     let (pid, at) = match (window, killed) {
-        (Some(w), _) => (holder(w).or(w.pid), w.timestamp),
+        (Some(w), _) => (w.pid.or_else(|| holder(w)), w.timestamp),
         (None, Some(t)) => (Some(t.pid), t.exited_at.unwrap_or(t.last_seen)),
         (None, None) => (None, doc.run.end.unwrap_or(f64::MAX)),
     };
-    let pid = pid.map(|p| past_shims(doc, p));
+    let pid = pid.map(|p| past_shims(doc, p)).map(|p| {
+        // Still a shim (its child no longer listed): the window's holder.
+        match window.and_then(holder) {
+            Some(h) if is_shim(doc, p) => h,
+            _ => p,
+        }
+    });
     let name = pid
         .and_then(|p| doc.targets.iter().rev().find(|t| t.pid == p))
         .map(|t| t.display_name())
@@ -200,13 +206,26 @@ pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advi
 }
 
 /// The process that held the most memory at the window's last point
-/// with processes (the OOM killer's choice is the largest).
+/// with processes (the OOM killer's choice is the largest), for a window
+/// that names none.
 fn holder(w: &FlightWindow) -> Option<u32> {
     let last = w.points.iter().rev().find(|p| !p.processes.is_empty())?;
     last.processes
         .iter()
         .max_by(|a, b| a[1].total_cmp(&b[1]))
         .map(|p| p[0] as u32)
+}
+
+/// Whether `pid` is a shell or launcher of the tree.
+fn is_shim<L>(doc: &DocumentOf<L>, pid: u32) -> bool {
+    doc.targets
+        .iter()
+        .rev()
+        .find(|t| t.pid == pid)
+        .is_some_and(|t| {
+            let base = t.name.rsplit('/').next().unwrap_or(&t.name);
+            SHIMS.contains(&base)
+        })
 }
 
 /// `pid`, or when it is a shell or launcher shim whose child held more,
@@ -216,8 +235,7 @@ fn past_shims<L>(doc: &DocumentOf<L>, mut pid: u32) -> u32 {
         let Some(t) = doc.targets.iter().rev().find(|t| t.pid == pid) else {
             break;
         };
-        let base = t.name.rsplit('/').next().unwrap_or(&t.name);
-        if !SHIMS.contains(&base) {
+        if !is_shim(doc, pid) {
             break;
         }
         let Some(child) = doc
