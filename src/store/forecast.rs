@@ -18,6 +18,11 @@ use crate::units::mib;
 /// Forecasts further out than this (seconds) are shown but not pushed.
 const NOTICE_HORIZON_S: f64 = 3600.0;
 
+/// A forecast is announced again when it halved and came at least this
+/// much sooner (seconds): not once more for every tick of its last
+/// seconds.
+const MIN_SOONER_S: f64 = 5.0;
+
 /// A live forecast: at this rate `resource` reaches its limit in
 /// `seconds`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -123,12 +128,11 @@ impl Store {
                 limit_mb: limit,
                 limit: code.to_string(),
             };
-            let due = o.seconds <= NOTICE_HORIZON_S
-                && self
-                    .forecasts
-                    .announced
-                    .get(&resource)
-                    .is_none_or(|last| o.seconds <= 0.5 * last);
+            let due =
+                o.seconds <= NOTICE_HORIZON_S
+                    && self.forecasts.announced.get(&resource).is_none_or(|last| {
+                        o.seconds <= 0.5 * last && last - o.seconds >= MIN_SOONER_S
+                    });
             if due {
                 self.forecasts.announced.insert(resource.clone(), o.seconds);
                 out.push(f.clone());
@@ -141,5 +145,46 @@ impl Store {
     /// The live forecasts, by resource.
     pub(crate) fn forecasts(&self) -> Vec<Forecast> {
         self.forecasts.now.values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+
+    #[test]
+    fn a_climbing_gpu_is_forecast_and_announced_once_then_when_it_halves() {
+        let mut st = store();
+        let mut announced = Vec::new();
+        // GPU 0 (80,000 MiB) grows 500 MiB/s from 10,000 MiB; the host's
+        // figure holds still.
+        for i in 0..=400 {
+            let t = 100.0 + 0.1 * i as f64;
+            let used = 10_000 + 50 * i as u64;
+            let mut s = sample(t, &[(10, 300)], &[(10, used)]);
+            if i == 0 {
+                join(&mut s, 10);
+            }
+            let out = timer(&mut st, s);
+            announced.extend(out.forecasts.into_iter().map(|f| (t, f)));
+        }
+        let (t, first) = &announced[0];
+        assert_eq!(first.resource, "gpu0");
+        assert_eq!(first.limit, "gpu_total");
+        // 80,000 MiB is reached at 100 + 140 s.
+        let at = t + first.seconds;
+        assert!((at - 240.0).abs() <= 0.2 * (240.0 - t), "{announced:?}");
+        assert!(
+            first.message.starts_with("at this rate GPU 0 reaches"),
+            "{}",
+            first.message
+        );
+        // Announced again only when it halved (and came 5 s sooner).
+        for w in announced.windows(2) {
+            assert!(w[1].1.seconds <= 0.5 * w[0].1.seconds, "{announced:?}");
+        }
+        let now = st.forecasts();
+        assert_eq!(now.len(), 1, "no forecast for the steady host: {now:?}");
+        assert_eq!(now[0].resource, "gpu0");
     }
 }
