@@ -36,8 +36,13 @@ const MIN_STEP_SHARE: f64 = 0.25;
 /// Forecasts further out than this are not made (seconds: a day).
 pub(crate) const MAX_HORIZON_S: f64 = 86_400.0;
 
-/// Points kept per series.
-const MAX_POINTS: usize = 4096;
+/// Each part is read from this many buckets: a window's points are kept
+/// as the highest, lowest and count per bucket, so a sample costs the
+/// same however long the windows and however short the interval.
+const BUCKETS_PER_PART: usize = 8;
+
+/// Buckets per window.
+const BUCKETS: usize = PARTS * BUCKETS_PER_PART;
 
 /// What a forecast says.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,92 +57,156 @@ pub(crate) struct Outlook {
     pub(crate) window_s: f64,
 }
 
+/// The points of one bucket of a window.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    /// Its index on the window's grid (time / bucket width).
+    at: i64,
+    high: f64,
+    low: f64,
+    n: usize,
+}
+
+/// One window's buckets, the last [`BUCKETS`] of its grid, and its
+/// outlook as of the last bucket that closed (read again only then).
+#[derive(Debug, Clone, Default)]
+struct Buckets {
+    buckets: VecDeque<Bucket>,
+    /// The climb as last read: (MiB per second, the level), or none.
+    climb: Option<(f64, f64)>,
+    /// A bucket closed since the climb was read.
+    stale: bool,
+    /// Seconds per bucket.
+    width: f64,
+}
+
 /// One resource's recent points.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Series {
-    points: VecDeque<(f64, f64)>,
+    first: Option<f64>,
+    last: f64,
+    windows: [Buckets; WINDOWS_S.len()],
+}
+
+/// A window's bucket width, seconds.
+fn width(window_s: f64) -> f64 {
+    window_s / BUCKETS as f64
 }
 
 impl Series {
     /// Adds a point (time order; an older point is ignored).
     pub(crate) fn push(&mut self, t: f64, mb: f64) {
-        if !(t.is_finite() && mb.is_finite()) || self.points.back().is_some_and(|p| p.0 > t) {
+        if !(t.is_finite() && mb.is_finite()) || (self.first.is_some() && t < self.last) {
             return;
         }
-        let oldest = t - WINDOWS_S[WINDOWS_S.len() - 1];
-        while self
-            .points
-            .front()
-            .is_some_and(|p| p.0 < oldest || self.points.len() >= MAX_POINTS)
-        {
-            self.points.pop_front();
+        self.first.get_or_insert(t);
+        self.last = t;
+        for (w, b) in WINDOWS_S.iter().zip(&mut self.windows) {
+            b.width = width(*w);
+            let at = (t / b.width).floor() as i64;
+            match b.buckets.back_mut() {
+                Some(last) if last.at == at => {
+                    last.high = last.high.max(mb);
+                    last.low = last.low.min(mb);
+                    last.n += 1;
+                }
+                _ => {
+                    b.buckets.push_back(Bucket {
+                        at,
+                        high: mb,
+                        low: mb,
+                        n: 1,
+                    });
+                    b.stale = true;
+                }
+            }
+            while b
+                .buckets
+                .front()
+                .is_some_and(|f| f.at <= at - BUCKETS as i64)
+            {
+                b.buckets.pop_front();
+            }
         }
-        self.points.push_back((t, mb));
     }
 
     /// When the figure reaches `limit_mb` at its recent rate, if it
-    /// climbs steadily towards it.
-    pub(crate) fn outlook(&self, limit_mb: f64) -> Option<Outlook> {
+    /// climbs steadily towards it. A window is read again when one of its
+    /// buckets closed (or the limit changed): a sample costs the same
+    /// however long the windows.
+    pub(crate) fn outlook(&mut self, limit_mb: f64) -> Option<Outlook> {
         if limit_mb.is_nan() || limit_mb <= 0.0 {
             return None;
         }
-        let last = self.points.back()?.0;
-        let first = self.points.front()?.0;
-        WINDOWS_S
-            .iter()
-            .filter(|w| last - first >= 0.9 * **w)
-            .find_map(|w| self.window(last - w, last, limit_mb))
-    }
-
-    fn window(&self, from: f64, to: f64, limit_mb: f64) -> Option<Outlook> {
-        let width = (to - from) / PARTS as f64;
-        // Each part's highest point (time, MiB) and lowest figure.
-        let mut high = [(0.0, f64::NEG_INFINITY); PARTS];
-        let mut low = [f64::INFINITY; PARTS];
-        let mut n = [0usize; PARTS];
-        for &(t, y) in self.points.iter().filter(|p| p.0 >= from) {
-            let i = (((t - from) / width) as usize).min(PARTS - 1);
-            if y > high[i].1 {
-                high[i] = (t, y);
+        let first = self.first?;
+        let span = self.last - first;
+        let mut found = None;
+        for (w, b) in WINDOWS_S.iter().zip(&mut self.windows) {
+            if span < 0.9 * w {
+                continue;
             }
-            low[i] = low[i].min(y);
-            n[i] += 1;
+            if b.stale {
+                b.climb = climb(b, limit_mb);
+                b.stale = false;
+            }
+            if found.is_some() {
+                continue;
+            }
+            found = b.climb.and_then(|(rate, level)| {
+                let seconds = ((limit_mb - level) / rate).max(0.0);
+                (seconds <= MAX_HORIZON_S).then_some(Outlook {
+                    seconds,
+                    rate_mib_per_s: rate,
+                    level_mb: level,
+                    window_s: *w,
+                })
+            });
         }
-        if n.iter().any(|n| *n < MIN_PART_POINTS) {
-            return None;
-        }
-        let growth = high[PARTS - 1].1 - high[0].1;
-        if growth < MIN_GROWTH_MIB.max(MIN_GROWTH_SHARE * limit_mb) {
-            return None;
-        }
-        // Every part climbs by a fair share of the whole (a climb that
-        // levelled off, or a step, does not), and the floor rose too.
-        let share = MIN_STEP_SHARE * growth / (PARTS - 1) as f64;
-        let climbing = high.windows(2).all(|w| w[1].1 - w[0].1 >= share) && low[PARTS - 1] > low[0];
-        if !climbing {
-            return None;
-        }
-        // The rate of the envelope: each part's highest figure at the
-        // part's middle (where in its part the highest point falls is
-        // noise; a sawtooth's whole steps are in every part alike).
-        let envelope: Vec<(f64, f64)> = high
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (from + width * (i as f64 + 0.5), h.1))
-            .collect();
-        let rate = slope(&envelope)?;
-        if rate <= 0.0 {
-            return None;
-        }
-        let level = high[PARTS - 1].1;
-        let seconds = ((limit_mb - level) / rate).max(0.0);
-        (seconds <= MAX_HORIZON_S).then_some(Outlook {
-            seconds,
-            rate_mib_per_s: rate,
-            level_mb: level,
-            window_s: to - from,
-        })
+        found
     }
+}
+
+/// The climb over one window's buckets: its rate (MiB per second) and
+/// level, when every part climbs.
+fn climb(b: &Buckets, limit_mb: f64) -> Option<(f64, f64)> {
+    let end = b.buckets.back()?.at;
+    let start = end - BUCKETS as i64 + 1;
+    // Each part's highest figure, lowest figure and points.
+    let mut high = [f64::NEG_INFINITY; PARTS];
+    let mut low = [f64::INFINITY; PARTS];
+    let mut n = [0usize; PARTS];
+    for k in b.buckets.iter().filter(|k| k.at >= start) {
+        let i = ((k.at - start) as usize / BUCKETS_PER_PART).min(PARTS - 1);
+        high[i] = high[i].max(k.high);
+        low[i] = low[i].min(k.low);
+        n[i] += k.n;
+    }
+    if n.iter().any(|n| *n < MIN_PART_POINTS) {
+        return None;
+    }
+    let growth = high[PARTS - 1] - high[0];
+    if growth < MIN_GROWTH_MIB.max(MIN_GROWTH_SHARE * limit_mb) {
+        return None;
+    }
+    // Every part climbs by a fair share of the whole (a climb that
+    // levelled off, or a step, does not), and the floor rose too.
+    let share = MIN_STEP_SHARE * growth / (PARTS - 1) as f64;
+    let climbing = high.windows(2).all(|w| w[1] - w[0] >= share) && low[PARTS - 1] > low[0];
+    if !climbing {
+        return None;
+    }
+    // The rate of the envelope: each part's highest figure at the part's
+    // middle (where in its part the highest point falls is noise; a
+    // sawtooth's whole steps are in every part alike).
+    // Parts are equally wide: their middles, in parts, are 0.5, 1.5, …
+    let envelope: Vec<(f64, f64)> = high
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (i as f64 + 0.5, *h))
+        .collect();
+    let part_s = b.width * BUCKETS_PER_PART as f64;
+    let rate = slope(&envelope)? / part_s;
+    (rate > 0.0).then_some((rate, high[PARTS - 1]))
 }
 
 /// Least-squares slope of `(x, y)` points; `None` when the x are equal.
