@@ -60,6 +60,32 @@ impl Engine {
                     used_ratio: alert.used_ratio,
                     timestamp: alert.timestamp,
                     message: alert.message.clone(),
+                    seconds_to_limit: None,
+                });
+            }
+        }
+        // Time to OOM: a notice before the limit, level `forecast`.
+        for f in &outcome.forecasts {
+            tracing::warn!(resource = %f.resource, "{}", f.message);
+            if let Some(link) = &self.events {
+                let level = self
+                    .store
+                    .all_levels()
+                    .get(&f.resource)
+                    .copied()
+                    .unwrap_or_default();
+                let _ = link.notices.send(Notice::Pressure {
+                    resource: f.resource.clone(),
+                    level: "forecast".into(),
+                    previous: level.as_str().into(),
+                    used_ratio: if f.limit_mb > 0.0 {
+                        f.used_mb / f.limit_mb
+                    } else {
+                        0.0
+                    },
+                    timestamp: self.store.current().timestamp,
+                    message: f.message.clone(),
+                    seconds_to_limit: Some(f.seconds),
                 });
             }
         }

@@ -238,6 +238,14 @@ pub(crate) fn format_watch(v: &serde_json::Value, clock: &str) -> String {
                 .collect()
         })
         .unwrap_or_default();
+    // Time to OOM: one line per resource climbing towards its limit.
+    for f in v["forecasts"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "time to OOM: {}",
+            crate::logging::terminal::escape(f["message"].as_str().unwrap_or("?"))
+        );
+    }
     out.push_str(&format_status(v));
     if !per.is_empty() {
         let _ = writeln!(out, "component peaks (host/GPU MiB): {}", per.join(", "));

@@ -425,6 +425,10 @@ pub enum Notice {
         used_ratio: f64,
         timestamp: f64,
         message: String,
+        /// Level `forecast`: at this rate the resource reaches its limit
+        /// in this many seconds.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        seconds_to_limit: Option<f64>,
     },
     Cleanup {
         reason: String,

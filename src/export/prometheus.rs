@@ -98,6 +98,12 @@ pub const METRICS: &[Def] = &[
     def("memtrack_component_peak_memory_bytes", G, &["component", "figure"], "Peak of each figure over the samples attributed to a component."),
     def("memtrack_events_total", C, &["component", "operation"], "Events (marks and span boundaries) recorded; a stage's boundaries count in no component (see memtrack_current_stage); before the first, one series at 0 without these labels."),
     def("memtrack_pressure_level", G, &["resource"], "Memory pressure: 0 normal, 1 high, 2 critical, 3 emergency."),
+    def(
+        "memtrack_seconds_to_limit",
+        G,
+        &["resource", "limit"],
+        "Time to OOM: at the recent growth rate, seconds until the resource reaches its limit (host: the job's memory limit, on the cgroup's charge, else the host's available memory; gpuN: the GPU's total); absent while it does not climb steadily.",
+    ),
     def("memtrack_open_spans", G, &[], "Spans open now."),
     def("memtrack_open_stages", G, &[], "Stages open now."),
     def("memtrack_last_sample_timestamp_seconds", G, &[], "Unix time of the latest sample."),
@@ -545,6 +551,16 @@ fn run_state(f: &mut Families, snap: &Snapshot) {
             "memtrack_pressure_level",
             &[("resource", resource.clone())],
             f64::from(level.as_number()),
+        );
+    }
+    for fc in &snap.forecasts {
+        f.gauge(
+            "memtrack_seconds_to_limit",
+            &[
+                ("resource", fc.resource.clone()),
+                ("limit", fc.limit.clone()),
+            ],
+            fc.seconds,
         );
     }
     f.gauge("memtrack_open_spans", &[], snap.open_spans.len() as f64);

@@ -383,6 +383,14 @@ fn judge(v: &mut Verdict, fit: &Sen, used: &[(f64, f64)], cfg: &LeakConfig) {
         num(v.ci_mib_per_hour.1)
     );
 
+    if fit.hi < 0.0 {
+        // The whole interval below 0: it shrank, and said so.
+        v.reason = format!(
+            "no significant growth{aside}: shrinking at {} MiB/h, {ci}",
+            num(v.rate_mib_per_hour)
+        );
+        return;
+    }
     if fit.lo <= 0.0 {
         v.reason = format!(
             "no significant growth{aside}: {} MiB/h, {ci} includes 0 (Mann–Kendall p = {:.2})",
@@ -1301,6 +1309,20 @@ mod tests {
             4000.0 + 3000.0 * (1.0 - (-t / 1200.0).exp())
         });
         assert_not_flagged(&judge(&s), "levelling off");
+    }
+
+    #[test]
+    fn a_shrinking_series_says_so_and_no_interval_below_0_includes_it() {
+        let s = series(900, 1.0, 5.0, 4, |t| 3000.0 - 0.1 * t);
+        let v = judge(&s);
+        assert!(v.judged && !v.suspected, "{v:?}");
+        assert!(v.ci_mib_per_hour.1 < 0.0, "{v:?}");
+        assert!(
+            v.reason.starts_with("no significant growth: shrinking at"),
+            "{}",
+            v.reason
+        );
+        assert!(!v.reason.contains("includes 0"), "{}", v.reason);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! status vocabularies.
 
 pub mod advice;
+pub(crate) mod forecast;
 pub mod json;
 pub mod leak;
 pub(crate) mod number_keys;
@@ -478,6 +479,16 @@ pub struct Entry {
     /// with source `rss`, the sum of the processes' `VmHWM`.
     #[serde(default)]
     pub cpu_ram_hwm_mb: f64,
+    /// The charge of the job's memory cgroup less cold page cache (what
+    /// its limit is enforced on), MiB: only the pages charged to the job,
+    /// not library pages another cgroup loaded first. Absent without a
+    /// cgroup holding the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge_mb: Option<f64>,
+    /// The highest `charge_mb` since the previous sample, as the kernel
+    /// saw it, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge_hwm_mb: Option<f64>,
     #[serde(default)]
     pub kind: EntryKind,
     /// The sender of an event (`SO_PEERCRED`).
@@ -609,6 +620,26 @@ impl Entry {
     /// folding a window of samples and keeping peaks.
     pub(crate) fn absorb_max(&mut self, other: &Entry) {
         keep_max(self.figures_mut(), other.figures());
+        self.charge_mb = max_of(self.charge_mb, other.charge_mb);
+        self.charge_hwm_mb = max_of(self.charge_hwm_mb, other.charge_hwm_mb);
+    }
+
+    /// The highest host figure the entry saw, on the kernel's charge
+    /// basis when it has one (the job's cgroup), else the headline's.
+    pub(crate) fn charge_or_headline_peak(&self) -> f64 {
+        match (self.charge_mb, self.charge_hwm_mb) {
+            (None, None) => self.cpu_ram_used_mb.max(self.cpu_ram_hwm_mb),
+            (a, b) => a.unwrap_or(0.0).max(b.unwrap_or(0.0)),
+        }
+    }
+}
+
+/// The larger of two optional figures (either alone when the other is
+/// absent).
+fn max_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
     }
 }
 

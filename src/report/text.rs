@@ -339,6 +339,13 @@ fn peaks_row(name: &str, p: &Peaks) -> Vec<String> {
 }
 
 fn verdict_line(v: Option<&Verdict>) -> String {
+    verdict_line_beside(v, false)
+}
+
+/// [`verdict_line`]; `beside_suspicion`: a part of the job is suspected,
+/// so a verdict of no leak says so instead of giving its reason (an
+/// interval around 0 beside a suspicion reads as a contradiction).
+fn verdict_line_beside(v: Option<&Verdict>, beside_suspicion: bool) -> String {
     let Some(v) = v else {
         return "not judged".into();
     };
@@ -359,6 +366,12 @@ fn verdict_line(v: Option<&Verdict>) -> String {
         format!(
             "not judged ({})",
             reason.strip_prefix("not judged: ").unwrap_or(reason)
+        )
+    } else if beside_suspicion {
+        format!(
+            "no leak suspected in this total ({:+.1} MiB over {:.0} s), but in a part of it: \
+             see below",
+            v.growth_mib, v.window_s
         )
     } else {
         format!(
@@ -740,9 +753,21 @@ fn write_alerts(out: &mut String, doc: &Document) {
 /// suspected process and component.
 fn write_leak(out: &mut String, leak: &LeakReport) {
     let _ = writeln!(out, "\nLeak check");
-    let _ = writeln!(out, "  host: {}", verdict_line(leak.host.as_ref()));
+    // A part suspected (a process, a component): the totals' "no leak"
+    // points to it rather than contradicting it.
+    let part = leak
+        .targets
+        .iter()
+        .flatten()
+        .any(|t| t.host.suspected || t.gpu.as_ref().is_some_and(|g| g.suspected))
+        || leak.components.iter().flatten().any(|(_, v)| v.suspected);
+    let _ = writeln!(
+        out,
+        "  host: {}",
+        verdict_line_beside(leak.host.as_ref(), part)
+    );
     if let Some(gpu) = &leak.gpu {
-        let _ = writeln!(out, "  GPU:  {}", verdict_line(Some(gpu)));
+        let _ = writeln!(out, "  GPU:  {}", verdict_line_beside(Some(gpu), part));
     }
     for t in leak.targets.iter().flatten() {
         if t.host.suspected {
@@ -757,6 +782,15 @@ fn write_leak(out: &mut String, leak: &LeakReport) {
                     ""
                 },
                 verdict_line(Some(&t.host))
+            );
+        }
+        if let Some(g) = t.gpu.as_ref().filter(|g| g.suspected) {
+            let _ = writeln!(
+                out,
+                "  PID {} {} GPU: {}",
+                t.pid,
+                t.name,
+                verdict_line(Some(g))
             );
         }
     }

@@ -28,10 +28,21 @@ impl Store {
             ),
         };
         self.observe_host(sample, mib(used));
+        let charge = sample
+            .host
+            .footprint
+            .as_ref()
+            .and_then(|f| f.cgroup.as_ref());
         self.current = Current {
             timestamp: sample.timestamp,
             cpu_used_mb: mib(used),
             cpu_hwm_mb: mib(peak),
+            charge_mb: charge.map(|r| mib(r.working_set())),
+            charge_hwm_mb: charge.map(|r| {
+                mib(r
+                    .interval_peak_working_set()
+                    .unwrap_or_else(|| r.working_set()))
+            }),
             host_source: source,
             gpu_tree_mb: gpu_tree,
             gpu_tree_peak_mb: self.current.gpu_tree_peak_mb.max(gpu_tree),

@@ -22,6 +22,8 @@ impl Store {
             gpu_source: c.gpu_source,
             gpu_process_used_mb: c.gpu_tree_mb,
             cpu_ram_hwm_mb: c.cpu_hwm_mb,
+            charge_mb: c.charge_mb,
+            charge_hwm_mb: c.charge_hwm_mb,
             ..Entry::default()
         }
     }

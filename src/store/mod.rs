@@ -25,6 +25,7 @@ mod alerts;
 pub(crate) mod chunked;
 mod document;
 pub mod entries;
+pub(crate) mod forecast;
 mod gpu;
 mod host;
 pub mod journal;

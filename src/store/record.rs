@@ -57,4 +57,6 @@ pub struct Applied {
     pub(crate) alerts: Vec<Alert>,
     /// Span or stage ends that matched nothing open.
     pub(crate) unmatched: bool,
+    /// Forecasts of the time to OOM to announce.
+    pub(crate) forecasts: Vec<super::forecast::Forecast>,
 }

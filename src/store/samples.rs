@@ -31,6 +31,7 @@ impl Store {
         self.fold_gpu_devices(sample, &gpu.by_device);
         self.fold_current(sample, mib(gpu.by_device.values().sum()));
         let alerts = self.pressure(sample);
+        let forecasts = self.forecast(sample);
         let entry = match kind {
             SampleKind::Timer => Some(self.timer_entry()),
             SampleKind::Event => {
@@ -42,6 +43,7 @@ impl Store {
             entry,
             alerts,
             unmatched: false,
+            forecasts,
         }
     }
 

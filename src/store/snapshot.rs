@@ -26,6 +26,12 @@ pub struct Current {
     pub(crate) cpu_used_mb: f64,
     /// The tree's peak since the previous sample.
     pub(crate) cpu_hwm_mb: f64,
+    /// The job's memory cgroup's charge less cold page cache, and its
+    /// peak since the previous sample (absent without such a cgroup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) charge_mb: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) charge_hwm_mb: Option<f64>,
     /// Where `cpu_used_mb` comes from.
     #[serde(default)]
     pub(crate) host_source: HostSource,
@@ -154,6 +160,8 @@ pub struct Snapshot {
     pub leak: Option<LeakReport>,
     /// What a re-run needs, as of this snapshot.
     pub needs: Summary,
+    /// Time to OOM: the resources climbing towards their limit.
+    pub forecasts: Vec<super::forecast::Forecast>,
 }
 
 #[cfg(test)]

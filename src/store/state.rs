@@ -74,6 +74,9 @@ pub struct Store {
     pub(super) host: HostState,
     #[serde(default)]
     pub(super) flights: Vec<FlightWindow>,
+    /// Time to OOM, live.
+    #[serde(skip)]
+    pub(super) forecasts: super::forecast::ForecastState,
 }
 
 /// The alerts' state: the alerts kept, and each resource's level.
@@ -218,6 +221,7 @@ impl Store {
             marks: MarksState::default(),
             host: HostState::default(),
             flights: Vec::new(),
+            forecasts: Default::default(),
         }
     }
 

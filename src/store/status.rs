@@ -53,6 +53,11 @@ impl Store {
             "gpus": self.gpu.devices.values().collect::<Vec<_>>(),
             "counters": self.counters,
         });
+        // Time to OOM, only while some resource climbs towards its limit.
+        let forecasts = self.forecasts();
+        if let (false, Some(m)) = (forecasts.is_empty(), status.as_object_mut()) {
+            m.insert("forecasts".into(), serde_json::json!(forecasts));
+        }
         if let (Some(a), Some(m)) = (&self.gpu.attribution, status.as_object_mut()) {
             m.insert("gpu_attribution".into(), serde_json::json!(a));
         }
@@ -124,6 +129,7 @@ impl Store {
             nvml_up: self.gpu.nvml_up,
             finished: self.is_finished(),
             needs: self.summary(),
+            forecasts: self.forecasts(),
             ..Snapshot::default()
         }
     }

@@ -272,6 +272,96 @@ fn batch_sizes_stepped_under_a_limit_give_the_largest_batch_that_fits() {
     assert_eq!(figure(oom, "limit_mb"), 512.0);
 }
 
+/// A training loop's steps as PyTorch runs them: each step allocates
+/// 4 MiB per sample ("activations"), reads them ("backward") and frees
+/// them before its end mark, so the marks alone never see the peak. Two
+/// steps per batch size given, inside spans that name the batch size.
+const FREEING_BATCH_JOB: &str = r#"
+import sys, memtrack
+MIB = 1 << 20
+def touched(n):
+    b = bytearray(n)
+    for i in range(0, n, 4096): b[i] = 1
+    return b
+for b in map(int, sys.argv[1:]):
+    for _ in range(2):
+        with memtrack.span("train", "step", labels={"batch_size": str(b)}):
+            act = touched(b * 4 * MIB)
+            s = sum(act[::4096])
+            del act
+"#;
+
+/// `memtrack run --memory-limit LIMIT` of [`FREEING_BATCH_JOB`] at
+/// `sizes`: the exit code, the run's directory and memtrack's log.
+fn freeing_run(out: &Path, limit: &str, sizes: &[u64]) -> (Option<i32>, PathBuf, String) {
+    let mut job = python(FREEING_BATCH_JOB);
+    job.extend(sizes.iter().map(u64::to_string));
+    let res = run_to_end(
+        memtrack()
+            .args(["run", "--listen", "off", "--no-gpu", "--interval", "100ms"])
+            .args(["--memory-limit", limit, "--name", "f", "--output"])
+            .arg(out)
+            .arg("--")
+            .args(&job)
+            .env("PYTHONPATH", client_src()),
+        Duration::from_secs(120),
+    );
+    (res.status.code(), out.join("f"), stderr(&res))
+}
+
+#[test]
+fn a_step_that_frees_before_its_end_mark_gets_a_batch_that_runs() {
+    if !cgroup_or_skip() {
+        return;
+    }
+    let dir = scratch();
+    let limit = "400M";
+    let (code, run, log) = freeing_run(&dir.path().join("fit"), limit, &[8, 16, 32, 64]);
+    assert_eq!(code, Some(0), "{log}");
+    let advice = advise(&run);
+    let fit = find(&advice, "batch-fit");
+    assert_eq!(figure(fit, "capacity_mb"), 400.0, "{fit:#}");
+    let per_sample = figure(fit, "per_sample_mb");
+    assert!((per_sample - 4.0).abs() <= 0.15 * 4.0, "{fit:#}");
+    let named = figure(fit, "largest_batch") as u64;
+
+    // The true largest batch, found by running batches: one that fits
+    // (`lo`) and one killed (`hi`), then halving the range between.
+    let runs = std::cell::Cell::new(0);
+    let fits = |b: u64| {
+        runs.set(runs.get() + 1);
+        let (code, _, log) = freeing_run(&dir.path().join(format!("b{}", runs.get())), limit, &[b]);
+        assert!(
+            code == Some(0) || code == Some(137),
+            "batch {b}: exit {code:?}: {log}"
+        );
+        code == Some(0)
+    };
+    let (mut lo, mut hi) = (64u64, 128u64);
+    assert!(fits(lo), "batch {lo} fits in {limit}");
+    assert!(!fits(hi), "batch {hi} does not fit in {limit}");
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let truth = lo as f64;
+    assert!(
+        (named as f64) <= truth && (named as f64) >= 0.85 * truth,
+        "named {named}, true largest {lo} (killed at {hi}): {fit:#}"
+    );
+    // The named batch runs.
+    let (code, _, log) = freeing_run(&dir.path().join("named"), limit, &[named]);
+    assert_eq!(
+        code,
+        Some(0),
+        "the named batch {named} runs in {limit}: {log}"
+    );
+}
+
 #[test]
 fn a_memory_limit_without_a_cgroup_is_a_clear_error_before_the_job() {
     let dir = scratch();
@@ -536,4 +626,212 @@ fn cleanup_calls_that_free_nothing_are_called_useless() {
     assert_eq!(useless["level"], "info");
     assert_eq!(figure(useless, "calls"), 3.0, "{useless:#}");
     assert!(figure(useless, "freed_max_mb") < 16.0, "{useless:#}");
+}
+
+/// DataLoader-style workers as PyTorch forks them by default
+/// (`persistent_workers=False`): three workers per epoch, forked again
+/// each epoch, each reading every one of the parent's Python strings
+/// (copying the pages) as soon as it starts. At its epoch's end each
+/// worker reads its own `smaps_rollup` (the truth), then waits to be
+/// told to end.
+const EPOCH_WORKERS_JOB: &str = r#"
+import os, sys, time
+dir = sys.argv[1]
+data = [("x" * 64) + str(i) for i in range(1_000_000)]
+def uss():
+    text = open("/proc/self/smaps_rollup").read()
+    kib = lambda k: sum(int(l.split()[1]) for l in text.splitlines() if l.startswith(k))
+    return (kib("Private_Clean:") + kib("Private_Dirty:")) / 1024
+for epoch in range(3):
+    pids = []
+    for w in range(3):
+        pid = os.fork()
+        if pid == 0:
+            n = 0
+            for s in data: n += len(s)
+            me = os.path.join(dir, str(os.getpid()))
+            open(me + ".tmp", "w").write("%d %r" % (epoch, uss()))
+            os.replace(me + ".tmp", me + ".uss")
+            while not os.path.exists(me + ".end"): time.sleep(0.02)
+            os._exit(0)
+        pids.append(pid)
+    for p in pids: os.waitpid(p, 0)
+"#;
+
+#[test]
+fn workers_forked_each_epoch_are_all_counted_at_their_epochs_end() {
+    let dir = scratch();
+    let talk = dir.path().join("talk");
+    std::fs::create_dir(&talk).unwrap();
+    let mut job = python(EPOCH_WORKERS_JOB);
+    job.push(talk.display().to_string());
+    let out = dir.path().join("runs");
+    let d = Daemon::start(&out, &["--interval", "200ms"], &job, &[]);
+    // (epoch, pid, USS the worker read at its epoch's end).
+    let mut truth: Vec<(u32, u32, f64)> = Vec::new();
+    for epoch in 0..3u32 {
+        let read = || -> Vec<(u32, u32, f64)> {
+            std::fs::read_dir(&talk)
+                .unwrap()
+                .filter_map(|e| {
+                    let path = e.ok()?.path();
+                    let pid: u32 = path.file_stem()?.to_str()?.parse().ok()?;
+                    (path.extension()? == "uss").then_some(())?;
+                    let text = std::fs::read_to_string(&path).ok()?;
+                    let (e, uss) = text.split_once(' ')?;
+                    Some((e.parse().ok()?, pid, uss.parse().ok()?))
+                })
+                .filter(|(e, _, _)| *e == epoch)
+                .collect()
+        };
+        wait_for(
+            "the epoch's workers to read the data",
+            Duration::from_secs(120),
+            || read().len() == 3,
+        );
+        let workers = read();
+        // memtrack has read each worker's copies before it ends.
+        wait_for(
+            "memtrack to read the epoch's copies",
+            Duration::from_secs(60),
+            || {
+                workers
+                    .iter()
+                    .all(|(_, p, t)| metric_uss(&d, *p).is_some_and(|m| m >= 0.95 * t))
+            },
+        );
+        for (_, p, _) in &workers {
+            std::fs::write(talk.join(format!("{p}.end")), "").unwrap();
+        }
+        truth.extend(workers);
+    }
+    let (code, _, log) = d.finish_logged();
+    assert_eq!(code, Some(0), "{log}");
+
+    let advice = advise(&out.join("d"));
+    let cost = find(&advice, "worker-cost");
+    assert_eq!(figure(cost, "workers"), 9.0, "{cost:#}");
+    assert_eq!(figure(cost, "workers_at_once"), 3.0, "{cost:#}");
+    for (_, pid, t) in &truth {
+        let got = figure(cost, &format!("worker_{pid}_uss_mb"));
+        assert!(
+            (got - t).abs() <= 0.15 * t,
+            "worker {pid}: memtrack {got:.1} MiB, smaps_rollup {t:.1} MiB"
+        );
+    }
+    // Together: the workers of one epoch, not of the run.
+    let epoch_sum = |e: u32| -> f64 {
+        truth
+            .iter()
+            .filter(|(x, _, _)| *x == e)
+            .map(|(_, _, t)| t)
+            .sum()
+    };
+    let at_once = (0..3).map(epoch_sum).fold(0.0, f64::max);
+    let together = figure(cost, "workers_uss_mb");
+    assert!(
+        (together - at_once).abs() <= 0.15 * at_once,
+        "together {together:.1} MiB, an epoch's workers {at_once:.1} MiB"
+    );
+    // Their memory is copies of the parent's strings.
+    let copies = find(&advice, "copy-on-read");
+    let saving = figure(copies, "projected_saving_mb");
+    assert!(
+        (saving - at_once).abs() <= 0.15 * at_once,
+        "projected saving {saving:.1} MiB, an epoch's workers hold {at_once:.1} MiB alone"
+    );
+}
+
+/// Grows 2 MiB every 100 ms (about 20 MiB/s) under a memory limit until
+/// the kernel ends it; notes the time after each step and the first
+/// forecast notice memtrack pushes.
+const GROWING_JOB: &str = r#"
+import json, os, sys, time, memtrack
+base = sys.argv[1]
+def put(name, text):
+    open(base + name + ".tmp", "w").write(text)
+    os.replace(base + name + ".tmp", base + name)
+def seen(n):
+    if n.get("level") == "forecast" and not os.path.exists(base + "notice"):
+        put("notice", json.dumps(n))
+memtrack.on_pressure(seen)
+held = []
+while True:
+    b = bytearray(2 << 20)
+    for i in range(0, len(b), 4096): b[i] = 1
+    held.append(b)
+    put("beat", repr(time.time()))
+    time.sleep(0.1)
+"#;
+
+#[test]
+fn a_job_growing_to_its_limit_is_forecast_on_metrics_and_to_its_subscribers() {
+    if !cgroup_or_skip() {
+        return;
+    }
+    let dir = scratch();
+    let base = dir.path().join("g.");
+    let mut job = python(GROWING_JOB);
+    job.push(base.display().to_string());
+    let out = dir.path().join("runs");
+    let src = client_src().display().to_string();
+    let d = Daemon::start(
+        &out,
+        &["--interval", "100ms", "--no-gpu", "--memory-limit", "640M"],
+        &job,
+        &[("PYTHONPATH", &src)],
+    );
+    let gauge = || -> Option<f64> {
+        let (_, body) = d.http("GET", "/metrics");
+        body.lines()
+            .filter(|l| l.starts_with("memtrack_seconds_to_limit{"))
+            .find(|l| l.contains("resource=\"host\"") && l.contains("limit=\"memory_limit\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    let mut first: Option<(f64, f64)> = None;
+    wait_for("a forecast on /metrics", Duration::from_secs(60), || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        first = gauge().map(|s| (now, s));
+        first.is_some()
+    });
+    let (code, _, log) = d.finish_logged();
+    assert_eq!(
+        code,
+        Some(137),
+        "the job grows until the kernel ends it: {log}"
+    );
+    let killed_at: f64 = std::fs::read_to_string(dir.path().join("g.beat"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The gauge's forecast, and the notice's, came true within 20 %.
+    let (scraped_at, seconds) = first.unwrap();
+    let actual = killed_at - scraped_at;
+    assert!(
+        actual > 0.0 && (scraped_at + seconds - killed_at).abs() <= 0.2 * actual + 0.5,
+        "/metrics said {seconds:.1} s; the limit came {actual:.1} s later"
+    );
+    let notice: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("g.notice")).unwrap())
+            .unwrap();
+    assert_eq!(notice["type"], "pressure", "{notice}");
+    assert_eq!(notice["resource"], "host", "{notice}");
+    let at = notice["timestamp"].as_f64().unwrap();
+    let said = notice["seconds_to_limit"].as_f64().unwrap();
+    let actual = killed_at - at;
+    assert!(
+        actual > 0.0 && (at + said - killed_at).abs() <= 0.2 * actual + 0.5,
+        "the notice said {said:.1} s at {at:.1}; the limit came {actual:.1} s later: {notice}"
+    );
+    assert!(
+        notice["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("at this rate the job's host memory reaches its memory limit"),
+        "{notice}"
+    );
 }

@@ -40,6 +40,10 @@ const NOT_IN_SCRAPE: &[&str] = &[
     "memtrack_leak_suspected",
     "memtrack_leak_growth_bytes",
     "memtrack_process_leak_suspected",
+    // Served only while memory climbs steadily towards a limit;
+    // `a_job_growing_to_its_limit_is_forecast_on_metrics_and_to_its_subscribers`
+    // (tests/it/advice.rs) scrapes it.
+    "memtrack_seconds_to_limit",
 ];
 
 fn repo(path: &str) -> PathBuf {

@@ -542,6 +542,10 @@ class _FakeCuda:
     def empty_cache(self):
         self.emptied += 1
 
+    def reset_peak_memory_stats(self):
+        self._fig(None)
+        self.resets = getattr(self, "resets", 0) + 1
+
 
 def test_allocator_figures_only_when_cuda_is_already_in_use(fake, monkeypatch):
     d = fake()
@@ -575,6 +579,26 @@ def test_allocator_figures_only_when_cuda_is_already_in_use(fake, monkeypatch):
     assert objs["generate"]["allocator"]["allocated"] == 1 << 30
     assert objs["clear_memory"]["component"] == "data"
     assert "allocator" not in objs["broken"]
+
+
+def test_a_step_naming_its_batch_size_starts_its_own_allocator_peak(fake, monkeypatch):
+    d = fake()
+    c = memtrack.Client(d.path)
+    fake_torch = types.ModuleType("torch")
+    fake_torch.cuda = _FakeCuda(initialized=True)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    with c.span("train", "step", labels={"batch_size": 64}):
+        assert fake_torch.cuda.resets == 1
+    with c.span("eval", "step"):
+        pass
+    assert fake_torch.cuda.resets == 1, "only a span that names its batch size resets"
+    fake_torch.cuda.broken = True
+    with c.span("train", "step", labels={"batch_size": 64}):
+        pass
+    assert d.wait_lines(6)
+    ends = [o for o in d.objects() if o["type"] == "span_end"]
+    # The end mark carries the step's peak since the reset.
+    assert ends[0]["allocator"]["max_allocated"] == 3 << 30
 
 
 def test_client_never_imports_torch():

@@ -1,10 +1,22 @@
-//! `batch-fit`: the largest batch that fits, from step marks that carry
-//! their batch size (a `batch_size` label). The peak of each batch size's
-//! steps is fitted as `fixed + per_sample × batch` (least squares over the
-//! sizes seen, at least two), and the largest batch whose peak plus the
-//! run's headroom stays within the device is named: the GPU's total
-//! memory when the steps hold GPU memory, else the job's memory limit
-//! (`run --memory-limit`) or the host's memory.
+//! `batch-fit`: the largest batch that fits, from steps that carry their
+//! batch size (a `batch_size` label on a span or a mark).
+//!
+//! A step's peak is the highest figure inside it: a training step frees
+//! its activations during backward, before its end mark, so the marks
+//! alone miss it. Inside a span that names its batch size count the
+//! figures at its start, every timer sample while it is open and the
+//! high-water mark the kernel kept between samples, and at its end the
+//! same (the allocator's per-step peak for the GPU: the client resets it
+//! when such a span starts). Host figures are read on the kernel's charge
+//! basis where the job has a memory cgroup: what its limit is enforced
+//! on, not library pages another cgroup was charged for.
+//!
+//! Each batch size's peak is fitted as `fixed + per_sample × batch` (least
+//! squares over the sizes seen, at least two; the line then raised to
+//! lie on or above every size's peak), and the largest batch whose peak
+//! plus the run's headroom stays within the device is named: the GPU's
+//! total memory when the steps hold GPU memory, else the job's memory
+//! limit (`run --memory-limit`) or the host's memory.
 
 use std::collections::BTreeMap;
 
@@ -21,51 +33,186 @@ const MAX_BATCH: u64 = 100_000_000;
 /// not drive the peak.
 const MIN_SLOPE_MIB: f64 = 0.001;
 
-/// The highest figures seen at steps of one batch size, MiB.
+/// Open labelled spans followed at once; more are not read.
+const MAX_OPEN: usize = 64;
+
+/// The highest figures seen inside one step, MiB.
 #[derive(Debug, Default, Clone, Copy)]
 struct Peak {
     host: f64,
     gpu: f64,
 }
 
+impl Peak {
+    fn raise(&mut self, host: f64, gpu: f64) {
+        self.host = self.host.max(host);
+        self.gpu = self.gpu.max(gpu);
+    }
+}
+
+/// A step's peaks of one batch size, and whether it ended where the next
+/// step had another size (its end sample may then hold the start of that
+/// step: the end mark is read when the engine gets to it).
+#[derive(Debug, Default)]
+struct SizeSteps {
+    /// The highest peak of steps followed by a step of the same size (or
+    /// none).
+    clean: Option<Peak>,
+    /// The highest peak of steps followed by a step of another size.
+    at_change: Option<Peak>,
+}
+
+impl SizeSteps {
+    fn add(&mut self, p: Peak, at_change: bool) {
+        let slot = if at_change {
+            &mut self.at_change
+        } else {
+            &mut self.clean
+        };
+        let q = slot.get_or_insert_with(Peak::default);
+        q.raise(p.host, p.gpu);
+    }
+
+    /// The size's peak: its clean steps', else all of them.
+    fn peak(&self) -> Peak {
+        self.clean.or(self.at_change).unwrap_or_default()
+    }
+}
+
+/// A labelled span being read.
+#[derive(Debug)]
+struct Open {
+    pid: Option<u32>,
+    component: String,
+    operation: String,
+    batch: u64,
+    started: f64,
+    peak: Peak,
+}
+
 /// The steps' peaks by batch size.
 #[derive(Debug, Default)]
 pub(super) struct Steps {
-    by_batch: BTreeMap<u64, Peak>,
+    by_batch: BTreeMap<u64, SizeSteps>,
+    open: Vec<Open>,
+    /// The last step ended, not yet filed: filed when the next step
+    /// starts (is it a change of size?) or at the end of the log.
+    ended: Option<(u64, Peak)>,
+    /// The entries carried the job's cgroup charge.
+    charged: bool,
+}
+
+/// An entry's batch size label.
+fn batch_of(e: &Entry) -> Option<u64> {
+    e.labels
+        .get(BATCH_LABEL)
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|b| (1..=MAX_BATCH).contains(b))
+}
+
+/// An entry's GPU figure for a step's peak.
+fn gpu_of(e: &Entry) -> f64 {
+    match e.gpu_source {
+        // Device-level figures hold every process on the job's GPUs:
+        // still what the card had to fit.
+        GpuSource::Nvml | GpuSource::Device => e.gpu_process_used_mb,
+        // The highest allocated since the client's reset at the step's
+        // start (with an older client: since the process started).
+        GpuSource::Allocator => e.gpu_ram_peak_mb.max(e.gpu_ram_used_mb),
+        GpuSource::None => 0.0,
+    }
 }
 
 impl Steps {
     pub(super) fn observe(&mut self, e: &Entry) {
-        if e.kind != EntryKind::Event {
-            return;
+        self.charged |= e.charge_mb.is_some();
+        match e.kind {
+            EntryKind::Timer => {
+                // A sample inside the open steps: the figure now and the
+                // kernel's high-water mark since the previous sample.
+                for o in &mut self.open {
+                    if e.timestamp >= o.started {
+                        o.peak.raise(e.charge_or_headline_peak(), gpu_of(e));
+                    }
+                }
+            }
+            EntryKind::Event => self.event(e),
+            EntryKind::System => {}
         }
-        let Some(b) = e
-            .labels
-            .get(BATCH_LABEL)
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|b| (1..=MAX_BATCH).contains(b))
-        else {
-            return;
-        };
-        let gpu = match e.gpu_source {
-            // Device-level figures hold every process on the job's GPUs:
-            // still what the card had to fit.
-            GpuSource::Nvml | GpuSource::Device => e.gpu_process_used_mb,
-            GpuSource::Allocator => e.reserved_gpu_ram_mb.max(e.gpu_ram_peak_mb),
-            GpuSource::None => 0.0,
-        };
-        let p = self.by_batch.entry(b).or_default();
-        p.host = p.host.max(e.cpu_ram_used_mb);
-        p.gpu = p.gpu.max(gpu);
     }
 
-    pub(super) fn advise<L>(&self, doc: &DocumentOf<L>) -> Option<Advice> {
+    fn event(&mut self, e: &Entry) {
+        if let Some(op) = e.operation.strip_prefix("before_") {
+            let Some(batch) = batch_of(e) else { return };
+            self.file_ended(Some(batch));
+            if self.open.len() < MAX_OPEN {
+                // At the start only the figure now: the high-water mark
+                // covers the time before the step.
+                let host = e.charge_mb.unwrap_or(e.cpu_ram_used_mb);
+                let mut peak = Peak::default();
+                // The allocator's figures at the start are the previous
+                // step's peak until the reset: only NVML's count.
+                let gpu = if e.gpu_source == GpuSource::Allocator {
+                    e.gpu_ram_used_mb
+                } else {
+                    gpu_of(e)
+                };
+                peak.raise(host, gpu);
+                self.open.push(Open {
+                    pid: e.pid,
+                    component: e.component.clone(),
+                    operation: op.to_string(),
+                    batch,
+                    started: e.timestamp,
+                    peak,
+                });
+            }
+        } else if let Some(op) = e.operation.strip_prefix("after_") {
+            let found = self
+                .open
+                .iter()
+                .rposition(|o| o.component == e.component && o.operation == op && o.pid == e.pid)
+                .or_else(|| {
+                    self.open
+                        .iter()
+                        .rposition(|o| o.component == e.component && o.operation == op)
+                });
+            let Some(i) = found else { return };
+            let mut o = self.open.remove(i);
+            o.peak.raise(e.charge_or_headline_peak(), gpu_of(e));
+            self.file_ended(None);
+            self.ended = Some((o.batch, o.peak));
+        } else if let Some(batch) = batch_of(e) {
+            // A plain mark with its batch size: its own figures.
+            self.file_ended(Some(batch));
+            // PyTorch's pool there: without a span, no per-step reset.
+            let gpu = match e.gpu_source {
+                GpuSource::Allocator => e.reserved_gpu_ram_mb.max(e.gpu_ram_peak_mb),
+                _ => gpu_of(e),
+            };
+            let mut peak = Peak::default();
+            peak.raise(e.charge_mb.unwrap_or(e.cpu_ram_used_mb), gpu);
+            self.ended = Some((batch, peak));
+        }
+    }
+
+    /// Files the last ended step, knowing the next step's size (`None`:
+    /// not known).
+    fn file_ended(&mut self, next: Option<u64>) {
+        if let Some((batch, peak)) = self.ended.take() {
+            let at_change = next.is_some_and(|n| n != batch);
+            self.by_batch.entry(batch).or_default().add(peak, at_change);
+        }
+    }
+
+    pub(super) fn advise<L>(mut self, doc: &DocumentOf<L>) -> Option<Advice> {
+        self.file_ended(None);
         if self.by_batch.len() < 2 {
             return None;
         }
-        let on_gpu = self.by_batch.values().any(|p| p.gpu > 0.0);
-        let points: Vec<(f64, f64)> = self
-            .by_batch
+        let peaks: Vec<(u64, Peak)> = self.by_batch.iter().map(|(b, s)| (*b, s.peak())).collect();
+        let on_gpu = peaks.iter().any(|(_, p)| p.gpu > 0.0);
+        let points: Vec<(f64, f64)> = peaks
             .iter()
             .map(|(b, p)| (*b as f64, if on_gpu { p.gpu } else { p.host }))
             .collect();
@@ -73,6 +220,12 @@ impl Steps {
         if slope < MIN_SLOPE_MIB {
             return None;
         }
+        // The line on or above every size's peak: a batch it names must
+        // fit as well as the sizes that ran.
+        let fixed = points
+            .iter()
+            .map(|(b, p)| p - slope * b)
+            .fold(fixed, f64::max);
         let (capacity, device) = capacity(doc, on_gpu)?;
         let headroom = if doc.summary.headroom_ratio > 0.0 {
             doc.summary.headroom_ratio
@@ -83,6 +236,13 @@ impl Steps {
         let largest = ((usable - fixed) / slope).floor();
         let at_limit = ((capacity - fixed) / slope).floor();
         let used = *self.by_batch.keys().last()? as f64;
+        let basis = if on_gpu {
+            "the allocator's per-step peak"
+        } else if self.charged {
+            "the job's cgroup charge"
+        } else {
+            "the tree's host memory"
+        };
         Some(verdict(Fit {
             fixed,
             slope,
@@ -93,6 +253,7 @@ impl Steps {
             at_limit,
             used,
             sizes: points.len(),
+            basis,
         }))
     }
 }
@@ -108,6 +269,8 @@ struct Fit {
     at_limit: f64,
     used: f64,
     sizes: usize,
+    /// Which figure the peaks are.
+    basis: &'static str,
 }
 
 fn verdict(f: Fit) -> Advice {
@@ -118,9 +281,10 @@ fn verdict(f: Fit) -> Advice {
     };
     let mut finding = format!(
         "each sample of a batch adds {per_sample} to the step's peak above a fixed {} \
-         ({} batch sizes); with {:.0} % headroom on {} ({}), ",
+         ({} batch sizes, {}); with {:.0} % headroom on {} ({}), ",
         size(f.fixed.max(0.0)),
         f.sizes,
+        f.basis,
         f.headroom * 100.0,
         f.device,
         size(f.capacity)
@@ -285,6 +449,108 @@ mod tests {
         // (81559 / 1.1 - 2000) / 500 = 144.
         assert_eq!(a[0].figures["largest_batch"], 144.0);
         assert!(a[0].finding.contains("GPU 0 H100"), "{}", a[0].finding);
+    }
+
+    /// A span step of `batch`: low at both marks, its peak seen only by a
+    /// timer sample's high-water marks inside (the headline's `cpu`, the
+    /// cgroup's `charge`).
+    fn span_step(d: &mut Document, t: f64, batch: u64, cpu: f64, charge: f64) {
+        let mut begin = step(t, batch, 50.0);
+        begin.operation = "before_step".into();
+        begin.charge_mb = Some(40.0);
+        d.detailed_log.push(begin);
+        let mut inside = timer(t + 0.2, 60.0);
+        inside.cpu_ram_hwm_mb = cpu;
+        inside.charge_mb = Some(45.0);
+        inside.charge_hwm_mb = Some(charge);
+        d.detailed_log.push(inside);
+        let mut end = step(t + 0.4, batch, 50.0);
+        end.operation = "after_step".into();
+        end.charge_mb = Some(40.0);
+        end.charge_hwm_mb = Some(45.0);
+        d.detailed_log.push(end);
+    }
+
+    #[test]
+    fn a_step_that_frees_before_its_end_is_fitted_from_its_peak_on_the_charge_basis() {
+        let mut d = doc();
+        d.run.memory_limit_mb = Some(600.0);
+        d.summary.headroom_ratio = 0.10;
+        // The headline counts 300 MiB of library pages another cgroup was
+        // charged for; the charge has 40 MiB fixed + 4 MiB per sample.
+        for (i, b) in [16u64, 32, 64].iter().enumerate() {
+            let charge = 40.0 + 4.0 * *b as f64;
+            span_step(&mut d, 1000.0 + i as f64, *b, charge + 300.0, charge);
+        }
+        let a = super::super::advise(&d);
+        assert_eq!(a.len(), 1, "{a:#?}");
+        assert_eq!(a[0].figures["per_sample_mb"], 4.0);
+        assert_eq!(a[0].figures["fixed_mb"], 40.0);
+        // (600 / 1.1 - 40) / 4 = 126; at the limit (600 - 40) / 4 = 140.
+        assert_eq!(a[0].figures["largest_batch"], 126.0);
+        assert_eq!(a[0].figures["largest_batch_at_limit"], 140.0);
+        assert!(
+            a[0].finding.contains("the job's cgroup charge"),
+            "{}",
+            a[0].finding
+        );
+    }
+
+    #[test]
+    fn the_end_of_a_step_read_as_the_next_size_starts_does_not_lower_the_slope() {
+        let mut d = doc();
+        d.run.memory_limit_mb = Some(2048.0);
+        d.summary.headroom_ratio = 0.10;
+        let mut t = 1000.0;
+        for b in [16u64, 32] {
+            for _ in 0..3 {
+                span_step(&mut d, t, b, 0.0, 100.0 + 4.0 * b as f64);
+                t += 1.0;
+            }
+            if b == 16 {
+                // The last step of the size: its end sample was read while
+                // the next, larger step allocated.
+                let end = d.detailed_log.last_mut().unwrap();
+                end.charge_hwm_mb = Some(100.0 + 4.0 * 64.0);
+            }
+        }
+        let a = super::super::advise(&d);
+        assert_eq!(a[0].figures["per_sample_mb"], 4.0, "{a:#?}");
+    }
+
+    #[test]
+    fn the_allocators_per_step_peak_is_the_gpu_figure() {
+        let mut d = doc();
+        d.gpus.push(Gpu {
+            index: 0,
+            name: "H100".into(),
+            total_mb: 81_559.0,
+            peak_tree_used_mb: 30_000.0,
+            ..Gpu::default()
+        });
+        for (i, b) in [16u64, 32, 64].iter().enumerate() {
+            let t = 1000.0 + i as f64;
+            // The pool stays reserved from the larger steps; the peak
+            // allocated since the step's start is its own.
+            let mut begin = step(t, *b, 3000.0);
+            begin.operation = "before_step".into();
+            begin.gpu_source = GpuSource::Allocator;
+            begin.gpu_ram_used_mb = 2000.0;
+            begin.gpu_ram_peak_mb = 30_000.0;
+            begin.reserved_gpu_ram_mb = 40_000.0;
+            d.detailed_log.push(begin);
+            let mut end = step(t + 0.5, *b, 3000.0);
+            end.operation = "after_step".into();
+            end.gpu_source = GpuSource::Allocator;
+            end.gpu_ram_used_mb = 2000.0;
+            end.gpu_ram_peak_mb = 2000.0 + 400.0 * *b as f64;
+            end.reserved_gpu_ram_mb = 40_000.0;
+            d.detailed_log.push(end);
+        }
+        let a = super::super::advise(&d);
+        assert_eq!(a[0].figures["per_sample_mb"], 400.0, "{a:#?}");
+        // (81559 / 1.1 - 2000) / 400 = 180.
+        assert_eq!(a[0].figures["largest_batch"], 180.0);
     }
 
     #[test]

@@ -8,16 +8,46 @@ use crate::model::{DocumentOf, Entry, EntryKind, FlightWindow};
 /// Phase changes kept; older ones are dropped in halves beyond this.
 const MAX_PHASES: usize = 4096;
 
+/// Timer points kept for the growth before a kill (the last ones).
+const MAX_POINTS: usize = 4096;
+
+/// The growth before a kill is read over this many seconds.
+const GROWTH_WINDOW_S: f64 = 5.0;
+
+/// Interpreters and shells a job is often started through (pyenv's
+/// `python3` is a bash script): a process of these names that holds
+/// little while a child of it holds the memory is not named.
+const SHIMS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "env", "pyenv", "conda", "uv", "timeout",
+];
+
 /// Which phase the job was in over time: the span or stage of timer
 /// samples, the component and operation of marks.
 #[derive(Debug, Default)]
 pub(super) struct Phases {
     /// `(since, phase)`, in time order, consecutive duplicates merged.
     changes: Vec<(f64, String)>,
+    /// The last timer points: `(time, host figure)` on the charge basis
+    /// when the entries have it.
+    points: std::collections::VecDeque<(f64, f64)>,
+    /// The highest charge (the job's cgroup) any entry saw.
+    charge_peak: Option<f64>,
 }
 
 impl Phases {
     pub(super) fn observe(&mut self, e: &Entry) {
+        if e.charge_mb.is_some() || e.charge_hwm_mb.is_some() {
+            let c = e.charge_or_headline_peak();
+            self.charge_peak = Some(self.charge_peak.map_or(c, |p| p.max(c)));
+        }
+        if e.kind == EntryKind::Timer {
+            if self.points.len() >= MAX_POINTS {
+                self.points.pop_front();
+            }
+            let figure = e.charge_mb.unwrap_or(e.cpu_ram_used_mb);
+            self.points
+                .push_back((e.timestamp_end.unwrap_or(e.timestamp), figure));
+        }
         let phase = match e.kind {
             EntryKind::System => return,
             EntryKind::Timer => match (&e.span, &e.stage) {
@@ -49,6 +79,22 @@ impl Phases {
         self.changes.push((e.timestamp, phase));
     }
 
+    /// MiB per second over the last seconds of timer points before `t`
+    /// (growing only).
+    fn growth_before(&self, t: f64) -> Option<f64> {
+        // Up to the highest point of the last seconds: a sample taken as
+        // the kill freed the memory must not read as a fall.
+        let recent = || {
+            self.points
+                .iter()
+                .filter(move |(at, _)| *at <= t + 0.5 && *at >= t - GROWTH_WINDOW_S)
+        };
+        let top = *recent().max_by(|a, b| a.1.total_cmp(&b.1))?;
+        let first = *recent().find(|(at, _)| *at >= top.0 - GROWTH_WINDOW_S)?;
+        let dt = top.0 - first.0;
+        (dt > 0.0 && top.1 > first.1).then(|| (top.1 - first.1) / dt)
+    }
+
     /// The phase at time `t`.
     fn at(&self, t: f64) -> Option<&str> {
         self.changes
@@ -63,7 +109,17 @@ impl Phases {
 /// `oom_kill` counter or a flight-recorder window kept for it.
 pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advice> {
     let kills = doc.host.as_ref().and_then(|h| h.oom_kills).unwrap_or(0);
-    let window = doc.flight_recorder.iter().find(|w| w.reason == "oom_kill");
+    // A window kept for the OOM kill, or (the kernel's kill reads as a
+    // SIGKILL) for a SIGKILLed process of a job the kernel killed in.
+    let window = doc
+        .flight_recorder
+        .iter()
+        .find(|w| w.reason == "oom_kill")
+        .or_else(|| {
+            doc.flight_recorder.iter().find(|w| {
+                kills > 0 && w.reason == "signal" && w.exit.is_some_and(|x| x.signal == Some(9))
+            })
+        });
     if kills == 0 && window.is_none() {
         return None;
     }
@@ -72,28 +128,43 @@ pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advi
         .iter()
         .filter(|t| t.exit.is_some_and(|x| x.signal == Some(9)))
         .max_by(|a, b| a.hwm_mb.total_cmp(&b.hwm_mb));
-    let (pid, name, at) = match (window, killed) {
-        (Some(w), _) => (w.pid, w.name.clone(), w.timestamp),
-        (None, Some(t)) => (
-            Some(t.pid),
-            t.name.clone(),
-            t.exited_at.unwrap_or(t.last_seen),
-        ),
-        (None, None) => (None, String::new(), doc.run.end.unwrap_or(f64::MAX)),
+    let (pid, at) = match (window, killed) {
+        (Some(w), _) => (w.pid.or_else(|| holder(w)), w.timestamp),
+        (None, Some(t)) => (Some(t.pid), t.exited_at.unwrap_or(t.last_seen)),
+        (None, None) => (None, doc.run.end.unwrap_or(f64::MAX)),
     };
-    let who = match pid {
-        Some(p) if name.is_empty() => format!("PID {p}"),
-        Some(p) => format!("PID {p} ({name})"),
-        None => "a process of the job".to_string(),
+    let pid = pid.map(|p| past_shims(doc, p)).map(|p| {
+        // Still a shim (its child no longer listed): the window's holder.
+        match window.and_then(holder) {
+            Some(h) if is_shim(doc, p) => h,
+            _ => p,
+        }
+    });
+    let name = pid
+        .and_then(|p| doc.targets.iter().rev().find(|t| t.pid == p))
+        .map(|t| t.display_name())
+        .filter(|n| !n.is_empty())
+        .or_else(|| window.map(|w| w.name.clone()).filter(|n| !n.is_empty()));
+    let who = match (pid, name) {
+        (Some(p), None) => format!("PID {p}"),
+        (Some(p), Some(n)) => format!("PID {p} ({n})"),
+        (None, _) => "a process of the job".to_string(),
     };
     let phase = phases.at(at).unwrap_or("an unnamed phase").to_string();
-    let peak = peak_host(doc);
+    // On the kernel's basis where the job had a cgroup: what the limit
+    // was enforced on, not pages another cgroup was charged for.
+    let (peak, basis) = match charge_peak(doc, phases) {
+        Some(c) => (c, "the job's memory cgroup was charged"),
+        None => (peak_host(doc), "the job reached"),
+    };
     let headroom = if doc.summary.headroom_ratio > 0.0 {
         doc.summary.headroom_ratio
     } else {
         0.10
     };
-    let rate = window.and_then(growth_rate);
+    let rate = window
+        .and_then(growth_rate)
+        .or_else(|| phases.growth_before(at));
     let mut finding = format!("the kernel's OOM killer ended {who} during {phase}");
     let mut a = Advice::new("oom-killed", Level::Critical, String::new(), String::new())
         .figure("oom_kills", kills as f64)
@@ -101,7 +172,7 @@ pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advi
     match doc.run.memory_limit_mb {
         Some(limit) => {
             finding.push_str(&format!(
-                ": the job reached {} of its {} limit ({:.0} %)",
+                ": {basis} {} of its {} limit ({:.0} %)",
                 size(peak),
                 size(limit),
                 100.0 * peak / limit
@@ -113,8 +184,14 @@ pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advi
         None => finding.push_str(&format!(" at {} of host memory", size(peak))),
     }
     if let Some(r) = rate {
-        finding.push_str(&format!(", growing {} per second as it died", size(r)));
+        finding.push_str(&format!(
+            ", growing {} per second in its last seconds",
+            size(r)
+        ));
         a = a.figure("growth_mib_per_s", r);
+    }
+    if let Some(p) = pid {
+        a = a.figure("pid", f64::from(p));
     }
     a.finding = finding;
     a.action = format!(
@@ -128,17 +205,70 @@ pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advi
     Some(a)
 }
 
+/// The process that held the most memory at the window's last point
+/// with processes (the OOM killer's choice is the largest), for a window
+/// that names none.
+fn holder(w: &FlightWindow) -> Option<u32> {
+    let last = w.points.iter().rev().find(|p| !p.processes.is_empty())?;
+    last.processes
+        .iter()
+        .max_by(|a, b| a[1].total_cmp(&b[1]))
+        .map(|p| p[0] as u32)
+}
+
+/// Whether `pid` is a shell or launcher of the tree.
+fn is_shim<L>(doc: &DocumentOf<L>, pid: u32) -> bool {
+    doc.targets
+        .iter()
+        .rev()
+        .find(|t| t.pid == pid)
+        .is_some_and(|t| {
+            let base = t.name.rsplit('/').next().unwrap_or(&t.name);
+            SHIMS.contains(&base)
+        })
+}
+
+/// `pid`, or when it is a shell or launcher shim whose child held more,
+/// that child (followed down: `bash` → `pyenv` → `python3`).
+fn past_shims<L>(doc: &DocumentOf<L>, mut pid: u32) -> u32 {
+    for _ in 0..8 {
+        let Some(t) = doc.targets.iter().rev().find(|t| t.pid == pid) else {
+            break;
+        };
+        if !is_shim(doc, pid) {
+            break;
+        }
+        let Some(child) = doc
+            .targets
+            .iter()
+            .filter(|c| c.ppid == pid && c.pid != pid)
+            .max_by(|a, b| a.hwm_mb.total_cmp(&b.hwm_mb))
+        else {
+            break;
+        };
+        if child.hwm_mb < t.hwm_mb {
+            break;
+        }
+        pid = child.pid;
+    }
+    pid
+}
+
+/// The job's highest charge (its memory cgroup's), MiB: the kernel's own
+/// peak of the charge where it has one, else the highest the entries saw.
+fn charge_peak<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<f64> {
+    let kernel = doc.host.as_ref().and_then(|h| h.kernel_peak_mb);
+    match (kernel, phases.charge_peak) {
+        (Some(k), Some(c)) => Some(k.max(c)),
+        (k, c) => k.or(c),
+    }
+}
+
 /// The tree's highest host figure over the run, MiB.
 fn peak_host<L>(doc: &DocumentOf<L>) -> f64 {
-    let kernel = doc
-        .host
-        .as_ref()
-        .and_then(|h| h.kernel_peak_mb)
-        .unwrap_or(0.0);
     doc.peak_usage
         .cpu_ram_used_mb
         .max(doc.peak_usage.cpu_ram_hwm_mb)
-        .max(kernel)
 }
 
 /// MiB per second over a flight window's last second of points.
@@ -249,8 +379,13 @@ mod tests {
         d.run.memory_limit_mb = Some(256.0);
         d.detailed_log.push(entry(1001.0, "data", "load", 50.0));
         d.detailed_log.push(entry(1002.0, "train", "epoch", 120.0));
+        d.detailed_log.push(timer(1002.5, 150.0));
         d.detailed_log.push(timer(1003.0, 250.0));
-        d.peak_usage.cpu_ram_used_mb = 250.0;
+        // The sample that found the kill: the memory freed.
+        d.detailed_log.push(timer(1003.5, 5.0));
+        // The headline counts library pages another cgroup was charged
+        // for: the limit is compared with the charge.
+        d.peak_usage.cpu_ram_used_mb = 290.0;
         d.host = Some(HostInfo {
             oom_kills: Some(1),
             kernel_peak_mb: Some(256.0),
@@ -266,7 +401,8 @@ mod tests {
         assert_eq!(
             a[0].finding,
             "the kernel's OOM killer ended PID 42 (python3) during train/epoch: \
-             the job reached 256 MiB of its 256 MiB limit (100 %)"
+             the job's memory cgroup was charged 256 MiB of its 256 MiB limit (100 %), \
+             growing 200 MiB per second in its last seconds"
         );
         assert!(
             a[0].action
@@ -354,6 +490,56 @@ mod tests {
         d.detailed_log.push(e);
         let a = super::super::advise(&d);
         assert!(a[0].action.contains("smaller batch"), "{}", a[0].action);
+    }
+
+    #[test]
+    fn a_job_started_through_a_shell_shim_names_the_process_that_held_the_memory() {
+        let mut d = doc();
+        d.run.memory_limit_mb = Some(400.0);
+        d.detailed_log.push(entry(1001.0, "train", "step", 50.0));
+        // pyenv's python3 is a bash script: bash (42) runs python (43).
+        let mut shim = target(42, 1, true, 3.0);
+        shim.name = "bash".into();
+        shim.exit = Some(Exit::code(137));
+        d.targets.push(shim);
+        let mut py = target(43, 42, false, 390.0);
+        py.cmdline = vec!["python3".into(), "train.py".into()];
+        py.exit = Some(Exit::signal(9));
+        d.targets.push(py);
+        d.host = Some(HostInfo {
+            oom_kills: Some(1),
+            kernel_peak_mb: Some(400.0),
+            ..HostInfo::default()
+        });
+        // The flight window was kept for the shim's end.
+        d.flight_recorder.push(FlightWindow {
+            reason: "oom_kill".into(),
+            timestamp: 1002.0,
+            pid: Some(42),
+            name: "bash".into(),
+            points: vec![FlightPoint {
+                t: 1001.9,
+                cpu_mb: 393.0,
+                processes: vec![[42.0, 3.0, 0.0], [43.0, 390.0, 0.0]],
+                ..FlightPoint::default()
+            }],
+            ..FlightWindow::default()
+        });
+        let a = super::super::advise(&d);
+        assert!(
+            a[0].finding.starts_with(
+                "the kernel's OOM killer ended PID 43 (python3 train.py) during train/step"
+            ),
+            "{}",
+            a[0].finding
+        );
+        assert_eq!(a[0].figures["pid"], 43.0);
+        // Without the window, the shim's child is found through the tree.
+        d.flight_recorder.clear();
+        d.targets[1].exit = None;
+        d.targets[0].exit = Some(Exit::signal(9));
+        let a = super::super::advise(&d);
+        assert_eq!(a[0].figures["pid"], 43.0, "{}", a[0].finding);
     }
 
     #[test]

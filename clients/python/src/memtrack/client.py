@@ -169,6 +169,20 @@ def _allocator_figures():
     return figures
 
 
+def _reset_step_peak():
+    """Starts the allocator's per-step peak: torch.cuda.reset_peak_memory_stats()
+    when the job already uses CUDA, so that max_memory_allocated() at the
+    step's end is that step's own peak. Never imports anything."""
+    torch = _modules.get("torch")
+    if torch is None:
+        return
+    try:
+        if torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+    except Exception:
+        pass
+
+
 def _check_name(value, what):
     if not isinstance(value, str):
         raise TypeError("memtrack: %s must be a str, not %s" % (what, type(value).__name__))
@@ -1058,6 +1072,10 @@ class Span(_Scope):
         self._fields = _fields(component, operation, iteration, labels)
 
     def __enter__(self):
+        # A step that names its batch size gets its own allocator peak
+        # (sent with the end mark): batch-fit fits it over the sizes seen.
+        if "batch_size" in self._fields.get("labels", ()):
+            _reset_step_peak()
         self._client()._event("span_begin", self._fields)
         return self
 
