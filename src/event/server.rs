@@ -56,6 +56,27 @@ pub(crate) struct Stats {
     /// Clients that stopped reading their replies (sent no more).
     pub(crate) slow_clients: AtomicU64,
     pub(crate) connections: AtomicUsize,
+    /// The listening socket (a duplicate), to see connections the kernel
+    /// queued that are not accepted yet.
+    pub(crate) listener: std::sync::OnceLock<std::os::fd::OwnedFd>,
+}
+
+impl Stats {
+    /// Whether every client has hung up and none waits to be accepted: a
+    /// client may connect, send and leave while memtrack is stopped, and
+    /// what it sent is read once the connection is accepted.
+    pub(crate) fn clients_gone(&self) -> bool {
+        use std::os::fd::AsFd;
+        let open = || self.connections.load(Ordering::SeqCst) > 0;
+        let queued = || {
+            self.listener
+                .get()
+                .is_some_and(|l| crate::sys::has_input(l.as_fd()))
+        };
+        // Accepted connections are counted just after they leave the
+        // queue: looked at on both sides of it.
+        !open() && !queued() && !open()
+    }
 }
 
 /// What connection tasks share.
