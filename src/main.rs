@@ -480,26 +480,49 @@ fn daemon(mode: Mode, config: Config) -> Result<u8, Failure> {
     Ok(outcome.exit_code.clamp(0, 255) as u8)
 }
 
-/// Says what a damaged entries file lost; the rest was recovered.
-fn warn_lost(lost: &store::entries::Salvaged) {
-    if lost.is_nothing() {
-        return;
+/// Says what the recovery could not put back, and where the files it
+/// came from were kept; the rest was recovered.
+fn warn_lost(r: &store::journal::Recovered) {
+    let lost = &r.lost;
+    if !lost.is_nothing() {
+        let mut lines: Vec<String> = lost.bad_lines.iter().map(u64::to_string).collect();
+        if lines.len() == store::entries::MAX_BAD_LINES {
+            lines.push("…".into());
+        }
+        let lines = if lines.is_empty() {
+            String::new()
+        } else {
+            format!("; damaged lines {}", lines.join(", "))
+        };
+        logging::say(&format!(
+            "memtrack: warning: the entries file was damaged: {} log entries lost \
+             ({} bytes missing, {} bytes unreadable{lines}); everything else is recovered \
+             and the JSON counts them (counters.entries_lost)",
+            lost.lost_entries, lost.missing_bytes, lost.dropped_bytes
+        ));
     }
-    let mut lines: Vec<String> = lost.bad_lines.iter().map(u64::to_string).collect();
-    if lines.len() == store::entries::MAX_BAD_LINES {
-        lines.push("…".into());
+    if r.records_lost > 0 || r.entries_missing > 0 {
+        logging::say(&format!(
+            "memtrack: warning: the run's files stop short of what it recorded: {} journal \
+             records and {} log entries are in no file (a full disk, or a damaged journal); \
+             the JSON counts them (counters.records_lost, counters.entries_lost)",
+            r.records_lost, r.entries_missing
+        ));
     }
-    let lines = if lines.is_empty() {
-        String::new()
-    } else {
-        format!("; damaged lines {}", lines.join(", "))
-    };
-    logging::say(&format!(
-        "memtrack: warning: the entries file was damaged: {} log entries lost \
-         ({} bytes missing, {} bytes unreadable{lines}); everything else is recovered \
-         and the JSON counts them (counters.entries_lost)",
-        lost.lost_entries, lost.missing_bytes, lost.dropped_bytes
-    ));
+    if r.from_entries_only > 0 {
+        logging::say(&format!(
+            "memtrack: warning: {} log entries whose journal records were lost were put back \
+             from the entries file",
+            r.from_entries_only
+        ));
+    }
+    if let Some(kept) = &r.kept {
+        logging::say(&format!(
+            "memtrack: the run's crash-safety files are kept in {} (what could not be \
+             recovered was lost from them; nothing there is deleted)",
+            kept.display()
+        ));
+    }
 }
 
 fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
@@ -512,7 +535,7 @@ fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
             r.replayed,
             r.skipped_lines
         ));
-        warn_lost(&r.lost);
+        warn_lost(&r);
         return Ok(0);
     }
     let mut found = false;
@@ -525,7 +548,7 @@ fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
                 entry.path().display(),
                 r.replayed
             ));
-            warn_lost(&r.lost);
+            warn_lost(&r);
         }
     }
     anyhow::ensure!(found, "{} holds no run to recover", dir.display());
