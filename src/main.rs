@@ -299,7 +299,9 @@ fn write_merged(
             .with_context(|| format!("cannot create {}", dir.display()))
             .map_err(runtime)?;
     }
-    memtrack::model::json::write_document(path, merged).map_err(|e| runtime(e.into()))?;
+    // No larger than `report` reads; past it, nothing is written.
+    memtrack::model::json::write_document_within(path, merged, memtrack::report::MAX_MERGED)
+        .map_err(|e| runtime(e.into()))?;
     logging::say(&format!(
         "memtrack: merged {} ranks into {}",
         merged.ranks.len(),
@@ -308,10 +310,61 @@ fn write_merged(
     Ok(0)
 }
 
+/// The merged document on stdout, streamed. Its size is counted first (no
+/// copy kept), so a document too large for `report` prints nothing.
 fn print_merged(merged: &memtrack::report::merge::Merged) -> Result<u8, Failure> {
-    let text = serde_json::to_string_pretty(merged).map_err(|e| runtime(e.into()))?;
-    stdout(&format!("{text}\n")).map_err(|e| runtime(e.into()))?;
-    Ok(0)
+    use std::io::Write;
+    memtrack::model::json::document_size_within(merged, memtrack::report::MAX_MERGED)
+        .map_err(|e| runtime(e.into()))?;
+    let out = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::with_capacity(
+        64 * 1024,
+        EscapedOut {
+            out,
+            carry: Vec::new(),
+        },
+    );
+    let written = serde_json::to_writer_pretty(&mut out, merged)
+        .map_err(std::io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        other => other.map(|()| 0).map_err(|e| runtime(e.into())),
+    }
+}
+
+/// stdout through the escaping every command's output gets, for text
+/// written in pieces (a character cut between two pieces waits for the
+/// next).
+struct EscapedOut<W> {
+    out: W,
+    carry: Vec<u8>,
+}
+
+impl<W: std::io::Write> std::io::Write for EscapedOut<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.carry.extend_from_slice(buf);
+        let (whole, rest) = match std::str::from_utf8(&self.carry) {
+            Ok(s) => (s.len(), 0),
+            // Cut inside a character: the rest waits for the next piece.
+            Err(e) if e.error_len().is_none() => (e.valid_up_to(), 0),
+            // Not UTF-8 at all (JSON text always is): passed on as it is.
+            Err(_) => (0, self.carry.len()),
+        };
+        let text = std::str::from_utf8(&self.carry[..whole]).unwrap_or_default();
+        self.out
+            .write_all(memtrack::logging::terminal::escape_output(text).as_bytes())?;
+        self.out.write_all(&self.carry[whole..whole + rest])?;
+        self.carry.drain(..whole + rest);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.write_all(&self.carry)?;
+        self.carry.clear();
+        self.out.flush()
+    }
 }
 
 /// `memtrack plot`: an SVG or PNG of the run's timeline.
