@@ -220,6 +220,7 @@ fn an_endless_reply_is_read_up_to_a_cap() {
         .parse()
         .unwrap();
     // The cap, plus what the sockets' buffers took before memtrack hung up.
+    eprintln!("figures: memtrack took {sent} bytes of the endless reply");
     assert!(sent < 64 << 20, "memtrack took {sent} bytes of the reply");
     let peak_kib: u64 = std::fs::read_to_string(&rss)
         .unwrap()
@@ -229,6 +230,7 @@ fn an_endless_reply_is_read_up_to_a_cap() {
         .trim()
         .parse()
         .unwrap();
+    eprintln!("figures: memtrack's peak RSS {peak_kib} KiB");
     assert!(peak_kib < 200 << 10, "memtrack's peak RSS {peak_kib} KiB");
 }
 
