@@ -254,6 +254,8 @@ fn compare(args: &CompareArgs) -> Result<u8, Failure> {
 fn merge(args: &MergeArgs) -> Result<u8, Failure> {
     let config = load_config(args)?;
     logging::init(&config.log_level);
+    // A signal leaves no temporary folder or half-written file behind.
+    memtrack::report::merge::remove_on_signals();
     let inputs = merge_inputs(args, &config)?;
     let merged = memtrack::report::merge::merge_inputs(inputs).map_err(runtime)?;
     match &args.output {

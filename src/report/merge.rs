@@ -139,8 +139,9 @@ fn sweep_stale(base: &Path) {
 }
 
 /// Once per process: SIGINT, SIGTERM or SIGHUP remove the folders of the
-/// merges still running, then end the process as the signal would have.
-fn remove_on_signals() {
+/// merges still running and any document being written, then end the
+/// process as the signal would have. `memtrack merge` calls it first.
+pub fn remove_on_signals() {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
