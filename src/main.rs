@@ -254,6 +254,8 @@ fn compare(args: &CompareArgs) -> Result<u8, Failure> {
 fn merge(args: &MergeArgs) -> Result<u8, Failure> {
     let config = load_config(args)?;
     logging::init(&config.log_level);
+    // A signal leaves no temporary folder or half-written file behind.
+    memtrack::report::merge::remove_on_signals();
     let inputs = merge_inputs(args, &config)?;
     let merged = memtrack::report::merge::merge_inputs(inputs).map_err(runtime)?;
     match &args.output {
@@ -299,7 +301,9 @@ fn write_merged(
             .with_context(|| format!("cannot create {}", dir.display()))
             .map_err(runtime)?;
     }
-    memtrack::model::json::write_document(path, merged).map_err(|e| runtime(e.into()))?;
+    // No larger than `report` reads; past it, nothing is written.
+    memtrack::model::json::write_document_within(path, merged, memtrack::report::MAX_MERGED)
+        .map_err(|e| runtime(e.into()))?;
     logging::say(&format!(
         "memtrack: merged {} ranks into {}",
         merged.ranks.len(),
@@ -308,10 +312,61 @@ fn write_merged(
     Ok(0)
 }
 
+/// The merged document on stdout, streamed. Its size is counted first (no
+/// copy kept), so a document too large for `report` prints nothing.
 fn print_merged(merged: &memtrack::report::merge::Merged) -> Result<u8, Failure> {
-    let text = serde_json::to_string_pretty(merged).map_err(|e| runtime(e.into()))?;
-    stdout(&format!("{text}\n")).map_err(|e| runtime(e.into()))?;
-    Ok(0)
+    use std::io::Write;
+    memtrack::model::json::document_size_within(merged, memtrack::report::MAX_MERGED)
+        .map_err(|e| runtime(e.into()))?;
+    let out = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::with_capacity(
+        64 * 1024,
+        EscapedOut {
+            out,
+            carry: Vec::new(),
+        },
+    );
+    let written = serde_json::to_writer_pretty(&mut out, merged)
+        .map_err(std::io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        other => other.map(|()| 0).map_err(|e| runtime(e.into())),
+    }
+}
+
+/// stdout through the escaping every command's output gets, for text
+/// written in pieces (a character cut between two pieces waits for the
+/// next).
+struct EscapedOut<W> {
+    out: W,
+    carry: Vec<u8>,
+}
+
+impl<W: std::io::Write> std::io::Write for EscapedOut<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.carry.extend_from_slice(buf);
+        let (whole, rest) = match std::str::from_utf8(&self.carry) {
+            Ok(s) => (s.len(), 0),
+            // Cut inside a character: the rest waits for the next piece.
+            Err(e) if e.error_len().is_none() => (e.valid_up_to(), 0),
+            // Not UTF-8 at all (JSON text always is): passed on as it is.
+            Err(_) => (0, self.carry.len()),
+        };
+        let text = std::str::from_utf8(&self.carry[..whole]).unwrap_or_default();
+        self.out
+            .write_all(memtrack::logging::terminal::escape_output(text).as_bytes())?;
+        self.out.write_all(&self.carry[whole..whole + rest])?;
+        self.carry.drain(..whole + rest);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.write_all(&self.carry)?;
+        self.carry.clear();
+        self.out.flush()
+    }
 }
 
 /// `memtrack plot`: an SVG or PNG of the run's timeline.
@@ -488,26 +543,49 @@ fn daemon(mode: Mode, config: Config) -> Result<u8, Failure> {
     Ok(outcome.exit_code.clamp(0, 255) as u8)
 }
 
-/// Says what a damaged entries file lost; the rest was recovered.
-fn warn_lost(lost: &store::entries::Salvaged) {
-    if lost.is_nothing() {
-        return;
+/// Says what the recovery could not put back, and where the files it
+/// came from were kept; the rest was recovered.
+fn warn_lost(r: &store::journal::Recovered) {
+    let lost = &r.lost;
+    if !lost.is_nothing() {
+        let mut lines: Vec<String> = lost.bad_lines.iter().map(u64::to_string).collect();
+        if lines.len() == store::entries::MAX_BAD_LINES {
+            lines.push("…".into());
+        }
+        let lines = if lines.is_empty() {
+            String::new()
+        } else {
+            format!("; damaged lines {}", lines.join(", "))
+        };
+        logging::say(&format!(
+            "memtrack: warning: the entries file was damaged: {} log entries lost \
+             ({} bytes missing, {} bytes unreadable{lines}); everything else is recovered \
+             and the JSON counts them (counters.entries_lost)",
+            lost.lost_entries, lost.missing_bytes, lost.dropped_bytes
+        ));
     }
-    let mut lines: Vec<String> = lost.bad_lines.iter().map(u64::to_string).collect();
-    if lines.len() == store::entries::MAX_BAD_LINES {
-        lines.push("…".into());
+    if r.records_lost > 0 || r.entries_missing > 0 {
+        logging::say(&format!(
+            "memtrack: warning: the run's files stop short of what it recorded: {} journal \
+             records and {} log entries are in no file (a full disk, or a damaged journal); \
+             the JSON counts them (counters.records_lost, counters.entries_lost)",
+            r.records_lost, r.entries_missing
+        ));
     }
-    let lines = if lines.is_empty() {
-        String::new()
-    } else {
-        format!("; damaged lines {}", lines.join(", "))
-    };
-    logging::say(&format!(
-        "memtrack: warning: the entries file was damaged: {} log entries lost \
-         ({} bytes missing, {} bytes unreadable{lines}); everything else is recovered \
-         and the JSON counts them (counters.entries_lost)",
-        lost.lost_entries, lost.missing_bytes, lost.dropped_bytes
-    ));
+    if r.from_entries_only > 0 {
+        logging::say(&format!(
+            "memtrack: warning: {} log entries whose journal records were lost were put back \
+             from the entries file",
+            r.from_entries_only
+        ));
+    }
+    if let Some(kept) = &r.kept {
+        logging::say(&format!(
+            "memtrack: the run's crash-safety files are kept in {} (what could not be \
+             recovered was lost from them; nothing there is deleted)",
+            kept.display()
+        ));
+    }
 }
 
 fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
@@ -520,7 +598,7 @@ fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
             r.replayed,
             r.skipped_lines
         ));
-        warn_lost(&r.lost);
+        warn_lost(&r);
         return Ok(0);
     }
     let mut found = false;
@@ -533,7 +611,7 @@ fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
                 entry.path().display(),
                 r.replayed
             ));
-            warn_lost(&r.lost);
+            warn_lost(&r);
         }
     }
     anyhow::ensure!(found, "{} holds no run to recover", dir.display());

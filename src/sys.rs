@@ -485,3 +485,17 @@ impl SockDiag {
         }
     }
 }
+
+/// Whether `fd` has input waiting now (a listening socket: a connection
+/// waiting to be accepted). Never blocks.
+pub(crate) fn has_input(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, timeout 0.
+    let rc = unsafe { libc::poll(&mut p, 1, 0) };
+    rc > 0 && p.revents & libc::POLLIN != 0
+}

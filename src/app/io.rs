@@ -200,6 +200,10 @@ impl Io {
             },
         });
         let std_listener = file.take_listener().context("socket already taken")?;
+        // For the end of the run: connections still queued are read too.
+        if let Ok(dup) = std_listener.try_clone() {
+            let _ = stats.listener.set(dup.into());
+        }
         let listener = {
             let _guard = self.runtime.enter();
             tokio::net::UnixListener::from_std(std_listener).context("cannot serve the socket")?

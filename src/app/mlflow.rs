@@ -5,10 +5,19 @@ use crate::config::Config;
 use crate::export::mlflow::{self, Settings};
 use crate::model::RunInfo;
 
-/// The MLflow settings, read before anything starts: a tracking URI that
-/// cannot be used refuses the run rather than losing its report.
+/// The MLflow settings, read before anything starts: a tracking URI in
+/// memtrack's own configuration that cannot be used refuses the run; one
+/// from `MLFLOW_TRACKING_URI` (the job's MLflow setting too) is said once
+/// and MLflow output is off.
 pub(super) fn settings(config: &Config) -> anyhow::Result<Option<Settings>> {
-    Ok(mlflow::resolve(&config.mlflow, &|v| std::env::var(v).ok())?)
+    match mlflow::resolve(&config.mlflow, &|v| std::env::var(v).ok())? {
+        mlflow::Resolved::Off => Ok(None),
+        mlflow::Resolved::Unusable(why) => {
+            tracing::warn!("MLflow: {why}");
+            Ok(None)
+        }
+        mlflow::Resolved::On(settings) => Ok(Some(settings)),
+    }
 }
 
 /// Puts the finished run into MLflow within `finish_timeout`; true when
@@ -36,7 +45,7 @@ pub(super) fn finish(
                 "MLflow: {} memory values logged into run {} at {}",
                 done.metrics,
                 done.run_id,
-                settings.uri
+                settings.shown()
             );
             if let Some(why) = done.artifact_skipped {
                 tracing::warn!(

@@ -69,11 +69,24 @@ pub(crate) fn recover_leftovers(output: &Path) {
             continue;
         };
         match journal::recover(held.path()) {
-            Ok(r) => tracing::info!(
-                "recovered the run in {} left by a memtrack that did not finish ({} journalled records replayed)",
-                dir.display(),
-                r.replayed
-            ),
+            Ok(r) => {
+                tracing::info!(
+                    "recovered the run in {} left by a memtrack that did not finish ({} journalled records replayed)",
+                    dir.display(),
+                    r.replayed
+                );
+                if let Some(kept) = &r.kept {
+                    tracing::warn!(
+                        "the recovered run in {} lacks part of what it recorded ({} log entries \
+                         and {} journal records lost, counted in its JSON); its crash-safety \
+                         files are kept in {}",
+                        dir.display(),
+                        r.lost.lost_entries.max(r.entries_missing),
+                        r.records_lost,
+                        kept.display()
+                    );
+                }
+            }
             Err(journal::JournalError::Locked(_)) => {}
             Err(e) => tracing::warn!("cannot recover {}: {e}", dir.display()),
         }

@@ -23,7 +23,6 @@ mod persist;
 mod publish;
 mod translate;
 
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -234,9 +233,7 @@ impl Engine {
 
     /// Whether every socket client has hung up (all they sent is queued).
     fn clients_gone(&self) -> bool {
-        self.events
-            .as_ref()
-            .is_none_or(|l| l.stats.connections.load(Ordering::Relaxed) == 0)
+        self.events.as_ref().is_none_or(|l| l.stats.clients_gone())
     }
 
     /// Runs until the run ends; writes the final document.

@@ -67,6 +67,8 @@ impl Engine {
                     tracing::warn!("cannot write the journal ({n} times so far): {e}");
                 }
             }
+            // How far the run went, even when the disk refused the records.
+            j.note_tally(&self.store);
         }
     }
 

@@ -1,7 +1,7 @@
 //! The engine driven by hand: a fake `/proc` with no processes, a fake
 //! GPU, no journal, and inputs handed to its batch handler or its loop.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 

@@ -4,8 +4,10 @@
 //! Nothing a client does can stop sampling: requests reach the engine
 //! through its bounded channel with `try_send` (a full queue drops the
 //! message and says so), each connection has a bounded outgoing queue and a
-//! write timeout (a client that never reads is disconnected), lines are
-//! capped at 64 KiB, and connections beyond the limit are closed at once.
+//! write timeout (a client that never reads gets no more replies), lines
+//! are capped at 64 KiB, and connections beyond the limit are closed at
+//! once. Every line a client sent is read and recorded, whether or not it
+//! still takes replies.
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -51,9 +53,30 @@ pub(crate) struct Stats {
     pub(crate) dropped: AtomicU64,
     pub(crate) refused: AtomicU64,
     pub(crate) rejected_connections: AtomicU64,
-    /// Clients disconnected because they stopped reading their replies.
+    /// Clients that stopped reading their replies (sent no more).
     pub(crate) slow_clients: AtomicU64,
     pub(crate) connections: AtomicUsize,
+    /// The listening socket (a duplicate), to see connections the kernel
+    /// queued that are not accepted yet.
+    pub(crate) listener: std::sync::OnceLock<std::os::fd::OwnedFd>,
+}
+
+impl Stats {
+    /// Whether every client has hung up and none waits to be accepted: a
+    /// client may connect, send and leave while memtrack is stopped, and
+    /// what it sent is read once the connection is accepted.
+    pub(crate) fn clients_gone(&self) -> bool {
+        use std::os::fd::AsFd;
+        let open = || self.connections.load(Ordering::SeqCst) > 0;
+        let queued = || {
+            self.listener
+                .get()
+                .is_some_and(|l| crate::sys::has_input(l.as_fd()))
+        };
+        // Accepted connections are counted just after they leave the
+        // queue: looked at on both sides of it.
+        !open() && !queued() && !open()
+    }
 }
 
 /// What connection tasks share.
@@ -278,7 +301,13 @@ async fn read_line(
 ) -> io::Result<LineRead> {
     buf.clear();
     loop {
-        let available = reader.fill_buf().await?;
+        let available = match reader.fill_buf().await {
+            Ok(a) => a,
+            // A client that hung up without reading its replies: its last
+            // line, cut off, is read as a line as at the end of the stream.
+            Err(_) if !buf.is_empty() => return Ok(LineRead::Line),
+            Err(e) => return Err(e),
+        };
         if available.is_empty() {
             return Ok(if buf.is_empty() {
                 LineRead::Eof
@@ -317,6 +346,7 @@ async fn connection(stream: UnixStream, shared: &Shared) {
         pid,
         shared,
         outbox,
+        answering: true,
         subscription: None,
     };
     session.read_lines(read).await;
@@ -383,8 +413,9 @@ impl<'a> Outbox<'a> {
         (Outbox { out, stats }, writer)
     }
 
-    /// Queues a line; false when the client must be dropped (it stopped
-    /// reading and its replies piled up).
+    /// Queues a line; false when the client takes no more replies: it
+    /// stopped reading and its replies piled up (counted), or its socket
+    /// cannot be written (it hung up).
     fn send(&self, line: Vec<u8>) -> bool {
         match self.out.try_send(line) {
             Ok(()) => true,
@@ -402,13 +433,19 @@ struct Session<'a> {
     pid: Option<u32>,
     shared: &'a Shared,
     outbox: Outbox<'a>,
+    /// The client takes replies: false once one could not be queued (its
+    /// socket is closed, or 256 replies wait unread).
+    answering: bool,
     /// Forwards notices once the client subscribed.
     subscription: Option<JoinHandle<()>>,
 }
 
 impl Session<'_> {
-    /// Reads and answers lines until the client hangs up, sends a line
-    /// that is too long, or stops reading its replies.
+    /// Reads and answers lines until the client hangs up or sends a line
+    /// that is too long. A client that cannot take replies (it hung up
+    /// without reading them, or stopped reading) gets no more of them, but
+    /// every line it sent is still read and recorded: a message that
+    /// reached the daemon is in the log.
     async fn read_lines(&mut self, read: OwnedReadHalf) {
         let stats = &self.shared.stats;
         let mut reader = BufReader::with_capacity(16 * 1024, read);
@@ -422,7 +459,7 @@ impl Session<'_> {
                         ErrorCode::TooLong,
                         format!("a line may be at most {MAX_LINE} bytes; closing"),
                     );
-                    self.outbox.send(protocol::error_line(&e));
+                    self.reply(protocol::error_line(&e));
                     return;
                 }
                 Ok(LineRead::Eof) | Err(_) => return,
@@ -430,32 +467,40 @@ impl Session<'_> {
             if buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let keep = match protocol::parse(&buf) {
+            match protocol::parse(&buf) {
                 Ok(request) => self.answer(request).await,
                 Err(e) => {
                     stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    self.outbox.send(protocol::error_line(&e))
+                    self.reply(protocol::error_line(&e));
                 }
-            };
-            if !keep {
-                return;
             }
         }
     }
 
-    /// Answers one request; false when the client must be dropped.
-    async fn answer(&mut self, request: protocol::Request) -> bool {
+    /// Queues a reply while the client takes them; once one cannot be
+    /// queued, replies stop for good (the lines go on being read).
+    fn reply(&mut self, line: Vec<u8>) {
+        if self.answering && !self.outbox.send(line) {
+            self.answering = false;
+        }
+    }
+
+    /// Answers one request.
+    async fn answer(&mut self, mut request: protocol::Request) {
         let id = request.id.clone();
+        if !self.answering {
+            // Recorded all the same; nobody waits for the reply.
+            request.ack = false;
+        }
         match request.message {
             Message::Subscribe => {
-                if self.subscription.is_none() {
+                if self.answering && self.subscription.is_none() {
                     self.subscription = Some(tokio::spawn(forward_notices(
                         self.shared.notices.subscribe(),
                         self.outbox.out.clone(),
                     )));
                 }
-                self.outbox
-                    .send(protocol::ok_line("subscribed", &id, Default::default()))
+                self.reply(protocol::ok_line("subscribed", &id, Default::default()));
             }
             Message::Cleanup => {
                 let notified = self
@@ -468,24 +513,28 @@ impl Session<'_> {
                     .unwrap_or(0);
                 let mut fields = serde_json::Map::new();
                 fields.insert("notified".into(), notified.into());
-                self.outbox.send(protocol::ok_line("cleanup", &id, fields))
+                self.reply(protocol::ok_line("cleanup", &id, fields));
             }
             Message::ClearmlTask { task } => {
-                match announce_task(self.shared, task, &id, request.ack).await {
-                    Some(line) => self.outbox.send(line),
-                    None => true,
+                if let Some(line) = announce_task(self.shared, task, &id, request.ack).await {
+                    self.reply(line);
                 }
             }
-            _ => self.forward(request).await,
+            _ => {
+                if let Some(line) = self.forward(request).await {
+                    self.reply(line);
+                }
+            }
         }
     }
 
-    /// Hands a request to the engine and, when the client waits for one,
-    /// relays the engine's reply; false when the client must be dropped.
-    async fn forward(&self, request: protocol::Request) -> bool {
+    /// Hands a request to the engine; the line to send back, if any: the
+    /// engine's reply when the client waits for one (and still takes
+    /// replies), or `overloaded` when the message was dropped.
+    async fn forward(&self, request: protocol::Request) -> Option<Vec<u8>> {
         let id = request.id.clone();
-        let wants_reply =
-            request.ack || matches!(request.message, Message::Status | Message::Register);
+        let wants_reply = self.answering
+            && (request.ack || matches!(request.message, Message::Status | Message::Register));
         let (tx, rx) = if wants_reply {
             let (tx, rx) = oneshot::channel();
             (Some(tx), Some(rx))
@@ -505,12 +554,10 @@ impl Session<'_> {
                 "the daemon's queue stayed full; the message was dropped",
             );
             e.id = id;
-            return self.outbox.send(protocol::error_line(&e));
+            return Some(protocol::error_line(&e));
         }
-        let Some(rx) = rx else {
-            return true;
-        };
-        let line = match tokio::time::timeout(ENGINE_TIMEOUT, rx).await {
+        let rx = rx?;
+        Some(match tokio::time::timeout(ENGINE_TIMEOUT, rx).await {
             Ok(Ok(line)) => line,
             _ => {
                 let mut e =
@@ -518,8 +565,7 @@ impl Session<'_> {
                 e.id = id;
                 protocol::error_line(&e)
             }
-        };
-        self.outbox.send(line)
+        })
     }
 }
 

@@ -134,7 +134,7 @@ pub const METRICS: &[Def] = &[
     def("memtrack_protocol_errors_total", C, &[], "Socket messages refused as malformed or invalid."),
     def("memtrack_socket_refused_peers_total", C, &[], "Socket peers of another user, refused."),
     def("memtrack_socket_rejected_connections_total", C, &[], "Socket connections beyond the limit, closed."),
-    def("memtrack_socket_slow_clients_total", C, &[], "Socket clients disconnected for not reading their replies."),
+    def("memtrack_socket_slow_clients_total", C, &[], "Socket clients that stopped reading their replies (sent no more; their messages still recorded)."),
     def(
         "memtrack_folded_total",
         C,

@@ -58,6 +58,7 @@ pub(crate) fn write_atomic_with(
         .unwrap_or(Path::new("."));
     // A fresh name, created only if free and never through a link.
     let (tmp, mut f) = crate::files::create_temp(path).map_err(|e| WriteError::new(path, e))?;
+    let _unfinished = Unfinished::note(&tmp);
     let result = (|| {
         let mut w = io::BufWriter::with_capacity(64 * 1024, &mut f);
         fill(&mut w)?;
@@ -74,6 +75,104 @@ pub(crate) fn write_atomic_with(
     result.map_err(|e| {
         let _ = fs::remove_file(&tmp);
         WriteError::new(path, e)
+    })
+}
+
+/// Temporary files being written, for [`remove_unfinished`].
+static UNFINISHED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    UNFINISHED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A temporary file listed while it is written.
+struct Unfinished(PathBuf);
+
+impl Unfinished {
+    fn note(tmp: &Path) -> Unfinished {
+        unfinished().push(tmp.to_path_buf());
+        Unfinished(tmp.to_path_buf())
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        unfinished().retain(|p| p != &self.0);
+    }
+}
+
+/// Removes the temporary files of writes still in progress: for a command
+/// ended by a signal, which must leave no half-written file behind.
+pub(crate) fn remove_unfinished() {
+    for tmp in unfinished().drain(..) {
+        let _ = fs::remove_file(&tmp);
+    }
+}
+
+/// Counts what goes through, and fails once more than `limit` bytes did.
+struct Within<W> {
+    inner: W,
+    written: u64,
+    limit: u64,
+}
+
+impl<W: Write> Write for Within<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.written + buf.len() as u64 > self.limit {
+            return Err(io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                TooLarge(self.limit),
+            ));
+        }
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Why a document was not written: it would be larger than its readers
+/// accept.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the document would be larger than {} MiB, more than memtrack's readers (`report`, `plot`, \
+     `compare`) accept",
+    .0 >> 20
+)]
+pub struct TooLarge(pub u64);
+
+/// The size of `doc` serialized as [`write_document`] writes it, or
+/// [`TooLarge`] once it passes `limit` (nothing is kept in memory).
+pub fn document_size_within<L: serde::Serialize>(
+    doc: &DocumentOf<L>,
+    limit: u64,
+) -> io::Result<u64> {
+    let mut w = Within {
+        inner: io::sink(),
+        written: 0,
+        limit,
+    };
+    serde_json::to_writer_pretty(&mut w, doc).map_err(io::Error::from)?;
+    Ok(w.written)
+}
+
+/// [`write_document`], refused once the file would pass `limit` bytes:
+/// the temporary file goes and a previous file at `path` stays as it was.
+pub fn write_document_within<L: serde::Serialize>(
+    path: &Path,
+    doc: &DocumentOf<L>,
+    limit: u64,
+) -> Result<(), WriteError> {
+    write_atomic_with(path, |w| {
+        let mut w = Within {
+            inner: w,
+            written: 0,
+            limit,
+        };
+        serde_json::to_writer_pretty(&mut w, doc).map_err(io::Error::from)
     })
 }
 
@@ -127,6 +226,27 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn a_document_past_its_limit_is_not_written_and_the_previous_file_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        write_atomic(&path, b"previous").unwrap();
+        let mut doc = Document::default();
+        doc.run.name = "x".repeat(10_000);
+        let size = document_size_within(&doc, u64::MAX).unwrap();
+        let err = write_document_within(&path, &doc, size - 1).unwrap_err();
+        assert!(err.to_string().contains("would be larger than"), "{err}");
+        assert!(document_size_within(&doc, size - 1).is_err());
+        assert_eq!(fs::read(&path).unwrap(), b"previous");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+        write_document_within(&path, &doc, size).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), size);
     }
 
     #[test]

@@ -869,7 +869,8 @@ pub struct Counters {
     /// Connections beyond `socket.max_connections`, closed at once.
     #[serde(default)]
     pub rejected_connections: u64,
-    /// Clients disconnected because they stopped reading their replies.
+    /// Clients that stopped reading their replies: they get no more, and
+    /// what they send is still recorded.
     #[serde(default)]
     pub slow_clients: u64,
     #[serde(default)]
@@ -886,6 +887,12 @@ pub struct Counters {
     /// entries file (cut short, overwritten) and could not put back.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub entries_lost: u64,
+    /// Journal records (samples, marks, exits, …) `memtrack recover` found
+    /// missing: gaps in the journal's numbering, and records past its end
+    /// that the run's tally counted (appends a full disk refused, a journal
+    /// cut short). What they carried is not in the document.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub records_lost: u64,
     #[serde(default)]
     pub checkpoint_errors: u64,
     #[serde(default)]

@@ -43,22 +43,127 @@ pub enum Input {
 /// sorted chunks.
 pub type Merged = DocumentOf<MergedLog>;
 
-/// A temporary folder removed with its files when dropped.
+/// A temporary folder removed with its files when dropped, or when a
+/// signal ends the merge (see [`remove_on_signals`]). It holds a `lock`
+/// file, locked while the merge that made it runs: a folder whose lock
+/// anyone can take was left by a merge that died (`kill -9`) and is swept
+/// by the next merge.
 #[derive(Debug)]
-struct TempDir(PathBuf);
+struct TempDir {
+    path: PathBuf,
+    _lock: std::fs::File,
+}
+
+/// The temporary folders' name prefix, in the temporary directory.
+const TEMP_PREFIX: &str = "memtrack-merge";
+
+/// A folder of a merge older than this, with no lock file (made before
+/// merges locked theirs), is stale.
+const UNLOCKED_STALE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The folders of merges running in this process, removed on a signal.
+static LIVE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
 impl TempDir {
     /// A private folder (0700) with a random name: never one another user
-    /// could have guessed and planted.
+    /// could have guessed and planted. Stale folders of dead merges go
+    /// first.
     fn new() -> std::io::Result<TempDir> {
-        crate::files::create_temp_dir(&std::env::temp_dir(), "memtrack-merge").map(TempDir)
+        let base = std::env::temp_dir();
+        sweep_stale(&base);
+        remove_on_signals();
+        let path = crate::files::create_temp_dir(&base, TEMP_PREFIX)?;
+        let lock = crate::files::create(&path.join("lock"), false).and_then(|f| {
+            f.try_lock().map_err(std::io::Error::other)?;
+            Ok(f)
+        });
+        let lock = match lock {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&path);
+                return Err(e);
+            }
+        };
+        live().push(path.clone());
+        Ok(TempDir { path, _lock: lock })
     }
+}
+
+fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.path);
+        live().retain(|p| p != &self.path);
     }
+}
+
+/// Removes this user's merge folders in `base` that no running merge
+/// holds: a merge killed with `kill -9` (no signal handler runs) leaves
+/// its chunks behind, and they may be hundreds of MiB.
+fn sweep_stale(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        if !name.starts_with(&format!("{TEMP_PREFIX}-")) {
+            continue;
+        }
+        let dir = entry.path();
+        // Another user's folder is theirs; a link is never followed.
+        if !crate::files::owned_by_me(&dir) {
+            continue;
+        }
+        let stale = match crate::files::open_write(&dir.join("lock")) {
+            Ok(f) => f.try_lock().is_ok(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::symlink_metadata(&dir)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > UNLOCKED_STALE),
+            Err(_) => false,
+        };
+        if stale && std::fs::remove_dir_all(&dir).is_ok() {
+            tracing::info!(
+                "removed {} left by a merge that did not finish",
+                dir.display()
+            );
+        }
+    }
+}
+
+/// Once per process: SIGINT, SIGTERM or SIGHUP remove the folders of the
+/// merges still running and any document being written, then end the
+/// process as the signal would have. `memtrack merge` calls it first.
+pub fn remove_on_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("memtrack-merge-signals".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    for dir in live().drain(..) {
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
+                    crate::model::json::remove_unfinished();
+                    let _ = signal_hook::low_level::emulate_default_handler(sig);
+                    std::process::exit(128 + sig);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::debug!("no signal handling for merge's temporary folder: {e}");
+        }
+    });
 }
 
 /// Sorted runs of entries: in memory, or in a temporary file.
@@ -195,7 +300,10 @@ impl Sorter<'_> {
             if self.dir.is_none() {
                 *self.dir = Some(TempDir::new()?);
             }
-            let dir = self.dir.as_ref().map_or(Path::new("."), |d| d.0.as_path());
+            let dir = self
+                .dir
+                .as_ref()
+                .map_or(Path::new("."), |d| d.path.as_path());
             let mut log = EntryLog::new();
             log.create_file(&dir.join(format!("run-{}.jsonl", self.runs.len())))
                 .map_err(std::io::Error::other)?;

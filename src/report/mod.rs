@@ -10,6 +10,11 @@ pub mod text;
 
 use std::path::{Path, PathBuf};
 
+/// The largest document `merge` writes: what `report` and the other
+/// readers accept. A merge whose document would be larger writes nothing
+/// and says so.
+pub const MAX_MERGED: u64 = crate::model::json::MAX_DOCUMENT_BYTES;
+
 /// What a reader was given, as the file to read: a `memory_usage.json`, or
 /// a run directory (`outputs/RUN`, what `memtrack recover` takes) holding
 /// one. A run directory without its file says why and what to do.

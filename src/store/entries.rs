@@ -128,6 +128,9 @@ struct OnDisk {
 pub(crate) struct EntryLog {
     mem: ChunkLog<Entry>,
     disk: Option<OnDisk>,
+    /// During recovery: the entries written after the checkpoint, to put
+    /// back those no journal record brings back.
+    tail: Option<Arc<Mutex<Tail>>>,
 }
 
 impl Default for EntryLog {
@@ -148,6 +151,7 @@ impl EntryLog {
         EntryLog {
             mem: ChunkLog::new(),
             disk: None,
+            tail: None,
         }
     }
 
@@ -218,6 +222,15 @@ impl EntryLog {
             Err(e) => return Err(io_err(e)),
         };
         let found = file.metadata().map_err(io_err)?.len();
+        // Entries written after the checkpoint: kept aside before the file
+        // is cut back, for those the journal no longer holds.
+        if found > disk.bytes {
+            let tail = Tail::read(&file, path, disk.bytes, found).map_err(io_err)?;
+            self.tail = Some(Arc::new(Mutex::new(tail)));
+        }
+        let Some(disk) = &mut self.disk else {
+            return Err(EntriesError::Detached);
+        };
         let scan = scan(&file, found.min(disk.bytes)).map_err(io_err)?;
         let lost = Salvaged {
             lost_entries: disk.len.saturating_sub(scan.good),
@@ -248,6 +261,63 @@ impl EntryLog {
     /// Appends an entry. An error means the file could not be written; the
     /// entry is kept (in memory, until a later write succeeds).
     pub(crate) fn push(&mut self, entry: &Entry) -> io::Result<()> {
+        if let Some(tail) = self.tail.clone() {
+            let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(at) = tail.position(entry) {
+                // Entries written live before this one whose records the
+                // journal lost, then the entry as it was written live.
+                while tail.next < at {
+                    let line = tail.next_line()?;
+                    tail.only_here += 1;
+                    self.push_line(&line)?;
+                }
+                let line = tail.next_line()?;
+                return self.push_line(&line);
+            }
+        }
+        self.push_entry(entry)
+    }
+
+    /// Ends recovery's use of the entries written after the checkpoint:
+    /// those left (the journal ends before them) are appended. Returns how
+    /// many tail entries no journal record brought back, and the latest
+    /// time among the tail's entries.
+    pub(crate) fn finish_tail(&mut self) -> io::Result<(u64, f64)> {
+        let Some(tail) = self.tail.take() else {
+            return Ok((0, 0.0));
+        };
+        let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+        while tail.next < tail.len {
+            let line = tail.next_line()?;
+            tail.only_here += 1;
+            self.push_line(&line)?;
+        }
+        self.flush()?;
+        Ok((tail.only_here, tail.last))
+    }
+
+    /// Appends one entry line as it was read (no newline).
+    fn push_line(&mut self, line: &[u8]) -> io::Result<()> {
+        let Some(disk) = &mut self.disk else {
+            let entry: Entry = serde_json::from_slice(line)?;
+            self.mem.push(entry);
+            return Ok(());
+        };
+        let Some(spill) = &disk.spill else {
+            return Err(io::Error::other(EntriesError::Detached.to_string()));
+        };
+        let mut s = lock(spill);
+        s.pending.extend_from_slice(line);
+        s.pending.push(b'\n');
+        disk.len += 1;
+        disk.bytes += line.len() as u64 + 1;
+        if s.pending.len() >= BATCH {
+            s.flush()?;
+        }
+        Ok(())
+    }
+
+    fn push_entry(&mut self, entry: &Entry) -> io::Result<()> {
         let Some(disk) = &mut self.disk else {
             self.mem.push(entry.clone());
             return Ok(());
@@ -471,6 +541,141 @@ fn keep_good_lines(path: &Path, good_bytes: u64) -> io::Result<()> {
     }
 }
 
+/// What identifies an entry: the same mark applied live and again from
+/// the journal gives the same key.
+fn key(e: &Entry) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // Fixed keys: the same input hashes alike in every process.
+    let mut h = std::hash::DefaultHasher::new();
+    e.timestamp.to_bits().hash(&mut h);
+    e.pid.hash(&mut h);
+    e.component.hash(&mut h);
+    e.operation.hash(&mut h);
+    e.iteration.hash(&mut h);
+    serde_json::to_string(&e.kind)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+/// The entries a run wrote after its last checkpoint, set aside (the good
+/// lines only) before recovery cuts the entries file back to what the
+/// checkpoint counted. Replaying the journal writes most of them again; an
+/// entry whose record the journal lost (a damaged line, a journal cut
+/// short or gone) is put back from here, in its place.
+pub(crate) struct Tail {
+    lines: BufReader<Box<dyn Read + Send>>,
+    /// Each entry's [`key`] → its place in the tail.
+    index: std::collections::HashMap<u64, u64>,
+    len: u64,
+    /// Tail entries written back so far.
+    next: u64,
+    /// Written back with no journal record to give them.
+    only_here: u64,
+    /// The latest time among the tail's entries.
+    last: f64,
+}
+
+/// What [`Tail::copy`] found.
+#[derive(Default)]
+struct Found {
+    index: std::collections::HashMap<u64, u64>,
+    len: u64,
+    last: f64,
+}
+
+impl Found {
+    fn into_tail(self, lines: Box<dyn Read + Send>) -> Tail {
+        Tail {
+            lines: BufReader::with_capacity(BATCH, lines),
+            index: self.index,
+            len: self.len,
+            next: 0,
+            only_here: 0,
+            last: self.last,
+        }
+    }
+}
+
+impl std::fmt::Debug for Tail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tail")
+            .field("len", &self.len)
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl Tail {
+    /// Copies the good entry lines of `file` between `from` and `to` into
+    /// an unnamed file beside `path`, or into memory when the disk cannot
+    /// take them.
+    fn read(file: &File, path: &Path, from: u64, to: u64) -> io::Result<Tail> {
+        if let Ok((tmp, out)) = crate::files::create_temp(path) {
+            let mut out = io::BufWriter::with_capacity(BATCH, out);
+            let copied = Tail::copy(file, from, to, &mut out)
+                .and_then(|found| Ok((found, out.into_inner().map_err(|e| e.into_error())?)));
+            let reopened = crate::files::open_input(&tmp);
+            let _ = std::fs::remove_file(&tmp);
+            if let (Ok((found, _)), Ok(back)) = (copied, reopened) {
+                return Ok(found.into_tail(Box::new(back)));
+            }
+        }
+        let mut kept = Vec::new();
+        let found = Tail::copy(file, from, to, &mut kept)?;
+        Ok(found.into_tail(Box::new(io::Cursor::new(kept))))
+    }
+
+    /// Writes the good entry lines of `file` between `from` and `to` to
+    /// `out`, noting each one's key.
+    fn copy(file: &File, from: u64, to: u64, out: &mut dyn io::Write) -> io::Result<Found> {
+        let mut reader = BufReader::with_capacity(
+            BATCH,
+            At {
+                file: file.try_clone()?,
+                pos: from,
+                end: to,
+            },
+        );
+        let mut found = Found::default();
+        let mut line = Vec::new();
+        while let Some(how) = crate::files::read_line_bounded(&mut reader, &mut line, MAX_LINE)? {
+            if how != crate::files::Line::Whole {
+                continue;
+            }
+            let Ok(entry) = serde_json::from_slice::<Entry>(&line) else {
+                continue;
+            };
+            found.index.entry(key(&entry)).or_insert(found.len);
+            found.last = found.last.max(entry.timestamp);
+            found.len += 1;
+            out.write_all(&line)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+        Ok(found)
+    }
+
+    /// Where `entry` is in the tail, if it is there and not passed yet.
+    fn position(&self, entry: &Entry) -> Option<u64> {
+        self.index
+            .get(&key(entry))
+            .copied()
+            .filter(|at| *at >= self.next)
+    }
+
+    /// The next tail line (without its newline).
+    fn next_line(&mut self) -> io::Result<Vec<u8>> {
+        let mut line = Vec::new();
+        self.lines.read_until(b'\n', &mut line)?;
+        if line.pop() != Some(b'\n') {
+            return Err(io::Error::other("the set-aside entries end early"));
+        }
+        self.next += 1;
+        Ok(line)
+    }
+}
+
 /// A file read from `pos` up to `end` with positioned reads.
 struct At {
     file: File,
@@ -593,7 +798,11 @@ impl<'de> Deserialize<'de> for EntryLog {
 
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
                 let mem = ChunkLog::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
-                Ok(EntryLog { mem, disk: None })
+                Ok(EntryLog {
+                    mem,
+                    disk: None,
+                    tail: None,
+                })
             }
 
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
@@ -605,6 +814,7 @@ impl<'de> Deserialize<'de> for EntryLog {
                         len: f.entries,
                         bytes: f.bytes,
                     }),
+                    tail: None,
                 })
             }
         }

@@ -50,6 +50,15 @@ pub(crate) const DIR: &str = ".memtrack";
 
 const JOURNAL: &str = "journal.jsonl";
 const OLD_JOURNAL: &str = "journal.old.jsonl";
+/// The run's running totals, rewritten in place (see [`Tally`]).
+const TALLY: &str = "tally.json";
+/// The tally's fixed size: its bytes are written once at the start, so
+/// rewriting them later needs no free space.
+const TALLY_BYTES: usize = 4096;
+/// The largest `state.json` recovery reads. A checkpoint holds the run's
+/// bounded state (the event log is in the entries file): with the default
+/// limits it stays below 64 MiB.
+pub(crate) const MAX_STATE_BYTES: u64 = 256 << 20;
 /// A journal line longer than this is not one of memtrack's records (a
 /// mark is bounded far below it): it is skipped, never held whole.
 const MAX_LINE: usize = 16 << 20;
@@ -66,12 +75,41 @@ struct LineIn {
     record: Record,
 }
 
+/// What the live run had, rewritten in place at every journal flush into
+/// bytes reserved at the start: when the disk is full and appends fail,
+/// this still says how far the run went, so recovery can count what the
+/// files lost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct Tally {
+    /// The last record's sequence number.
+    seq: u64,
+    /// Event entries recorded.
+    entries: u64,
+    journal_errors: u64,
+    /// The time of the last sample (or the run's end), Unix seconds.
+    last: f64,
+}
+
+impl Tally {
+    fn of(store: &Store) -> Tally {
+        Tally {
+            seq: store.seq,
+            entries: store.event_entries(),
+            journal_errors: store.counters().journal_errors,
+            last: store.run.end.unwrap_or(store.current().timestamp),
+        }
+    }
+}
+
 /// The crash-safety files of one run, owned by its daemon.
 #[derive(Debug)]
 pub(crate) struct Journal {
     run_dir: PathBuf,
     writer: BufWriter<File>,
     _lock: File,
+    /// The [`Tally`] file, its bytes reserved; `None` when even that
+    /// could not be written.
+    tally: Option<File>,
     /// The thread that writes checkpoints, started with the first one.
     writer_thread: Option<Checkpointer>,
     /// A checkpoint was handed to that thread and its outcome not yet read.
@@ -190,10 +228,12 @@ impl Journal {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err(&old)(e)),
         }
+        let tally = reserve_tally(&dir.join(TALLY));
         let journal = Journal {
             run_dir: run_dir.to_path_buf(),
             writer: BufWriter::with_capacity(64 * 1024, file),
             _lock: lock,
+            tally,
             writer_thread: None,
             pending: false,
             writing_old: false,
@@ -212,6 +252,24 @@ impl Journal {
     /// `kill -9` of memtrack.
     pub(crate) fn flush(&mut self) -> io::Result<()> {
         self.writer.flush()
+    }
+
+    /// Rewrites the run's [`Tally`] in its reserved bytes (no free space
+    /// needed). Best effort: the tally only helps recovery count losses.
+    pub(crate) fn note_tally(&self, store: &Store) {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = &self.tally else {
+            return;
+        };
+        let Ok(mut bytes) = serde_json::to_vec(&Tally::of(store)) else {
+            return;
+        };
+        if bytes.len() < TALLY_BYTES {
+            bytes.resize(TALLY_BYTES, b' ');
+            if let Err(e) = f.write_all_at(&bytes, 0) {
+                tracing::debug!("cannot update the run's tally: {e}");
+            }
+        }
     }
 
     /// Starts a checkpoint of `store` (a clone taken now) on a thread of
@@ -336,6 +394,9 @@ impl Journal {
         // A checkpoint still being written must not land after the final
         // document.
         let _ = self.wait_checkpoint();
+        // Left behind if the document cannot be written: recovery then
+        // knows how far the run went.
+        self.note_tally(store);
         self.flush().map_err(io_err(&self.run_dir))?;
         write_final(&self.run_dir, store)?;
         let dir = self.run_dir.join(DIR);
@@ -369,6 +430,29 @@ fn write_final(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
     Ok(())
 }
 
+/// Creates the tally file with its bytes written (spaces), so that
+/// rewriting them later needs no free space.
+fn reserve_tally(path: &Path) -> Option<File> {
+    let reserved = crate::files::create(path, true).and_then(|mut f| {
+        f.write_all(&[b' '; TALLY_BYTES])?;
+        f.flush()?;
+        Ok(f)
+    });
+    match reserved {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::debug!("cannot reserve {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+/// The tally a run left, if it is readable.
+fn read_tally(dir: &Path) -> Option<Tally> {
+    let bytes = crate::files::read_capped(&dir.join(TALLY), TALLY_BYTES as u64).ok()?;
+    serde_json::from_slice(bytes.trim_ascii()).ok()
+}
+
 fn write_state(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
     let path = run_dir.join(DIR).join("state.json");
     write_atomic_with(&path, |w| {
@@ -400,6 +484,32 @@ pub struct Recovered {
     pub skipped_lines: u64,
     /// What a damaged entries file lost (nothing, usually).
     pub lost: super::entries::Salvaged,
+    /// Journal records found missing: gaps in the numbering, and records
+    /// past the journal's end that the run's tally counted.
+    pub records_lost: u64,
+    /// Log entries put back from the entries file whose journal records
+    /// were lost (they are in the log; what their records carried beyond
+    /// the entry is not).
+    pub from_entries_only: u64,
+    /// Event entries the run had that no file holds any more (the tally
+    /// counted them).
+    pub entries_missing: u64,
+    /// Where the crash-safety files were kept, when anything was lost
+    /// (they are evidence; never removed then).
+    pub kept: Option<PathBuf>,
+}
+
+impl Recovered {
+    /// Whether the recovered document lacks anything the run had. A
+    /// damaged journal line shows as a gap in the numbering; a torn last
+    /// line (the kill landed mid-write) is a record whose write never
+    /// completed, and no loss of what was on disk.
+    pub fn lost_anything(&self) -> bool {
+        !self.lost.is_nothing()
+            || self.records_lost > 0
+            || self.from_entries_only > 0
+            || self.entries_missing > 0
+    }
 }
 
 /// Whether `run_dir` holds an unfinished journal.
@@ -407,33 +517,71 @@ pub fn has_journal(run_dir: &Path) -> bool {
     run_dir.join(DIR).join("state.json").is_file()
 }
 
+/// Reads a checkpoint's state: at most [`MAX_STATE_BYTES`], parsed as it
+/// is read (never held whole as text).
+fn read_state(path: &Path) -> Result<Store, JournalError> {
+    let file = crate::files::open_input(path).map_err(io_err(path))?;
+    let size = file.metadata().map_err(io_err(path))?.len();
+    let too_large = || JournalError::Corrupt {
+        path: path.to_path_buf(),
+        message: format!(
+            "larger than {MAX_STATE_BYTES} bytes ({size}): not a checkpoint memtrack wrote; \
+             nothing was changed"
+        ),
+    };
+    if size > MAX_STATE_BYTES {
+        return Err(too_large());
+    }
+    let reader = BufReader::with_capacity(64 * 1024, io::Read::take(file, MAX_STATE_BYTES));
+    serde_json::from_reader(reader).map_err(|e| JournalError::Corrupt {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// The time a record carries, if any.
+fn record_time(record: &Record) -> Option<f64> {
+    match record {
+        Record::Sample { sample, .. } => Some(sample.timestamp),
+        Record::Mark(m) => Some(m.timestamp),
+        Record::SpanBegin(b) | Record::SpanEnd(b) | Record::StageBegin(b) | Record::StageEnd(b) => {
+            Some(b.mark.timestamp)
+        }
+        Record::Finish { timestamp, .. } => Some(*timestamp),
+        Record::Exit { .. } | Record::Flight(_) | Record::JournalErrors { .. } => None,
+    }
+}
+
 /// Rebuilds the store of a run whose daemon died, without writing its
-/// document (the entries file is cut back to what the state counts).
-pub(crate) fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError> {
+/// document. Every source that survived is used: the state, the journal
+/// (a damaged line or a gap loses only its records), the entries file
+/// (entries written after the checkpoint whose records the journal lost
+/// are put back in their place), and the run's tally, which says how far
+/// the run went when the files stop earlier (a full disk). What is missing
+/// is counted in the store (`entries_lost`, `records_lost`,
+/// `journal_errors`), and the last time any source saw is returned.
+pub(crate) fn replay(run_dir: &Path) -> Result<(Store, Recovered, f64), JournalError> {
     let dir = run_dir.join(DIR);
     let state_path = dir.join("state.json");
     if !state_path.is_file() {
         return Err(JournalError::NoJournal(run_dir.to_path_buf()));
     }
-    let bytes = crate::files::read_capped(&state_path, crate::model::json::MAX_DOCUMENT_BYTES)
-        .map_err(io_err(&state_path))?;
-    let mut store: Store = serde_json::from_slice(&bytes).map_err(|e| JournalError::Corrupt {
-        path: state_path.clone(),
-        message: e.to_string(),
-    })?;
-    drop(bytes);
-    // Entries written after the checkpoint are cut off here and come back
-    // with the journal's records.
+    let mut store = read_state(&state_path)?;
+    // Entries written after the checkpoint are set aside and the file cut
+    // back; they come back with the journal's records, or from there.
     let lost = store
         .reattach_entries(&dir.join(super::entries::FILE))
         .map_err(entries_err(&dir))?;
-    // Recorded in the document: its log lacks these entries.
-    store.counters_mut().entries_lost += lost.lost_entries;
     let mut report = Recovered {
         replayed: 0,
         skipped_lines: 0,
         lost,
+        records_lost: 0,
+        from_entries_only: 0,
+        entries_missing: 0,
+        kept: None,
     };
+    let mut last = 0.0f64;
     // The rotated journal (a checkpoint was being written) comes first.
     for journal_path in [dir.join(OLD_JOURNAL), dir.join(JOURNAL)] {
         let Ok(f) = crate::files::open_input(&journal_path) else {
@@ -453,6 +601,11 @@ pub(crate) fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError>
             };
             match parsed {
                 Some(l) if l.seq > store.seq => {
+                    // Records the journal should hold between the two.
+                    report.records_lost += l.seq - store.seq - 1;
+                    if let Some(t) = record_time(&l.record) {
+                        last = last.max(t);
+                    }
                     store.apply(&l.record);
                     store.seq = l.seq;
                     report.replayed += 1;
@@ -462,13 +615,37 @@ pub(crate) fn replay(run_dir: &Path) -> Result<(Store, Recovered), JournalError>
             }
         }
     }
-    Ok((store, report))
+    let (from_entries_only, tail_last) = store
+        .finish_entries_tail()
+        .map_err(io_err(&dir.join(super::entries::FILE)))?;
+    report.from_entries_only = from_entries_only;
+    last = last.max(tail_last);
+    let mut entries_lost = report.lost.lost_entries;
+    if let Some(tally) = read_tally(&dir) {
+        // Past the journal's end: appends the disk refused, a journal cut
+        // short or gone.
+        report.records_lost += tally.seq.saturating_sub(store.seq);
+        report.entries_missing = tally.entries.saturating_sub(store.event_entries());
+        entries_lost = entries_lost.max(report.entries_missing);
+        let c = store.counters_mut();
+        c.journal_errors = c.journal_errors.max(tally.journal_errors);
+        last = last.max(tally.last);
+    }
+    // Recorded in the document: its log lacks these entries, and what
+    // these records carried.
+    store.counters_mut().entries_lost += entries_lost;
+    store.counters_mut().records_lost += report.records_lost;
+    Ok((store, report, last))
 }
 
 /// `memtrack recover DIR`: rebuilds `memory_usage.json` of a run whose
-/// daemon died, marks it `recovered`, and removes the journal. A
-/// `.memtrack` folder that is not this user's own (another user's, a link)
-/// is refused before anything in it is opened.
+/// daemon died and marks it `recovered`, ending at the last time any of
+/// its files saw. A `.memtrack` folder that is not this user's own
+/// (another user's, a link) is refused before anything in it is opened.
+/// The crash-safety files are removed only when the document holds
+/// everything they did; when anything was lost they are evidence, kept as
+/// `.memtrack.recovered` (never recovered again), and the report says
+/// where.
 pub fn recover(run_dir: &Path) -> Result<Recovered, JournalError> {
     let dir = run_dir.join(DIR);
     if !dir.join("state.json").is_file() {
@@ -476,16 +653,39 @@ pub fn recover(run_dir: &Path) -> Result<Recovered, JournalError> {
     }
     crate::files::check_dir(&dir).map_err(io_err(&dir))?;
     let lock = lock(&dir)?;
-    let (mut store, report) = replay(run_dir)?;
+    let (mut store, mut report, last) = replay(run_dir)?;
     if !store.is_finished() {
-        let end = store.current().timestamp.max(store.run.start);
+        let end = store.current().timestamp.max(last).max(store.run.start);
         store.run.end = Some(end);
         store.run.status = RunStatus::Recovered;
     }
     write_final(run_dir, &store)?;
+    drop(store);
     drop(lock);
-    fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+    if report.lost_anything() {
+        report.kept = Some(set_aside(run_dir, RECOVERED_DIR)?);
+    } else {
+        fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+    }
     Ok(report)
+}
+
+/// Where the crash-safety files of a recovery that lost something are
+/// kept: never recovered again, never removed by memtrack.
+pub(crate) const RECOVERED_DIR: &str = ".memtrack.recovered";
+
+/// Renames the run's `.memtrack` to `name` (or `name-2`, `-3`, … when
+/// taken); a rename needs no free space. Returns the new path.
+fn set_aside(run_dir: &Path, name: &str) -> Result<PathBuf, JournalError> {
+    let dir = run_dir.join(DIR);
+    let mut kept = run_dir.join(name);
+    let mut n = 2;
+    while fs::symlink_metadata(&kept).is_ok() {
+        kept = run_dir.join(format!("{name}-{n}"));
+        n += 1;
+    }
+    fs::rename(&dir, &kept).map_err(io_err(&dir))?;
+    Ok(kept)
 }
 
 /// Where the crash-safety files go when the run's final document was
@@ -572,14 +772,7 @@ mod tests {
         drop(journal);
 
         let report = recover(dir.path()).unwrap();
-        assert_eq!(
-            report,
-            Recovered {
-                replayed: 5,
-                skipped_lines: 1,
-                lost: Default::default(),
-            }
-        );
+        assert_eq!((report.replayed, report.skipped_lines), (5, 1));
         let doc: Document =
             serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
         assert_eq!(doc.run.status, "recovered");
@@ -970,16 +1163,10 @@ mod tests {
             let mut f = crate::files::create(&memtrack.join(file), true).unwrap();
             f.write_all(&old_checkpoint(file)).unwrap();
         }
-        let (recovered, report) = replay(dir.path()).unwrap();
+        let (recovered, report, _) = replay(dir.path()).unwrap();
         let (_, after) = every_fold_records();
-        assert_eq!(
-            report,
-            Recovered {
-                replayed: after.len() as u64,
-                skipped_lines: 0,
-                lost: Default::default(),
-            }
-        );
+        assert_eq!(report.replayed, after.len() as u64);
+        assert!(!report.lost_anything(), "{report:?}");
         // The same run today, never killed: recovery gives what it holds.
         let live_dir = tempfile::tempdir().unwrap();
         let live = run_every_fold(live_dir.path());

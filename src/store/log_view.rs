@@ -36,8 +36,13 @@ impl Store {
         self.events.sync()
     }
 
+    /// Ends recovery's use of the entries written after the checkpoint
+    /// (see [`EntryLog::finish_tail`](super::entries::EntryLog::finish_tail)).
+    pub(crate) fn finish_entries_tail(&mut self) -> std::io::Result<(u64, f64)> {
+        self.events.finish_tail()
+    }
+
     /// Event entries recorded (marks, spans, stages, memtrack's own).
-    #[cfg(test)]
     pub(crate) fn event_entries(&self) -> u64 {
         self.events.len()
     }

@@ -60,15 +60,16 @@ impl Api {
             call: path.to_string(),
             why,
         };
-        let response = request.send().await.map_err(|e| failed(e.to_string()))?;
+        let response = request.send().await.map_err(|e| failed(describe(&e)))?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| failed(e.to_string()))?;
         if !status.is_success() {
-            let mut text = text;
-            text.truncate(500);
-            return Err(failed(format!("HTTP {status}: {text}")));
+            return Err(failed(format!(
+                "HTTP {status}: {}",
+                error_text(response).await
+            )));
         }
-        Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+        let body = read_capped(response, MAX_REPLY).await.map_err(failed)?;
+        Ok(serde_json::from_slice(&body).unwrap_or(Value::Null))
     }
 
     /// Creates a run in `experiment`; returns its id.
@@ -162,15 +163,70 @@ impl Api {
             .body(body)
             .send()
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| failed(describe(&e)))?;
         let status = response.status();
         if !status.is_success() {
-            let mut text = response.text().await.unwrap_or_default();
-            text.truncate(500);
-            return Err(failed(format!("HTTP {status}: {text}")));
+            return Err(failed(format!(
+                "HTTP {status}: {}",
+                error_text(response).await
+            )));
         }
         Ok(())
     }
+}
+
+/// The largest reply memtrack reads from the tracking server. Its replies
+/// to memtrack's calls are a few KiB (`runs/get` of a run with thousands of
+/// parameters and tags stays well below this); a longer one is refused,
+/// never held whole, whatever `Content-Length` says or does not say.
+pub(crate) const MAX_REPLY: usize = 8 << 20;
+
+/// What is shown of an error reply's body.
+const ERROR_TEXT: usize = 500;
+
+/// A reply's body, read chunk by chunk up to `cap` bytes (after
+/// decompression); a longer body is an error, and the connection is
+/// dropped without reading the rest.
+async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Vec<u8>, String> {
+    let too_long = || format!("the reply is longer than {cap} bytes; memtrack reads no more");
+    if response.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(too_long());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| describe(&e))? {
+        if body.len() + chunk.len() > cap {
+            return Err(too_long());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The start of an error reply's body, for the message: at most
+/// [`ERROR_TEXT`] bytes are read.
+async fn error_text(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < ERROR_TEXT {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(ERROR_TEXT);
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// A request error with its causes, and any URL in it without its user
+/// information.
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    crate::export::s3::aws::redact_userinfo(&text)
 }
 
 /// `mlflow-artifacts:/0/abc/artifacts` (or with `//host:port`) → `0/abc/artifacts`.
