@@ -20,7 +20,9 @@
 #SBATCH --time=12:00:00
 #SBATCH --output=logs/%x-%j.out
 
-set -euo pipefail
+# No `set -e`: the merge and the report below matter most when the job
+# fails, so a failed srun must not skip them; the script exits with its status.
+set -uo pipefail
 module load cuda/12.2 2>/dev/null || true
 
 JOB="pabbo-${SLURM_JOB_ID}"
@@ -36,11 +38,14 @@ OUT="${SLURM_SUBMIT_DIR}/outputs"
 # of other hosts. For a Prometheus that scrapes the nodes, export
 # MEMTRACK_LISTEN=<the node's address on the monitoring network>:9464 before
 # srun (one address, not 0.0.0.0: the node's other networks stay closed).
+status=0
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 \
     memtrack run --name "${JOB}" --output "${OUT}" --interval 1s \
                  --label partition="${SLURM_JOB_PARTITION:-gpu}" \
-    -- python3 for_klaster_gpu.py
+    -- python3 for_klaster_gpu.py || status=$?
 
-# One job-level file: peaks per node and for the job, the worst node named.
-memtrack merge "${OUT}/${JOB}".rank*/memory_usage.json -o "${OUT}/${JOB}/memory_usage.json"
-memtrack report "${OUT}/${JOB}/memory_usage.json"
+# One job-level file: peaks per node and for the job, the worst node named,
+# whether the job succeeded or not.
+memtrack merge "${OUT}/${JOB}".rank*/memory_usage.json -o "${OUT}/${JOB}/memory_usage.json" &&
+    memtrack report "${OUT}/${JOB}/memory_usage.json"
+exit "${status}"

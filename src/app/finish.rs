@@ -195,9 +195,11 @@ fn stop_at_once(
         let report = io.runtime.block_on(reporter.finish(end, Duration::ZERO));
         if report.unsent > 0 {
             tracing::warn!(
-                "stopping at once: {} points not yet sent to ClearML stay in {}",
+                "stopping at once: {} points not yet sent to ClearML stay in {}; \
+                 to send them, run: memtrack clearml-resend {}",
                 report.unsent,
-                run_dir.join(clearml::SPOOL_FILE).display()
+                run_dir.join(clearml::SPOOL_FILE).display(),
+                absolute(run_dir).display()
             );
         }
     }

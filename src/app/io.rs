@@ -173,11 +173,27 @@ impl Io {
             Some(listener) => server::SocketFile::from_systemd(listener)
                 .context("cannot use the socket systemd passed")?,
             None => {
-                if config.socket.path.as_os_str().is_empty() {
+                let first_free = || -> anyhow::Result<server::SocketFile> {
                     let first = server::default_path().context("cannot choose a socket path")?;
-                    server::bind_first_free(&first, group)?
+                    Ok(server::bind_first_free(&first, group)?)
+                };
+                if config.socket.path.as_os_str().is_empty() {
+                    first_free()?
                 } else {
-                    server::bind(&config.socket.path, group)?
+                    // A chosen path that cannot be had (another run's,
+                    // not a socket) costs the job its chosen path, never
+                    // its start: the job is told the path used.
+                    match server::bind(&config.socket.path, group) {
+                        Ok(file) => file,
+                        Err(e) => {
+                            let file = first_free()?;
+                            tracing::warn!(
+                                "{e}: the event socket is {} instead (the job's MEMTRACK_SOCKET)",
+                                file.path.display()
+                            );
+                            file
+                        }
+                    }
                 }
             }
         };
@@ -220,8 +236,10 @@ impl Io {
     }
 
     /// Serves `/metrics` and `/memory-info` on `listen` unless it is off.
-    /// The default address taken (by another run on this machine) gives way
-    /// to a free port on the same interface; a chosen address is an error.
+    /// An address that is taken (by another run on this machine, or by
+    /// every rank of a job given one `--listen`) gives way to a free port
+    /// on the same interface, with a warning when it was chosen; the job
+    /// starts either way, without `/metrics` when no port can be had.
     fn serve_http(
         &mut self,
         config: &Config,
@@ -235,13 +253,21 @@ impl Io {
         let bind = |a| self.runtime.block_on(tokio::net::TcpListener::bind(a));
         let listener = match bind(addr) {
             Ok(listener) => listener,
-            Err(e) if config.listen == crate::config::DEFAULT_LISTEN => {
+            Err(e) => {
                 let any = std::net::SocketAddr::new(addr.ip(), 0);
                 match bind(any) {
                     Ok(listener) => {
-                        tracing::info!(
-                            "{addr} is taken ({e}; another run?): metrics on a free port instead"
-                        );
+                        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+                        if config.listen == crate::config::DEFAULT_LISTEN {
+                            tracing::info!(
+                                "{addr} is taken ({e}; another run?): metrics on port {port} instead"
+                            );
+                        } else {
+                            tracing::warn!(
+                                "cannot listen on {addr} ({e}): metrics on port {port} of the \
+                                 same host instead (the file_sd target and `memtrack ls` say so)"
+                            );
+                        }
                         listener
                     }
                     Err(e2) => {
@@ -253,7 +279,6 @@ impl Io {
                     }
                 }
             }
-            Err(e) => return Err(anyhow::anyhow!("cannot listen on {addr}: {e}")),
         };
         let local = listener.local_addr().unwrap_or(addr);
         tracing::debug!("metrics on http://{local}/metrics");
@@ -294,9 +319,17 @@ impl Io {
                 settings.host_source
             );
         }
-        // The task memtrack may create is named now: refuse a name the
-        // server would refuse before the job starts.
-        clearml::check_task_name(&settings, &run.name)?;
+        // The task memtrack may create is named now: a name the server
+        // would refuse is adapted for ClearML only, and said once.
+        clearml::fit_task_name(&mut settings, &run.name);
+        if !settings.adapted.is_empty() {
+            tracing::warn!(
+                "ClearML refuses names shorter than {} characters and unknown task types; \
+                 for ClearML only: {}",
+                clearml::MIN_NAME,
+                settings.adapted.join("; ")
+            );
+        }
         // Without S3, the task gets the document where its other artifacts
         // go: its output_uri, clearml.conf's default_output_uri, else the
         // ClearML fileserver (nowhere when none is set: no upload).

@@ -114,7 +114,7 @@ fn start_job(
         // A job that ends at once is gone before we look.
         tracing::debug!("cannot follow the job: {e}");
     }
-    reap(child, inherited_hwm, tx.clone())?;
+    reap(child, inherited_hwm, signals.job_ended(), tx.clone())?;
     Ok(Followed {
         tree,
         end_when: EndWhen::JobExits,
@@ -127,6 +127,7 @@ fn start_job(
 fn reap(
     child: std::process::Child,
     inherited_hwm: u64,
+    ended: crate::shutdown::JobEnded,
     waiter_tx: SyncSender<Input>,
 ) -> anyhow::Result<()> {
     let pid = child.id();
@@ -136,7 +137,9 @@ fn reap(
             // The Child handle is not used to wait: wait4 also gives
             // the exact peak RSS.
             let _child = child;
-            match sys::wait_child(pid, true) {
+            let waited = sys::wait_child(pid, true);
+            ended.mark();
+            match waited {
                 Ok(Some(mut reaped)) => {
                     if reaped.max_rss_kib * 1024 <= inherited_hwm {
                         reaped.max_rss_kib = 0;

@@ -49,7 +49,12 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     let name = RunName::choose(&mode, &config);
     job::check_attach_pids(&mode)?;
     let clearml_settings = io::clearml_settings(&config)?;
-    let mlflow_settings = mlflow::settings(&config)?;
+    // A tracking server that cannot be used costs the MLflow report, never
+    // the job.
+    let mlflow_settings = mlflow::settings(&config).unwrap_or_else(|e| {
+        tracing::warn!("MLflow reporting is off for this run: {e:#}");
+        None
+    });
     let is_run = matches!(mode, Mode::Run { .. });
     job::adopt_orphans(is_run);
     if !is_run && config.host.memory_limit().is_some() {
@@ -145,6 +150,12 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     let mut export_failed =
         finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);
     let job_failed = finish::exit_code(&ended, first_signal, is_run, false) != 0;
+    if ended.urgent && mlflow_settings.is_some() {
+        tracing::warn!(
+            "stopping at once: nothing was sent to MLflow; {} is kept",
+            crate::files::shown(&saved.document).display()
+        );
+    }
     export_failed |= !ended.urgent
         && mlflow::finish(
             &io.runtime,

@@ -109,6 +109,49 @@ fn respond(
     r
 }
 
+/// `/healthz`: 200 while the run samples on time and follows at least one
+/// process; 503 before its first sample or once it lags (`stale`), while
+/// nothing is followed (`idle`: an `attach` whose processes have not
+/// registered yet, or have all ended) and once the run has `finished`. The
+/// body says which, with the number of processes followed and their roots.
+pub(crate) fn health(snap: &Snapshot, now: f64) -> (StatusCode, serde_json::Value) {
+    let age = now - snap.current.timestamp;
+    let limit = (3.0 * snap.run.interval_s).max(5.0);
+    let sampled = snap.current.timestamp > 0.0 && age <= limit;
+    let followed = snap.current.processes;
+    let state = if snap.finished {
+        "finished"
+    } else if !sampled {
+        "stale"
+    } else if followed == 0 {
+        "idle"
+    } else {
+        "ok"
+    };
+    let status = if state == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let roots: Vec<u32> = snap
+        .processes
+        .iter()
+        .filter(|p| p.root)
+        .map(|p| p.pid)
+        .take(64)
+        .collect();
+    (
+        status,
+        serde_json::json!({
+            "status": state,
+            "processes": followed,
+            "roots": roots,
+            "last_sample_age_s": age,
+            "run": snap.run.name,
+        }),
+    )
+}
+
 fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     let text = serde_json::to_string_pretty(value).unwrap_or_default();
     // Read by people too (`curl`): C1 controls and bidirectional marks,
@@ -219,22 +262,8 @@ async fn handle(state: &HttpState, guard: &Guard, req: Request<Incoming>) -> Res
             }
         },
         "/healthz" => {
-            let age = unix_now() - snap.current.timestamp;
-            let limit = (3.0 * snap.run.interval_s).max(5.0);
-            let healthy = snap.current.timestamp > 0.0 && age <= limit && !snap.finished;
-            let status = if healthy {
-                StatusCode::OK
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            };
-            json(
-                status,
-                &serde_json::json!({
-                    "status": if healthy { "ok" } else if snap.finished { "finished" } else { "stale" },
-                    "last_sample_age_s": age,
-                    "run": snap.run.name,
-                }),
-            )
+            let (status, body) = health(&snap, unix_now());
+            json(status, &body)
         }
         _ => json(
             StatusCode::OK,
@@ -527,6 +556,46 @@ fn admit(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn healthz_says_what_is_followed_and_is_503_while_nothing_is() {
+        let mut snap = Snapshot::default();
+        snap.run.interval_s = 1.0;
+        let state = |snap: &Snapshot, now| {
+            let (code, body) = health(snap, now);
+            (
+                code.as_u16(),
+                body["status"].as_str().unwrap_or("").to_string(),
+            )
+        };
+        assert_eq!(state(&snap, 100.0), (503, "stale".into()), "no sample yet");
+        snap.current.timestamp = 99.0;
+        assert_eq!(
+            state(&snap, 100.0),
+            (503, "idle".into()),
+            "nothing followed"
+        );
+        snap.current.processes = 2;
+        snap.processes = vec![
+            crate::store::snapshot::ProcessNow {
+                pid: 41,
+                root: true,
+                ..Default::default()
+            },
+            crate::store::snapshot::ProcessNow {
+                pid: 42,
+                ppid: 41,
+                ..Default::default()
+            },
+        ];
+        assert_eq!(state(&snap, 100.0), (200, "ok".into()));
+        let (_, body) = health(&snap, 100.0);
+        assert_eq!(body["processes"], 2);
+        assert_eq!(body["roots"], serde_json::json!([41]));
+        assert_eq!(state(&snap, 200.0), (503, "stale".into()), "lagging");
+        snap.finished = true;
+        assert_eq!(state(&snap, 100.0), (503, "finished".into()));
+    }
 
     fn slot(slots: &mut Slots, peer: Peer) -> (u64, Arc<AtomicBool>, Arc<Notify>) {
         slots.insert(peer)

@@ -1843,26 +1843,41 @@ fn marker_job(dir: &Path) -> Vec<String> {
     ]
 }
 
+/// Names and types the server would refuse are adapted for ClearML only
+/// and said in one warning: the job always starts.
 #[test]
-fn short_names_and_unknown_task_types_stop_memtrack_before_the_job() {
+fn short_names_and_unknown_task_types_are_adapted_and_the_job_starts() {
     let server = Server::start(&[]);
-    for (args, env, names) in [
-        (vec!["--clearml-project", " ab "], vec![], "clearml.project"),
+    for (args, env, said, task_name) in [
+        (
+            vec!["--clearml-project", " ab "],
+            vec![],
+            "clearml.project `ab` → `ab_`",
+            "",
+        ),
         (
             vec!["--clearml-project", "/ a /"],
             vec![],
-            "clearml.project",
+            "clearml.project `a` → `a__`",
+            "",
         ),
-        (vec!["--name", "xy"], vec![], "run name"),
+        (
+            vec!["--name", "xy"],
+            vec![],
+            "the run name `xy` → task `xy_`",
+            "xy_",
+        ),
         (
             vec![],
             vec![("MEMTRACK_CLEARML_TASK_NAME", " t ".to_string())],
-            "clearml.task_name",
+            "clearml.task_name `t` → `t__`",
+            "t__",
         ),
         (
             vec![],
             vec![("MEMTRACK_CLEARML_TASK_TYPE", "trainer".to_string())],
-            "clearml.task_type",
+            "clearml.task_type `trainer`",
+            "",
         ),
     ] {
         let out = scratch();
@@ -1882,11 +1897,52 @@ fn short_names_and_unknown_task_types_stop_memtrack_before_the_job() {
         }
         let res = run_to_end(&mut cmd, Duration::from_secs(60));
         let log = stderr(&res);
-        assert_eq!(res.status.code(), Some(2), "{args:?} {env:?}: {log}");
-        assert!(log.contains(names), "{args:?}: {log}");
-        assert!(!out.path().join("ran").exists(), "the job must not start");
+        assert_eq!(res.status.code(), Some(0), "{args:?} {env:?}: {log}");
+        assert!(out.path().join("ran").exists(), "the job must start: {log}");
+        let warnings: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("ClearML refuses names"))
+            .collect();
+        assert_eq!(warnings.len(), 1, "said once: {log}");
+        assert!(warnings[0].contains(said), "{args:?}: {log}");
+        if !task_name.is_empty() {
+            let state = server.state();
+            assert!(
+                state["tasks"]
+                    .as_object()
+                    .unwrap()
+                    .values()
+                    .any(|t| t["name"] == task_name),
+                "{state:#}"
+            );
+        }
     }
-    assert_eq!(server.state()["requests"], 0, "nothing reached the server");
+    server.assert_no_violations();
+
+    // With only the SDK's clearml.conf (no trigger), a two-letter run name
+    // starts the job too: memtrack creates no task then, so nothing is
+    // renamed and nothing said.
+    let home = scratch();
+    write_clearml_conf(home.path(), &server, "http://127.0.0.1:9");
+    let out = scratch();
+    let job = marker_job(out.path());
+    let res = run_to_end(
+        memtrack()
+            .args(["run", "--listen", "off", "--name", "xy", "--output"])
+            .arg(out.path())
+            .arg("--")
+            .args(&job)
+            .env("HOME", home.path())
+            .env_remove("CLEARML_API_HOST")
+            .env_remove("CLEARML_CONFIG_FILE")
+            .env_remove("CLEARML_API_ACCESS_KEY")
+            .env_remove("CLEARML_API_SECRET_KEY"),
+        Duration::from_secs(60),
+    );
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(0), "{log}");
+    assert!(out.path().join("ran").exists(), "the job must start: {log}");
+    assert!(out.path().join("xy/memory_usage.json").exists(), "{log}");
 }
 
 #[test]

@@ -240,14 +240,21 @@ fn sigint_and_sighup_sent_to_memtrack_reach_the_job_too() {
     }
 }
 
+/// A job that traps SIGTERM (as the ClearML SDK does) and will not end: a
+/// second signal is forwarded too and, like `timeout -k`, the job gets
+/// SIGKILL after the grace period. memtrack never exits leaving it
+/// running unwatched; the run ends with the job, its document complete.
 #[test]
-fn a_second_signal_stops_memtrack_at_once_with_the_json_written() {
+fn a_second_signal_kills_the_job_after_the_grace_period() {
     let out_dir = scratch();
     let started = out_dir.path().join("started");
     let pid_file = out_dir.path().join("job.pid");
-    // A job that ignores the forwarded signals.
+    let terms = out_dir.path().join("terms");
+    // A job that notes and otherwise ignores the forwarded signals.
     let script = format!(
-        "trap '' TERM INT; echo $$ > {p}; touch {s}; while :; do sleep 0.05; done",
+        "trap 'echo TERM >> {t}' TERM; trap 'echo INT >> {t}' INT; echo $$ > {p}; touch {s}; \
+         while :; do sleep 0.05; done",
+        t = terms.display(),
         p = pid_file.display(),
         s = started.display()
     );
@@ -267,27 +274,35 @@ fn a_second_signal_stops_memtrack_at_once_with_the_json_written() {
         .parse()
         .unwrap();
     signal(child.id(), "TERM");
-    // A second signal means "now" only past the grace period: sooner, it is
-    // the first delivered twice.
+    wait_for("the job to get SIGTERM", Duration::from_secs(10), || {
+        std::fs::read_to_string(&terms).is_ok_and(|t| t.contains("TERM"))
+    });
+    // A second signal counts only past the window in which it is the first
+    // delivered twice.
     std::thread::sleep(memtrack::shutdown::STOP_NOW_AFTER + Duration::from_millis(500));
     assert!(
         child.try_wait().unwrap().is_none(),
         "one signal only asks the job"
     );
     signal(child.id(), "INT");
+    wait_for("the job to get SIGINT", Duration::from_secs(10), || {
+        std::fs::read_to_string(&terms).is_ok_and(|t| t.contains("INT"))
+    });
     let status = child.wait().unwrap();
     let job_alive = vm_rss(job).is_some();
-    // The job holds memtrack's stderr open: end it before reading the log.
-    signal(job, "KILL");
+    if job_alive {
+        // Left behind, it would hold memtrack's stderr open.
+        signal(job, "KILL");
+    }
     let mut log = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
-    // The job is still running: memtrack reports the first signal, as a
-    // shell would for a job stopped by it.
-    assert_eq!(status.code(), Some(128 + 15), "{log}");
+    assert!(!job_alive, "the job was not left running: {log}");
+    assert_eq!(status.code(), Some(128 + 9), "{log}");
     assert!(log.contains("second signal"), "{log}");
-    assert!(job_alive, "the job was left alone");
+    assert!(log.contains("sent SIGKILL"), "{log}");
     let (_, doc) = only_document(out_dir.path());
-    assert_eq!(doc.run.exit, None, "the job had not ended");
+    let exit = doc.run.exit.expect("the run ended with the job");
+    assert_eq!(exit.signal, Some(9), "{log}");
     assert!(!doc.detailed_log.is_empty());
 }
 

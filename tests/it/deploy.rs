@@ -326,3 +326,41 @@ fn a_four_rank_job_merges_locally_and_from_s3() {
         "{text}"
     );
 }
+
+/// The SLURM example merges and reports when the job fails too, and exits
+/// with the job's status. `srun` and `memtrack` are stand-ins that note
+/// their calls (no SLURM here); the script itself runs as written.
+#[test]
+fn the_slurm_example_merges_and_reports_when_the_job_fails() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let calls = dir.path().join("calls");
+    for (name, body) in [
+        ("srun", "echo srun >> \"$CALLS\"; exit 3\n"),
+        ("memtrack", "echo \"memtrack $1\" >> \"$CALLS\"\n"),
+    ] {
+        let path = bin.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = Command::new("bash")
+        .arg(repo("examples/slurm/run_gpu_memtrack.sh"))
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .env("CALLS", &calls)
+        .env("SLURM_JOB_ID", "77")
+        .env("SLURM_SUBMIT_DIR", dir.path())
+        .output()
+        .unwrap();
+    let noted = std::fs::read_to_string(&calls).unwrap_or_default();
+    assert_eq!(
+        noted.lines().collect::<Vec<_>>(),
+        ["srun", "memtrack merge", "memtrack report"],
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(3), "the job's status");
+}

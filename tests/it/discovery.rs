@@ -35,10 +35,16 @@ struct Run {
 
 impl Run {
     fn start(xdg: &Path, out: &Path, name: &str) -> Run {
+        Run::start_with(xdg, out, name, &[])
+    }
+
+    /// [`Run::start`] with more flags.
+    fn start_with(xdg: &Path, out: &Path, name: &str, args: &[&str]) -> Run {
         let stop = out.join(format!("{name}.stop"));
         let mut child = memtrack()
             .args(["run", "--interval", "200ms", "--name", name, "--output"])
             .arg(out)
+            .args(args)
             .arg("--")
             .args(waiting_job(&stop))
             .env("XDG_RUNTIME_DIR", xdg)
@@ -207,6 +213,48 @@ fn two_runs_share_a_machine_listed_found_by_name_and_port() {
         .detailed_log
         .iter()
         .any(|e| e.component == "probe" && e.operation == "from_shell"));
+}
+
+/// One `--listen` for every rank of a job (the SLURM example's
+/// `MEMTRACK_LISTEN`) meets a taken port: the job still starts, on a free
+/// port of the same host, said in a warning, and what discovery records
+/// (`ls`, the file_sd file) is the port actually served.
+#[test]
+fn a_taken_listen_address_gives_a_free_port_and_the_job_starts() {
+    let xdg = scratch();
+    let out = scratch();
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap();
+    let run = Run::start_with(
+        xdg.path(),
+        out.path(),
+        "taken",
+        &["--listen", &taken.to_string()],
+    );
+    let got = run.metrics();
+    assert_eq!(got.ip(), taken.ip(), "{}", run.line);
+    assert_ne!(got.port(), taken.port(), "{}", run.line);
+    let log = run.stderr.lock().unwrap().clone();
+    assert!(
+        log.contains(&format!("cannot listen on {taken}")) && log.contains("WARN"),
+        "{log}"
+    );
+    let (status, body) = http_request(got, "GET", "/metrics");
+    assert_eq!(status, 200);
+    assert!(body.contains("run=\"taken\""), "{body}");
+    let runs = listed(xdg.path());
+    assert_eq!(runs[0]["metrics"], got.to_string(), "{runs:?}");
+    let sd = run
+        .line
+        .split("Prometheus file_sd ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_else(|| panic!("no file_sd in {}", run.line));
+    let targets = std::fs::read_to_string(sd).unwrap();
+    assert!(targets.contains(&got.to_string()), "{targets}");
+    assert!(!targets.contains(&taken.to_string()), "{targets}");
+    assert_eq!(run.finish(), Some(0));
+    drop(held);
 }
 
 /// The `file_sd` targets Prometheus has: (run label, health).

@@ -421,18 +421,21 @@ fn hostile_http_clients_never_stop_sampling() {
 }
 
 #[test]
-fn a_chosen_address_must_bind_the_default_may_not() {
+fn a_taken_address_still_starts_the_job_an_unparsable_one_is_refused() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let dir = scratch();
+    let marker = dir.path().join("ran");
     let out = run_to_end(
         memtrack()
             .args(["run", "--listen", &addr, "--output"])
             .arg(dir.path())
-            .args(["--", "true"]),
+            .args(["--", "touch"])
+            .arg(&marker),
         Duration::from_secs(10),
     );
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(marker.exists(), "the job ran");
     assert!(
         stderr(&out).contains(&format!("cannot listen on {addr}")),
         "{}",
@@ -548,4 +551,72 @@ while not os.path.exists({stop:?}):
     std::fs::write(&stop, "").unwrap();
     let (code, _) = d.finish();
     assert_eq!(code, Some(0));
+}
+
+/// The Kubernetes sidecar's probe: `attach` without PIDs says 503 `idle`
+/// while nothing is followed, 200 with the count once a process registers
+/// over the socket, and 503 `idle` again once it is gone.
+#[test]
+fn healthz_says_what_is_followed_and_fails_while_nothing_is() {
+    let dir = scratch();
+    let sock = dir.path().join("m.sock");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut daemon = memtrack()
+        .args(["attach", "--interval", "100ms", "--name", "svc"])
+        .args(["--listen", &addr.to_string(), "--output"])
+        .arg(dir.path())
+        .arg("--socket")
+        .arg(&sock)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let health = || -> (u16, serde_json::Value) {
+        match TcpStream::connect(addr) {
+            Ok(_) => {
+                let (code, body) = http_request(addr, "GET", "/healthz");
+                (code, serde_json::from_str(&body).unwrap_or_default())
+            }
+            Err(_) => (0, serde_json::Value::Null),
+        }
+    };
+    wait_for("healthz idle", Duration::from_secs(20), || {
+        health().1["status"] == "idle"
+    });
+    let (code, body) = health();
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["processes"], 0, "{body}");
+
+    let stop = dir.path().join("stop");
+    let script = r#"
+import json, os, socket, time
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ["SOCK"]); f = s.makefile("rwb")
+f.write((json.dumps({"component": "svc", "operation": "up", "ack": True}) + "\n").encode()); f.flush()
+assert json.loads(f.readline())["ok"]
+while not os.path.exists(os.environ["STOP"]): time.sleep(0.05)
+"#;
+    let mut client = std::process::Command::new("python3")
+        .args(["-c", script])
+        .env("SOCK", &sock)
+        .env("STOP", &stop)
+        .spawn()
+        .unwrap();
+    wait_for("healthz ok", Duration::from_secs(20), || health().0 == 200);
+    let (_, body) = health();
+    assert_eq!(body["status"], "ok", "{body}");
+    assert!(body["processes"].as_u64().unwrap() >= 1, "{body}");
+    assert_eq!(body["roots"], serde_json::json!([client.id()]), "{body}");
+
+    std::fs::write(&stop, "").unwrap();
+    assert!(client.wait().unwrap().success());
+    wait_for("healthz idle again", Duration::from_secs(20), || {
+        health().1["status"] == "idle"
+    });
+    assert_eq!(health().0, 503);
+    signal(daemon.id(), "TERM");
+    assert!(daemon.wait().unwrap().success());
 }

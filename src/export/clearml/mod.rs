@@ -52,5 +52,5 @@ pub(crate) use files::FileServer;
 pub(crate) use outcome::{note_task, TaskRef};
 pub use outcome::{Artifact, FinishReport, RunEnd};
 pub use reporter::Reporter;
-pub(crate) use settings::{check_task_name, zero_config, NoZeroConfig};
+pub(crate) use settings::{fit_task_name, zero_config, NoZeroConfig, MIN_NAME};
 pub use settings::{resolve, ClearmlConfig, ClearmlError, Credentials, Settings};

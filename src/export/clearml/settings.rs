@@ -188,6 +188,9 @@ pub struct Settings {
     /// Where each setting came from, for messages (`CLEARML_API_HOST`, …).
     pub(crate) host_source: String,
     pub(crate) credentials_source: String,
+    /// Names the server would refuse, changed for ClearML only
+    /// (`the run name `ab` → task `ab_``), for one warning at the start.
+    pub(crate) adapted: Vec<String>,
 }
 
 /// A configuration problem, naming its source. Never contains a secret.
@@ -217,14 +220,6 @@ pub enum ClearmlError {
     HalfCredentials(String),
     #[error("ClearML API server `{host}` (from {source_name}) is not an http:// or https:// URL")]
     BadHost { host: String, source_name: String },
-    #[error("{key} `{value}`: {why}")]
-    Name {
-        key: &'static str,
-        value: String,
-        why: String,
-    },
-    #[error("clearml.task_type `{0}` is not a ClearML task type; use one of: {types}", types = TASK_TYPES.join(", "))]
-    TaskType(String),
 }
 
 /// The task types a ClearML server accepts in `tasks.create`.
@@ -257,35 +252,28 @@ pub(crate) fn tidy_project(name: &str) -> String {
         .join("/")
 }
 
-/// Refuses a task or project name the server would refuse: shorter than
-/// [`MIN_NAME`] characters once stripped.
-pub(crate) fn check_name(key: &'static str, value: &str) -> Result<(), ClearmlError> {
-    if value.trim().chars().count() < MIN_NAME {
-        return Err(ClearmlError::Name {
-            key,
-            value: value.to_string(),
-            why: format!(
-                "ClearML refuses names shorter than {MIN_NAME} characters (white space at the ends \
-                 does not count)"
-            ),
-        });
-    }
-    Ok(())
+/// `value` made acceptable to the server when it is shorter than
+/// [`MIN_NAME`] characters once stripped: the stripped name padded with `_`
+/// (`ab` → `ab_`). `None`: the name is fine as it is.
+pub(crate) fn fit_name(value: &str) -> Option<String> {
+    let kept = value.trim();
+    let short = MIN_NAME.saturating_sub(kept.chars().count());
+    (short > 0).then(|| format!("{kept}{}", "_".repeat(short)))
 }
 
-/// Checks the name of the task memtrack would create for the run `run_name`
-/// (when it reports into no given task), before the run starts.
-pub(crate) fn check_task_name(settings: &Settings, run_name: &str) -> Result<(), ClearmlError> {
-    if settings.task.is_some() {
-        return Ok(());
+/// Names the task memtrack would create for the run `run_name` (when it
+/// reports into no given task) with a name the server accepts: a run name
+/// ClearML would refuse is padded for ClearML only, and the change noted
+/// in [`Settings::adapted`]. The run keeps its own name everywhere else.
+pub(crate) fn fit_task_name(settings: &mut Settings, run_name: &str) {
+    if settings.task.is_some() || settings.job_task_only || !settings.task_name.is_empty() {
+        return;
     }
-    if settings.task_name.trim().is_empty() {
-        check_name(
-            "the run name (the ClearML task name; set clearml.task_name)",
-            run_name,
-        )
-    } else {
-        check_name("clearml.task_name", &settings.task_name)
+    if let Some(fit) = fit_name(run_name) {
+        settings
+            .adapted
+            .push(format!("the run name `{run_name}` → task `{fit}`"));
+        settings.task_name = fit;
     }
 }
 
@@ -469,7 +457,9 @@ pub(crate) fn zero_config(
     let target = Target {
         task: None,
         project: tidy_project(&config.project),
+        task_name: config.task_name.trim().to_string(),
         task_type: config.task_type.trim().to_string(),
+        adapted: Vec::new(),
     };
     let mut settings = assemble(config, env, server, target);
     settings.job_task_only = true;
@@ -729,7 +719,10 @@ impl ConfFile {
 struct Target {
     task: Option<String>,
     project: String,
+    task_name: String,
     task_type: String,
+    /// Names changed to pass the server's rules ([`Settings::adapted`]).
+    adapted: Vec<String>,
 }
 
 impl Target {
@@ -747,21 +740,38 @@ impl Target {
         } else {
             env_task.map(|(_, v)| v)
         };
-        // What names a task memtrack may create must pass the server's rules.
-        let task_type = config.task_type.trim();
+        // What names a task memtrack may create must pass the server's
+        // rules: what would not is adapted for ClearML (and said), never a
+        // reason to refuse the job.
+        let mut adapted = Vec::new();
+        let mut project = project;
+        let mut task_name = config.task_name.trim().to_string();
+        let mut task_type = config.task_type.trim();
         if task.is_none() {
-            check_name("clearml.project", &project)?;
-            if !config.task_name.trim().is_empty() {
-                check_name("clearml.task_name", &config.task_name)?;
+            if let Some(fit) = fit_name(&project) {
+                adapted.push(format!("clearml.project `{project}` → `{fit}`"));
+                project = fit;
+            }
+            if !task_name.is_empty() {
+                if let Some(fit) = fit_name(&task_name) {
+                    adapted.push(format!("clearml.task_name `{task_name}` → `{fit}`"));
+                    task_name = fit;
+                }
             }
             if !TASK_TYPES.contains(&task_type) {
-                return Err(ClearmlError::TaskType(config.task_type.clone()));
+                adapted.push(format!(
+                    "clearml.task_type `{task_type}` (not a ClearML task type; one of: {}) → `training`",
+                    TASK_TYPES.join(", ")
+                ));
+                task_type = "training";
             }
         }
         Ok(Target {
             task,
             project,
+            task_name,
             task_type: task_type.to_string(),
+            adapted,
         })
     }
 }
@@ -788,8 +798,9 @@ fn assemble(
         task: target.task,
         owns_task: false,
         project: target.project,
-        task_name: config.task_name.trim().to_string(),
+        task_name: target.task_name,
         task_type: target.task_type,
+        adapted: target.adapted,
         job_task_wait: config.job_task_wait,
         artifact_expected: false,
         job_task_only: false,
@@ -1111,7 +1122,7 @@ mod tests {
     }
 
     #[test]
-    fn names_and_types_the_server_refuses_are_refused_first() {
+    fn names_and_types_the_server_refuses_are_adapted_and_noted() {
         let env = env_of(&[
             ("CLEARML_API_HOST", "http://h"),
             ("CLEARML_AUTH_TOKEN", "t"),
@@ -1119,38 +1130,52 @@ mod tests {
         let with = |f: &dyn Fn(&mut ClearmlConfig)| {
             let mut c = ClearmlConfig::default();
             f(&mut c);
-            resolve(&c, &env, None)
+            resolve(&c, &env, None).unwrap().unwrap()
         };
-        for (bad, key) in [
-            (with(&|c| c.project = " ab ".into()), "clearml.project"),
-            (with(&|c| c.project = "a//".into()), "clearml.project"),
-            (with(&|c| c.task_name = " x ".into()), "clearml.task_name"),
-        ] {
-            let e = bad.unwrap_err();
-            assert!(matches!(e, ClearmlError::Name { .. }), "{e}");
-            assert!(e.to_string().contains(key), "{e}");
-            assert!(e.to_string().contains("3 characters"), "{e}");
-        }
-        let e = with(&|c| c.task_type = "trainer".into()).unwrap_err();
-        assert!(matches!(e, ClearmlError::TaskType(_)), "{e}");
-        assert!(e.to_string().contains("inference"), "{e}");
+        let s = with(&|c| c.project = " ab ".into());
+        assert_eq!(s.project, "ab_");
+        assert_eq!(s.adapted.len(), 1, "{:?}", s.adapted);
+        assert!(s.adapted[0].contains("clearml.project"), "{:?}", s.adapted);
+        assert_eq!(with(&|c| c.project = "a//".into()).project, "a__");
+        let s = with(&|c| c.task_name = " x ".into());
+        assert_eq!(s.task_name, "x__");
+        assert!(
+            s.adapted[0].contains("clearml.task_name"),
+            "{:?}",
+            s.adapted
+        );
+        let s = with(&|c| c.task_type = "trainer".into());
+        assert_eq!(s.task_type, "training");
+        assert!(s.adapted[0].contains("inference"), "{:?}", s.adapted);
         for t in TASK_TYPES {
-            assert!(with(&|c| c.task_type = t.into()).is_ok(), "{t}");
+            let s = with(&|c| c.task_type = t.into());
+            assert_eq!(s.task_type, t);
+            assert!(s.adapted.is_empty(), "{t}");
         }
         // The run name names a created task; a given task needs no name.
-        let s = with(&|_| {}).unwrap().unwrap();
-        assert!(check_task_name(&s, "ab").is_err());
-        assert!(check_task_name(&s, "abc").is_ok());
-        let given = Settings {
+        let s = with(&|_| {});
+        let mut short = s.clone();
+        fit_task_name(&mut short, "ab");
+        assert_eq!(short.task_name, "ab_");
+        assert_eq!(short.adapted.len(), 1);
+        let mut fine = s.clone();
+        fit_task_name(&mut fine, "abc");
+        assert_eq!(fine.task_name, "");
+        assert!(fine.adapted.is_empty());
+        let mut given = Settings {
             task: Some("id".into()),
             ..s.clone()
         };
-        assert!(check_task_name(&given, "ab").is_ok());
-        let named = Settings {
+        fit_task_name(&mut given, "ab");
+        assert!(given.adapted.is_empty());
+        let mut named = Settings {
             task_name: "my task".into(),
             ..s
         };
-        assert!(check_task_name(&named, "ab").is_ok());
+        fit_task_name(&mut named, "ab");
+        assert_eq!(named.task_name, "my task");
+        assert_eq!(fit_name("  "), Some("___".into()));
+        assert_eq!(fit_name(" abc "), None);
     }
 
     #[test]
