@@ -29,6 +29,13 @@
 //!   its parent) takes nothing: its pages may all be its fork's now. The
 //!   next slice forgets its pages and counts exactly what is left.
 //!
+//! A process never takes away more than the pages the last count found it
+//! alone holds (none for a fork not read yet, none for a parent once it
+//! forked, until its last fork has left): a fork that execs a subprocess,
+//! a worker dropping what it inherited, a parent freeing what its workers
+//! map, let go of pages others still hold. From the lowest point it
+//! reaches, what it gains counts again.
+//!
 //! Copies on write (a worker touching its parent's Python objects: the
 //! DataLoader "copy-on-read") change no `statm` figure; the page faults
 //! that made them put the worker first in the next slice.

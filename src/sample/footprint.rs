@@ -22,7 +22,9 @@
 //! or the job's own (a container, a SLURM step, a systemd unit) — is a
 //! floor under a count (pages or Σ Pss): its anonymous charge now, which
 //! moves every tick with pages no `statm` shows (copies on write), plus
-//! the file and shared-memory part of the last count. It is checked
+//! the file and shared-memory part of the last count; and a ceiling over
+//! it (`Ceiling`): between counts the figure rises no more than the
+//! charge did since the last whole count. It is checked
 //! again every few seconds: once another process shows up in it (or a
 //! process of the tree leaves it), the floor is dropped (the cgroup
 //! source falls back to Σ Pss) and the run says so.
