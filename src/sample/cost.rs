@@ -104,8 +104,14 @@ pub(crate) struct Own {
     /// (its RSS less the shared part for a process the pass has not seen:
     /// all of it counts); `None` until first seen.
     base: Option<i128>,
-    /// Its file and shared-memory bytes when `base` was set, and when.
+    /// Its file and shared-memory bytes when `base` was set (none for a
+    /// process spawned since the last pass: all of them wait for its
+    /// read).
     shared_at_base: u64,
+    /// Its file and shared-memory bytes when it was first seen or last
+    /// read (a spawned program's libraries are no new shared memory), and
+    /// when.
+    shared_seen: u64,
     based_at: Option<Instant>,
     /// The pages the last count found it alone holds (a Σ Pss pass: its
     /// USS).
@@ -342,7 +348,7 @@ impl CostReader {
             .filter(|o| o.base.is_some())
             .map(|o| {
                 let shared = o.rss.saturating_sub(o.anon);
-                (shared.saturating_sub(o.shared_at_base), o.based_at)
+                (shared.saturating_sub(o.shared_seen), o.based_at)
             })
             .filter(|r| r.0 > 0)
     }
@@ -388,6 +394,7 @@ impl CostReader {
                 // rule) wait for a pass.
                 o.base = Some(v.parent_anon.map_or(0, |p| p.min(v.anon) as i128));
                 o.based_at = Some(now);
+                o.shared_seen = shared;
                 o.shared_at_base = if v.parent_anon.is_some() { shared } else { 0 };
                 if shared > o.shared_at_base + SHARED_RISE {
                     self.pages.urgent = true;
@@ -666,6 +673,7 @@ impl CostReader {
             if let Some(o) = self.own.get_mut(&s.pid) {
                 o.base = Some(s.anon as i128);
                 o.based_at = Some(now);
+                o.shared_seen = s.rss.saturating_sub(s.anon);
                 o.shared_at_base = s.rss.saturating_sub(s.anon);
                 o.pass_own = s.first_seen;
             }

@@ -1192,6 +1192,36 @@ mod tests {
         );
     }
 
+    /// Shared memory mapped since a read counts before the next one only
+    /// as far as the cgroup was charged for new shared memory meanwhile.
+    #[test]
+    fn new_shared_memory_counts_as_far_as_the_cgroup_was_charged() {
+        const M: u64 = 1 << 20;
+        let t0 = Instant::now();
+        let tick = |n: u64| t0 + Duration::from_millis(100 * n);
+        let fig = |rise: u64| PagesFigure {
+            used: 100 * M,
+            exact: true,
+            age_s: None,
+            passes: 1,
+            commits: 1,
+            counted_from: Some(t0),
+            shared: Some(10 * M),
+            shared_rise: rise * M,
+            shared_rise_since: Some(tick(1)),
+        };
+        let mut c = Ceiling::default();
+        for n in 0..3 {
+            c.at(tick(n), &fig(0), (90 * M, 50 * M), 0);
+        }
+        // Workers map the parent's 200 MiB tensor: no new charge, nothing.
+        c.at(tick(3), &fig(200), (90 * M, 50 * M), 0);
+        assert_eq!(c.new_shared(&fig(200), 50 * M), 0);
+        // The parent writes 120 MiB of a new one: those count.
+        c.at(tick(4), &fig(320), (90 * M, 170 * M), 0);
+        assert_eq!(c.new_shared(&fig(320), 170 * M), 120 * M);
+    }
+
     /// Auto, without a page count (no root, or pages that cannot be read):
     /// a cgroup holding only the job is no longer the figure but the floor
     /// under Σ Pss: its anonymous charge plus the file and shared part of
