@@ -279,7 +279,7 @@ def main():
 
     print(f"memtrack: {os.path.realpath(a.memtrack)}; interval {a.interval}; "
           f"budget {a.budget if a.budget is not None else 'default'}")
-    print(f"job: {a.tensor_mb} MiB tensor, {a.strings} strings, {a.workers} persistent workers, "
+    print(f"job: {a.tensor_mb} MiB tensor, {a.strings} strings, {a.workers} {'re-forked' if a.transient else 'persistent'} workers{', a subprocess every 20 batches' if a.subprocess else ''}, "
           f"{a.epochs} epochs; {wall:.1f} s")
     print("t: seconds since memtrack started")
     print(f"{'point':10} {'t (s)':>7} {'procs':>5} {'truth MiB':>10} {'memtrack':>9} "
