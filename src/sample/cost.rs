@@ -108,11 +108,7 @@ pub(crate) struct Own {
     /// process spawned since the last pass: all of them wait for its
     /// read).
     shared_at_base: u64,
-    /// Its file and shared-memory bytes when it was first seen or last
-    /// read (a spawned program's libraries are no new shared memory), and
-    /// when.
-    shared_seen: u64,
-    based_at: Option<Instant>,
+
     /// The pages the last count found it alone holds (a Σ Pss pass: its
     /// USS).
     pass_own: u64,
@@ -261,13 +257,6 @@ pub(crate) struct PagesFigure {
     /// Bytes of file pages and shared memory in the last page count (none
     /// for Σ Pss).
     pub(crate) shared: Option<u64>,
-    /// What each process's file and shared-memory pages rose by since its
-    /// part of the count was read, summed: pages the figure leaves out
-    /// until its next read (they may be pages the tree holds already: a
-    /// worker mapping its parent's shared tensor).
-    pub(crate) shared_rise: u64,
-    /// When the earliest of those reads was.
-    pub(crate) shared_rise_since: Option<Instant>,
 }
 
 impl CostReader {
@@ -335,22 +324,7 @@ impl CostReader {
             commits: self.pages.commits,
             counted_from: self.pages.counted_from,
             shared: self.pages.shared,
-            shared_rise: self.shared_rises().map(|r| r.0).sum(),
-            shared_rise_since: self.shared_rises().filter_map(|r| r.1).min(),
         })
-    }
-
-    /// Each process's rise of file and shared-memory pages since its base,
-    /// where it rose, and when its base was set.
-    fn shared_rises(&self) -> impl Iterator<Item = (u64, Option<Instant>)> + '_ {
-        self.own
-            .values()
-            .filter(|o| o.base.is_some())
-            .map(|o| {
-                let shared = o.rss.saturating_sub(o.anon);
-                (shared.saturating_sub(o.shared_seen), o.based_at)
-            })
-            .filter(|r| r.0 > 0)
     }
 
     /// One tick: the tree's processes now (`tree`) and those that left.
@@ -393,8 +367,6 @@ impl CostReader {
                 // pages (libraries the tree has loaded already, as a
                 // rule) wait for a pass.
                 o.base = Some(v.parent_anon.map_or(0, |p| p.min(v.anon) as i128));
-                o.based_at = Some(now);
-                o.shared_seen = shared;
                 o.shared_at_base = if v.parent_anon.is_some() { shared } else { 0 };
                 if shared > o.shared_at_base + SHARED_RISE {
                     self.pages.urgent = true;
@@ -668,12 +640,10 @@ impl CostReader {
     }
 
     /// Each process read counted from its anonymous memory then.
-    fn rebase(&mut self, now: Instant, seen: &[super::pages::Seen]) {
+    fn rebase(&mut self, seen: &[super::pages::Seen]) {
         for s in seen {
             if let Some(o) = self.own.get_mut(&s.pid) {
                 o.base = Some(s.anon as i128);
-                o.based_at = Some(now);
-                o.shared_seen = s.rss.saturating_sub(s.anon);
                 o.shared_at_base = s.rss.saturating_sub(s.anon);
                 o.pass_own = s.first_seen;
             }
@@ -683,7 +653,7 @@ impl CostReader {
     /// A slice of the page count: its figure, each process it read
     /// counted from then, and the departures it no longer holds done with.
     fn commit_slice(&mut self, now: Instant, s: &Slice) {
-        self.rebase(now, &s.read);
+        self.rebase(&s.read);
         for &(pid, alone) in &s.alone {
             if let Some(o) = self.own.get_mut(&pid) {
                 o.pass_own = alone;
@@ -705,7 +675,7 @@ impl CostReader {
     /// A complete Σ Pss pass: its sum, and each process it read counted
     /// from its anonymous memory then.
     fn commit(&mut self, now: Instant, p: &Pass) {
-        self.rebase(now, &p.seen);
+        self.rebase(&p.seen);
         self.pages.total = Some(p.bytes);
         self.pages.shared = Some(p.shared);
         self.pages.commits += 1;

@@ -157,9 +157,6 @@ pub struct FootprintReader {
     ceiling: Ceiling,
 }
 
-/// How long the cgroup's shared-memory charge is remembered.
-const SHMEM_HISTORY: Duration = Duration::from_secs(60);
-
 /// A ceiling over a count carried forward, where a memory cgroup holds only
 /// the job: the kernel charges the cgroup for every anonymous page when it
 /// is made (a copy on write included), so between two counts the tree
@@ -176,9 +173,7 @@ struct Ceiling {
     /// Whole counts (`passes`) and counts taken in (`commits`) seen.
     passes: u64,
     commits: u64,
-    /// The cgroup's shared-memory charge at each tick of the last minute,
-    /// and at the last whole count.
-    shmem: std::collections::VecDeque<(Instant, u64)>,
+    /// The cgroup's shared-memory charge at the last whole count.
     shmem_at_anchor: u64,
     /// The anonymous charge at each tick since the last count was taken
     /// in.
@@ -237,34 +232,7 @@ impl Ceiling {
             self.charges.clear();
             self.charges.push((now, charge));
         }
-        self.shmem.push_back((now, shmem));
-        while self
-            .shmem
-            .front()
-            .is_some_and(|s| now.saturating_duration_since(s.0) > SHMEM_HISTORY)
-        {
-            self.shmem.pop_front();
-        }
         self.anchor.map(over)
-    }
-
-    /// Shared memory the processes mapped since their reads that the
-    /// cgroup was charged for since then (from the lowest charge since the
-    /// earliest of those reads): new pages (a tensor written to
-    /// `/dev/shm`), not pages the tree held already (a worker mapping its
-    /// parent's).
-    fn new_shared(&self, fig: &PagesFigure, shmem: u64) -> u64 {
-        let Some(since) = fig.shared_rise_since else {
-            return 0;
-        };
-        let low = self
-            .shmem
-            .iter()
-            .filter(|s| s.0 >= since)
-            .map(|s| s.1)
-            .min()
-            .unwrap_or(shmem);
-        fig.shared_rise.min(shmem.saturating_sub(low))
     }
 }
 
@@ -616,12 +584,7 @@ impl FootprintReader {
             .map(|r| (r.stat.anon.saturating_sub(own), r.stat.shmem));
         let floor = charge.map_or(0, |c| c.0 + fig.shared.unwrap_or(0));
         let ceiling = charge.and_then(|c| self.ceiling.at(now, &fig, c, floor));
-        // New shared memory a process made since its read, as the cgroup's
-        // shared-memory charge confirms it.
-        let shm = charge.map_or(0, |c| self.ceiling.new_shared(&fig, c.1));
-        let used = ceiling
-            .map_or(fig.used + shm, |c| (fig.used + shm).min(c))
-            .max(floor);
+        let used = ceiling.map_or(fig.used, |c| fig.used.min(c)).max(floor);
         let (reads, cpu) = tree.cost().cost();
         host.footprint = Some(Footprint {
             source,
@@ -1145,8 +1108,6 @@ mod tests {
             commits,
             counted_from: Some(tick(from)),
             shared: Some(shared * M),
-            shared_rise: 0,
-            shared_rise_since: None,
         };
         let mut c = Ceiling::default();
         // Before any whole count: none.
@@ -1190,36 +1151,6 @@ mod tests {
             c.at(tick(12), &fig(400, 2, 4, 10, 50), (300 * M, 0), 350 * M),
             Some(580 * M)
         );
-    }
-
-    /// Shared memory mapped since a read counts before the next one only
-    /// as far as the cgroup was charged for new shared memory meanwhile.
-    #[test]
-    fn new_shared_memory_counts_as_far_as_the_cgroup_was_charged() {
-        const M: u64 = 1 << 20;
-        let t0 = Instant::now();
-        let tick = |n: u64| t0 + Duration::from_millis(100 * n);
-        let fig = |rise: u64| PagesFigure {
-            used: 100 * M,
-            exact: true,
-            age_s: None,
-            passes: 1,
-            commits: 1,
-            counted_from: Some(t0),
-            shared: Some(10 * M),
-            shared_rise: rise * M,
-            shared_rise_since: Some(tick(1)),
-        };
-        let mut c = Ceiling::default();
-        for n in 0..3 {
-            c.at(tick(n), &fig(0), (90 * M, 50 * M), 0);
-        }
-        // Workers map the parent's 200 MiB tensor: no new charge, nothing.
-        c.at(tick(3), &fig(200), (90 * M, 50 * M), 0);
-        assert_eq!(c.new_shared(&fig(200), 50 * M), 0);
-        // The parent writes 120 MiB of a new one: those count.
-        c.at(tick(4), &fig(320), (90 * M, 170 * M), 0);
-        assert_eq!(c.new_shared(&fig(320), 170 * M), 120 * M);
     }
 
     /// Auto, without a page count (no root, or pages that cannot be read):
