@@ -3,7 +3,8 @@
 
     sudo PY bench/torch_truth.py [--memtrack BIN] [--interval 200ms]
         [--epochs 3] [--tensor-mb 512] [--strings 600000] [--workers 4]
-        [--settle 20] [--budget 0.02] [-- EXTRA memtrack run ARGS]
+        [--settle 20] [--budget 0.02] [--transient] [--subprocess]
+        [--hogs N] [-- EXTRA memtrack run ARGS]
 
 PY is a Python with torch (numpy makes the page count faster, not needed).
 Runs, under `memtrack run`, a DataLoader job: a parent holding a float
@@ -194,11 +195,15 @@ def job(a):
            settle_s=waited, processes=1)
 
     loader = torch.utils.data.DataLoader(
-        data, batch_size=512, shuffle=True, num_workers=a.workers, persistent_workers=True)
+        data, batch_size=512, shuffle=True, num_workers=a.workers,
+        persistent_workers=not a.transient)
     total = 0
     for epoch in range(1, a.epochs + 1):
-        for batch in loader:
+        for i, batch in enumerate(loader):
             total += int(batch[:, 0].sum())
+            if a.subprocess and i % 20 == 0:
+                # A tokenizer, a git call, a data tool.
+                subprocess.run([sys.executable, "-c", "pass"])
         pids = tree(me)
         truth = distinct_bytes(pids) / MIB
         used, at = figure("epoch_end", {"truth_mb": f"{truth:.1f}", "epoch": str(epoch)})
@@ -227,6 +232,12 @@ def main():
     ap.add_argument("--budget", type=float, default=None,
                     help="host.pss_budget (share of one core; memtrack's default when left out)")
     ap.add_argument("--keep", action="store_true", help="keep the run folder")
+    ap.add_argument("--transient", action="store_true",
+                    help="workers re-forked each epoch (persistent_workers=False, PyTorch's default)")
+    ap.add_argument("--subprocess", action="store_true",
+                    help="run `python -c pass` every 20 batches while training")
+    ap.add_argument("--hogs", type=int, default=0,
+                    help="CPU hogs (busy loops) to run beside the job")
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("extra", nargs="*", help="more `memtrack run` arguments (after --)")
@@ -242,13 +253,20 @@ def main():
            "--output", os.path.join(out, "runs"), "--name", "torch-truth", *a.extra, "--",
            sys.executable, os.path.abspath(__file__), "--job", results,
            "--epochs", str(a.epochs), "--tensor-mb", str(a.tensor_mb),
-           "--strings", str(a.strings), "--workers", str(a.workers), "--settle", str(a.settle)]
+           "--strings", str(a.strings), "--workers", str(a.workers), "--settle", str(a.settle),
+           *(["--transient"] if a.transient else []), *(["--subprocess"] if a.subprocess else [])]
     env = dict(os.environ)
     if a.budget is not None:
         env["MEMTRACK_HOST_PSS_BUDGET"] = str(a.budget)
     started = time.time()
     cmd += ["--t0", str(started)]
-    proc = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(a.hogs)]
+    try:
+        proc = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
     wall = time.time() - started
     with open(os.path.join(out, "memtrack.stderr"), "w") as f:
         f.write(proc.stderr)
@@ -261,7 +279,7 @@ def main():
 
     print(f"memtrack: {os.path.realpath(a.memtrack)}; interval {a.interval}; "
           f"budget {a.budget if a.budget is not None else 'default'}")
-    print(f"job: {a.tensor_mb} MiB tensor, {a.strings} strings, {a.workers} persistent workers, "
+    print(f"job: {a.tensor_mb} MiB tensor, {a.strings} strings, {a.workers} {'re-forked' if a.transient else 'persistent'} workers{', a subprocess every 20 batches' if a.subprocess else ''}, "
           f"{a.epochs} epochs; {wall:.1f} s")
     print("t: seconds since memtrack started")
     print(f"{'point':10} {'t (s)':>7} {'procs':>5} {'truth MiB':>10} {'memtrack':>9} "

@@ -236,7 +236,7 @@ fn spawn_job(
     opts: FootprintOptions,
     run_id: &str,
 ) -> Result<(std::process::Child, FootprintReader), target::TargetError> {
-    if matches!(opts.choice, SourceChoice::Pss | SourceChoice::Rss) {
+    if opts.choice == SourceChoice::Rss {
         return Ok((target::spawn(argv, env)?, FootprintReader::new(opts, None)));
     }
     let why = match footprint::job_cgroup(&opts.proc_root, run_id) {

@@ -321,6 +321,8 @@ pub(crate) fn memory_info(snap: &Snapshot) -> serde_json::Value {
                 "rss_mb": p.rss_bytes as f64 / MIB, "hwm_mb": p.hwm_bytes as f64 / MIB,
                 "peak_rss_mb": p.peak_rss_bytes as f64 / MIB,
                 "gpu_mb": p.gpu_bytes.values().sum::<u64>() as f64 / MIB,
+                "uss_mb": p.uss_bytes.map(|b| b as f64 / MIB),
+                "pss_mb": p.pss_bytes.map(|b| b as f64 / MIB),
             })
         })
         .collect();
@@ -662,5 +664,23 @@ mod tests {
         let v = memory_info(&snap);
         assert_eq!(v["gpus"][0]["memory_usage_percent"], 87.0);
         assert!((v["gpus"][0]["free_memory_gb"].as_f64().unwrap() - 130.0 / 1024.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn memory_info_gives_each_process_its_own_cost() {
+        let mut snap = Snapshot::default();
+        for (pid, own) in [(10, Some((64u64 << 20, 48u64 << 20))), (11, None)] {
+            snap.processes.push(crate::store::snapshot::ProcessNow {
+                pid,
+                rss_bytes: 100 << 20,
+                pss_bytes: own.map(|o| o.0),
+                uss_bytes: own.map(|o| o.1),
+                ..Default::default()
+            });
+        }
+        let v = memory_info(&snap);
+        assert_eq!(v["processes"][0]["pss_mb"], 64.0);
+        assert_eq!(v["processes"][0]["uss_mb"], 48.0);
+        assert!(v["processes"][1]["uss_mb"].is_null(), "not read yet");
     }
 }

@@ -29,6 +29,13 @@
 //!   its parent) takes nothing: its pages may all be its fork's now. The
 //!   next slice forgets its pages and counts exactly what is left.
 //!
+//! A process never takes away more than the pages the last count found it
+//! alone holds (none for a fork not read yet, none for a parent once it
+//! forked, until its last fork has left): a fork that execs a subprocess,
+//! a worker dropping what it inherited, a parent freeing what its workers
+//! map, let go of pages others still hold. From the lowest point it
+//! reaches, what it gains counts again.
+//!
 //! Copies on write (a worker touching its parent's Python objects: the
 //! DataLoader "copy-on-read") change no `statm` figure; the page faults
 //! that made them put the worker first in the next slice.
@@ -52,6 +59,12 @@ const PAGES_EVERY: Duration = Duration::from_secs(2);
 /// How often the page count looks for processes to read again (their
 /// fault counts) when nothing calls for it sooner.
 const ROLL_EVERY: Duration = Duration::from_millis(500);
+
+/// A process this young is read for its own cost, before the longest
+/// unread, once its age has doubled since its last read (at least
+/// [`YOUNG_FIRST`] after it was first seen).
+const YOUNG: Duration = Duration::from_secs(60);
+const YOUNG_FIRST: Duration = Duration::from_millis(250);
 
 /// A rise of a process's file and shared-memory pages beyond this makes a
 /// pass (or a slice of the page count) due at once.
@@ -83,23 +96,63 @@ pub(crate) struct Own {
     /// Read with this sample.
     pub(crate) fresh: bool,
     read_at: Option<Instant>,
+    /// When it was first seen.
+    born: Option<Instant>,
+    /// The process it was forked from.
+    parent: Option<u32>,
     /// The anonymous bytes its part of the page figure is counted from
     /// (its RSS less the shared part for a process the pass has not seen:
     /// all of it counts); `None` until first seen.
     base: Option<i128>,
-    /// Its file and shared-memory bytes when `base` was set.
+    /// Its file and shared-memory bytes when `base` was set (none for a
+    /// process spawned since the last pass: all of them wait for its
+    /// read).
     shared_at_base: u64,
+
     /// The pages the last count found it alone holds (a Σ Pss pass: its
     /// USS).
     pass_own: u64,
+    /// `pass_own` when it forked (none alone since): its own again once
+    /// its last fork has left.
+    own_before_fork: Option<u64>,
     rss: u64,
     anon: u64,
 }
 
 impl Own {
-    /// Its part of the page figure beyond the last pass.
+    /// Its part of the page figure beyond the last pass: its change of
+    /// anonymous memory since, but no less than minus the pages the last
+    /// count found it alone holds. A process can take away only its own
+    /// pages: one that lets go of pages it shares (a fork dropping what
+    /// it inherited, a fork that execs, a parent freeing what its workers
+    /// still map) leaves them with the others.
     fn contribution(&self) -> i128 {
-        self.base.map_or(0, |b| self.anon as i128 - b)
+        self.base
+            .map_or(0, |b| (self.anon as i128 - b).max(-(self.pass_own as i128)))
+    }
+
+    /// Young (under [`YOUNG`]) and its age has doubled since its last own
+    /// read (a worker living 4 s is read at about 0.5, 1 and 2 s: once in
+    /// the second half of its life, whenever it ends).
+    fn young_due(&self, now: Instant) -> bool {
+        let (Some(born), Some(at)) = (self.born, self.read_at) else {
+            return false;
+        };
+        let age = now.saturating_duration_since(born);
+        age < YOUNG && age >= 2 * at.saturating_duration_since(born).max(YOUNG_FIRST)
+    }
+
+    /// Takes its anonymous bytes now. A fall below what it can take away
+    /// moves its base down with it, so what it gains from there (an exec'd
+    /// program's own memory) counts.
+    fn set_anon(&mut self, anon: u64) {
+        self.anon = anon;
+        if let Some(b) = self.base {
+            let lowest = anon as i128 + self.pass_own as i128;
+            if b > lowest {
+                self.base = Some(lowest);
+            }
+        }
     }
 }
 
@@ -146,6 +199,8 @@ struct Pages {
     /// Why pages cannot be counted (no permission, a read error).
     failed: Option<String>,
     passes: u64,
+    commits: u64,
+    counted_from: Option<Instant>,
     /// What a pass counts.
     kind: PassKind,
     /// Bumped when a Σ Pss pass is dropped: a slice handed over before
@@ -193,6 +248,12 @@ pub(crate) struct PagesFigure {
     /// Seconds since the last complete pass.
     pub(crate) age_s: Option<f64>,
     pub(crate) passes: u64,
+    /// Slices of the page count (or Σ Pss passes) taken in so far: a
+    /// change says a count was committed since.
+    pub(crate) commits: u64,
+    /// When the reads of the last count taken in began (its slice, or its
+    /// Σ Pss pass, was handed over).
+    pub(crate) counted_from: Option<Instant>,
     /// Bytes of file pages and shared memory in the last page count (none
     /// for Σ Pss).
     pub(crate) shared: Option<u64>,
@@ -260,6 +321,8 @@ impl CostReader {
                 .committed_at
                 .map(|t| now.saturating_duration_since(t).as_secs_f64()),
             passes: self.pages.passes,
+            commits: self.pages.commits,
+            counted_from: self.pages.counted_from,
             shared: self.pages.shared,
         })
     }
@@ -282,11 +345,19 @@ impl CostReader {
             if v.parent.is_some() && self.own.get(&v.pid).is_none_or(|o| o.base.is_none()) {
                 // A fork re-divides its parent's pages.
                 self.spoil();
+                // Its parent holds none of them alone any more.
+                if let Some(p) = v.parent.and_then(|p| self.own.get_mut(&p)) {
+                    let before = p.own_before_fork.unwrap_or(0).max(p.pass_own);
+                    p.own_before_fork = Some(before);
+                    p.pass_own = 0;
+                }
             }
             let o = self.own.entry(v.pid).or_default();
+            o.born.get_or_insert(now);
+            o.parent = v.parent;
             let shared_before = o.base.map(|_| o.rss.saturating_sub(o.anon));
             o.rss = v.rss;
-            o.anon = v.anon;
+            o.set_anon(v.anon);
             let shared = v.rss.saturating_sub(v.anon);
             // Mapping or unmapping pages others map re-divides their shares.
             let remapped = shared_before.is_some_and(|b| b.abs_diff(shared) > SHARED_RISE);
@@ -407,18 +478,21 @@ impl CostReader {
             let due = |at: Option<Instant>| {
                 at.is_none_or(|t| now.saturating_duration_since(t) >= interval)
             };
-            // Never read first, then the longest unread.
-            let mut order: Vec<(Option<Instant>, u32)> = tree
+            // Never read first, then the young whose age doubled since
+            // their last read, then the longest unread.
+            let mut order: Vec<(u8, Option<Instant>, u32)> = tree
                 .iter()
                 .filter(|v| v.rss > 0 && v.rss <= self.opts.max_rss)
                 .filter_map(|v| {
-                    let at = self.own.get(&v.pid).and_then(|o| o.read_at);
-                    due(at).then_some((at, v.pid))
+                    let o = self.own.get(&v.pid);
+                    let at = o.and_then(|o| o.read_at);
+                    let young = o.is_some_and(|o| o.young_due(now));
+                    due(at).then_some((u8::from(at.is_some()) + u8::from(!young), at, v.pid))
                 })
                 .collect();
             order.sort_unstable();
             if let Some(reader) = &mut self.reader {
-                reader.submit(order.into_iter().map(|(_, pid)| pid).collect());
+                reader.submit(order.into_iter().map(|(_, _, pid)| pid).collect());
             }
         }
     }
@@ -487,6 +561,20 @@ impl CostReader {
         };
         // Its own pages stay in the count until a count no longer holds it.
         self.pages.exits.push((pid, c - private));
+        // Its parent's last fork gone, what the parent held alone before
+        // it forked is its own again.
+        if let Some(parent) = o.parent {
+            if !tree
+                .iter()
+                .any(|v| v.parent == Some(parent) && v.pid != pid)
+            {
+                if let Some(p) = self.own.get_mut(&parent) {
+                    if let Some(before) = p.own_before_fork.take() {
+                        p.pass_own = p.pass_own.max(before);
+                    }
+                }
+            }
+        }
     }
 
     fn found(&mut self, now: Instant, found: Found) {
@@ -573,6 +661,8 @@ impl CostReader {
         }
         self.pages.total = Some(s.bytes);
         self.pages.shared = Some(s.shared_bytes);
+        self.pages.commits += 1;
+        self.pages.counted_from = self.pages.rolled_at;
         self.pages
             .exits
             .retain(|(pid, _)| s.alone.iter().any(|a| a.0 == *pid));
@@ -588,6 +678,8 @@ impl CostReader {
         self.rebase(&p.seen);
         self.pages.total = Some(p.bytes);
         self.pages.shared = Some(p.shared);
+        self.pages.commits += 1;
+        self.pages.counted_from = self.pages.started_at;
         self.pages
             .exits
             .retain(|(pid, _)| p.seen.iter().any(|s| s.pid == *pid));
@@ -736,6 +828,73 @@ mod tests {
             read: pid_figures.len(),
             complete: true,
         }
+    }
+
+    #[test]
+    fn a_fork_that_execs_takes_none_of_its_parents_pages_and_adds_its_own() {
+        // A 1 GiB parent runs a subprocess: the fork (or vfork) shows its
+        // parent's memory, then execs a small program, which exits.
+        let now = Instant::now();
+        let mut r = reader();
+        r.update(now, &[view(1, 1044, 1024, false)], &[]);
+        r.found(now, slice(&[(1, 1044, 1024, 1030)], &[(1, 1030)], 1030));
+        let fork = View {
+            parent_anon: Some(1024 * M),
+            ..view(2, 1044, 1024, true)
+        };
+        r.update(now, &[view(1, 1044, 1024, false), fork], &[]);
+        assert_eq!(used(&r, now), 1030, "a fork adds no page");
+        // The count reads it before it execs: all its pages are its
+        // parent's too.
+        r.found(now, slice(&[(2, 1044, 1024, 0)], &[(1, 0), (2, 0)], 1030));
+        // It execs: its anonymous memory falls to 5 MiB.
+        let execd = view(2, 9, 5, true);
+        r.update(now, &[view(1, 1044, 1024, false), execd], &[]);
+        assert_eq!(
+            used(&r, now),
+            1030,
+            "the exec takes none of the parent's pages"
+        );
+        // The program writes 30 MiB of its own: they count.
+        r.update(
+            now,
+            &[view(1, 1044, 1024, false), view(2, 39, 35, true)],
+            &[],
+        );
+        assert_eq!(used(&r, now), 1060);
+        // It exits: its own pages go, no more.
+        r.update(now, &[view(1, 1044, 1024, false)], &[2]);
+        assert_eq!(used(&r, now), 1030);
+        // The same in a Σ Pss pass's terms: no collapse either.
+        let mut r = reader();
+        r.count_pss();
+        r.update(now, &[view(1, 1044, 1024, false)], &[]);
+        r.pages.running = true;
+        r.pages.todo = vec![1];
+        r.pages.in_flight = Some(r.pages.generation);
+        r.found(now, pss_pass(&[(1, 1044, 1024, 1024)], 1030));
+        assert_eq!(used(&r, now), 1030);
+        r.update(now, &[view(1, 1044, 1024, false), fork], &[]);
+        r.update(now, &[view(1, 1044, 1024, false), execd], &[]);
+        assert_eq!(used(&r, now), 1030, "Σ Pss: no collapse on exec");
+        r.update(now, &[view(1, 1044, 1024, false)], &[2]);
+        assert_eq!(used(&r, now), 1030);
+    }
+
+    #[test]
+    fn a_parent_freeing_what_its_forks_still_map_keeps_them_counted() {
+        let now = Instant::now();
+        let mut r = reader();
+        r.update(now, &[view(1, 500, 480, false)], &[]);
+        r.found(now, slice(&[(1, 500, 480, 480)], &[(1, 480)], 480));
+        let tree = [view(1, 500, 480, false), view(2, 500, 480, true)];
+        r.update(now, &tree, &[]);
+        // The parent drops 200 MiB its fork still maps.
+        r.update(now, &[view(1, 300, 280, false), tree[1]], &[]);
+        assert_eq!(used(&r, now), 480, "the fork still holds them");
+        // What it allocates afterwards counts.
+        r.update(now, &[view(1, 350, 330, false), tree[1]], &[]);
+        assert_eq!(used(&r, now), 530);
     }
 
     #[test]

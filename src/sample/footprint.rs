@@ -22,7 +22,9 @@
 //! or the job's own (a container, a SLURM step, a systemd unit) — is a
 //! floor under a count (pages or Σ Pss): its anonymous charge now, which
 //! moves every tick with pages no `statm` shows (copies on write), plus
-//! the file and shared-memory part of the last count. It is checked
+//! the file and shared-memory part of the last count; and a ceiling over
+//! it (`Ceiling`): between counts the figure rises no more than the
+//! charge did since the last whole count. It is checked
 //! again every few seconds: once another process shows up in it (or a
 //! process of the tree leaves it), the floor is dropped (the cgroup
 //! source falls back to Σ Pss) and the run says so.
@@ -35,6 +37,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::cgroup::{self, Cgroup, CgroupError, Hierarchies};
+use super::cost::PagesFigure;
 use super::host::{Footprint, HostSample};
 use super::parse::parse_statm;
 use super::procfs::ProcTree;
@@ -52,7 +55,8 @@ pub enum SourceChoice {
     Pages,
     /// A memory cgroup holding only the job, else Σ Pss (no page count).
     Cgroup,
-    /// Σ Pss even where a cgroup could be had.
+    /// Σ Pss even where a cgroup could be had (a cgroup holding only the
+    /// job is its floor and ceiling, as under the page count).
     Pss,
     /// The plain RSS sum (overcounts shared pages).
     Rss,
@@ -149,6 +153,87 @@ pub struct FootprintReader {
     self_statm: Option<File>,
     self_pid: u32,
     page_size: u64,
+    /// The count the ceiling rests on (see [`Ceiling`]).
+    ceiling: Ceiling,
+}
+
+/// A ceiling over a count carried forward, where a memory cgroup holds only
+/// the job: the kernel charges the cgroup for every anonymous page when it
+/// is made (a copy on write included), so between two counts the tree
+/// cannot have gained more anonymous pages than the charge rose, nor more
+/// file and shared pages than the counts found.
+///
+/// It rests on the figure at the last whole count (every process read),
+/// and on the lowest charge seen while that count's reads ran (from the
+/// tick they began to the tick they were taken in): a charge that
+/// rose meanwhile may already be in the count, and then lifts the ceiling
+/// only higher, never below the truth.
+#[derive(Debug, Default, Clone)]
+struct Ceiling {
+    /// Whole counts (`passes`) and counts taken in (`commits`) seen.
+    passes: u64,
+    commits: u64,
+    /// The cgroup's shared-memory charge at the last whole count.
+    shmem_at_anchor: u64,
+    /// The anonymous charge at each tick since the last count was taken
+    /// in.
+    charges: Vec<(Instant, u64)>,
+    /// At the last whole count: the figure, its file and shared part, and
+    /// the charge.
+    anchor: Option<(u64, u64, u64)>,
+}
+
+impl Ceiling {
+    /// The ceiling at `now`, over `fig` and the anonymous `charge`, and the
+    /// `floor` under it; `None` before the first whole count.
+    fn at(
+        &mut self,
+        now: Instant,
+        fig: &PagesFigure,
+        (charge, shmem): (u64, u64),
+        floor: u64,
+    ) -> Option<u64> {
+        if self.charges.len() >= 1024 {
+            // A count that takes this long: the two oldest as one, their
+            // lower charge at the earlier time.
+            let low = self.charges[0].1.min(self.charges[1].1);
+            self.charges[1] = (self.charges[0].0, low);
+            self.charges.remove(0);
+        }
+        self.charges.push((now, charge));
+        let shared = fig.shared.unwrap_or(0);
+        let shmem_rise = shmem.saturating_sub(self.shmem_at_anchor);
+        let over = |a: (u64, u64, u64)| {
+            a.0 + charge.saturating_sub(a.2) + shared.saturating_sub(a.1) + shmem_rise
+        };
+        if fig.commits != self.commits {
+            self.commits = fig.commits;
+            if fig.exact && fig.passes != self.passes {
+                self.passes = fig.passes;
+                // The lowest charge from the tick the reads began (read
+                // just after they were handed over).
+                let from = fig.counted_from.map_or(0, |t| {
+                    self.charges
+                        .iter()
+                        .position(|c| c.0 >= t)
+                        .unwrap_or(self.charges.len() - 1)
+                });
+                let low = self.charges[from..]
+                    .iter()
+                    .map(|c| c.1)
+                    .min()
+                    .unwrap_or(charge);
+                // Never above the ceiling before it: an estimate that ran
+                // high stays capped.
+                let bytes = self.anchor.map_or(fig.used, |a| fig.used.min(over(a)));
+                self.anchor = Some((bytes.max(floor), shared, low));
+                self.shmem_at_anchor = shmem;
+            }
+            self.charges.clear();
+            self.charges.push((now, charge));
+        }
+        self.anchor.map(over)
+    }
 }
 
 impl std::fmt::Debug for FootprintReader {
@@ -164,7 +249,7 @@ impl FootprintReader {
     /// cgroup could not be created: `why_not` says why).
     pub fn new(opts: FootprintOptions, why_not: Option<String>) -> FootprintReader {
         let self_statm = File::open(opts.proc_root.join("self/statm")).ok();
-        let pss_over_cgroup = opts.choice == SourceChoice::Auto;
+        let pss_over_cgroup = matches!(opts.choice, SourceChoice::Auto | SourceChoice::Pss);
         // Page frame numbers read as 0 without CAP_SYS_ADMIN; a root
         // without it is found out by the first pass.
         let pages = match opts.choice {
@@ -174,21 +259,15 @@ impl FootprintReader {
             _ => PagesMode::Off,
         };
         let (state, info) = match opts.choice {
-            SourceChoice::Auto | SourceChoice::Pages | SourceChoice::Cgroup => (
-                SourceState::Undecided,
-                SourceInfo {
-                    reason: why_not.unwrap_or_default(),
-                    ..SourceInfo::default()
-                },
-            ),
-            SourceChoice::Pss => (
-                SourceState::Pss,
-                SourceInfo {
-                    source: HostSource::Pss,
-                    reason: "host.source = pss".into(),
-                    ..SourceInfo::default()
-                },
-            ),
+            SourceChoice::Auto | SourceChoice::Pages | SourceChoice::Cgroup | SourceChoice::Pss => {
+                (
+                    SourceState::Undecided,
+                    SourceInfo {
+                        reason: why_not.unwrap_or_default(),
+                        ..SourceInfo::default()
+                    },
+                )
+            }
             SourceChoice::Rss => (
                 SourceState::Rss,
                 SourceInfo {
@@ -212,6 +291,7 @@ impl FootprintReader {
             self_statm,
             self_pid: std::process::id(),
             page_size: crate::sys::page_size(),
+            ceiling: Ceiling::default(),
         }
     }
 
@@ -497,10 +577,14 @@ impl FootprintReader {
         } else {
             0
         };
-        let floor = below.cgroup.as_ref().filter(|_| self.floor).map_or(0, |r| {
-            r.stat.anon.saturating_sub(own) + fig.shared.unwrap_or(0)
-        });
-        let used = fig.used.max(floor);
+        let charge = below
+            .cgroup
+            .as_ref()
+            .filter(|_| self.floor)
+            .map(|r| (r.stat.anon.saturating_sub(own), r.stat.shmem));
+        let floor = charge.map_or(0, |c| c.0 + fig.shared.unwrap_or(0));
+        let ceiling = charge.and_then(|c| self.ceiling.at(now, &fig, c, floor));
+        let used = ceiling.map_or(fig.used, |c| fig.used.min(c)).max(floor);
         let (reads, cpu) = tree.cost().cost();
         host.footprint = Some(Footprint {
             source,
@@ -996,6 +1080,68 @@ mod tests {
             },
             Some("memtrack does not create cgroups on cgroup v2".into()),
         )
+    }
+
+    /// The ceiling over a count carried forward: the figure at the last
+    /// whole count plus the rise of the cgroup's anonymous charge since
+    /// (and of the count's file and shared pages); never lower than the
+    /// floor, and never raised by an estimate that runs high.
+    #[test]
+    fn between_counts_the_figure_rises_no_more_than_the_charge() {
+        const M: u64 = 1 << 20;
+        let t0 = Instant::now();
+        let tick = |n: u64| t0 + Duration::from_millis(100 * n);
+        let fig = |used: u64, passes: u64, commits: u64, from: u64, shared: u64| PagesFigure {
+            used: used * M,
+            exact: passes > 0,
+            age_s: None,
+            passes,
+            commits,
+            counted_from: Some(tick(from)),
+            shared: Some(shared * M),
+        };
+        let mut c = Ceiling::default();
+        // Before any whole count: none.
+        assert_eq!(
+            c.at(tick(0), &fig(100, 0, 1, 0, 10), (90 * M, 0), 100 * M),
+            None
+        );
+        // The job grows to 480 MiB; a count is handed over at tick 5 and
+        // taken in at tick 7, whole: 500 MiB, of which 20 file and shared.
+        for n in 1..7 {
+            let charge = (90 + 78 * n.min(5)) * M;
+            assert_eq!(c.at(tick(n), &fig(100, 0, 1, 0, 10), (charge, 0), 0), None);
+        }
+        assert_eq!(
+            c.at(tick(7), &fig(500, 1, 2, 5, 20), (480 * M, 0), 500 * M),
+            Some(500 * M),
+            "the lowest charge since its reads began: 480"
+        );
+        // The job writes 50 MiB: the ceiling rises with the charge.
+        assert_eq!(
+            c.at(tick(8), &fig(520, 1, 2, 5, 20), (530 * M, 0), 550 * M),
+            Some(550 * M)
+        );
+        // Forks appear and the estimate runs 470 MiB high: capped.
+        let f = fig(1000, 1, 2, 5, 20);
+        assert_eq!(c.at(tick(9), &f, (530 * M, 0), 550 * M), Some(550 * M));
+        // A slice brings 30 MiB more of file pages: they lift it.
+        assert_eq!(
+            c.at(tick(10), &fig(1000, 1, 3, 9, 50), (530 * M, 0), 580 * M),
+            Some(580 * M)
+        );
+        // The next whole count read high: the anchor stays under the
+        // ceiling it had.
+        assert_eq!(
+            c.at(tick(11), &fig(1000, 2, 4, 10, 50), (530 * M, 0), 580 * M),
+            Some(580 * M)
+        );
+        // The charge falls: the ceiling stays on the count it rests on
+        // (the floor follows the charge down).
+        assert_eq!(
+            c.at(tick(12), &fig(400, 2, 4, 10, 50), (300 * M, 0), 350 * M),
+            Some(580 * M)
+        );
     }
 
     /// Auto, without a page count (no root, or pages that cannot be read):

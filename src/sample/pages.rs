@@ -157,29 +157,38 @@ fn coalesced(
     })
 }
 
-/// What a process's page faults say: `minflt + majflt` from
-/// `/proc/PID/stat`. A process gains a page only through a fault (a first
-/// touch, a copy on write, a file or shared page mapped in), so one whose
-/// count has not moved since its pages were read holds the same pages, but
-/// for the kernel's own moves (compaction, huge-page collapse), which a
-/// re-read every [`STALE`] covers.
-fn faults(root: &Path, pid: u32, buf: &mut String) -> Option<u64> {
+/// What a process's page faults say, and its parent: `minflt + majflt`
+/// and `ppid` from `/proc/PID/stat`. A process gains a page only through a
+/// fault (a first touch, a copy on write, a file or shared page mapped in),
+/// so one whose count has not moved since its pages were read holds the
+/// same pages, but for the kernel's own moves (compaction, huge-page
+/// collapse), which a re-read every [`STALE`] covers.
+fn faults(root: &Path, pid: u32, buf: &mut String) -> Option<(u64, u32)> {
     use std::io::Read;
     buf.clear();
     File::open(root.join(pid.to_string()).join("stat"))
         .and_then(|mut f| f.read_to_string(buf))
         .ok()?;
     // Fields after the last `)` (the command name may hold anything),
-    // numbered from 3 as in proc(5): minflt is 10, majflt 12.
+    // numbered from 3 as in proc(5): ppid is 4, minflt 10, majflt 12.
     let rest = &buf[buf.rfind(')')? + 1..];
-    let mut f = rest.split_ascii_whitespace().skip(10 - 3);
+    let mut f = rest.split_ascii_whitespace().skip(4 - 3);
+    let ppid: u32 = f.next()?.parse().ok()?;
+    let mut f = f.skip(10 - 5);
     let minflt: u64 = f.next()?.parse().ok()?;
     let majflt: u64 = f.nth(1)?.parse().ok()?;
-    Some(minflt + majflt)
+    Some((minflt + majflt, ppid))
 }
 
 /// A process whose faults have not moved is read again after this anyway.
 pub(crate) const STALE: Duration = Duration::from_secs(10);
+
+/// A process this young whose faults moved is read again, before the most
+/// faulted, once its age has doubled since its last read (at least
+/// [`YOUNG_FIRST`] after its birth): short-lived workers are read while
+/// they hold their memory.
+const YOUNG: Duration = Duration::from_secs(60);
+const YOUNG_FIRST: Duration = Duration::from_millis(250);
 
 /// PFNs, those below 2³² in four bytes each; a page mapped twice is
 /// listed twice.
@@ -285,6 +294,8 @@ pub(crate) struct Rolling {
     counted: Slice,
     words: Vec<u8>,
     text: String,
+    /// When each process was first among those to read.
+    born: HashMap<u32, Instant>,
 }
 
 impl Rolling {
@@ -298,6 +309,7 @@ impl Rolling {
             counted: Slice::default(),
             words: Vec::new(),
             text: String::new(),
+            born: HashMap::new(),
         }
     }
 
@@ -361,32 +373,58 @@ impl Rolling {
     }
 
     /// The processes to read, in order, with their fault counts now.
+    ///
+    /// The one a slice stopped in; the never read, each after its parent
+    /// when that is due too (a fork's pages are its parent's: read before
+    /// its parent's own read has caught up, they would bring in the
+    /// parent's pages its carried-forward figure already counts); the
+    /// young whose faults moved and whose age has doubled since their last
+    /// read (a worker living 4 s is read at about 0.5, 1 and 2 s: once in
+    /// the second half of its life, whenever it ends); the most faulted;
+    /// the stale.
     fn due(&mut self, root: &Path, alive: &[u32], now: Instant) -> Vec<(u32, u64)> {
-        // (class, -faults since, pid): the one a slice stopped in, the
-        // never read (parents first: lower PIDs as a rule), the most
-        // faulted, the stale.
-        let mut order: Vec<(u8, i128, u32, u64)> = Vec::new();
+        self.born.retain(|pid, _| alive.contains(pid));
+        // (class, after its parent, -faults since, pid, faults now, ppid)
+        let mut order: Vec<(u8, u8, i128, u32, u64, u32)> = Vec::new();
         for &pid in alive {
-            let Some(now_faults) = faults(root, pid, &mut self.text) else {
+            let Some((now_faults, ppid)) = faults(root, pid, &mut self.text) else {
                 continue;
             };
+            let born = *self.born.entry(pid).or_insert(now);
             let resuming = self.current.as_ref().is_some_and(|c| c.pid == pid);
+            let young = |read_at: Instant| {
+                let age = now.saturating_duration_since(born);
+                let age_at_read = read_at.saturating_duration_since(born);
+                age < YOUNG && age >= 2 * age_at_read.max(YOUNG_FIRST)
+            };
             let entry = match self.held.get(&pid) {
-                _ if resuming => (0, 0, pid),
-                None => (1, 0, pid),
-                Some(h) if now_faults > h.faults => (2, -i128::from(now_faults - h.faults), pid),
+                _ if resuming => (0, 0),
+                None => (1, 0),
+                Some(h) if now_faults > h.faults && h.read_at.is_some_and(young) => {
+                    (2, -i128::from(now_faults - h.faults))
+                }
+                Some(h) if now_faults > h.faults => (3, -i128::from(now_faults - h.faults)),
                 Some(h)
                     if h.read_at
                         .is_none_or(|t| now.saturating_duration_since(t) >= STALE) =>
                 {
-                    (3, 0, pid)
+                    (4, 0)
                 }
                 Some(_) => continue,
             };
-            order.push((entry.0, entry.1, entry.2, now_faults));
+            order.push((entry.0, 0, entry.1, pid, now_faults, ppid));
+        }
+        // A parent due to be read goes before its never-read children.
+        let parents: Vec<u32> = order.iter().filter(|o| o.0 == 1).map(|o| o.5).collect();
+        for o in &mut order {
+            if o.0 > 1 && parents.contains(&o.3) {
+                o.0 = 1;
+            } else if o.0 == 1 {
+                o.1 = 1;
+            }
         }
         order.sort_unstable();
-        order.into_iter().map(|(_, _, pid, f)| (pid, f)).collect()
+        order.into_iter().map(|o| (o.3, o.4)).collect()
     }
 
     /// Counts the union of every process's pages, and the pages each
@@ -851,6 +889,45 @@ mod tests {
         );
         assert_eq!(s.bytes, 100 * 4096);
         assert_eq!(s.alone, [(21, 100 * 4096)]);
+    }
+
+    #[test]
+    fn a_parent_due_is_read_before_its_never_read_forks() {
+        // A parent read when it held 40 pages writes 60 more and forks: the
+        // fork maps all 100. Read first, the fork would bring the 60 into
+        // the count while the parent's carried-forward figure holds them.
+        let early: Vec<(u64, u64)> = (0..40).map(|p| (p, 7000 + p)).collect();
+        let all: Vec<(u64, u64)> = (0..100).map(|p| (p, 7000 + p)).collect();
+        let r: &[(u64, u64)] = &[(0, 100)];
+        let parent = |pages, faults| FakeProcess {
+            pid: 40,
+            ranges: r,
+            pages,
+            file_from: u64::MAX,
+            faults,
+        };
+        let proc = fake_proc(&[parent(&early, 40)]);
+        let t0 = Instant::now();
+        let mut roll = Rolling::new(4096);
+        whole(&mut roll, proc.path(), &[40], t0);
+        write_proc(proc.path(), &parent(&all, 100));
+        write_proc(
+            proc.path(),
+            &FakeProcess {
+                pid: 41,
+                ..parent(&all, 100)
+            },
+        );
+        let stat = proc.path().join("41/stat");
+        let text = std::fs::read_to_string(&stat).expect("stat");
+        std::fs::write(&stat, text.replacen(" S 1 ", " S 40 ", 1)).expect("ppid");
+        let s = roll
+            .slice(proc.path(), &[40, 41], t0, &mut || true)
+            .expect("slice");
+        assert_eq!(s.read.iter().map(|s| s.pid).collect::<Vec<_>>(), [40]);
+        let s = whole(&mut roll, proc.path(), &[40, 41], t0);
+        assert_eq!(s.read.iter().map(|s| s.pid).collect::<Vec<_>>(), [41]);
+        assert_eq!(s.bytes, 100 * 4096);
     }
 
     #[test]

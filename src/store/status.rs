@@ -19,10 +19,14 @@ impl Store {
             .values()
             .map(|l| {
                 let t = &l.target;
+                let mib = |b: Option<u64>| b.map(|b| b as f64 / crate::units::MIB);
                 serde_json::json!({
                     "pid": t.pid, "ppid": t.ppid, "name": t.name, "root": t.root,
                     "rss_mb": t.last_rss_mb, "peak_rss_mb": t.peak_rss_mb, "hwm_mb": t.hwm_mb,
                     "gpu_mb": t.last_gpu_mb, "peak_gpu_mb": t.peak_gpu_mb,
+                    // Its own cost as last read (null until read): the
+                    // pages it alone maps, and its proportional share.
+                    "uss_mb": mib(l.uss), "pss_mb": mib(l.pss),
                 })
             })
             .collect();
@@ -161,5 +165,32 @@ mod tests {
             "the old name stays readable"
         );
         assert_eq!(status["open_stages"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn each_process_in_the_status_has_its_own_cost() {
+        let mut st = store();
+        let mut s = sample(101.0, &[(10, 100)], &[]);
+        join(&mut s, 10);
+        for p in &mut s.host.processes {
+            p.pss = Some(64 << 20);
+            p.uss = Some(48 << 20);
+            p.own_read = true;
+        }
+        timer(&mut st, s);
+        let mut s = sample(102.0, &[(10, 100), (11, 50)], &[]);
+        join(&mut s, 11);
+        timer(&mut st, s);
+        let status = st.status();
+        let procs = status["processes"].as_array().expect("processes");
+        let of = |pid: u32| {
+            procs
+                .iter()
+                .find(|p| p["pid"] == pid)
+                .unwrap_or_else(|| panic!("{pid} in {procs:?}"))
+        };
+        assert_eq!(of(10)["uss_mb"], 48.0, "{procs:?}");
+        assert_eq!(of(10)["pss_mb"], 64.0);
+        assert!(of(11)["uss_mb"].is_null(), "not read yet");
     }
 }

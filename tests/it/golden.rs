@@ -1246,6 +1246,8 @@ const VARYING_REPLY_FIELDS: &[&str] = &[
     "processes[].rss_mb",
     "processes[].peak_rss_mb",
     "processes[].hwm_mb",
+    "processes[].pss_mb",
+    "processes[].uss_mb",
 ];
 
 /// One line sent, and whether the daemon answers it.

@@ -6,6 +6,7 @@
 
 mod advice;
 mod bounds;
+mod busy;
 mod clearml;
 mod clearml_output;
 mod cli;
