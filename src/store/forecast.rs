@@ -6,12 +6,9 @@
 //! since it was last announced, is returned to be pushed to subscribers
 //! before the limit is reached.
 
-use std::collections::BTreeMap;
-
-use serde::Serialize;
-
+use super::snapshot::Forecast;
 use super::state::Store;
-use crate::model::forecast::{in_words, Series};
+use crate::model::forecast::in_words;
 use crate::sample::Sample;
 use crate::units::mib;
 
@@ -22,34 +19,6 @@ const NOTICE_HORIZON_S: f64 = 3600.0;
 /// much sooner (seconds): not once more for every tick of its last
 /// seconds.
 const MIN_SOONER_S: f64 = 5.0;
-
-/// A live forecast: at this rate `resource` reaches its limit in
-/// `seconds`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Forecast {
-    /// `host` or `gpu<index>`.
-    pub resource: String,
-    pub seconds: f64,
-    pub rate_mib_per_s: f64,
-    /// The figure now and the limit, MiB.
-    pub used_mb: f64,
-    pub limit_mb: f64,
-    /// What the limit is: `memory_limit` (the job's cgroup limit),
-    /// `host_available` (the host's available memory), `gpu_total`.
-    pub limit: String,
-    /// The sentence a person reads.
-    pub message: String,
-}
-
-/// The forecasts' state (not checkpointed: a recovered run starts its
-/// series afresh).
-#[derive(Debug, Clone, Default)]
-pub(super) struct ForecastState {
-    series: BTreeMap<String, Series>,
-    pub(super) now: BTreeMap<String, Forecast>,
-    /// The seconds last announced per resource.
-    announced: BTreeMap<String, f64>,
-}
 
 impl Store {
     /// Folds a sample into the forecasts; returns those to announce.

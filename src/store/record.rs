@@ -58,5 +58,5 @@ pub struct Applied {
     /// Span or stage ends that matched nothing open.
     pub(crate) unmatched: bool,
     /// Forecasts of the time to OOM to announce.
-    pub(crate) forecasts: Vec<super::forecast::Forecast>,
+    pub(crate) forecasts: Vec<super::snapshot::Forecast>,
 }

@@ -161,7 +161,25 @@ pub struct Snapshot {
     /// What a re-run needs, as of this snapshot.
     pub needs: Summary,
     /// Time to OOM: the resources climbing towards their limit.
-    pub forecasts: Vec<super::forecast::Forecast>,
+    pub forecasts: Vec<Forecast>,
+}
+
+/// A live forecast: at this rate `resource` reaches its limit in
+/// `seconds`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Forecast {
+    /// `host` or `gpu<index>`.
+    pub resource: String,
+    pub seconds: f64,
+    pub rate_mib_per_s: f64,
+    /// The figure now and the limit, MiB.
+    pub used_mb: f64,
+    pub limit_mb: f64,
+    /// What the limit is: `memory_limit` (the job's cgroup limit),
+    /// `host_available` (the host's available memory), `gpu_total`.
+    pub limit: String,
+    /// The sentence a person reads.
+    pub message: String,
 }
 
 #[cfg(test)]

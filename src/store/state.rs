@@ -76,10 +76,20 @@ pub struct Store {
     pub(super) flights: Vec<FlightWindow>,
     /// Time to OOM, live.
     #[serde(skip)]
-    pub(super) forecasts: super::forecast::ForecastState,
+    pub(super) forecasts: ForecastState,
 }
 
 /// The alerts' state: the alerts kept, and each resource's level.
+/// The forecasts' state (not checkpointed: a recovered run starts its
+/// series afresh).
+#[derive(Debug, Clone, Default)]
+pub(super) struct ForecastState {
+    pub(super) series: BTreeMap<String, crate::model::forecast::Series>,
+    pub(super) now: BTreeMap<String, super::snapshot::Forecast>,
+    /// The seconds last announced per resource.
+    pub(super) announced: BTreeMap<String, f64>,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(super) struct AlertsState {
     #[serde(rename = "alerts")]

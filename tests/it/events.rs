@@ -61,19 +61,16 @@ fn the_socket_is_private_and_owned_by_one_daemon() {
             .args(["--", "true"]),
         Duration::from_secs(10),
     );
-    assert_eq!(out.status.code(), Some(1));
+    // The second run never takes the first one's socket: it warns and
+    // uses a free path of its own (the job is told which), and its job
+    // runs.
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
     assert!(
-        stderr(&out).contains("in use by a running memtrack"),
-        "{}",
-        stderr(&out)
+        log.contains("in use by a running memtrack") && log.contains("instead"),
+        "{log}"
     );
-    assert!(
-        !dir.path().join("b").exists()
-            || std::fs::read_dir(dir.path().join("b"))
-                .unwrap()
-                .next()
-                .is_none()
-    );
+    assert!(sock.exists(), "the first run keeps its socket");
     finish(first, &dir.path().join("a"));
     assert!(!sock.exists(), "removed at exit");
 
@@ -101,8 +98,12 @@ fn the_socket_is_private_and_owned_by_one_daemon() {
             .args(["--", "true"]),
         Duration::from_secs(10),
     );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("not a socket"), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(
+        log.contains("not a socket") && log.contains("instead"),
+        "{log}"
+    );
     assert_eq!(std::fs::read_to_string(&sock).unwrap(), "precious");
 }
 

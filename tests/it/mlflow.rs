@@ -257,7 +257,7 @@ fn a_tracking_uri_memtrack_cannot_use_leaves_the_job_to_run() {
         assert!(!log.contains("/api/2.0"), "{uri}: no request: {log}");
         assert!(out.path().join("r/memory_usage.json").is_file(), "{log}");
     }
-    // memtrack's own setting is checked before the job starts.
+    // memtrack's own setting is named in the warning; the job still runs.
     let out = scratch();
     let res = run_with(
         out.path(),
@@ -265,10 +265,11 @@ fn a_tracking_uri_memtrack_cannot_use_leaves_the_job_to_run() {
         "[mlflow]\ntracking_uri = \"http://:5000\"\n",
     );
     let log = stderr(&res);
-    assert_eq!(res.status.code(), Some(1), "{log}");
+    assert_eq!(res.status.code(), Some(0), "{log}");
     assert!(
         log.contains("mlflow.tracking_uri") && log.contains("names no host"),
         "{log}"
     );
-    assert!(!out.path().join("ran").exists(), "{log}");
+    assert!(out.path().join("ran").exists(), "the job ran: {log}");
+    assert!(!log.contains("/api/2.0"), "no request: {log}");
 }
