@@ -56,102 +56,22 @@ impl Drop for Hogs {
 /// A 500 MiB parent forks 4 workers as soon as it has written it (the
 /// count may have read it half-way); they read it (no copy: a bytearray's
 /// pages are only read), alive together, then the parent holds alone.
-const READERS: &str = r#"
-b = bytearray(500 << 20); touch(b)
-kids = []
-for i in range(4):
-    pid = os.fork()
-    if pid == 0:
-        t = time.time()
-        while time.time() - t < 8:
-            s = sum(b[j] for j in range(0, len(b), 1 << 16))
-            time.sleep(0.2)
-        os._exit(0)
-    kids.append(pid)
-time.sleep(0.3)
-steady([os.getpid()] + kids)
-for k in kids: os.waitpid(k, 0)
-time.sleep(0.5)
-steady([os.getpid()])
-"#;
+const READERS: &str = include_str!("jobs/busy_readers.py");
 
 /// A 600 MiB parent with 2 forked workers cycling 4 MiB of `/dev/shm`,
 /// running short subprocesses: `subprocess.run` of the interpreter,
 /// `os.system`, and shell pipelines. Each window spans a round of them
 /// (each holds a few MiB of its own while it runs, within the 5 %).
-const SUBPROCESSES: &str = r#"
-import subprocess
-b = bytearray(600 << 20); touch(b)
-shm = f'/dev/shm/memtrack-busy-{os.getpid()}'
-stop = OUT + '.stop'
-kids = []
-for i in range(2):
-    pid = os.fork()
-    if pid == 0:
-        while not os.path.exists(stop):
-            fd = os.open(f'{shm}-{i}', os.O_RDWR | os.O_CREAT, 0o600)
-            os.ftruncate(fd, 4 << 20)
-            m = mmap.mmap(fd, 4 << 20); touch(m); m.close(); os.close(fd)
-            os.unlink(f'{shm}-{i}')
-            time.sleep(0.1)
-        os._exit(0)
-    kids.append(pid)
-time.sleep(1.0)
-for r in range(3):
-    t0 = time.time(); a = truth([os.getpid()] + kids)
-    subprocess.run([sys.executable, '-c', 'pass'])
-    os.system('true')
-    subprocess.run('ls /proc/self/ | wc -l > /dev/null', shell=True)
-    os.system(sys.executable + ' -c pass')
-    subprocess.run('grep -c Vm /proc/self/status | sort > /dev/null', shell=True)
-    b2 = truth([os.getpid()] + kids); t1 = time.time()
-    if abs(a - b2) <= 0.03 * max(a, b2):
-        with open(OUT, 'a') as f: f.write(f'{t0} {t1} {(a + b2) // 2}\n')
-open(stop, 'w').close()
-for k in kids: os.waitpid(k, 0)
-"#;
+const SUBPROCESSES: &str = include_str!("jobs/busy_subprocesses.py");
 
 /// Each epoch forks 4 workers that write 15 MiB of their own and exit
 /// (non-persistent DataLoader workers); they live long enough for the
 /// job's own count, slow on a busy machine, to hold still twice.
-const RESTART: &str = r#"
-b = bytearray(200 << 20); touch(b)
-for epoch in range(3):
-    kids = []
-    for i in range(4):
-        pid = os.fork()
-        if pid == 0:
-            c = bytearray(15 << 20); touch(c)
-            hold_then_exit(6)
-        kids.append(pid)
-    time.sleep(0.6)
-    steady([os.getpid()] + kids, hold=1.0)
-    for k in kids: os.waitpid(k, 0)
-    time.sleep(0.3)
-"#;
+const RESTART: &str = include_str!("jobs/busy_restart.py");
 
 /// Shared-memory churn: three rounds of a 200 MiB `/dev/shm` file written
 /// by the parent, mapped and read by 3 forked workers, then unlinked.
-const SHM_CHURN: &str = r#"
-path = f'/dev/shm/memtrack-busy-{os.getpid()}'
-for r in range(3):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    os.ftruncate(fd, 200 << 20)
-    m = mmap.mmap(fd, 200 << 20); touch(m)
-    kids = []
-    for i in range(3):
-        pid = os.fork()
-        if pid == 0:
-            m2 = mmap.mmap(fd, 200 << 20, prot=mmap.PROT_READ)
-            s = sum(m2[j] for j in range(0, len(m2), PAGE))
-            hold_then_exit(6.5)
-        kids.append(pid)
-    time.sleep(3.5)
-    steady([os.getpid()] + kids, hold=1.0)
-    for k in kids: os.waitpid(k, 0)
-    m.close(); os.close(fd); os.unlink(path)
-    time.sleep(0.5)
-"#;
+const SHM_CHURN: &str = include_str!("jobs/busy_shm_churn.py");
 
 fn root_or_explained() -> bool {
     can_run(

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The headline against the distinct-page truth on a busy machine.
 
-    HOGS=4 bench/busy/measure.py MEMTRACK JOB.py [memtrack args, e.g. --host-source pss]
+    HOGS=4 bench/busy_truth.py MEMTRACK tests/it/jobs/busy_JOB.py [memtrack args, e.g. --host-source pss]
 
-Runs JOB (readers.py, subprocesses.py, restart.py, shm_churn.py beside this
-file; each counts its tree's distinct PFNs from pagemap in steady windows,
-with prelude.py) under `memtrack run --interval 100ms` at the default
+Runs JOB (the jobs tests/it/busy.rs runs: busy_readers.py,
+busy_subprocesses.py, busy_restart.py, busy_shm_churn.py; each counts its
+tree's distinct PFNs from pagemap in steady windows, with
+tests/it/jobs/prelude.py) under `memtrack run --interval 100ms` at the default
 budget, with HOGS busy loops beside it, and prints the lowest and highest
 ratio of any timer sample in a window to that window's truth, and the peak
 against the largest truth. Root needed (PFNs). DUMP=1 prints the samples
@@ -17,7 +18,7 @@ extra = sys.argv[3:]
 hogs = int(os.environ.get('HOGS', '4'))
 d = tempfile.mkdtemp(prefix='busy-')
 win = os.path.join(d, 'windows')
-script = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prelude.py')).read() + '\n' + open(job).read()
+script = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests', 'it', 'jobs', 'prelude.py')).read() + '\n' + open(job).read()
 hp = [subprocess.Popen(['sh', '-c', 'while :; do :; done']) for _ in range(hogs)]
 try:
     env = {k: v for k, v in os.environ.items() if not k.startswith('MEMTRACK_')}

@@ -1,4 +1,3 @@
-
 b = bytearray(500 << 20); touch(b)
 kids = []
 for i in range(4):

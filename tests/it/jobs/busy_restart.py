@@ -1,4 +1,3 @@
-
 b = bytearray(200 << 20); touch(b)
 for epoch in range(3):
     kids = []

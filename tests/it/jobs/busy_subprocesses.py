@@ -1,4 +1,3 @@
-
 import subprocess
 b = bytearray(600 << 20); touch(b)
 shm = f'/dev/shm/memtrack-busy-{os.getpid()}'
