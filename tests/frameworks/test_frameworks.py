@@ -193,3 +193,76 @@ def test_mlflow_gets_the_memory_figures_and_the_artifact(tmp_path, mlflow_server
     with urllib.request.urlopen(mlflow_server + "/get-artifact?path=memory_usage.json&run_uuid=%s" % run_id,
                                 timeout=10) as r:
         assert json.load(r)["run"]["id"] == doc["run"]["id"]
+
+
+def _post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+def _all_runs(server):
+    experiments = _post(server + "/api/2.0/mlflow/experiments/search",
+                        {"max_results": 1000})["experiments"]
+    ids = [e["experiment_id"] for e in experiments]
+    return _post(server + "/api/2.0/mlflow/runs/search",
+                 {"experiment_ids": ids, "max_results": 1000}).get("runs", [])
+
+
+def test_a_script_inside_start_run_gets_the_memory_in_its_own_run_and_experiment(tmp_path, mlflow_server):
+    """What once failed: with no memtrack code, memtrack made a second run in
+    experiment 0 beside the script's. The automatic hooks announce the run
+    as `mlflow.start_run` returns it (a nested run is not announced)."""
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import time\n"
+        "import mlflow\n"
+        "with mlflow.start_run(run_name='own run') as run:\n"
+        "    keep = []\n"
+        "    for i in range(5):\n"
+        "        keep.append(bytearray(4 << 20))\n"
+        "        mlflow.log_metric('loss', 1.0 / (i + 1), step=i)\n"
+        "        time.sleep(0.2)\n"
+        "    with mlflow.start_run(run_name='child', nested=True):\n"
+        "        mlflow.log_metric('child_loss', 1.0)\n"
+        "    print('RUN', run.info.run_id, run.info.experiment_id, flush=True)\n")
+    env = job_env(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_EXPERIMENT_NAME="memtrack-own")
+    doc, proc = run_memtrack(tmp_path, [str(job)], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RUN ")]
+    assert line, proc.stdout + proc.stderr[-4000:]
+    run_id, experiment_id = line[0].split()[1:]
+    experiment = _get(mlflow_server + "/api/2.0/mlflow/experiments/get-by-name"
+                      "?experiment_name=memtrack-own")["experiment"]
+    assert experiment["experiment_id"] == experiment_id
+    runs = {r["info"]["run_id"]: r for r in _all_runs(mlflow_server)}
+    assert len(runs) == 2, "the script's run and its child, no run of memtrack's: %s" % runs
+    run = runs[run_id]
+    assert run["info"]["run_name"] == "own run"
+    assert run["info"]["status"] == "FINISHED"
+    keys = {m["key"] for m in run["data"]["metrics"]}
+    assert {"loss", "memtrack/host_mb", "memtrack/peak_host_mb"} <= keys, keys
+    child = [r for r in runs.values() if r["info"]["run_id"] != run_id][0]
+    assert not any(m["key"].startswith("memtrack/") for m in child["data"].get("metrics", []))
+    files = _get(mlflow_server + "/api/2.0/mlflow/artifacts/list?run_id=%s" % run_id).get("files", [])
+    assert [f["path"] for f in files] == ["memory_usage.json"]
+    assert "logged into run %s" % run_id in proc.stderr, proc.stderr[-4000:]
+
+
+def test_a_run_memtrack_creates_goes_to_the_experiment_mlflow_experiment_name_names(tmp_path, mlflow_server):
+    """What once failed: MLFLOW_EXPERIMENT_NAME was ignored and memtrack's
+    run went to experiment 0. Like MLflow's client, memtrack creates the
+    experiment when the server has none of that name."""
+    job = tmp_path / "job.py"
+    job.write_text("keep = bytearray(4 << 20)\nprint('done', flush=True)\n")
+    env = job_env(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_EXPERIMENT_NAME="memtrack made")
+    doc, proc = run_memtrack(tmp_path, [str(job)], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    experiment = _get(mlflow_server + "/api/2.0/mlflow/experiments/get-by-name"
+                      "?experiment_name=memtrack%20made")["experiment"]
+    runs = _all_runs(mlflow_server)
+    assert [r["info"]["experiment_id"] for r in runs] == [experiment["experiment_id"]], runs
+    run = runs[0]
+    assert run["info"]["status"] == "FINISHED"
+    assert {"memtrack/host_mb", "memtrack/peak_host_mb"} <= {m["key"] for m in run["data"]["metrics"]}
