@@ -266,3 +266,42 @@ def test_a_run_memtrack_creates_goes_to_the_experiment_mlflow_experiment_name_na
     run = runs[0]
     assert run["info"]["status"] == "FINISHED"
     assert {"memtrack/host_mb", "memtrack/peak_host_mb"} <= {m["key"] for m in run["data"]["metrics"]}
+
+
+def test_the_announcing_hooks_import_nothing_and_an_unknown_sdk_leaves_the_job_alone(tmp_path):
+    """The hooks import neither ClearML nor MLflow ahead of the job; a
+    `clearml` whose Task.init is not the SDK's classmethod, and an `mlflow`
+    whose start_run fails, leave the job running, said once."""
+    fake = tmp_path / "fake"
+    (fake / "clearml").mkdir(parents=True)
+    (fake / "clearml" / "__init__.py").write_text("__version__ = '0.0.1'\nfrom .task import Task\n")
+    (fake / "clearml" / "task.py").write_text(
+        "class Task:\n"
+        "    id = 'abc'\n"
+        "    @staticmethod\n"
+        "    def init(**kwargs):\n"
+        "        return Task()\n")
+    (fake / "mlflow" / "tracking").mkdir(parents=True)
+    (fake / "mlflow" / "__init__.py").write_text("from .tracking.fluent import start_run, active_run\n")
+    (fake / "mlflow" / "tracking" / "__init__.py").write_text("")
+    (fake / "mlflow" / "tracking" / "fluent.py").write_text(
+        "def active_run():\n"
+        "    return None\n"
+        "def start_run(**kwargs):\n"
+        "    return object()  # no .info: announcing it fails\n")
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import sys\n"
+        "print('before', 'clearml' in sys.modules, 'mlflow' in sys.modules, 'memtrack.hooks' in sys.modules)\n"
+        "from clearml import Task\n"
+        "import mlflow\n"
+        "print('task', Task.init(project_name='p').id, mlflow.start_run() is not None, mlflow.start_run() is not None)\n")
+    env = job_env(PYTHONPATH=str(fake))
+    doc, proc = run_memtrack(tmp_path, [str(job)], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "before False False True" in proc.stdout, proc.stdout + proc.stderr
+    assert "task abc True True" in proc.stdout, proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("memtrack: ") and "clearml" in line]
+    assert len(said) == 1 and "clearml 0.0.1" in said[0] and "clearml_announce" in said[0], proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "MLflow run" in line]
+    assert len(said) == 1 and "the job runs on" in said[0], proc.stderr
