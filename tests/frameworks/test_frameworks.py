@@ -305,3 +305,25 @@ def test_the_announcing_hooks_import_nothing_and_an_unknown_sdk_leaves_the_job_a
     assert len(said) == 1 and "clearml 0.0.1" in said[0] and "clearml_announce" in said[0], proc.stderr
     said = [line for line in proc.stderr.splitlines() if "MLflow run" in line]
     assert len(said) == 1 and "the job runs on" in said[0], proc.stderr
+
+
+def test_an_autolog_run_gets_the_memory_without_memtrack_code(tmp_path, mlflow_server):
+    """autolog starts its own run around `fit` (through mlflow.start_run):
+    memtrack's figures go there, not into a second run."""
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import mlflow, numpy\n"
+        "from sklearn.linear_model import LinearRegression\n"
+        "mlflow.sklearn.autolog(log_models=False, log_datasets=False)\n"
+        "x = numpy.random.rand(64, 3)\n"
+        "LinearRegression().fit(x, x.sum(axis=1))\n"
+        "print('RUN', mlflow.last_active_run().info.run_id, flush=True)\n")
+    env = job_env(MLFLOW_TRACKING_URI=mlflow_server)
+    doc, proc = run_memtrack(tmp_path, [str(job)], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RUN ")]
+    assert line, proc.stdout + proc.stderr[-4000:]
+    runs = _all_runs(mlflow_server)
+    assert [r["info"]["run_id"] for r in runs] == [line[0].split()[1]], runs
+    keys = {m["key"] for m in runs[0]["data"]["metrics"]}
+    assert {"training_score", "memtrack/host_mb", "memtrack/peak_host_mb"} <= keys, keys
