@@ -193,3 +193,137 @@ def test_mlflow_gets_the_memory_figures_and_the_artifact(tmp_path, mlflow_server
     with urllib.request.urlopen(mlflow_server + "/get-artifact?path=memory_usage.json&run_uuid=%s" % run_id,
                                 timeout=10) as r:
         assert json.load(r)["run"]["id"] == doc["run"]["id"]
+
+
+def _post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+def _all_runs(server):
+    experiments = _post(server + "/api/2.0/mlflow/experiments/search",
+                        {"max_results": 1000})["experiments"]
+    ids = [e["experiment_id"] for e in experiments]
+    return _post(server + "/api/2.0/mlflow/runs/search",
+                 {"experiment_ids": ids, "max_results": 1000}).get("runs", [])
+
+
+def test_a_script_inside_start_run_gets_the_memory_in_its_own_run_and_experiment(tmp_path, mlflow_server):
+    """What once failed: with no memtrack code, memtrack made a second run in
+    experiment 0 beside the script's. The automatic hooks announce the run
+    as `mlflow.start_run` returns it (a nested run is not announced)."""
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import time\n"
+        "import mlflow\n"
+        "with mlflow.start_run(run_name='own run') as run:\n"
+        "    keep = []\n"
+        "    for i in range(5):\n"
+        "        keep.append(bytearray(4 << 20))\n"
+        "        mlflow.log_metric('loss', 1.0 / (i + 1), step=i)\n"
+        "        time.sleep(0.2)\n"
+        "    with mlflow.start_run(run_name='child', nested=True):\n"
+        "        mlflow.log_metric('child_loss', 1.0)\n"
+        "    print('RUN', run.info.run_id, run.info.experiment_id, flush=True)\n")
+    env = job_env(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_EXPERIMENT_NAME="memtrack-own")
+    doc, proc = run_memtrack(tmp_path, [str(job)], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RUN ")]
+    assert line, proc.stdout + proc.stderr[-4000:]
+    run_id, experiment_id = line[0].split()[1:]
+    experiment = _get(mlflow_server + "/api/2.0/mlflow/experiments/get-by-name"
+                      "?experiment_name=memtrack-own")["experiment"]
+    assert experiment["experiment_id"] == experiment_id
+    runs = {r["info"]["run_id"]: r for r in _all_runs(mlflow_server)}
+    assert len(runs) == 2, "the script's run and its child, no run of memtrack's: %s" % runs
+    run = runs[run_id]
+    assert run["info"]["run_name"] == "own run"
+    assert run["info"]["status"] == "FINISHED"
+    keys = {m["key"] for m in run["data"]["metrics"]}
+    assert {"loss", "memtrack/host_mb", "memtrack/peak_host_mb"} <= keys, keys
+    child = [r for r in runs.values() if r["info"]["run_id"] != run_id][0]
+    assert not any(m["key"].startswith("memtrack/") for m in child["data"].get("metrics", []))
+    files = _get(mlflow_server + "/api/2.0/mlflow/artifacts/list?run_id=%s" % run_id).get("files", [])
+    assert [f["path"] for f in files] == ["memory_usage.json"]
+    assert "logged into run %s" % run_id in proc.stderr, proc.stderr[-4000:]
+
+
+def test_a_run_memtrack_creates_goes_to_the_experiment_mlflow_experiment_name_names(tmp_path, mlflow_server):
+    """What once failed: MLFLOW_EXPERIMENT_NAME was ignored and memtrack's
+    run went to experiment 0. Like MLflow's client, memtrack creates the
+    experiment when the server has none of that name."""
+    job = tmp_path / "job.py"
+    job.write_text("keep = bytearray(4 << 20)\nprint('done', flush=True)\n")
+    env = job_env(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_EXPERIMENT_NAME="memtrack made")
+    doc, proc = run_memtrack(tmp_path, [str(job)], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    experiment = _get(mlflow_server + "/api/2.0/mlflow/experiments/get-by-name"
+                      "?experiment_name=memtrack%20made")["experiment"]
+    runs = _all_runs(mlflow_server)
+    assert [r["info"]["experiment_id"] for r in runs] == [experiment["experiment_id"]], runs
+    run = runs[0]
+    assert run["info"]["status"] == "FINISHED"
+    assert {"memtrack/host_mb", "memtrack/peak_host_mb"} <= {m["key"] for m in run["data"]["metrics"]}
+
+
+def test_the_announcing_hooks_import_nothing_and_an_unknown_sdk_leaves_the_job_alone(tmp_path):
+    """The hooks import neither ClearML nor MLflow ahead of the job; a
+    `clearml` whose Task.init is not the SDK's classmethod, and an `mlflow`
+    whose start_run fails, leave the job running, said once."""
+    fake = tmp_path / "fake"
+    (fake / "clearml").mkdir(parents=True)
+    (fake / "clearml" / "__init__.py").write_text("__version__ = '0.0.1'\nfrom .task import Task\n")
+    (fake / "clearml" / "task.py").write_text(
+        "class Task:\n"
+        "    id = 'abc'\n"
+        "    @staticmethod\n"
+        "    def init(**kwargs):\n"
+        "        return Task()\n")
+    (fake / "mlflow" / "tracking").mkdir(parents=True)
+    (fake / "mlflow" / "__init__.py").write_text("from .tracking.fluent import start_run, active_run\n")
+    (fake / "mlflow" / "tracking" / "__init__.py").write_text("")
+    (fake / "mlflow" / "tracking" / "fluent.py").write_text(
+        "def active_run():\n"
+        "    return None\n"
+        "def start_run(**kwargs):\n"
+        "    return object()  # no .info: announcing it fails\n")
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import sys\n"
+        "print('before', 'clearml' in sys.modules, 'mlflow' in sys.modules, 'memtrack.hooks' in sys.modules)\n"
+        "from clearml import Task\n"
+        "import mlflow\n"
+        "print('task', Task.init(project_name='p').id, mlflow.start_run() is not None, mlflow.start_run() is not None)\n")
+    env = job_env(PYTHONPATH=str(fake))
+    doc, proc = run_memtrack(tmp_path, [str(job)], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "before False False True" in proc.stdout, proc.stdout + proc.stderr
+    assert "task abc True True" in proc.stdout, proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("memtrack: ") and "clearml" in line]
+    assert len(said) == 1 and "clearml 0.0.1" in said[0] and "clearml_announce" in said[0], proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "MLflow run" in line]
+    assert len(said) == 1 and "the job runs on" in said[0], proc.stderr
+
+
+def test_an_autolog_run_gets_the_memory_without_memtrack_code(tmp_path, mlflow_server):
+    """autolog starts its own run around `fit` (through mlflow.start_run):
+    memtrack's figures go there, not into a second run."""
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import mlflow, numpy\n"
+        "from sklearn.linear_model import LinearRegression\n"
+        "mlflow.sklearn.autolog(log_models=False, log_datasets=False)\n"
+        "x = numpy.random.rand(64, 3)\n"
+        "LinearRegression().fit(x, x.sum(axis=1))\n"
+        "print('RUN', mlflow.last_active_run().info.run_id, flush=True)\n")
+    env = job_env(MLFLOW_TRACKING_URI=mlflow_server)
+    doc, proc = run_memtrack(tmp_path, [str(job)], env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RUN ")]
+    assert line, proc.stdout + proc.stderr[-4000:]
+    runs = _all_runs(mlflow_server)
+    assert [r["info"]["run_id"] for r in runs] == [line[0].split()[1]], runs
+    keys = {m["key"] for m in runs[0]["data"]["metrics"]}
+    assert {"training_score", "memtrack/host_mb", "memtrack/peak_host_mb"} <= keys, keys

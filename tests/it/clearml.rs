@@ -2314,6 +2314,17 @@ pub(crate) fn run_python_job(
         "import sys\nsys.path.insert(0, {:?})\n{script}",
         client.display().to_string()
     );
+    run_plain_python_job(name, out, env, &script)
+}
+
+/// `memtrack run` of `script` as it is (only memtrack's automatic hooks
+/// give it the client) with `env` only for ClearML, S3 off.
+pub(crate) fn run_plain_python_job(
+    name: &str,
+    out: &Path,
+    env: &[(&'static str, String)],
+    script: &str,
+) -> (i32, String, String) {
     let mut cmd = memtrack();
     cmd.args([
         "run",
@@ -2326,7 +2337,7 @@ pub(crate) fn run_python_job(
         "--output",
     ])
     .arg(out)
-    .args(["--", "python3", "-c", &script])
+    .args(["--", "python3", "-c", script])
     .env("MEMTRACK_CLEARML_TIMER_EVERY", "1s")
     .env("MEMTRACK_CLEARML_TIME_AXIS_AFTER", "1s")
     .env("MEMTRACK_CLEARML_FLUSH_INTERVAL", "200ms");
@@ -2447,6 +2458,71 @@ task.close()
         json!([]),
         "{:#}",
         files.state()
+    );
+    server.assert_exactly_once();
+}
+
+/// What once failed: a script that calls `Task.init` and `report_scalar`
+/// and never imports memtrack, with only `~/clearml.conf`, got nothing
+/// (memtrack waited for an announcement nobody sent). The automatic hooks
+/// announce the task as `Task.init` returns it.
+#[test]
+fn a_plain_task_init_script_gets_memory_series_in_its_own_task_without_memtrack_code() {
+    require_clearml_sdk();
+    let server = Server::start(&[]);
+    let files = FileServer::start();
+    let out = scratch();
+    write_clearml_conf(out.path(), &server, &files.url());
+    let script = r#"import time
+from clearml import Task
+task = Task.init(project_name="memtrack-it", task_name="plain script",
+                 auto_resource_monitoring=False, auto_connect_arg_parser=False,
+                 auto_connect_frameworks={"detect_repository": False})
+log = task.get_logger()
+keep = []
+for i in range(8):
+    keep.append(bytearray(4 << 20))
+    log.report_scalar("loss", "train", value=1.0 / (i + 1), iteration=i)
+    time.sleep(0.3)
+print("TASK", task.id, flush=True)
+task.close()
+"#;
+    let (code, stdout, log) =
+        run_plain_python_job("plain", out.path(), &bare_sdk_env(out.path()), script);
+    let all = format!("{stdout}\n{log}");
+    assert_eq!(code, 0, "{all}");
+    let id = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("TASK "))
+        .unwrap_or_else(|| panic!("no task: {all}"))
+        .to_string();
+    let state = server.state();
+    assert_eq!(
+        state["tasks"].as_object().unwrap().len(),
+        1,
+        "one task, the script's: {state:#}"
+    );
+    assert_eq!(state["task_creators"][&id], "sdk", "{state:#}");
+    let memory: Vec<Value> = server
+        .points(&id)
+        .into_iter()
+        .filter(|p| p["metric"].as_str().unwrap().starts_with("memory/"))
+        .collect();
+    assert!(
+        !memory.is_empty(),
+        "memtrack's points in the script's task: {all}"
+    );
+    let loss: Vec<u64> = server
+        .points(&id)
+        .into_iter()
+        .filter(|p| p["metric"] == "loss")
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(loss, (0..8).collect::<Vec<_>>(), "the script's own scalars");
+    assert_eq!(
+        state["tasks"][&id]["artifacts"].as_array().unwrap().len(),
+        1,
+        "the memory_usage artifact on the script's task: {all}"
     );
     server.assert_exactly_once();
 }

@@ -1,5 +1,6 @@
-//! The few MLflow REST calls memtrack makes: `runs/create`, `runs/get`,
-//! `runs/log-batch`, `runs/update`, and the artifact proxy's `PUT`.
+//! The few MLflow REST calls memtrack makes: `experiments/get-by-name`,
+//! `experiments/create`, `runs/create`, `runs/get`, `runs/log-batch`,
+//! `runs/update`, and the artifact proxy's `PUT`.
 
 use std::time::Duration;
 
@@ -70,6 +71,36 @@ impl Api {
         }
         let body = read_capped(response, MAX_REPLY).await.map_err(failed)?;
         Ok(serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    /// The id of the experiment called `name`, created when the server has
+    /// none (as MLflow's client does for `MLFLOW_EXPERIMENT_NAME`).
+    pub(crate) async fn experiment_named(&self, name: &str) -> Result<String, MlflowError> {
+        let url = format!("experiments/get-by-name?experiment_name={}", query(name));
+        match self.call(reqwest::Method::GET, &url, None).await {
+            Ok(reply) => {
+                if let Some(id) = reply["experiment"]["experiment_id"].as_str() {
+                    return Ok(id.to_string());
+                }
+            }
+            // The server's answer for a name it does not know.
+            Err(MlflowError::Call { why, .. }) if why.contains("RESOURCE_DOES_NOT_EXIST") => {}
+            Err(e) => return Err(e),
+        }
+        let reply = self
+            .call(
+                reqwest::Method::POST,
+                "experiments/create",
+                Some(json!({"name": name})),
+            )
+            .await?;
+        reply["experiment_id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| MlflowError::Call {
+                call: "experiments/create".into(),
+                why: "the reply names no experiment".into(),
+            })
     }
 
     /// Creates a run in `experiment`; returns its id.
@@ -240,6 +271,19 @@ fn proxy_path(uri: &str) -> Option<String> {
     (!path.is_empty() && !path.split('/').any(|s| s == "..")).then(|| path.to_string())
 }
 
+/// `text` percent-encoded for a URL's query (RFC 3986 unreserved kept).
+fn query(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -270,5 +314,11 @@ mod tests {
         );
         assert_eq!(proxy_path("s3://bucket/x"), None);
         assert_eq!(proxy_path("mlflow-artifacts:/../x"), None);
+    }
+
+    #[test]
+    fn query_text_is_percent_encoded() {
+        assert_eq!(query("team a/b&c=d"), "team%20a%2Fb%26c%3Dd");
+        assert_eq!(query("é"), "%C3%A9");
     }
 }

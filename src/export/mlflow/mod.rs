@@ -5,8 +5,10 @@
 //! announced (an `mlflow`/`active_run` mark whose `run_id` label names it:
 //! the Python client's framework callbacks send it when the job has an
 //! active MLflow run); else `MLFLOW_RUN_ID` from memtrack's environment;
-//! else memtrack creates one in `mlflow.experiment_id`, named after the
-//! memtrack run, and ends it with the job's outcome. A run memtrack did not
+//! else memtrack creates one, named after the memtrack run, and ends it
+//! with the job's outcome. It goes into `mlflow.experiment_id`, else the
+//! experiment `MLFLOW_EXPERIMENT_NAME` names (created when missing, as the
+//! job's own MLflow client does), else `MLFLOW_EXPERIMENT_ID`, else `0`. A run memtrack did not
 //! create keeps its status.
 //!
 //! What goes there: every sample of `memory_usage.json` as the metrics
@@ -48,8 +50,9 @@ pub struct MlflowConfig {
     pub(crate) tracking_uri: String,
     /// Report into this MLflow run (default: the job's, see the module).
     pub(crate) run_id: String,
-    /// Where a run memtrack creates goes. Empty: `MLFLOW_EXPERIMENT_ID`,
-    /// else `0` (MLflow's default experiment).
+    /// Where a run memtrack creates goes. Empty: the experiment
+    /// `MLFLOW_EXPERIMENT_NAME` names, else `MLFLOW_EXPERIMENT_ID`, else `0`
+    /// (MLflow's default experiment).
     pub(crate) experiment_id: String,
     /// One request's time limit.
     #[serde(with = "crate::units::serde_duration")]
@@ -74,8 +77,18 @@ pub(crate) struct Settings {
     /// sent as HTTP basic authentication and never printed.
     pub(crate) uri: String,
     pub(crate) run_id: Option<String>,
-    pub(crate) experiment_id: String,
+    /// Where a run memtrack creates goes.
+    pub(crate) experiment: Experiment,
     pub(crate) request_timeout: Duration,
+}
+
+/// The experiment of a run memtrack creates.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Experiment {
+    Id(String),
+    /// Looked up by name when the run is created, and created when the
+    /// server has none of that name (`MLFLOW_EXPERIMENT_NAME`).
+    Name(String),
 }
 
 impl Settings {
@@ -138,10 +151,28 @@ pub(crate) fn resolve(
     Ok(Resolved::On(Settings {
         uri: uri.trim_end_matches('/').to_string(),
         run_id: pick(&config.run_id, "MLFLOW_RUN_ID"),
-        experiment_id: pick(&config.experiment_id, "MLFLOW_EXPERIMENT_ID")
-            .unwrap_or_else(|| "0".into()),
+        experiment: experiment(config, env),
         request_timeout: config.request_timeout,
     }))
+}
+
+/// Where a run memtrack creates goes: `mlflow.experiment_id`, else the
+/// name in `MLFLOW_EXPERIMENT_NAME` (which wins over `MLFLOW_EXPERIMENT_ID`
+/// in MLflow's client too), else `MLFLOW_EXPERIMENT_ID`, else `0`.
+fn experiment(config: &MlflowConfig, env: &dyn Fn(&str) -> Option<String>) -> Experiment {
+    let var = |name: &str| {
+        env(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let set = config.experiment_id.trim();
+    if !set.is_empty() {
+        return Experiment::Id(set.to_string());
+    }
+    var("MLFLOW_EXPERIMENT_NAME")
+        .map(Experiment::Name)
+        .or_else(|| var("MLFLOW_EXPERIMENT_ID").map(Experiment::Id))
+        .unwrap_or_else(|| Experiment::Id("0".into()))
 }
 
 /// Why `uri` is no tracking server memtrack can reach, in words that
@@ -250,11 +281,16 @@ pub(crate) async fn export(
     let chosen = settings.run_id.clone().or_else(|| announced_run(&doc));
     let (run_id, created) = match chosen {
         Some(id) => (id, false),
-        None => (
-            api.create_run(&settings.experiment_id, run_name, &doc.run.id)
-                .await?,
-            true,
-        ),
+        None => {
+            let experiment = match &settings.experiment {
+                Experiment::Id(id) => id.clone(),
+                Experiment::Name(name) => api.experiment_named(name).await?,
+            };
+            (
+                api.create_run(&experiment, run_name, &doc.run.id).await?,
+                true,
+            )
+        }
     };
     let metrics = metrics(&doc);
     for batch in metrics.chunks(BATCH) {
@@ -304,7 +340,37 @@ mod tests {
         };
         assert_eq!(s.uri, "http://127.0.0.1:5000");
         assert_eq!(s.run_id.as_deref(), Some("abc"));
-        assert_eq!(s.experiment_id, "0");
+        assert_eq!(s.experiment, Experiment::Id("0".into()));
+    }
+
+    #[test]
+    fn the_experiment_is_the_setting_else_the_name_else_the_id_variable() {
+        let env = |v: &str| match v {
+            "MLFLOW_TRACKING_URI" => Some("http://127.0.0.1:5000".to_string()),
+            "MLFLOW_EXPERIMENT_NAME" => Some(" team ".to_string()),
+            "MLFLOW_EXPERIMENT_ID" => Some("7".to_string()),
+            _ => None,
+        };
+        let experiment = |config: &MlflowConfig, env: &dyn Fn(&str) -> Option<String>| {
+            let Resolved::On(s) = resolve(config, env).unwrap() else {
+                panic!("on");
+            };
+            s.experiment
+        };
+        assert_eq!(
+            experiment(&MlflowConfig::default(), &env),
+            Experiment::Name("team".into())
+        );
+        let only_id = |v: &str| (v != "MLFLOW_EXPERIMENT_NAME").then(|| env(v)).flatten();
+        assert_eq!(
+            experiment(&MlflowConfig::default(), &only_id),
+            Experiment::Id("7".into())
+        );
+        let config = MlflowConfig {
+            experiment_id: "3".into(),
+            ..MlflowConfig::default()
+        };
+        assert_eq!(experiment(&config, &env), Experiment::Id("3".into()));
     }
 
     #[test]

@@ -7,6 +7,13 @@ Under ``memtrack run`` the job's Python starts with memtrack's
   ``Trainer`` and Lightning ``Trainer`` the job builds, by patching their
   ``__init__`` when their module is first imported (nothing is imported
   ahead of the job);
+- announces the job's own ClearML task the moment ``Task.init`` (or
+  ``Task.current_task``, which makes one in a subprocess) returns it, so
+  that memtrack reports into that task instead of making its own;
+- announces the job's own MLflow run the moment ``mlflow.start_run``
+  returns it (autolog and the Trainer integrations start theirs through
+  it too), so that memtrack's figures go into that run; a nested run is
+  not announced, its parent holds the job's memory;
 - reports an uncaught CUDA out-of-memory error (torch) or MemoryError to
   memtrack before Python's usual handling (``sys.excepthook`` and
   ``threading.excepthook``, chained).
@@ -28,6 +35,8 @@ _TARGETS = {
     "transformers.trainer": "transformers",
     "lightning.pytorch.trainer.trainer": "lightning.pytorch",
     "pytorch_lightning.trainer.trainer": "pytorch_lightning",
+    "clearml.task": "clearml",
+    "mlflow.tracking.fluent": "mlflow",
 }
 _said = set()
 _installed = False
@@ -101,9 +110,112 @@ def _patch_init(cls, attach, framework, needs):
     cls.__init__ = __init__
 
 
+def _copy_names(wrapper, original):
+    wrapper.__wrapped__ = original
+    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+        try:
+            setattr(wrapper, attr, getattr(original, attr))
+        except Exception:
+            pass
+
+
+def _announce_clearml_task(task):
+    """Tell memtrack the job's ClearML task (once per task id; the answer is
+    awaited by a background thread, never by the job)."""
+    try:
+        from . import client
+
+        tid = getattr(task, "id", None)
+        if tid.__class__ is str and tid and tid != client._clearml_state["task"]:
+            client.clearml_announce(tid)
+    except Exception as exc:  # never let telemetry break the job
+        _say_once("clearml.announce", "cannot tell memtrack the job's ClearML task (%s: %s); "
+                  "the job runs on" % (type(exc).__name__, exc))
+
+
+def _wrap_task_classmethod(cls, name):
+    """Replace the classmethod ``cls.name`` by one that announces the task it
+    returns. Returns whether it could."""
+    raw = cls.__dict__.get(name)
+    func = getattr(raw, "__func__", None)
+    if not isinstance(raw, classmethod) or func is None or getattr(func, "_memtrack_patched", False):
+        return False
+
+    def wrapper(klass, *args, **kwargs):
+        task = func(klass, *args, **kwargs)
+        if task is not None:
+            _announce_clearml_task(task)
+        return task
+
+    wrapper._memtrack_patched = True
+    _copy_names(wrapper, func)
+    setattr(cls, name, classmethod(wrapper))
+    return True
+
+
+def _patch_clearml(module):
+    cls = getattr(module, "Task", None)
+    if not isinstance(cls, type) or not _wrap_task_classmethod(cls, "init"):
+        _say_once("clearml", "clearml %s: its Task is not the one memtrack knows (no Task.init "
+                  "classmethod); call memtrack.clearml_announce() after Task.init to report into "
+                  "the job's task" % _version("clearml"))
+        return
+    # Task.current_task makes a task through cls.init (in a subprocess the
+    # main process told of its task), so it announces through this wrapper;
+    # it is not wrapped itself: the SDK's forked helpers inherit the main
+    # task and must not announce it again.
+
+
+def _announce_mlflow_run(run):
+    try:
+        from .client import get_client
+
+        run_id = run.info.run_id
+        if run_id:
+            get_client().mark("mlflow", "active_run", labels={"run_id": str(run_id)})
+    except Exception as exc:  # never let telemetry break the job
+        _say_once("mlflow.announce", "cannot tell memtrack the job's MLflow run (%s: %s); "
+                  "the job runs on" % (type(exc).__name__, exc))
+
+
+def _patch_mlflow(module):
+    start_run = getattr(module, "start_run", None)
+    active_run = getattr(module, "active_run", None)
+    if not callable(start_run) or not callable(active_run):
+        _say_once("mlflow", "mlflow %s has no start_run/active_run where memtrack looks; call "
+                  "memtrack.frameworks.announce_mlflow() inside the run to report into it"
+                  % _version("mlflow"))
+        return
+    if getattr(start_run, "_memtrack_patched", False):
+        return
+
+    def wrapper(*args, **kwargs):
+        try:
+            outer = active_run()
+        except Exception:
+            outer = None
+        run = start_run(*args, **kwargs)
+        # A nested run is part of the job; its outermost run holds its memory.
+        if outer is None and run is not None:
+            _announce_mlflow_run(run)
+        return run
+
+    wrapper._memtrack_patched = True
+    _copy_names(wrapper, start_run)
+    # Set before `mlflow/__init__` imports it from here, and read at call
+    # time by the module's own helpers (autolog's managed runs).
+    module.start_run = wrapper
+
+
 def _patch(fullname, module):
     framework = _TARGETS[fullname]
     try:
+        if framework == "clearml":
+            _patch_clearml(module)
+            return
+        if framework == "mlflow":
+            _patch_mlflow(module)
+            return
         from . import frameworks
 
         cls = getattr(module, "Trainer", None)
@@ -120,8 +232,9 @@ def _patch(fullname, module):
 
             _patch_init(cls, attach, framework, ("save_checkpoint", "fit"))
     except Exception as exc:
-        _say_once(framework, "cannot hook %s (%s: %s); the job runs without memtrack's callback"
-                  % (framework, type(exc).__name__, exc))
+        _say_once(framework, "cannot hook %s (%s: %s); the job runs without memtrack's %s"
+                  % (framework, type(exc).__name__, exc,
+                     "announcement" if framework in ("clearml", "mlflow") else "callback"))
 
 
 class _Loader(object):
