@@ -479,6 +479,10 @@ pub struct MergeArgs {
     /// S3 endpoint (MinIO), e.g. http://127.0.0.1:9000
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
+    /// Merge files that are not the ranks of one job (run names that differ, a rank
+    /// given twice); a repeated rank is named with its position, e.g. `1#3`
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl MergeArgs {

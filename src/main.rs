@@ -257,7 +257,12 @@ fn merge(args: &MergeArgs) -> Result<u8, Failure> {
     // A signal leaves no temporary folder or half-written file behind.
     memtrack::report::merge::remove_on_signals();
     let inputs = merge_inputs(args, &config)?;
-    let merged = memtrack::report::merge::merge_inputs(inputs).map_err(runtime)?;
+    let accept = if args.force {
+        memtrack::report::merge::Accept::Any
+    } else {
+        memtrack::report::merge::Accept::OneJob
+    };
+    let merged = memtrack::report::merge::merge_inputs(inputs, accept).map_err(runtime)?;
     match &args.output {
         Some(path) => write_merged(path, &merged),
         None => print_merged(&merged),

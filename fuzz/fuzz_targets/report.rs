@@ -29,5 +29,8 @@ fuzz_target!(|data: &[u8]| {
         "a control character reaches the terminal"
     );
     let _ = leak::analyze(&doc, &leak::LeakConfig::default());
-    let _ = merge::merge(vec![("a".into(), doc.clone()), ("b".into(), doc)]);
+    let _ = merge::merge(
+        vec![("a".into(), doc.clone()), ("b".into(), doc)],
+        merge::Accept::Any,
+    );
 });

@@ -198,6 +198,10 @@ pub struct RankSummary {
     /// The `rank` label, else the host.
     pub(crate) rank: String,
     pub(crate) host: String,
+    /// How the rank measured its host figures (absent when its file does
+    /// not say: an older build summed RSS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) host_source: Option<HostSource>,
     /// Where the rank's file was read from.
     pub(crate) source: String,
     #[serde(default)]

@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 
 use crate::model::leak;
 use crate::model::{
-    Document, DocumentOf, Entry, Peaks, RankSummary, RunInfo, Summary, SCHEMA_VERSION,
+    Document, DocumentOf, Entry, HostInfo, HostSource, Peaks, RankSummary, RunInfo, Summary,
+    SCHEMA_VERSION,
 };
 use crate::model::{RunStatus, StreamError};
 use crate::store::entries::EntryLog;
@@ -42,6 +43,19 @@ pub enum Input {
 /// The merged job: its log is written (or collected) from the ranks'
 /// sorted chunks.
 pub type Merged = DocumentOf<MergedLog>;
+
+/// Which files merge into one job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Accept {
+    /// The ranks of one job: one run name, each rank (its `rank` label,
+    /// else its host) once. Anything else is refused before a byte is
+    /// written: two unrelated runs merged look like one job.
+    #[default]
+    OneJob,
+    /// Whatever is given (`merge --force`): a rank named twice is told
+    /// apart by its position (`1#3`).
+    Any,
+}
 
 /// A temporary folder removed with its files when dropped, or when a
 /// signal ends the merge (see [`remove_on_signals`]). It holds a `lock`
@@ -349,6 +363,96 @@ fn rank_of(doc: &Document, i: usize) -> String {
         .unwrap_or_else(|| i.to_string())
 }
 
+/// Each input's rank name, checked to be the ranks of one job unless
+/// `accept` is [`Accept::Any`]: one run name (a file without one, written
+/// by hand or by an old build, goes with any), and no rank twice.
+fn rank_names<'a>(
+    docs: impl Iterator<Item = (&'a str, &'a Document)>,
+    accept: Accept,
+) -> anyhow::Result<Vec<String>> {
+    let mut names: Vec<String> = Vec::new();
+    let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+    let mut run: Option<(&str, &str)> = None;
+    for (i, (source, doc)) in docs.enumerate() {
+        let name = doc.run.name.as_str();
+        if let (Some((first_source, first)), false) = (run, name.is_empty()) {
+            anyhow::ensure!(
+                accept == Accept::Any || first == name,
+                "{first_source:?} is run {first:?} but {source:?} is run {name:?}: merge joins \
+                 the ranks of one job, which share a run name (`memtrack run --name`); pass \
+                 --force to merge other runs anyway"
+            );
+        } else if !name.is_empty() {
+            run = Some((source, name));
+        }
+        let mut rank = rank_of(doc, i);
+        if let Some(earlier) = seen.get(&rank) {
+            anyhow::ensure!(
+                accept == Accept::Any,
+                "{earlier:?} and {source:?} are both rank {rank:?}: the same file twice, or \
+                 runs of two jobs; label each rank of a job (`--label rank=N`), or pass \
+                 --force to merge them anyway"
+            );
+            rank = format!("{rank}#{i}");
+        }
+        seen.insert(rank.clone(), source);
+        names.push(rank);
+    }
+    Ok(names)
+}
+
+/// The job's host block: how its ranks measured. A job's ranks run alike
+/// and agree; where they differ the block names the least exact source
+/// (Σ RSS, then Σ Pss, then distinct pages or a cgroup, which count every
+/// page once) and its reason says which rank used which. A rank whose file
+/// has no block (an older build) summed RSS. `None` when no rank has one.
+fn merge_hosts(ranks: &[(&str, Option<&HostInfo>)]) -> Option<HostInfo> {
+    let exactness = |s: HostSource| match s {
+        HostSource::Rss => 0,
+        HostSource::Pss => 1,
+        HostSource::Pages | HostSource::Cgroup => 2,
+    };
+    let source_of = |h: Option<&HostInfo>| h.map_or(HostSource::Rss, |h| h.source);
+    let first = ranks.iter().find_map(|(_, h)| *h)?;
+    let source = ranks
+        .iter()
+        .map(|(_, h)| source_of(*h))
+        .min_by_key(|s| exactness(*s))
+        .unwrap_or(first.source);
+    let alike = ranks
+        .iter()
+        .all(|(_, h)| h.is_some_and(|h| h.source == first.source && h.reason == first.reason));
+    let reason = if alike {
+        first.reason.clone()
+    } else {
+        let each: Vec<String> = ranks
+            .iter()
+            .map(|(rank, h)| format!("rank {rank} {}", source_of(*h).as_str()))
+            .collect();
+        format!("the ranks measured differently: {}", each.join(", "))
+    };
+    let blocks = ranks.iter().filter_map(|(_, h)| *h);
+    let max = |f: fn(&HostInfo) -> Option<f64>| blocks.clone().filter_map(f).reduce(f64::max);
+    let sum_u = |f: fn(&HostInfo) -> Option<u64>| blocks.clone().filter_map(f).reduce(|a, b| a + b);
+    let same_version = blocks
+        .clone()
+        .all(|h| h.cgroup_version == first.cgroup_version);
+    Some(HostInfo {
+        source,
+        reason,
+        cgroup_version: first.cgroup_version.filter(|_| same_version),
+        rss_sum_peak_mb: max(|h| Some(h.rss_sum_peak_mb)).unwrap_or(0.0),
+        kernel_peak_mb: max(|h| h.kernel_peak_mb),
+        oom_kills: sum_u(|h| h.oom_kills),
+        pss_reads: sum_u(|h| h.pss_reads),
+        pss_read_s: blocks
+            .clone()
+            .filter_map(|h| h.pss_read_s)
+            .reduce(|a, b| a + b),
+        ..HostInfo::default()
+    })
+}
+
 /// The figures whose worst rank is named.
 fn figures(p: &Peaks) -> [(&'static str, f64); 4] {
     [
@@ -361,12 +465,13 @@ fn figures(p: &Peaks) -> [(&'static str, f64); 4] {
 
 /// Merges per-rank documents (`(source, document)`), the merged log held
 /// in memory.
-pub fn merge(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
+pub fn merge(inputs: Vec<(String, Document)>, accept: Accept) -> anyhow::Result<Document> {
     let merged = merge_inputs(
         inputs
             .into_iter()
             .map(|(source, doc)| Input::Document(source, Box::new(doc)))
             .collect(),
+        accept,
     )?;
     let log = merged.detailed_log.collect()?;
     Ok(merged.map_log(|_| log))
@@ -374,11 +479,11 @@ pub fn merge(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
 
 /// Merges ranks' files or documents; the merged log is read from sorted
 /// chunks as it is written, so memory stays bounded however long the
-/// ranks' logs are.
-pub fn merge_inputs(inputs: Vec<Input>) -> anyhow::Result<Merged> {
+/// ranks' logs are. Files that are not the ranks of one job are refused
+/// unless `accept` says otherwise ([`Accept`]).
+pub fn merge_inputs(inputs: Vec<Input>, accept: Accept) -> anyhow::Result<Merged> {
     anyhow::ensure!(!inputs.is_empty(), "nothing to merge");
     let mut runs: Vec<(usize, Run)> = Vec::new();
-    let mut tags: Vec<(String, String)> = Vec::new();
     let mut dir: Option<TempDir> = None;
     let mut in_memory = 0usize;
     let mut len = 0usize;
@@ -420,10 +525,15 @@ pub fn merge_inputs(inputs: Vec<Input>) -> anyhow::Result<Merged> {
                     .to_value(),
             );
         }
-        tags.push((rank_of(&doc, i), doc.run.host.clone()));
         docs.push((source, doc));
     }
-    let out = merge_documents(docs)?;
+    let ranks = rank_names(docs.iter().map(|(s, d)| (s.as_str(), d)), accept)?;
+    let tags = ranks
+        .iter()
+        .zip(&docs)
+        .map(|(rank, (_, doc))| (rank.clone(), doc.run.host.clone()))
+        .collect();
+    let out = merge_documents(docs, ranks)?;
     Ok(out.map_log(|_| MergedLog {
         runs,
         tags,
@@ -433,19 +543,28 @@ pub fn merge_inputs(inputs: Vec<Input>) -> anyhow::Result<Merged> {
 }
 
 /// Everything but the log: peaks, ranks, stages, GPUs, alerts, verdicts.
-fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> {
+fn merge_documents(
+    inputs: Vec<(String, Document)>,
+    ranks: Vec<String>,
+) -> anyhow::Result<Document> {
     anyhow::ensure!(!inputs.is_empty(), "nothing to merge");
     let mut out = Document {
         schema: SCHEMA_VERSION,
         run: merged_run(&inputs[0].1.run),
+        host: merge_hosts(
+            &ranks
+                .iter()
+                .zip(&inputs)
+                .map(|(rank, (_, doc))| (rank.as_str(), doc.host.as_ref()))
+                .collect::<Vec<_>>(),
+        ),
         ..Document::default()
     };
     let mut hosts: Vec<String> = Vec::new();
     let mut best: BTreeMap<&'static str, (f64, String)> = BTreeMap::new();
     let mut leaks: Vec<(String, leak::LeakReport)> = Vec::new();
 
-    for (i, (source, mut doc)) in inputs.into_iter().enumerate() {
-        let rank = rank_of(&doc, i);
+    for ((source, mut doc), rank) in inputs.into_iter().zip(ranks) {
         let host = doc.run.host.clone();
         if !hosts.contains(&host) {
             hosts.push(host.clone());
@@ -475,6 +594,7 @@ fn merge_documents(inputs: Vec<(String, Document)>) -> anyhow::Result<Document> 
         out.ranks.push(RankSummary {
             rank,
             host,
+            host_source: doc.host.as_ref().map(|h| h.source),
             source,
             exit: doc.run.exit,
             peak_usage: doc.peak_usage,
@@ -605,9 +725,20 @@ fn merge_leaks(leaks: Vec<(String, leak::LeakReport)>) -> leak::LeakReport {
     }
 }
 
-/// Orders `rank2` before `rank10`.
-fn natural(s: &str) -> (Option<u64>, String) {
-    (s.parse().ok(), s.to_string())
+/// Orders `2` before `10`, `rank2` before `rank10`, and a repeated
+/// rank's `0#1` after its `0`: the text before the first digit, then the
+/// number those digits make, then the whole name.
+fn natural(s: &str) -> (String, Option<u64>, String) {
+    let digits_at = s.find(|c: char| c.is_ascii_digit()).unwrap_or(s.len());
+    let (prefix, rest) = s.split_at(digits_at);
+    let digits = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    (
+        prefix.to_string(),
+        rest[..digits].parse().ok(),
+        s.to_string(),
+    )
 }
 
 #[cfg(test)]
@@ -634,11 +765,14 @@ mod tests {
 
     #[test]
     fn peaks_are_the_worst_rank_and_it_is_named() {
-        let m = merge(vec![
-            rank("0", 100.0, 9000.0),
-            rank("1", 400.0, 1000.0),
-            rank("10", 50.0, 2000.0),
-        ])
+        let m = merge(
+            vec![
+                rank("0", 100.0, 9000.0),
+                rank("1", 400.0, 1000.0),
+                rank("10", 50.0, 2000.0),
+            ],
+            Accept::OneJob,
+        )
         .unwrap();
         assert_eq!(m.peak_usage.cpu_ram_used_mb, 400.0);
         assert_eq!(m.peak_usage.gpu_process_used_mb, 9000.0);
@@ -709,7 +843,7 @@ mod tests {
                 }
             })
             .collect();
-        let m = merge_inputs(inputs).unwrap();
+        let m = merge_inputs(inputs, Accept::OneJob).unwrap();
         assert!(m.detailed_log.runs.len() > 3, "chunks were spilled");
         let got: Vec<(u64, String)> = m
             .detailed_log
@@ -732,7 +866,7 @@ mod tests {
         bad.1.run.exit = Some(crate::model::Exit::signal(9));
         let mut good = rank("0", 1.0, 0.0);
         good.1.run.exit = Some(crate::model::Exit::code(0));
-        let m = merge(vec![good, bad]).unwrap();
+        let m = merge(vec![good, bad], Accept::OneJob).unwrap();
         assert_eq!(m.run.exit.unwrap().code, 137);
     }
 
@@ -756,10 +890,13 @@ mod tests {
             }
             (src, d)
         };
-        let m = merge(vec![
-            series("0", &|_| 5000.0),
-            series("1", &|t| 1000.0 + 10.0 * t),
-        ])
+        let m = merge(
+            vec![
+                series("0", &|_| 5000.0),
+                series("1", &|t| 1000.0 + 10.0 * t),
+            ],
+            Accept::OneJob,
+        )
         .unwrap();
         let leak = m.leak.unwrap();
         assert_eq!(leak["suspected"], true, "{leak:#}");
@@ -774,5 +911,100 @@ mod tests {
         let rate = leak["host"]["rate_mib_per_hour"].as_f64().unwrap();
         assert!((rate - 36_000.0).abs() < 3_600.0, "{rate}");
         assert_eq!(leak["ranks"]["0"]["suspected"], false);
+    }
+
+    #[test]
+    fn other_runs_and_a_rank_twice_are_refused_unless_forced() {
+        let mut other = rank("1", 1.0, 0.0);
+        other.1.run.name = "another-job".into();
+        let err = merge(vec![rank("0", 1.0, 0.0), other.clone()], Accept::OneJob)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"job\"") && err.contains("\"another-job\""),
+            "{err}"
+        );
+        assert!(err.contains("--force"), "{err}");
+        // Two files of rank 0: the same file twice, or two jobs.
+        let err = merge(
+            vec![rank("0", 1.0, 0.0), rank("0", 2.0, 0.0)],
+            Accept::OneJob,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("both rank \"0\""), "{err}");
+        // Two runs on one host with no rank label: the host names both.
+        let bare = |mb| {
+            let (src, mut d) = rank("0", mb, 0.0);
+            d.run.labels.remove("rank");
+            d.run.host = "node".into();
+            (src, d)
+        };
+        assert!(merge(vec![bare(1.0), bare(2.0)], Accept::OneJob).is_err());
+        // A file without a run name goes with any.
+        let mut nameless = rank("1", 1.0, 0.0);
+        nameless.1.run.name.clear();
+        assert!(merge(vec![rank("0", 1.0, 0.0), nameless], Accept::OneJob).is_ok());
+        // Forced: merged, the repeated rank told apart by its position.
+        let m = merge(vec![bare(1.0), bare(2.0), other], Accept::Any).unwrap();
+        let names: Vec<&str> = m.ranks.iter().map(|r| r.rank.as_str()).collect();
+        assert_eq!(names, ["1", "node", "node#1"]);
+    }
+
+    #[test]
+    fn the_host_block_says_how_the_ranks_measured() {
+        let with = |r: &str, source, reason: &str, rss: f64| {
+            let (src, mut d) = rank(r, 1.0, 0.0);
+            d.host = Some(HostInfo {
+                source,
+                reason: reason.into(),
+                cgroup: Some(format!("/memtrack/{r}")),
+                rss_sum_peak_mb: rss,
+                kernel_peak_mb: Some(rss / 2.0),
+                oom_kills: Some(1),
+                ..HostInfo::default()
+            });
+            (src, d)
+        };
+        let m = merge(
+            vec![
+                with("0", HostSource::Cgroup, "job cgroup", 10.0),
+                with("1", HostSource::Cgroup, "job cgroup", 30.0),
+            ],
+            Accept::OneJob,
+        )
+        .unwrap();
+        let h = m.host.unwrap();
+        assert_eq!(h.source, HostSource::Cgroup);
+        assert_eq!(h.reason, "job cgroup");
+        assert_eq!(h.cgroup, None, "a node's cgroup is not the job's");
+        assert_eq!((h.rss_sum_peak_mb, h.kernel_peak_mb), (30.0, Some(15.0)));
+        assert_eq!(h.oom_kills, Some(2));
+        assert_eq!(m.ranks[1].host_source, Some(HostSource::Cgroup));
+
+        // Mixed: the least exact source, each rank's named.
+        let (src, old) = rank("2", 1.0, 0.0);
+        let m = merge(
+            vec![
+                with("0", HostSource::Pages, "root", 10.0),
+                with("1", HostSource::Pss, "no root", 10.0),
+                (src, old),
+            ],
+            Accept::OneJob,
+        )
+        .unwrap();
+        let h = m.host.unwrap();
+        assert_eq!(h.source, HostSource::Rss);
+        assert_eq!(
+            h.reason,
+            "the ranks measured differently: rank 0 pages, rank 1 pss, rank 2 rss"
+        );
+        // No rank says: no block, as before.
+        let m = merge(
+            vec![rank("0", 1.0, 0.0), rank("1", 1.0, 0.0)],
+            Accept::OneJob,
+        )
+        .unwrap();
+        assert!(m.host.is_none());
     }
 }

@@ -294,6 +294,48 @@ fn a_four_rank_job_merges_locally_and_from_s3() {
         "the job's peak is rank 2's"
     );
     assert!(merged.peak_usage.cpu_ram_used_mb >= 400.0);
+    // How the ranks measured carries over: the report of the job says the
+    // same source as each rank's.
+    let source = |d: &memtrack::model::Document| d.host.as_ref().map(|h| h.source);
+    assert!(source(&rank2).is_some());
+    assert_eq!(source(&merged), source(&rank2));
+
+    // A file given twice is not a job of two ranks: refused, nothing
+    // written; --force merges it anyway, the repeat named by position.
+    let twice = out.path().join("twice.json");
+    let res = run_to_end(
+        memtrack()
+            .arg("merge")
+            .args([&files[0], &files[0]])
+            .arg("-o")
+            .arg(&twice),
+        Duration::from_secs(30),
+    );
+    assert_eq!(res.status.code(), Some(1), "{}", stderr(&res));
+    assert!(
+        stderr(&res).contains("both rank \"0\"") && stderr(&res).contains("--force"),
+        "{}",
+        stderr(&res)
+    );
+    assert!(!twice.exists(), "a refused merge writes nothing");
+    let res = run_to_end(
+        memtrack()
+            .args(["merge", "--force"])
+            .args([&files[0], &files[0]])
+            .arg("-o")
+            .arg(&twice),
+        Duration::from_secs(30),
+    );
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    let forced: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&twice).unwrap()).unwrap();
+    let ranks: Vec<&str> = forced["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rank"].as_str().unwrap())
+        .collect();
+    assert_eq!(ranks, ["0", "0#1"]);
 
     // The same from the object store's prefix.
     let mut cmd = memtrack();
