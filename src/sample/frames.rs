@@ -59,57 +59,81 @@ impl Block {
         }
     }
 
-    /// The smallest form of the frames set in `bits`.
-    fn from_bits(bits: &[u64; WORDS]) -> Block {
-        let count: usize = bits.iter().map(|w| w.count_ones() as usize).sum();
-        // Runs: a run starts at each set bit whose predecessor is clear.
-        let mut runs = 0usize;
-        let mut carry = 0u64;
-        for &w in bits.iter() {
+    /// The smallest form of the frames set in `bits`, whose non-empty
+    /// words are those set in `summary`: only those are visited, so a
+    /// block of a few scattered frames costs what it holds.
+    fn from_bits(bits: &[u64; WORDS], summary: &[u64; SUMMARY]) -> Block {
+        // Frames, and runs: a run starts at each set bit whose predecessor
+        // is clear.
+        let (mut count, mut runs) = (0usize, 0usize);
+        each_word(summary, |i| {
+            let w = bits[i];
+            let carry = if i > 0 { bits[i - 1] >> 63 } else { 0 };
+            count += w.count_ones() as usize;
             runs += (w & !((w << 1) | carry)).count_ones() as usize;
-            carry = w >> 63;
-        }
+        });
         let (as_runs, as_frames, as_bits) = (runs * 4, count * 2, WORDS * 8);
         if as_runs <= as_frames && as_runs <= as_bits {
-            let mut out = Vec::with_capacity(runs);
-            let mut at = 0usize;
-            while let Some(first) = next_bit(bits, at, true) {
-                let end = next_bit(bits, first, false).unwrap_or(BLOCK_FRAMES as usize);
-                out.push((first as u16, (end - 1) as u16));
-                at = end;
-            }
+            let mut out: Vec<(u16, u16)> = Vec::with_capacity(runs);
+            each_word(summary, |i| {
+                let mut w = bits[i];
+                while w != 0 {
+                    let start = w.trailing_zeros() as usize;
+                    let len = (!(w >> start)).trailing_zeros() as usize;
+                    let (first, last) = (i * 64 + start, i * 64 + start + len - 1);
+                    match out.last_mut() {
+                        Some(r) if usize::from(r.1) + 1 == first => r.1 = last as u16,
+                        _ => out.push((first as u16, last as u16)),
+                    }
+                    w = if start + len >= 64 {
+                        0
+                    } else {
+                        w & (u64::MAX << (start + len))
+                    };
+                }
+            });
             Block::Runs(out.into_boxed_slice())
         } else if as_frames <= as_bits {
             let mut out = Vec::with_capacity(count);
-            for (i, &w) in bits.iter().enumerate() {
-                let mut w = w;
+            each_word(summary, |i| {
+                let mut w = bits[i];
                 while w != 0 {
                     out.push((i * 64) as u16 + w.trailing_zeros() as u16);
                     w &= w - 1;
                 }
-            }
+            });
             Block::Frames(out.into_boxed_slice())
         } else {
             Block::Bits(Box::new(*bits))
         }
     }
 
-    /// The smaller of runs and frames, from a few frames in any order.
-    fn from_sorted(mut v: Vec<u16>) -> Block {
-        v.sort_unstable();
-        v.dedup();
-        let mut runs: Vec<(u16, u16)> = Vec::new();
-        for &x in &v {
-            match runs.last_mut() {
-                Some(r) if u32::from(r.1) + 1 == u32::from(x) => r.1 = x,
-                _ => runs.push((x, x)),
+    /// The smallest form of a block being read one bit per frame.
+    fn from_dense(bits: &[u64; WORDS]) -> Block {
+        let mut summary = [0u64; SUMMARY];
+        for (i, &w) in bits.iter().enumerate() {
+            if w != 0 {
+                summary[i / 64] |= 1u64 << (i % 64);
             }
         }
-        if runs.len() * 4 <= v.len() * 2 {
-            Block::Runs(runs.into_boxed_slice())
-        } else {
-            Block::Frames(v.into_boxed_slice())
+        Block::from_bits(bits, &summary)
+    }
+
+    /// The smallest form of `offsets` (in any order, perhaps repeated),
+    /// set as bits in `scratch` (clear before and after): the bitmap sorts
+    /// and dedups them in one pass, where a comparison sort of a block's
+    /// scattered frames took most of a read's time in a debug build.
+    fn from_offsets(offsets: &[u16], scratch: &mut Scratch) -> Block {
+        for &o in offsets {
+            let i = usize::from(o) / 64;
+            scratch.bits[i] |= 1u64 << (o % 64);
+            scratch.summary[i / 64] |= 1u64 << (i % 64);
         }
+        let block = Block::from_bits(&scratch.bits, &scratch.summary);
+        let bits = &mut scratch.bits;
+        each_word(&scratch.summary, |i| bits[i] = 0);
+        scratch.summary = [0; SUMMARY];
+        block
     }
 
     /// Calls `f(word index, bits)` for each non-empty word of the block.
@@ -155,24 +179,25 @@ impl Block {
     }
 }
 
-/// The first frame at or after `from` whose bit is `set`.
-fn next_bit(bits: &[u64; WORDS], from: usize, set: bool) -> Option<usize> {
-    let mut i = from / 64;
-    if i >= WORDS {
-        return None;
-    }
-    let flip = if set { 0 } else { u64::MAX };
-    let mut w = (bits[i] ^ flip) & (u64::MAX << (from % 64));
-    loop {
-        if w != 0 {
-            return Some(i * 64 + w.trailing_zeros() as usize);
+/// Words of a block's summary: one bit per word of the block.
+const SUMMARY: usize = WORDS / 64;
+
+/// Calls `f(i)` for each word `i` set in `summary`, in order.
+fn each_word(summary: &[u64; SUMMARY], mut f: impl FnMut(usize)) {
+    for (s, &w) in summary.iter().enumerate() {
+        let mut w = w;
+        while w != 0 {
+            f(s * 64 + w.trailing_zeros() as usize);
+            w &= w - 1;
         }
-        i += 1;
-        if i >= WORDS {
-            return None;
-        }
-        w = bits[i] ^ flip;
     }
+}
+
+/// A block's bits and their summary, clear between uses.
+#[derive(Debug)]
+struct Scratch {
+    bits: [u64; WORDS],
+    summary: [u64; SUMMARY],
 }
 
 /// One process's frames: its blocks, sorted by block number.
@@ -216,9 +241,18 @@ impl FrameSet {
 #[derive(Debug, Default)]
 pub(crate) struct Builder {
     blocks: Vec<(u64, Building)>,
-    index: HashMap<u64, usize>,
-    last: Option<(u64, usize)>,
+    /// Where each block numbered below [`NEAR_BLOCKS`] is in `blocks`,
+    /// plus one (0: none yet), as long as the highest seen: an entry per
+    /// 256 MiB of the machine. A hash lookup per page (the frames of a
+    /// process's neighbouring pages are mostly in different blocks) took
+    /// a fifth of a read's time in a debug build.
+    near: Vec<u32>,
+    /// Blocks numbered from [`NEAR_BLOCKS`] on (frames past 16 TiB).
+    far: HashMap<u64, usize>,
 }
+
+/// Block numbers found by index, not by hash.
+const NEAR_BLOCKS: u64 = 1 << 16;
 
 const SPARSE_MAX: usize = WORDS * 4;
 
@@ -232,20 +266,26 @@ enum Building {
 impl Builder {
     pub(crate) fn insert(&mut self, frame: u64) {
         let key = frame / BLOCK_FRAMES;
-        let at = match self.last {
-            Some((k, i)) if k == key => i,
-            _ => {
-                let i = match self.index.get(&key) {
-                    Some(&i) => i,
-                    None => {
-                        self.blocks.push((key, Building::Sparse(Vec::new())));
-                        self.index.insert(key, self.blocks.len() - 1);
-                        self.blocks.len() - 1
-                    }
-                };
-                self.last = Some((key, i));
-                i
+        let at = if key < NEAR_BLOCKS {
+            let k = key as usize;
+            if k >= self.near.len() {
+                self.near.resize(k + 1, 0);
             }
+            match self.near[k] {
+                0 => {
+                    self.blocks.push((key, Building::Sparse(Vec::new())));
+                    self.near[k] = self.blocks.len() as u32;
+                    self.blocks.len() - 1
+                }
+                i => i as usize - 1,
+            }
+        } else {
+            let next = self.blocks.len();
+            let i = *self.far.entry(key).or_insert(next);
+            if i == next {
+                self.blocks.push((key, Building::Sparse(Vec::new())));
+            }
+            i
         };
         let off = (frame % BLOCK_FRAMES) as u16;
         let block = &mut self.blocks[at].1;
@@ -264,13 +304,17 @@ impl Builder {
 
     /// The set, its blocks shared with equal ones already held.
     pub(crate) fn finish(self, interner: &mut Interner) -> FrameSet {
+        let mut scratch = Box::new(Scratch {
+            bits: [0; WORDS],
+            summary: [0; SUMMARY],
+        });
         let mut blocks: Vec<(u64, Arc<Block>)> = self
             .blocks
             .into_iter()
             .map(|(key, b)| {
                 let block = match b {
-                    Building::Dense(bits) => Block::from_bits(&bits),
-                    Building::Sparse(v) => Block::from_sorted(v),
+                    Building::Dense(bits) => Block::from_dense(&bits),
+                    Building::Sparse(v) => Block::from_offsets(&v, &mut scratch),
                 };
                 (key, interner.intern(key, block))
             })
@@ -551,6 +595,25 @@ mod tests {
         // fork differs in one or two of them: far from 65 copies of 128
         // MiB of frame numbers (65 × 128 KiB at four bytes a page).
         assert!(bytes < (65 * 20) << 10, "{bytes} bytes");
+    }
+
+    #[test]
+    fn runs_crossing_words_are_kept_whole() {
+        // A few frames (read as a sparse block), in runs that cross word
+        // boundaries, a full word, the block's last frame, out of order.
+        let mut frames: Vec<u64> = (60..200).chain(319..322).chain(448..512).collect();
+        frames.push(BLOCK_FRAMES - 1);
+        frames.reverse();
+        let mut interner = Interner::default();
+        let s = set(frames.iter().copied(), &mut interner);
+        let blocks: Vec<&Arc<Block>> = s.blocks().collect();
+        assert_eq!(blocks.len(), 1);
+        let last = (BLOCK_FRAMES - 1) as u16;
+        assert_eq!(
+            **blocks[0],
+            Block::Runs(vec![(60, 199), (319, 321), (448, 511), (last, last)].into())
+        );
+        check(vec![(0, frames, false)], 1);
     }
 
     #[test]
