@@ -69,6 +69,13 @@ fn tree_rss_in_metrics_matches_the_kernel() {
         &[],
     );
     wait_for("the child", Duration::from_secs(30), || ready.exists());
+    // The job holds still from here: only a sample taken after this moment
+    // is compared with the kernel (one taken while the child was still
+    // touching its 100 MiB would differ by what it touched since).
+    let still_since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
     // Until memtrack has seen both processes and the tree's 300 MiB (the
     // page count is read in budgeted slices), however loaded the machine.
     let mut body = String::new();
@@ -80,6 +87,9 @@ fn tree_rss_in_metrics_matches_the_kernel() {
             body = b;
             let s = samples(&body);
             status == 200
+                && s.iter().any(|(n, _, v)| {
+                    n == "memtrack_last_sample_timestamp_seconds" && *v > still_since
+                })
                 && s.iter()
                     .filter(|(n, _, _)| n == "memtrack_process_resident_memory_bytes")
                     .count()

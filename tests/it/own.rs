@@ -26,7 +26,10 @@ N = 2_000_000
 data = [i + 1000 for i in range(N)]
 objects_bytes = N * sys.getsizeof(N + 1000)
 def reader():
-    steps = 100
+    # 150 steps of 0.28 s: at the default budget a growing worker's own
+    # cost is read every 2-3 s, and the leak rule needs 12 reads after
+    # its warm-up to judge USS rather than RSS.
+    steps = 150
     chunk = N // steps
     for s in range(steps):
         part = data[s * chunk:(s + 1) * chunk]
