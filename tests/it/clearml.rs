@@ -1661,6 +1661,28 @@ pub(crate) fn require_clearml_sdk() {
     );
 }
 
+/// The server holds one task, `id`, made by the job's SDK (memtrack made
+/// none), and memtrack's memory points in it; those points.
+fn memory_in_the_scripts_task(server: &Server, id: &str, log: &str) -> Vec<Value> {
+    let state = server.state();
+    assert_eq!(
+        state["tasks"].as_object().unwrap().len(),
+        1,
+        "one task, the script's: {state:#}"
+    );
+    assert_eq!(state["task_creators"][id], "sdk", "{state:#}");
+    let memory: Vec<Value> = server
+        .points(id)
+        .into_iter()
+        .filter(|p| p["metric"].as_str().unwrap().starts_with("memory/"))
+        .collect();
+    assert!(
+        !memory.is_empty(),
+        "memtrack's points in the script's task: {log}"
+    );
+    memory
+}
+
 /// Checks the outcome of an SDK job run under memtrack: one task, the
 /// script's; only the SDK changed its status; every memory point in it, on
 /// the job's iteration axis; the SDK's scalars too; the artifact registered
@@ -2403,18 +2425,8 @@ task.close()
         .unwrap_or_else(|| panic!("no task: {all}"))
         .to_string();
     // One task, the script's: memtrack made none.
+    let memory = memory_in_the_scripts_task(&server, &id, &all);
     let state = server.state();
-    assert_eq!(state["tasks"].as_object().unwrap().len(), 1, "{state:#}");
-    assert_eq!(state["task_creators"][&id], "sdk", "{state:#}");
-    let memory: Vec<Value> = server
-        .points(&id)
-        .into_iter()
-        .filter(|p| p["metric"].as_str().unwrap().starts_with("memory/"))
-        .collect();
-    assert!(
-        !memory.is_empty(),
-        "memtrack's points in the job's task: {all}"
-    );
     // No iteration from the job: seconds since the start, as ClearML's
     // own monitor does; never more than the run lasted.
     let iters: std::collections::BTreeSet<u64> =
@@ -2496,22 +2508,8 @@ task.close()
         .find_map(|l| l.strip_prefix("TASK "))
         .unwrap_or_else(|| panic!("no task: {all}"))
         .to_string();
+    memory_in_the_scripts_task(&server, &id, &all);
     let state = server.state();
-    assert_eq!(
-        state["tasks"].as_object().unwrap().len(),
-        1,
-        "one task, the script's: {state:#}"
-    );
-    assert_eq!(state["task_creators"][&id], "sdk", "{state:#}");
-    let memory: Vec<Value> = server
-        .points(&id)
-        .into_iter()
-        .filter(|p| p["metric"].as_str().unwrap().starts_with("memory/"))
-        .collect();
-    assert!(
-        !memory.is_empty(),
-        "memtrack's points in the script's task: {all}"
-    );
     let loss: Vec<u64> = server
         .points(&id)
         .into_iter()

@@ -172,19 +172,7 @@ fn run_job_within(
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let (_, doc) = only_document(&out_dir.path().join("runs"));
-    let text = std::fs::read_to_string(&windows).unwrap_or_default();
-    let w: Vec<(f64, f64, f64)> = text
-        .lines()
-        .map(|l| {
-            let v: Vec<f64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
-            (v[0], v[1], v[2] / MIB)
-        })
-        .collect();
-    assert!(
-        !w.is_empty(),
-        "the job found no steady moment\n{}",
-        stderr(&out)
-    );
+    let w = steady_windows(&windows, &out);
     (doc, w)
 }
 
@@ -480,4 +468,23 @@ fn the_end_line_report_plot_json_and_metrics_give_one_peak() {
         format!("host peak {} MiB sampled", one(sampled))
     };
     assert!(drawn.contains(&header), "no `{header}` in the plot");
+}
+
+/// The steady windows a truth job wrote (`start end distinct_bytes` per
+/// line) as `(start, end, MiB)`; a job that found none fails the test.
+pub(crate) fn steady_windows(windows: &Path, out: &std::process::Output) -> Vec<(f64, f64, f64)> {
+    let text = std::fs::read_to_string(windows).unwrap_or_default();
+    let w: Vec<(f64, f64, f64)> = text
+        .lines()
+        .map(|l| {
+            let v: Vec<f64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            (v[0], v[1], v[2] / MIB)
+        })
+        .collect();
+    assert!(
+        !w.is_empty(),
+        "the job found no steady moment\n{}",
+        stderr(out)
+    );
+    w
 }

@@ -140,19 +140,7 @@ fn run_pss(job: &str, user: Option<u32>) -> (Document, Vec<(f64, f64, f64)>) {
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let (_, doc) = only_document(&runs);
-    let text = std::fs::read_to_string(&windows).unwrap_or_default();
-    let w: Vec<(f64, f64, f64)> = text
-        .lines()
-        .map(|l| {
-            let v: Vec<f64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
-            (v[0], v[1], v[2] / MIB)
-        })
-        .collect();
-    assert!(
-        !w.is_empty(),
-        "the job found no steady moment\n{}",
-        stderr(&out)
-    );
+    let w = crate::truth::steady_windows(&windows, &out);
     let host = doc.host.as_ref().expect("host");
     assert_eq!(host.source, HostSource::Pss, "{host:#?}\n{}", stderr(&out));
     assert!(host.pss_reads.unwrap_or(0) > 0, "{host:#?}");
