@@ -10,10 +10,15 @@ with the automatic hooks on and with ``--no-auto-hooks``, alternately,
 ``--rounds`` times each, so that a step is as short as a real loop's gets
 and the callback's share as large as it gets. Prints, per framework, the
 median time per step of the training call both ways, their ratio and the
-hooks' cost per step. Each job uses one torch thread, so that the figures
-depend on the machine's other load as little as they can. With the hooks
-on, each optimizer step sends a ``span_begin`` and a ``span_end``. Needs
-torch, lightning and transformers in this Python; nothing is downloaded.
+hooks' cost per step (the difference, against the goal), and, as checks
+that move less with the machine's other load, the job process's CPU time
+per step both ways and the time spent inside memtrack's step hooks (a
+step's two messages built and sent, or held back: steps less than 10 ms
+apart go to memtrack in batches). Each job uses one torch thread, so that
+the figures depend on the machine's other load as little as they can.
+Needs torch, lightning and transformers in this Python; nothing is
+downloaded. Give it a release build (``--bin target/release/memtrack``)
+for figures to quote: a debug daemon's own work is several times larger.
 """
 
 import argparse
@@ -26,6 +31,41 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, ".."))
+
+
+def time_the_hooks():
+    """With the hooks on, time what memtrack's step hooks themselves take
+    (``memtrack.frameworks._Steps``: building and sending a step's two
+    messages); returns a function giving the seconds spent so far."""
+    spent = [0.0]
+    if not os.environ.get("MEMTRACK_SOCKET") or os.environ.get("MEMTRACK_AUTO_HOOKS") == "0":
+        return lambda: None
+    try:
+        from memtrack import frameworks
+    except ImportError:
+        return lambda: None
+    clock = time.perf_counter
+
+    def timed(method):
+        def run(self, *args):
+            start = clock()
+            try:
+                return method(self, *args)
+            finally:
+                spent[0] += clock() - start
+        return run
+
+    frameworks._Steps.begin = timed(frameworks._Steps.begin)
+    frameworks._Steps.end = timed(frameworks._Steps.end)
+    return lambda: spent[0]
+
+
+def report(start, cpu_start, steps, hooks_spent):
+    print("per_step_s %.9f" % ((time.perf_counter() - start) / steps))
+    print("cpu_per_step_s %.9f" % ((time.process_time() - cpu_start) / steps))
+    spent = hooks_spent()
+    if spent is not None:
+        print("hooks_per_step_s %.9f" % (spent / steps))
 
 
 def lightning_job(steps):
@@ -50,9 +90,10 @@ def lightning_job(steps):
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, default_root_dir=tempfile.mkdtemp())
-    start = time.perf_counter()
+    hooks_spent = time_the_hooks()
+    start, cpu_start = time.perf_counter(), time.process_time()
     trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
-    print("per_step_s %.9f" % ((time.perf_counter() - start) / steps))
+    report(start, cpu_start, steps, hooks_spent)
 
 
 def hf_job(steps):
@@ -78,12 +119,17 @@ def hf_job(steps):
                              logging_strategy="no", report_to=[], use_cpu=True,
                              dataloader_num_workers=0, disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(4 * steps))
-    start = time.perf_counter()
+    hooks_spent = time_the_hooks()
+    start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
-    print("per_step_s %.9f" % ((time.perf_counter() - start) / steps))
+    report(start, cpu_start, steps, hooks_spent)
 
 
 JOBS = {"lightning": lightning_job, "hf": hf_job}
+
+# What the hooks may add to a step: about what a bare fire-and-forget mark
+# costs.
+GOAL_US = 20
 
 # No hub, no telemetry, no tracker of the libraries' own.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -100,10 +146,14 @@ def measure(binary, framework, steps, hooks):
             [binary, "run", "--listen", "off", "--output", out, "--name", "bench"] + flags + ["--",
              sys.executable, os.path.abspath(__file__), "--job", framework, "--steps", str(steps)],
             env=env, capture_output=True, text=True, check=True)
+    figures = {}
     for line in proc.stdout.splitlines():
-        if line.startswith("per_step_s "):
-            return float(line.split()[1])
-    raise SystemExit("no timing in the job's output:\n" + proc.stdout + proc.stderr)
+        name, _, value = line.partition(" ")
+        if name in ("per_step_s", "cpu_per_step_s", "hooks_per_step_s"):
+            figures[name] = float(value)
+    if "per_step_s" not in figures:
+        raise SystemExit("no timing in the job's output:\n" + proc.stdout + proc.stderr)
+    return figures
 
 
 def main():
@@ -122,16 +172,25 @@ def main():
     if unknown or not frameworks:
         parser.error("--framework takes lightning and/or hf, not %s" % ", ".join(unknown or ["nothing"]))
     print("| per step (median of %d runs of %d steps) | hooks off (`--no-auto-hooks`) | hooks on "
-          "| ratio on/off | hooks' cost per step |" % (args.rounds, args.steps))
-    print("|---|---|---|---|---|")
+          "| ratio on/off | hooks' cost per step | job CPU per step, off → on | in the hooks per step "
+          "| goal |" % (args.rounds, args.steps))
+    print("|---|---|---|---|---|---|---|---|")
     for framework in frameworks:
         on, off = [], []
         for _ in range(args.rounds):
             off.append(measure(args.bin, framework, args.steps, False))
             on.append(measure(args.bin, framework, args.steps, True))
-        off_s, on_s = statistics.median(off), statistics.median(on)
-        print("| %s | %.1f µs | %.1f µs | %.3f | %.1f µs |"
-              % (framework, off_s * 1e6, on_s * 1e6, on_s / off_s, (on_s - off_s) * 1e6), flush=True)
+
+        def median(runs, name):
+            return statistics.median(r[name] for r in runs)
+
+        off_s, on_s = median(off, "per_step_s"), median(on, "per_step_s")
+        cost = on_s - off_s
+        print("| %s | %.1f µs | %.1f µs | %.3f | %.1f µs | %.1f → %.1f µs | %.1f µs | ≤ %d µs: %s |"
+              % (framework, off_s * 1e6, on_s * 1e6, on_s / off_s, cost * 1e6,
+                 median(off, "cpu_per_step_s") * 1e6, median(on, "cpu_per_step_s") * 1e6,
+                 median(on, "hooks_per_step_s") * 1e6, GOAL_US,
+                 "met" if cost * 1e6 <= GOAL_US else "not met"), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use super::{Ended, Engine};
 use crate::event::inbox::{ClientRequest, Input};
-use crate::event::protocol::{self, Id, Message};
+use crate::event::protocol::{self, Id, MarkBody, Message};
 use crate::model::{EntryKind, Exit};
 use crate::store::{Boundary, Mark, Record, SampleKind, SYSTEM};
 use crate::sys::Reaped;
@@ -40,7 +40,9 @@ enum Action {
 }
 
 /// The verdict on one message from `pid`, received at `received` (Unix
-/// seconds).
+/// seconds). A mark, span begin or span end the client held back says when
+/// it happened (`at`), and is recorded at that moment (never after it
+/// arrived, nor more than [`protocol::MAX_HELD_S`] before).
 fn action(message: Message, pid: Option<u32>, received: f64) -> Action {
     let mark = |component: String, operation: String, iteration, labels, allocator| Mark {
         timestamp: received,
@@ -52,33 +54,21 @@ fn action(message: Message, pid: Option<u32>, received: f64) -> Action {
         allocator,
         kind: EntryKind::Event,
     };
+    let event = |m: MarkBody| Mark {
+        timestamp: m.at.map_or(received, |at| {
+            at.clamp(received - protocol::MAX_HELD_S, received)
+        }),
+        ..mark(m.component, m.operation, m.iteration, m.labels, m.allocator)
+    };
     let boundary = |mark| Boundary {
         mark,
         status: None,
         message: None,
     };
     match message {
-        Message::Mark(m) => Action::Commit(Record::Mark(mark(
-            m.component,
-            m.operation,
-            m.iteration,
-            m.labels,
-            m.allocator,
-        ))),
-        Message::SpanBegin(m) => Action::Commit(Record::SpanBegin(boundary(mark(
-            m.component,
-            m.operation,
-            m.iteration,
-            m.labels,
-            m.allocator,
-        )))),
-        Message::SpanEnd(m) => Action::Commit(Record::SpanEnd(boundary(mark(
-            m.component,
-            m.operation,
-            m.iteration,
-            m.labels,
-            m.allocator,
-        )))),
+        Message::Mark(m) => Action::Commit(Record::Mark(event(m))),
+        Message::SpanBegin(m) => Action::Commit(Record::SpanBegin(boundary(event(m)))),
+        Message::SpanEnd(m) => Action::Commit(Record::SpanEnd(boundary(event(m)))),
         Message::StageBegin(s) => Action::Commit(Record::StageBegin(boundary(mark(
             "stage".into(),
             s.name,
@@ -169,9 +159,9 @@ fn register_reply(id: &Option<Id>, following: bool) -> Vec<u8> {
 }
 
 /// Whether a message makes its sender join the tree (`attach` without
-/// PIDs): anything recorded with a sample, and `register`.
+/// PIDs): anything recorded, and `register`.
 fn registers(message: &Message) -> bool {
-    message.needs_sample() || *message == Message::Register
+    message.is_recorded() || *message == Message::Register
 }
 
 impl Engine {
@@ -216,7 +206,7 @@ impl Engine {
             let Input::Client(c) = input else {
                 continue;
             };
-            needs_sample |= c.request.message.needs_sample();
+            needs_sample |= c.request.message.needs_sample(c.received);
             let self_register = self.events.as_ref().is_some_and(|l| l.self_register);
             if let (Some(pid), true) = (c.pid, self_register) {
                 if registers(&c.request.message) && !self.sampler.follows(pid) {
@@ -317,6 +307,32 @@ mod tests {
             assert_eq!(b.mark.operation, "generate");
             assert_eq!((b.status, b.message), (None, None));
         }
+    }
+
+    #[test]
+    fn a_held_back_step_is_recorded_when_it_happened() {
+        let a = act(
+            r#"{"type":"span_begin","component":"train","operation":"step","iteration":9,"at":1000.496}"#,
+        );
+        let Action::Commit(Record::SpanBegin(b)) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(b.mark.timestamp, 1000.496);
+        // A clock that says later than the arrival, or long before it.
+        for (at, stamped) in [("1001.5", 1000.5), ("1.0", 940.5)] {
+            let a = act(&format!(
+                r#"{{"type":"span_end","component":"t","operation":"s","at":{at}}}"#
+            ));
+            let Action::Commit(Record::SpanEnd(b)) = a else {
+                panic!("{a:?}")
+            };
+            assert_eq!(b.mark.timestamp, stamped, "{at}");
+        }
+        let a = act(r#"{"type":"mark","component":"m","operation":"x"}"#);
+        let Action::Commit(Record::Mark(m)) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(m.timestamp, 1000.5);
     }
 
     #[test]

@@ -21,6 +21,13 @@ const MAX_LABEL_VALUE: usize = 256;
 const MAX_STATUS: usize = 32;
 const MAX_MESSAGE: usize = 1024;
 const MAX_ID: usize = 64;
+/// How far back a held-back event's `at` may go: a client holds a message
+/// back for milliseconds; an earlier `at` (a clock set back) is recorded
+/// this long before it arrived.
+pub(crate) const MAX_HELD_S: f64 = 60.0;
+/// An event that arrives within this long of its `at` is sampled as it
+/// arrives.
+pub(crate) const FRESH_S: f64 = 0.01;
 
 /// A request's `id`, echoed in its reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +45,10 @@ pub struct MarkBody {
     pub iteration: Option<u64>,
     pub labels: BTreeMap<String, String>,
     pub allocator: Option<Allocator>,
+    /// When the event happened (`at`, Unix seconds), for one the client
+    /// held back: a client that sends fast steps in batches says when each
+    /// happened.
+    pub at: Option<f64>,
 }
 
 /// A stage begin or end.
@@ -78,8 +89,8 @@ pub enum Message {
 }
 
 impl Message {
-    /// Whether the message is recorded with a sample.
-    pub(crate) fn needs_sample(&self) -> bool {
+    /// Whether the message becomes an entry of the log.
+    pub(crate) fn is_recorded(&self) -> bool {
         matches!(
             self,
             Message::Mark(_)
@@ -88,6 +99,20 @@ impl Message {
                 | Message::StageBegin(_)
                 | Message::StageEnd(_)
         )
+    }
+
+    /// Whether the message, arrived at `received` (Unix seconds), is
+    /// recorded with a sample taken now. One that says it happened more
+    /// than [`FRESH_S`] before it arrived (a step the client held back,
+    /// or one delayed on a busy node) is not: a sample now would not be
+    /// the memory of its moment; it carries the last sample's.
+    pub(crate) fn needs_sample(&self, received: f64) -> bool {
+        match self {
+            Message::Mark(m) | Message::SpanBegin(m) | Message::SpanEnd(m) => {
+                m.at.is_none_or(|at| received - at < FRESH_S)
+            }
+            other => other.is_recorded(),
+        }
     }
 }
 
@@ -149,6 +174,7 @@ struct Raw {
     message: Option<String>,
     summary: Option<String>,
     task: Option<String>,
+    at: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -319,6 +345,14 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
             }
         }
     }
+    let at = match raw.at {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(
+            v.as_f64()
+                .filter(|t| t.is_finite() && *t > 0.0)
+                .ok_or_else(|| invalid("at", "must be a time in Unix seconds"))?,
+        ),
+    };
     let allocator = raw.allocator.map(|a| Allocator {
         allocated: a.allocated,
         reserved: a.reserved,
@@ -332,6 +366,7 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
             iteration,
             labels: labels(raw_labels)?,
             allocator,
+            at,
         })
     };
     let stage = |raw_name, raw_status: Option<String>, raw_message: Option<String>, raw_labels| {
@@ -657,6 +692,29 @@ mod tests {
     }
 
     #[test]
+    fn a_held_back_event_says_when_it_happened() {
+        let line = |at: &str| {
+            format!(
+                r#"{{"type":"span_end","component":"train","operation":"step","iteration":3,"at":{at}}}"#
+            )
+        };
+        let Message::SpanEnd(m) = ok(&line("1700000000.25")).message.clone() else {
+            panic!()
+        };
+        assert_eq!(m.at, Some(1_700_000_000.25));
+        let held = ok(&line("1700000000")).message;
+        assert!(held.is_recorded());
+        assert!(!held.needs_sample(1_700_000_000.05));
+        assert!(held.needs_sample(1_700_000_000.002));
+        assert!(ok(&line("null")).message.needs_sample(1_800_000_000.0));
+        for bad in ["-1", "0", "\"7\"", "true", "[1]", "{}"] {
+            let e = err(&line(bad));
+            assert_eq!(e.code, ErrorCode::Invalid, "{bad}: {e:?}");
+            assert!(e.message.contains("`at`"), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
     fn clearml_task_announcements() {
         let r =
             ok(r#"{"type":"clearml_task","task":"0123456789abcdef0123456789abcdef","ack":true}"#);
@@ -667,7 +725,7 @@ mod tests {
                 task: "0123456789abcdef0123456789abcdef".into()
             }
         );
-        assert!(!r.message.needs_sample());
+        assert!(!r.message.needs_sample(0.0) && !r.message.is_recorded());
         for (line, why) in [
             (r#"{"type":"clearml_task"}"#, "required"),
             (r#"{"type":"clearml_task","task":""}"#, "task id"),

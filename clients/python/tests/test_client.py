@@ -31,6 +31,46 @@ def test_fire_and_forget_marks_are_lines(fake):
     assert c.dropped() == 0 and not d.garbled
 
 
+def test_fast_steps_are_held_back_and_sent_together_with_their_times(fake, monkeypatch):
+    # The framework hooks' steps: held back (here until 64 wait, whatever
+    # the machine's pace), then sent in one write, each line saying when its
+    # step came; any other message sends the held ones first.
+    from memtrack import frameworks
+
+    d = fake()
+    monkeypatch.setenv("MEMTRACK_SOCKET", d.path)
+    monkeypatch.setattr(client_mod, "_default", None)
+    monkeypatch.setattr(client_mod, "_HOLD_S", 3600.0)
+    monkeypatch.setattr(frameworks, "_FAST_S", 3600.0)
+    steps = frameworks._Steps()
+    steps.labels = {"batch_size": "4"}
+    came = []
+    for i in range(1, 41):
+        came.append(time.time())
+        steps.begin(i)
+        came.append(time.time())
+        steps.end()
+    came.append(time.time())
+    # The first begin and end go at once (nothing came before them); 64 of
+    # the 78 held go together when the 64th is held; 14 wait.
+    assert d.wait_lines(66)
+    assert d.settle() == 66
+    memtrack.mark("eval", "start")
+    assert d.wait_lines(81)
+    objs = d.objects()
+    kinds = [(o["type"], o.get("iteration")) for o in objs]
+    assert kinds == [(k, i) for i in range(1, 41) for k in ("span_begin", "span_end")] + [("mark", None)]
+    assert "at" not in objs[-1]
+    for n, o in enumerate(objs[:-1]):
+        assert came[n] - 1e-6 <= o["at"] <= came[n + 1] + 1e-6, (n, o, came[n:n + 2])  # sent to the µs
+        assert (o["component"], o["operation"], o["labels"]) == ("train", "step", {"batch_size": "4"})
+    assert get_dropped() == 0 and not d.garbled
+
+
+def get_dropped():
+    return client_mod.get_client().dropped()
+
+
 def test_ack_returns_the_entry(fake):
     d = fake()
     c = memtrack.Client(d.path)

@@ -378,3 +378,45 @@ def test_cuda_oom_is_reported_with_the_memory_summary(tmp_path):
     assert len(windows) == 1, doc.get("flight_recorder")
     assert "PyTorch CUDA memory summary" in windows[0]["cuda_summary"]
     assert windows[0]["points"], "the seconds before the OOM"
+
+
+def test_fast_steps_are_held_back_yet_recorded_when_they_happened(tmp_path):
+    # The framework hooks hold back steps that come less than 10 ms apart and
+    # send them together; each says how long ago it happened, so the log
+    # keeps every step, in order, at its own moment, and a mark sent after
+    # them still comes after them.
+    doc, rep, _ = run_job(
+        tmp_path,
+        """
+        from memtrack.frameworks import _Steps
+        steps = _Steps()
+        steps.labels = {"batch_size": "4"}
+        began = []
+        for i in range(1, 301):
+            began.append(time.time())
+            steps.begin(i)
+            time.sleep(0.002)
+            steps.end()
+            if i == 150:
+                memtrack.mark("eval", "start")
+        report(began=began, dropped=memtrack.dropped())
+        # The last steps are still held: the client sends them as it exits.
+        """,
+    )
+    assert rep["dropped"] == 0
+    log = doc["detailed_log"]
+    begins = events(doc, component="train", operation="before_step")
+    ends = events(doc, component="train", operation="after_step")
+    assert [e["iteration"] for e in begins] == list(range(1, 301))
+    assert [e["iteration"] for e in ends] == list(range(1, 301))
+    (mark,) = events(doc, component="eval", operation="start")
+    assert log.index(ends[149]) < log.index(mark) < log.index(begins[150])
+    stamps = [e["timestamp"] for e in begins]
+    assert stamps == sorted(stamps)
+    # Held back, the steps of one batch arrive together: stamped on arrival
+    # they would share one moment. Their gaps are the job's own.
+    job_gaps = [b - a for a, b in zip(rep["began"], rep["began"][1:])]
+    log_gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    errors = sorted(abs(x - y) for x, y in zip(job_gaps, log_gaps))
+    assert errors[len(errors) // 2] < 0.0005, errors[len(errors) // 2]
+    assert doc["counters"]["protocol_errors"] == 0
