@@ -12,8 +12,11 @@
 //! triple-quoted strings, arrays, `#` and `//` comments, optional commas,
 //! value concatenation on one line, `${path}` / `${?VAR}` substitutions
 //! (resolved against the file, then the environment, when a value is
-//! read), and `include` lines (ignored). Objects given twice are merged, as
-//! in HOCON; for other values the last one wins.
+//! read), and `include` lines: `include "f"`, `include file("f")` and
+//! `required(…)` around either are handed to the caller's resolver
+//! ([`parse_with`]), whose object is merged where the line stands;
+//! `url(…)` and `classpath(…)` are handed over as unsupported. Objects
+//! given twice are merged, as in HOCON; for other values the last one wins.
 //!
 //! Error messages name the line and the problem but never echo the text of
 //! a value: the file holds secrets.
@@ -71,6 +74,21 @@ pub(crate) enum Piece {
 pub struct ConfTree {
     root: BTreeMap<String, Value>,
 }
+
+/// An `include` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Include {
+    /// `file`, or `url` / `classpath` (which memtrack does not read).
+    pub(crate) kind: &'static str,
+    pub(crate) target: String,
+    /// Inside `required(…)`: a missing file is an error.
+    pub(crate) required: bool,
+}
+
+/// What an `include` line brings: the included document's root object, or
+/// nothing (a missing optional file, an unsupported kind).
+pub(crate) type Resolve<'r> =
+    dyn FnMut(Include, usize) -> Result<Option<ConfTree>, ParseError> + 'r;
 
 impl ConfTree {
     /// The value at a dotted path (`api.credentials.access_key`).
@@ -255,14 +273,21 @@ fn check_size(out: &str, line: usize) -> Result<(), ParseError> {
     Ok(())
 }
 
-/// Parses a whole file.
+/// Parses a whole file whose `include` lines bring nothing.
 pub fn parse(text: &str) -> Result<ConfTree, ParseError> {
+    parse_with(text, &mut |_, _| Ok(None))
+}
+
+/// Parses a whole file; `resolve` reads what its `include` lines name
+/// (given the line), and its object is merged where the line stands.
+pub(crate) fn parse_with(text: &str, resolve: &mut Resolve<'_>) -> Result<ConfTree, ParseError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut p = Parser {
         s: text.as_bytes(),
         text,
         pos: 0,
         line: 1,
+        resolve,
     };
     p.skip_blank();
     let root = if p.peek() == Some(b'{') {
@@ -280,14 +305,15 @@ pub fn parse(text: &str) -> Result<ConfTree, ParseError> {
     Ok(ConfTree { root })
 }
 
-struct Parser<'a> {
+struct Parser<'a, 'r> {
     s: &'a [u8],
     text: &'a str,
     pos: usize,
     line: usize,
+    resolve: &'a mut Resolve<'r>,
 }
 
-impl Parser<'_> {
+impl Parser<'_, '_> {
     fn peek(&self) -> Option<u8> {
         self.s.get(self.pos).copied()
     }
@@ -401,6 +427,13 @@ impl Parser<'_> {
                 Some(_) => {}
             }
             if self.at_include() {
+                let line = self.line;
+                let include = self.include()?;
+                if let Some(tree) = (self.resolve)(include, line)? {
+                    for (k, v) in tree.root {
+                        insert(&mut map, std::slice::from_ref(&k), v);
+                    }
+                }
                 self.skip_to_eol();
                 continue;
             }
@@ -460,6 +493,49 @@ impl Parser<'_> {
             }
             _ => false,
         }
+    }
+
+    /// An `include` line after its keyword: `"f"`, `file("f")`, `url(…)`,
+    /// `classpath(…)`, or `required(` one of them `)`.
+    fn include(&mut self) -> Result<Include, ParseError> {
+        for _ in 0.."include".len() {
+            self.bump();
+        }
+        self.skip_inline();
+        let required = self.starts_with("required(");
+        if required {
+            for _ in 0.."required(".len() {
+                self.bump();
+            }
+            self.skip_inline();
+        }
+        let kind = ["file", "url", "classpath"]
+            .into_iter()
+            .find(|k| self.starts_with(k) && self.peek_at(k.len()) == Some(b'('));
+        if let Some(k) = kind {
+            for _ in 0..=k.len() {
+                self.bump();
+            }
+            self.skip_inline();
+        }
+        if self.peek() != Some(b'"') {
+            return Err(self.error("an `include` names a quoted file (`include \"other.conf\"`)"));
+        }
+        let target = self.quoted()?;
+        self.skip_inline();
+        let closing = usize::from(kind.is_some()) + usize::from(required);
+        for _ in 0..closing {
+            if self.peek() != Some(b')') {
+                return Err(self.error("an `include` line is missing a `)`"));
+            }
+            self.bump();
+            self.skip_inline();
+        }
+        Ok(Include {
+            kind: kind.unwrap_or("file"),
+            target,
+            required,
+        })
     }
 
     /// A key path: `a`, `a.b`, `"a.b"`, `"a".b`.
@@ -996,9 +1072,47 @@ sdk {
     }
 
     #[test]
-    fn includes_are_skipped() {
-        let doc = parse("include \"other.conf\"\ninclude required(file(\"x\"))\na: 1\n").unwrap();
+    fn includes_are_handed_to_the_resolver_and_merged_where_they_stand() {
+        let text = "a: 0\nb { x: 1 }\ninclude \"other.conf\"\ninclude required(file( \"x\" ))\n\
+                    include url(\"http://h/c\")\nc: 3\n";
+        let mut seen = Vec::new();
+        let doc = parse_with(text, &mut |inc, line| {
+            seen.push((inc.clone(), line));
+            Ok((inc.target == "other.conf").then(|| parse("a: 1\nb { y: 2 }\nc: 1\n").unwrap()))
+        })
+        .unwrap();
+        // Later lines win over the include; objects merge.
         assert_eq!(s(&doc, "a").as_deref(), Some("1"));
+        assert_eq!(s(&doc, "b.x").as_deref(), Some("1"));
+        assert_eq!(s(&doc, "b.y").as_deref(), Some("2"));
+        assert_eq!(s(&doc, "c").as_deref(), Some("3"));
+        let file = |target: &str, required| Include {
+            kind: "file",
+            target: target.into(),
+            required,
+        };
+        let url = Include {
+            kind: "url",
+            target: "http://h/c".into(),
+            required: false,
+        };
+        assert_eq!(
+            seen,
+            vec![
+                (file("other.conf", false), 3),
+                (file("x", true), 4),
+                (url, 5)
+            ]
+        );
+        for bad in [
+            "include other.conf\n",
+            "include required(\"x\"\n",
+            "include file(\"x\"\n",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.line, 1, "{bad}: {e:?}");
+            assert!(e.message.contains("include"), "{bad}: {e:?}");
+        }
     }
 
     #[test]

@@ -312,8 +312,24 @@ fn parse_bool(v: &str) -> Option<bool> {
     }
 }
 
-/// Reads and parses a `clearml.conf` (at most 1 MiB).
+/// Includes nested deeper than this are refused (a file including itself).
+const MAX_INCLUDE_DEPTH: usize = 8;
+/// Files one `clearml.conf` may include, all levels together.
+const MAX_INCLUDED_FILES: usize = 64;
+
+/// Reads and parses a `clearml.conf` (at most 1 MiB), with the files its
+/// `include` lines name (relative to the file's folder; a missing one is
+/// skipped unless `required(…)`). `url(…)` and `classpath(…)` includes are
+/// not read, and said so.
 pub(crate) fn read_conf(path: &Path) -> Result<hocon::ConfTree, ClearmlError> {
+    read_conf_at(path, 0, &mut MAX_INCLUDED_FILES.clone())
+}
+
+fn read_conf_at(
+    path: &Path,
+    depth: usize,
+    files_left: &mut usize,
+) -> Result<hocon::ConfTree, ClearmlError> {
     use std::io::Read;
     let read_err = |source| ClearmlError::ConfRead {
         path: path.to_path_buf(),
@@ -340,7 +356,52 @@ pub(crate) fn read_conf(path: &Path) -> Result<hocon::ConfTree, ClearmlError> {
             size: text.len() as u64,
         });
     }
-    hocon::parse(&text).map_err(|source| ClearmlError::Conf {
+    let folder = path.parent().unwrap_or(Path::new("."));
+    let mut resolve = |include: hocon::Include, line: usize| {
+        let error = |message: String| hocon::ParseError { line, message };
+        if include.kind != "file" {
+            tracing::warn!(
+                "ClearML: {}, line {line}: `include {}(…)` is not supported; the settings it holds are not read",
+                path.display(),
+                include.kind
+            );
+            return if include.required {
+                Err(error(format!(
+                    "a required `include {}(…)`, which memtrack cannot read",
+                    include.kind
+                )))
+            } else {
+                Ok(None)
+            };
+        }
+        if depth >= MAX_INCLUDE_DEPTH {
+            return Err(error(format!(
+                "includes nest deeper than {MAX_INCLUDE_DEPTH} files (does a file include itself?)"
+            )));
+        }
+        if *files_left == 0 {
+            return Err(error(format!(
+                "more than {MAX_INCLUDED_FILES} included files"
+            )));
+        }
+        *files_left -= 1;
+        let target = folder.join(&include.target);
+        match read_conf_at(&target, depth + 1, files_left) {
+            Ok(tree) => Ok(Some(tree)),
+            Err(ClearmlError::ConfRead { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && !include.required =>
+            {
+                tracing::debug!(
+                    "ClearML: {} includes {}, which does not exist",
+                    path.display(),
+                    target.display()
+                );
+                Ok(None)
+            }
+            Err(e) => Err(error(format!("in the included file: {e}"))),
+        }
+    };
+    hocon::parse_with(&text, &mut resolve).map_err(|source| ClearmlError::Conf {
         path: path.to_path_buf(),
         source,
     })
@@ -883,6 +944,44 @@ mod tests {
             }
         );
         assert!(!format!("{s:?}").contains("CONFSECRET"));
+    }
+
+    #[test]
+    fn credentials_in_an_included_file_are_read_and_bad_includes_named() {
+        // The keys kept apart, in a file beside clearml.conf.
+        let dir = conf_dir(
+            "include \"keys.conf\"\ninclude \"absent.conf\"\napi { api_server: http://conf:8008 }\n",
+        );
+        std::fs::write(
+            dir.path().join("keys.conf"),
+            "api { credentials {\"access_key\": \"INCKEY\", \"secret_key\": \"INCSECRET\"} }\n",
+        )
+        .unwrap();
+        let env = env_of(&[("CLEARML_TASK_ID", "abc")]);
+        let s = resolve(&ClearmlConfig::default(), &env, Some(dir.path()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.api_host, "http://conf:8008");
+        assert_eq!(
+            s.credentials,
+            Credentials::Keys {
+                access_key: "INCKEY".into(),
+                secret_key: "INCSECRET".into()
+            }
+        );
+        let many = "include \"keys.conf\"\n".repeat(65);
+        for (text, keys, why) in [
+            ("include required(\"absent.conf\")\n", "", "absent.conf"),
+            ("include \"clearml.conf\"\n", "", "nest deeper than 8"),
+            (many.as_str(), "a: 1\n", "more than 64 included files"),
+            ("include required(url(\"http://h/c\"))\n", "", "cannot read"),
+            ("include \"keys.conf\"\n", "api {\n", "line 2"),
+        ] {
+            std::fs::write(dir.path().join("keys.conf"), keys).unwrap();
+            std::fs::write(dir.path().join("clearml.conf"), text).unwrap();
+            let e = read_conf(&dir.path().join("clearml.conf")).unwrap_err();
+            assert!(e.to_string().contains(why), "{text}: {e}");
+        }
     }
 
     #[test]
