@@ -1680,6 +1680,17 @@ fn memory_in_the_scripts_task(server: &Server, id: &str, log: &str) -> Vec<Value
         !memory.is_empty(),
         "memtrack's points in the script's task: {log}"
     );
+    // No GPU here: no series of zeros beside the host's.
+    if !Path::new("/dev/nvidiactl").exists() {
+        let gpu: Vec<&Value> = memory
+            .iter()
+            .filter(|p| p["variant"].as_str().unwrap().contains("gpu"))
+            .collect();
+        assert!(
+            gpu.is_empty(),
+            "GPU series on a machine without one: {gpu:?}"
+        );
+    }
     memory
 }
 

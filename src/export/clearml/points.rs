@@ -3,7 +3,8 @@
 //!
 //! Each forwarded entry becomes up to six points under the title
 //! `memory/<component>`, one per figure of `detailed_log`
-//! (`FIELDS`). Timer samples are first folded into windows of
+//! (`FIELDS`); an entry without any GPU figure (no GPU, no driver) gives
+//! only its two host figures. Timer samples are first folded into windows of
 //! `timer_every` per component (the maximum of each figure is kept, so no
 //! peak is lost); marks and system entries are all forwarded.
 //!
@@ -33,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Entry, EntryKind};
+use crate::model::{Entry, EntryKind, GpuSource};
 
 /// The series reported for every entry: the four base figures, then
 /// memtrack's NVML and high-water-mark figures.
@@ -45,6 +46,9 @@ pub(crate) const FIELDS: [&str; 6] = [
     "gpu_process_used_mb",
     "cpu_ram_hwm_mb",
 ];
+
+/// The places in [`FIELDS`] of the GPU figures.
+const GPU_FIELDS: [usize; 4] = [1, 2, 3, 4];
 
 /// Title prefix: `memory/<component>`.
 pub(crate) const TITLE_PREFIX: &str = "memory/";
@@ -359,7 +363,14 @@ impl Converter {
         } else {
             now_ms()
         };
-        for (field, value) in FIELDS.iter().zip(e.figures()) {
+        // No GPU figures at all (no GPU, no driver): no GPU series of
+        // zeros beside the host's.
+        let no_gpu =
+            e.gpu_source == GpuSource::None && GPU_FIELDS.iter().all(|&i| e.figures()[i] == 0.0);
+        for (i, (field, value)) in FIELDS.iter().zip(e.figures()).enumerate() {
+            if no_gpu && GPU_FIELDS.contains(&i) {
+                continue;
+            }
             if !value.is_finite() {
                 self.dropped.non_finite += 1;
                 continue;
@@ -695,6 +706,32 @@ mod tests {
             (0..5).map(|i| timer("s", f64::from(i), 1.0)).collect(),
         );
         assert_eq!(pts.len(), 30);
+    }
+
+    #[test]
+    fn without_any_gpu_figure_only_the_host_series_are_sent() {
+        let mut c = Converter::new(Duration::ZERO);
+        let host_only = Entry {
+            gpu_ram_used_mb: 0.0,
+            cpu_ram_hwm_mb: 12.0,
+            ..mark("model", "load", 1_733_000_000.0, Some(1), 10.0)
+        };
+        let host_only = Entry {
+            gpu_ram_peak_mb: 0.0,
+            reserved_gpu_ram_mb: 0.0,
+            gpu_process_used_mb: 0.0,
+            ..host_only
+        };
+        let pts = run(&mut c, vec![host_only.clone()]);
+        let series: Vec<&str> = pts.iter().map(|p| p.variant.as_str()).collect();
+        assert_eq!(series, ["cpu_ram_used_mb", "cpu_ram_hwm_mb"]);
+        // A GPU that holds nothing yet still has its series.
+        let idle_gpu = Entry {
+            gpu_source: GpuSource::Nvml,
+            iteration: Some(2),
+            ..host_only
+        };
+        assert_eq!(run(&mut c, vec![idle_gpu]).len(), 6);
     }
 
     #[test]
