@@ -233,6 +233,17 @@ impl Converter {
             return;
         }
         let iteration_axis = self.job_axis && !self.on_time_axis();
+        if iteration_axis {
+            // A window holds the samples of its iteration only: once the
+            // job has moved on, the next sample opens the next window.
+            let moved_on = self
+                .windows
+                .get(&e.component)
+                .is_some_and(|w| w.acc.iteration.is_some_and(|i| i < self.job_iter));
+            if moved_on {
+                self.close(vec![e.component.clone()], out);
+            }
+        }
         match self.windows.get_mut(&e.component) {
             Some(w) => fold_max(&mut w.acc, &e),
             None if iteration_axis => {
@@ -605,6 +616,40 @@ mod tests {
         );
         assert_eq!(out[24].variant, "cpu_ram_used_mb:after");
         assert!(out.iter().all(|p| p.iter <= c.job_iter()));
+    }
+
+    #[test]
+    fn a_timer_point_holds_only_the_samples_of_its_own_iteration() {
+        // Steps shorter than the timer window: a sample taken in step 2
+        // must not raise the point of step 1.
+        let mut c = Converter::new(Duration::from_secs(10));
+        c.use_job_axis(None);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        c.push(
+            mark("train", "before_step", 1.0, Some(1), 100.0),
+            t0,
+            &mut out,
+        );
+        c.push(timer("system", 1.2, 130.0), t0, &mut out);
+        c.push(
+            mark("train", "before_step", 1.5, Some(2), 120.0),
+            t0,
+            &mut out,
+        );
+        c.push(timer("system", 1.7, 204.0), t0, &mut out);
+        c.push(
+            mark("train", "before_step", 2.0, Some(3), 120.0),
+            t0,
+            &mut out,
+        );
+        c.close_all(&mut out);
+        let system: Vec<(u64, f64)> = out
+            .iter()
+            .filter(|p| p.metric == "memory/system" && p.variant == "cpu_ram_used_mb")
+            .map(|p| (p.iter, p.value))
+            .collect();
+        assert_eq!(system, vec![(1, 130.0), (2, 204.0)]);
     }
 
     #[test]
