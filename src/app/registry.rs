@@ -3,8 +3,10 @@
 //! - `memtrack ls` and `--run NAME`: every run writes one record (name,
 //!   pid, event socket, metrics address, run directory) into the runs
 //!   folder of this user, `<runtime>/runs/memtrack-<pid>.json`, at its start
-//!   and removes it at its end. A record whose memtrack died is skipped
-//!   and removed by the next reader.
+//!   and removes it at its end. Readers look in every runtime folder a run
+//!   of this user may have used (a service's `XDG_RUNTIME_DIR` is not a
+//!   login shell's). A record whose memtrack died is skipped and removed by
+//!   the next reader.
 //! - Prometheus: a run serving `/metrics` writes a file-based
 //!   service-discovery file (`file_sd_configs`) into the discovery folder,
 //!   `<runtime>/sd/memtrack-<pid>.json` unless `discovery.sd_dir` says
@@ -55,6 +57,43 @@ pub(crate) fn runs_dir() -> PathBuf {
     files::runtime_dir().join("runs")
 }
 
+/// Every runs folder a run of this user may have written to, this
+/// shell's first: its runtime folder is set by `XDG_RUNTIME_DIR`, which
+/// differs between a login shell (`/run/user/<uid>`), a service
+/// (`memtrack-run@`: `/run/memtrack-<instance>`), root and a user without
+/// one (`/tmp/memtrack-<uid>`), so `ls` and `--run` look in each.
+fn runs_dirs() -> Vec<PathBuf> {
+    let uid = crate::sys::uid();
+    let mut places = vec![
+        files::runtime_dir(),
+        PathBuf::from(format!("/run/user/{uid}/memtrack")),
+        PathBuf::from(format!("/tmp/memtrack-{uid}")),
+    ];
+    if uid == 0 {
+        places.push(PathBuf::from("/run/memtrack"));
+    }
+    // The services' runtime folders, `/run/memtrack-<instance>/memtrack`.
+    if let Ok(entries) = std::fs::read_dir("/run") {
+        let mut services: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("memtrack-"))
+            .map(|e| e.path().join("memtrack"))
+            .collect();
+        services.sort();
+        services.truncate(MAX_SERVICE_PLACES);
+        places.extend(services);
+    }
+    let mut seen = std::collections::HashSet::new();
+    places
+        .into_iter()
+        .map(|p| p.join("runs"))
+        .filter(|p| seen.insert(p.clone()))
+        .collect()
+}
+
+/// Service runtime folders looked in, at most.
+const MAX_SERVICE_PLACES: usize = 256;
+
 /// The default folder of Prometheus discovery files.
 pub(crate) fn default_sd_dir() -> PathBuf {
     files::runtime_dir().join("sd")
@@ -92,23 +131,36 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
 /// run, point `mark --run` at their socket, or have a file deleted as a
 /// dead run's discovery file.
 pub fn live_runs() -> Vec<LiveRun> {
-    let dir = runs_dir();
-    if std::fs::symlink_metadata(&dir).is_err() {
-        return Vec::new();
-    }
-    if let Err(e) = files::check_private_place(&dir) {
-        static SAID: std::sync::Once = std::sync::Once::new();
-        SAID.call_once(|| {
-            crate::logging::say(&format!(
-                "memtrack: warning: the run records are not read: {e}"
-            ))
-        });
-        return Vec::new();
-    }
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
     let mut runs = Vec::new();
+    for (i, dir) in runs_dirs().iter().enumerate() {
+        if std::fs::symlink_metadata(dir).is_err() {
+            continue;
+        }
+        if let Err(e) = files::check_private_place(dir) {
+            // Said for this shell's own folder; another user's service
+            // folder is simply not this user's.
+            if i == 0 {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    crate::logging::say(&format!(
+                        "memtrack: warning: the run records are not read: {e}"
+                    ))
+                });
+            }
+            continue;
+        }
+        read_runs(dir, &mut runs);
+    }
+    runs.sort_by(|a, b| a.start.total_cmp(&b.start).then(a.pid.cmp(&b.pid)));
+    runs.dedup_by(|a, b| a.pid == b.pid && a.start == b.start);
+    runs
+}
+
+/// The live runs recorded in `dir`, a private place of this user.
+fn read_runs(dir: &Path, runs: &mut Vec<LiveRun>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.extension().is_none_or(|e| e != "json") {
@@ -126,8 +178,6 @@ pub fn live_runs() -> Vec<LiveRun> {
             let _ = std::fs::remove_file(&path);
         }
     }
-    runs.sort_by(|a, b| a.start.total_cmp(&b.start).then(a.pid.cmp(&b.pid)));
-    runs
 }
 
 /// A run record, if it is a regular file of this user's (bounded: the

@@ -140,10 +140,19 @@ fn tool_in(xdg: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-fn listed(xdg: &Path) -> Vec<Value> {
+/// The live runs `ls` lists whose run folder is under `out` (`ls` lists
+/// every run of this user, other tests' too).
+fn listed(xdg: &Path, out: &Path) -> Vec<Value> {
     let (code, text, err) = tool_in(xdg, &["ls", "--json"]);
     assert_eq!(code, Some(0), "{err}");
-    serde_json::from_str::<Vec<Value>>(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    let all = serde_json::from_str::<Vec<Value>>(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    all.into_iter()
+        .filter(|r| {
+            r["dir"]
+                .as_str()
+                .is_some_and(|d| Path::new(d).starts_with(out))
+        })
+        .collect()
 }
 
 #[test]
@@ -169,7 +178,7 @@ fn two_runs_share_a_machine_listed_found_by_name_and_port() {
     assert_ne!(a.metrics(), b.metrics());
 
     // `ls` lists both, with what the start lines said.
-    let runs = listed(xdg.path());
+    let runs = listed(xdg.path(), out.path());
     let names: Vec<&str> = runs.iter().filter_map(|r| r["name"].as_str()).collect();
     assert_eq!(names, ["alpha", "beta"], "{runs:?}");
     assert_eq!(runs[1]["pid"], b.pid());
@@ -204,15 +213,48 @@ fn two_runs_share_a_machine_listed_found_by_name_and_port() {
     assert!(err.contains("--run"), "{err}");
 
     assert_eq!(a.finish(), Some(0));
-    let runs = listed(xdg.path());
+    let runs = listed(xdg.path(), out.path());
     assert_eq!(runs.len(), 1, "the ended run is no longer listed: {runs:?}");
     assert_eq!(b.finish(), Some(0));
-    assert!(listed(xdg.path()).is_empty());
+    assert!(listed(xdg.path(), out.path()).is_empty());
     let doc = read_document(&out.path().join("alpha/memory_usage.json"));
     assert!(doc
         .detailed_log
         .iter()
         .any(|e| e.component == "probe" && e.operation == "from_shell"));
+}
+
+/// A run started by the `memtrack-run@` unit keeps its runtime folder in
+/// `/run/memtrack-<instance>` (its `XDG_RUNTIME_DIR`); a shell of the same
+/// user, whatever its own `XDG_RUNTIME_DIR`, lists it and reaches it by
+/// name.
+#[test]
+fn a_run_of_a_service_is_listed_from_a_login_shell() {
+    use std::os::unix::fs::DirBuilderExt;
+    let service = PathBuf::from(format!("/run/memtrack-it-{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&service)
+        .unwrap();
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(service.clone());
+    let shell = scratch();
+    let out = scratch();
+    let run = Run::start(&service, out.path(), "svc-run");
+    let runs = listed(shell.path(), out.path());
+    let names: Vec<&str> = runs.iter().filter_map(|r| r["name"].as_str()).collect();
+    assert_eq!(names, ["svc-run"], "{runs:?}");
+    assert_eq!(runs[0]["pid"], run.pid());
+    let (code, text, err) = tool_in(shell.path(), &["status", "--run", "svc-run", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(text.contains("svc-run"), "{text}");
+    assert_eq!(run.finish(), Some(0));
+    assert!(listed(shell.path(), out.path()).is_empty());
 }
 
 /// One `--listen` for every rank of a job (the SLURM example's
@@ -242,7 +284,7 @@ fn a_taken_listen_address_gives_a_free_port_and_the_job_starts() {
     let (status, body) = http_request(got, "GET", "/metrics");
     assert_eq!(status, 200);
     assert!(body.contains("run=\"taken\""), "{body}");
-    let runs = listed(xdg.path());
+    let runs = listed(xdg.path(), out.path());
     assert_eq!(runs[0]["metrics"], got.to_string(), "{runs:?}");
     let sd = run
         .line
