@@ -1680,6 +1680,14 @@ fn memory_in_the_scripts_task(server: &Server, id: &str, log: &str) -> Vec<Value
         !memory.is_empty(),
         "memtrack's points in the script's task: {log}"
     );
+    // One series per figure: marks and timer samples of an iteration in
+    // one point, not `x`, `x:after_step` and `x:timer` beside each other.
+    let suffixed: Vec<&str> = memory
+        .iter()
+        .filter_map(|p| p["variant"].as_str())
+        .filter(|v| v.contains(':'))
+        .collect();
+    assert!(suffixed.is_empty(), "series per operation: {suffixed:?}");
     // No GPU here: no series of zeros beside the host's.
     if !Path::new("/dev/nvidiactl").exists() {
         let gpu: Vec<&Value> = memory

@@ -25,9 +25,12 @@
 //! converter runs on the job's axis only (`Converter::use_job_axis`): an
 //! entry without an iteration is placed at the latest iteration the job
 //! reached (its marks, and the task's `last_iteration` the reporter reads
-//! from the server), and the timer window of a component stays open while
-//! that iteration does not move, so each iteration gets one timer point per
-//! component holding the maxima of every sample taken during it.
+//! from the server), and every entry of a component at one iteration — its
+//! marks and the timer samples taken while the job is there — goes into
+//! one window, so each iteration gets one point per figure and component,
+//! holding the maxima: one series per figure, with no `:<operation>` or
+//! `:timer` series beside it (only a mark arriving after its iteration's
+//! point went out takes the collision rule above).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -228,37 +231,17 @@ impl Converter {
         self.time_axis_due(e.timestamp, false);
         // Any entry's time closes the windows it has passed.
         self.close_passed(e.timestamp, now, out);
+        let iteration_axis = self.job_axis && !self.on_time_axis();
+        if iteration_axis {
+            self.fold_at_iteration(e, now, out);
+            return;
+        }
         if e.kind != EntryKind::Timer || (self.timer_every.is_zero() && !self.job_axis) {
             self.forward(&e, out);
             return;
         }
-        let iteration_axis = self.job_axis && !self.on_time_axis();
-        if iteration_axis {
-            // A window holds the samples of its iteration only: once the
-            // job has moved on, the next sample opens the next window.
-            let moved_on = self
-                .windows
-                .get(&e.component)
-                .is_some_and(|w| w.acc.iteration.is_some_and(|i| i < self.job_iter));
-            if moved_on {
-                self.close(vec![e.component.clone()], out);
-            }
-        }
         match self.windows.get_mut(&e.component) {
             Some(w) => fold_max(&mut w.acc, &e),
-            None if iteration_axis => {
-                // The window is placed at the iteration the job is in.
-                let mut acc = e;
-                acc.iteration = Some(self.job_iter);
-                self.windows.insert(
-                    acc.component.clone(),
-                    Window {
-                        start: acc.timestamp,
-                        opened: now,
-                        acc,
-                    },
-                );
-            }
             None => {
                 self.windows.insert(
                     e.component.clone(),
@@ -270,6 +253,53 @@ impl Converter {
                 );
             }
         }
+    }
+
+    /// On the job's iteration axis, every entry of a component — its marks
+    /// and the timer samples taken while the job is at an iteration — goes
+    /// into one window per iteration, and the window gives one point per
+    /// figure (their maxima): one series per figure, each point at its own
+    /// iteration. Once the job has moved on, the component's next entry
+    /// closes the window (so does [`Converter::close_passed`]). An entry
+    /// for an iteration whose point was already sent goes out on its own
+    /// (under `<field>:<operation>`, see the module).
+    fn fold_at_iteration(&mut self, e: Entry, now: Instant, out: &mut Vec<Point>) {
+        let iter = e.iteration.unwrap_or(self.job_iter).min(MAX_ITER);
+        if let Some(w) = self.windows.get_mut(&e.component) {
+            match w.acc.iteration {
+                Some(i) if i < iter => self.close(vec![e.component.clone()], out),
+                // A window of the time axis the job has just left goes
+                // where the job is.
+                None => w.acc.iteration = Some(iter),
+                Some(_) => {}
+            }
+        }
+        let sent = self.sent_at(&e.component, iter);
+        match self.windows.get_mut(&e.component) {
+            Some(w) if w.acc.iteration == Some(iter) => fold_max(&mut w.acc, &e),
+            // A late mark, for an iteration already closed.
+            Some(_) => self.forward(&e, out),
+            None if sent => self.forward(&e, out),
+            None => {
+                let mut acc = e;
+                acc.iteration = Some(iter);
+                self.windows.insert(
+                    acc.component.clone(),
+                    Window {
+                        start: acc.timestamp,
+                        opened: now,
+                        acc,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Whether a point of `component` went out at `iter`.
+    fn sent_at(&self, component: &str, iter: u64) -> bool {
+        self.titles
+            .get(component)
+            .is_some_and(|t| self.taken.contains(&(*t, 0, iter)))
     }
 
     /// Closes windows whose span has passed in entry time (`ts`) or in
@@ -589,7 +619,7 @@ mod tests {
         // Time passed, but the job is still at iteration 0: the window
         // stays open and keeps the maximum.
         c.close_passed(10.0, t0 + Duration::from_secs(5), &mut out);
-        assert_eq!(out.len(), 6, "the mark only: {out:?}");
+        assert_eq!(out.len(), 0, "iteration 0 is still open: {out:?}");
         // The task's last iteration, read from the server, moves on.
         c.raise_axis(4);
         c.close_passed(10.0, t0 + Duration::from_secs(5), &mut out);
@@ -604,6 +634,8 @@ mod tests {
             .step_by(6)
             .map(|p| (p.metric.clone(), p.iter))
             .collect();
+        // The step's mark and the one after it share iteration 7: one
+        // point per figure, no `:after` series.
         assert_eq!(
             iters,
             vec![
@@ -611,10 +643,9 @@ mod tests {
                 ("memory/system".into(), 0),
                 ("memory/system".into(), 4),
                 ("memory/model".into(), 7),
-                ("memory/model".into(), 7),
             ]
         );
-        assert_eq!(out[24].variant, "cpu_ram_used_mb:after");
+        assert!(out.iter().all(|p| !p.variant.contains(':')), "{out:?}");
         assert!(out.iter().all(|p| p.iter <= c.job_iter()));
     }
 
@@ -690,9 +721,15 @@ mod tests {
         c.close_all(&mut out);
         let got = iters(&out);
         assert_eq!(got.len(), 5, "{got:?}");
-        assert_eq!(got[3], ("memory/model".into(), 40, 1.0));
-        // The window still open goes where the job is.
-        assert_eq!(got[4], ("memory/system".into(), 40, 105.5));
+        // The mark at its iteration; the window still open goes where the
+        // job is (both close at the end, the older first).
+        assert_eq!(
+            got[3..],
+            [
+                ("memory/system".into(), 40, 105.5),
+                ("memory/model".into(), 40, 1.0)
+            ]
+        );
         // The task's iteration beyond memtrack's own also ends the time axis.
         let mut c = Converter::new(Duration::from_secs(2));
         c.use_job_axis(Some(TimeAxis {
