@@ -442,8 +442,15 @@ pub struct ReportArgs {
     #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
     /// Print JSON instead of the terminal report
-    #[arg(long)]
+    #[arg(long, conflicts_with = "html")]
     pub json: bool,
+    /// Write the report as one interactive HTML page (it opens offline) instead
+    /// of printing it: memory_report.html beside the memory_usage.json, or -o FILE
+    #[arg(long)]
+    pub html: bool,
+    /// Where --html writes the page
+    #[arg(short, long, value_name = "FILE", requires = "html")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -463,6 +470,13 @@ pub struct CompareArgs {
     /// The plot's x axis: time since each start, iteration, or stage (default: time)
     #[arg(long, value_enum, default_value = "time", hide_default_value = true)]
     pub align: crate::report::plot::Align,
+    /// Also write the runs overlaid as one interactive HTML page (aligned by time,
+    /// iteration or stage on the page): memory_compare.html, or -o FILE
+    #[arg(long)]
+    pub html: bool,
+    /// Where --html writes the page
+    #[arg(short, long, value_name = "FILE", requires = "html")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
