@@ -98,8 +98,8 @@
   window.addEventListener("resize", redraw);
 
   // A chart: an SVG whose drawing function gets (svg, width, x-scale).
-  function chart(parent, height, paint, hoverText) {
-    const svg = sv("svg", { class: "chart", height: height });
+  function chart(parent, height, paint, hoverText, id) {
+    const svg = sv("svg", { class: "chart", height: height, id: id });
     parent.append(svg);
     const c = { svg: svg, height: height, w: 0 };
     c.x = (t) => M + (t - view.a) / (view.b - view.a) * (c.w - M - R);
@@ -196,7 +196,7 @@
     ymax = (ymax > 0 ? ymax : 1) * 1.08;
     const y = (v) => bottom - v / ymax * (bottom - top);
     svg.append(sv("text", { class: "title", x: M, y: 13 }, title));
-    const step = niceStep(ymax, 4);
+    const step = ymax >= 2048 ? niceStep(ymax / 1024, 4) * 1024 : niceStep(ymax, 4);
     for (let v = 0; v <= ymax; v += step) {
       svg.append(sv("line", { class: "grid", x1: M, x2: c.w - R, y1: y(v), y2: y(v) }));
       svg.append(sv("text", { x: M - 6, y: y(v) + 4, "text-anchor": "end" }, mib(v)));
@@ -338,7 +338,7 @@
     chart(s, 240, (svg, c) => {
       const y = panel(svg, c, "Host memory", host);
       if (hostPeak) peakMark(svg, c, y, hostPeak, "chart-host-peak");
-    }, text(HOST_KEYS));
+    }, text(HOST_KEYS), "chart-host");
     legend(s, host);
     const gpu = lines(GPU_KEYS);
     if (gpu.length) {
@@ -347,7 +347,7 @@
       chart(s, 200, (svg, c) => {
         const y = panel(svg, c, "GPU memory", gpu);
         if (gpuPeak) peakMark(svg, c, y, gpuPeak, "chart-gpu-peak");
-      }, text(GPU_KEYS));
+      }, text(GPU_KEYS), "chart-gpu");
       legend(s, gpu);
     }
     processesChart(s, run, text);
@@ -401,7 +401,7 @@
           g.append(r);
         }
       });
-    }, hoverText);
+    }, hoverText, "chart-lanes");
   }
 
   function processesChart(s, run, text) {
@@ -429,7 +429,7 @@
     const holder = el("div");
     s.append(holder);
     const leg = el("div");
-    const c = chart(holder, 220, (svg, c) => panel(svg, c, "Processes: " + modes.find((x) => x[0] === mode)[1], lines()), text([], lines));
+    const c = chart(holder, 220, (svg, c) => panel(svg, c, "Processes: " + modes.find((x) => x[0] === mode)[1], lines()), text([], lines), "chart-processes");
     s.append(leg);
     function update() { c.draw(); leg.textContent = ""; legend(leg, lines()); }
     update();
@@ -585,11 +585,11 @@
       for (const l of which()) { const v = valueAt(l.pts, x); rows.push(l.name + ": " + (v === null ? "–" : mib(v))); }
       return rows.join("\n");
     };
-    chart(s, 260, (svg, c) => panel(svg, c, "Host memory", hostLines), text(() => hostLines));
+    chart(s, 260, (svg, c) => panel(svg, c, "Host memory", hostLines), text(() => hostLines), "chart-host");
     const legendBox = el("div");
     s.append(legendBox);
     if (runs.some((r) => r.series && (r.series.gpu || r.series.reserved || r.series.alloc)))
-      chart(s, 220, (svg, c) => panel(svg, c, "GPU memory", gpuLines), text(() => gpuLines));
+      chart(s, 220, (svg, c) => panel(svg, c, "GPU memory", gpuLines), text(() => gpuLines), "chart-gpu");
     sel.addEventListener("change", build);
     document.getElementById("reset-zoom").addEventListener("click", () => setView(view.full[0], view.full[1]));
     const t = section("runs", "Peaks by run");
