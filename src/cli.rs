@@ -149,6 +149,10 @@ pub struct DaemonArgs {
     /// callbacks, out-of-memory report)
     #[arg(long)]
     pub(crate) no_auto_hooks: bool,
+    /// Do not write memory_report.html (the interactive report page) beside
+    /// the JSON at the end
+    #[arg(long)]
+    pub(crate) no_html_report: bool,
     /// Upload memory_usage.json to s3://bucket/prefix at the end
     #[arg(long, value_name = "S3_URL")]
     pub(crate) s3_url: Option<String>,
@@ -215,6 +219,9 @@ impl DaemonArgs {
         }
         if self.no_auto_hooks {
             layer.set("auto_hooks", Value::Boolean(false));
+        }
+        if self.no_html_report {
+            layer.set("html_report", Value::Boolean(false));
         }
         if self.no_gpu {
             layer.set("gpu.enabled", Value::Boolean(false));

@@ -23,6 +23,32 @@ pub(super) struct Saved {
     /// The run's advice as text, for the ClearML task (empty: none, or
     /// no ClearML).
     pub(crate) advice: String,
+    /// The report page written beside the document (`html_report`).
+    pub(crate) page: Option<PathBuf>,
+}
+
+/// Writes the run's report page beside its document. The page is a
+/// convenience: a failure is a warning, never the run's failure.
+pub(super) fn write_page(saved: &Saved) -> Option<PathBuf> {
+    if !saved.written {
+        return None;
+    }
+    let out = crate::report::html::beside(&saved.document);
+    let written = crate::report::html::run_page(&saved.document)
+        .and_then(|page| crate::report::html::write(&out, &page));
+    match written {
+        Ok(()) => {
+            tracing::info!("wrote the report page {}", out.display());
+            Some(out)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "the report page was not written: {e:#}; `memtrack report --html {}` writes it later",
+                saved.document.display()
+            );
+            None
+        }
+    }
 }
 
 /// A run directory that cannot take the final JSON (a full disk) must
@@ -46,6 +72,7 @@ pub(super) fn save_document(
             document,
             written: true,
             advice: String::new(),
+            page: None,
         };
     };
     let shown_dir = crate::files::shown(run_dir);
@@ -64,6 +91,7 @@ pub(super) fn save_document(
                     document: fallback,
                     written: true,
                     advice: String::new(),
+                    page: None,
                 };
             }
             Err(e) => errors.push(format!("{}: {e}", place.display())),
@@ -85,6 +113,7 @@ pub(super) fn save_document(
         document,
         written: false,
         advice: String::new(),
+        page: None,
     }
 }
 

@@ -146,6 +146,9 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     if io.clearml.is_some() {
         saved.advice = crate::model::advice::render_found(&store.document_view().advice);
     }
+    if config.html_report && !ended.urgent {
+        saved.page = finish::write_page(&saved);
+    }
     let first_signal = signals.stop();
     let mut export_failed =
         finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);

@@ -653,3 +653,76 @@ fn compare_html_overlays_runs_aligned_by_time_iteration_or_stage() {
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert!(b.errors.is_empty(), "the page threw: {:?}", b.errors);
 }
+
+/// `memtrack run` of a short job, with extra arguments and environment.
+fn short_run(dir: &Path, name: &str, script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = memtrack();
+    cmd.args(["run", "--interval", "50ms", "--no-gpu", "--listen", "off"])
+        .args(args)
+        .args(["--name", name, "--output"])
+        .arg(dir)
+        .arg("--")
+        .args(python(script));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run_to_end(&mut cmd, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(dir.join(name).join("memory_usage.json").is_file());
+    stderr(&out)
+}
+
+#[test]
+fn a_run_writes_its_page_beside_the_json_unless_turned_off() {
+    let dir = scratch();
+    let job = "import time; b = bytearray(32 << 20); time.sleep(0.3)";
+    let log = short_run(dir.path(), "on", job, &[], &[]);
+    let page = dir.path().join("on/memory_report.html");
+    assert!(page.is_file(), "{log}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("id=\"memtrack-data\""));
+    assert!(
+        html.contains("<title>memtrack · on</title>"),
+        "the run's own page"
+    );
+
+    short_run(dir.path(), "flag", job, &["--no-html-report"], &[]);
+    assert!(!dir.path().join("flag/memory_report.html").exists());
+    short_run(
+        dir.path(),
+        "env",
+        job,
+        &[],
+        &[("MEMTRACK_HTML_REPORT", "false")],
+    );
+    assert!(!dir.path().join("env/memory_report.html").exists());
+    let config = dir.path().join("memtrack.toml");
+    std::fs::write(&config, "html_report = false\n").unwrap();
+    short_run(
+        dir.path(),
+        "file",
+        job,
+        &["--config", config.to_str().unwrap()],
+        &[],
+    );
+    assert!(!dir.path().join("file/memory_report.html").exists());
+}
+
+#[test]
+fn a_page_that_cannot_be_written_is_a_warning_not_a_failure() {
+    let dir = scratch();
+    // The job takes the page's name in its own run directory.
+    let blocker = dir.path().join("blocked/memory_report.html");
+    let job = format!(
+        "import os, time; os.makedirs({:?}); open(os.path.join({:?}, 'x'), 'w').close(); time.sleep(0.2)",
+        blocker.display().to_string(),
+        blocker.display().to_string()
+    );
+    let log = short_run(dir.path(), "blocked", &job, &[], &[]);
+    assert!(blocker.is_dir());
+    assert!(
+        log.contains("the report page was not written"),
+        "a warning says so: {log}"
+    );
+    assert!(log.contains("memtrack report --html"), "{log}");
+}
