@@ -29,12 +29,12 @@ pub(super) struct Saved {
 
 /// Writes the run's report page beside its document. The page is a
 /// convenience: a failure is a warning, never the run's failure.
-pub(super) fn write_page(saved: &Saved) -> Option<PathBuf> {
+pub(super) fn write_page(saved: &Saved, store: &Store) -> Option<PathBuf> {
     if !saved.written {
         return None;
     }
     let out = crate::report::html::beside(&saved.document);
-    let written = crate::report::html::run_page(&saved.document)
+    let written = crate::report::html::store_page(store)
         .and_then(|page| crate::report::html::write(&out, &page));
     match written {
         Ok(()) => {

@@ -654,6 +654,14 @@ fn compare_html_overlays_runs_aligned_by_time_iteration_or_stage() {
     assert!(b.errors.is_empty(), "the page threw: {:?}", b.errors);
 }
 
+/// The data a page embeds (JSON, whose `\u003c` escapes JSON reads back).
+fn page_data(html: &str) -> Value {
+    let start = "<script type=\"application/json\" id=\"memtrack-data\">";
+    let from = html.find(start).expect("the data element") + start.len();
+    let len = html[from..].find("</script>").expect("its end");
+    serde_json::from_str(&html[from..from + len]).expect("JSON")
+}
+
 /// `memtrack run` of a short job, with extra arguments and environment.
 fn short_run(dir: &Path, name: &str, script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
     let mut cmd = memtrack();
@@ -680,10 +688,59 @@ fn a_run_writes_its_page_beside_the_json_unless_turned_off() {
     let page = dir.path().join("on/memory_report.html");
     assert!(page.is_file(), "{log}");
     let html = std::fs::read_to_string(&page).unwrap();
-    assert!(html.contains("id=\"memtrack-data\""));
     assert!(
         html.contains("<title>memtrack · on</title>"),
         "the run's own page"
+    );
+    // Its data: the run's figures, the peak of the series drawn being the
+    // JSON's exactly.
+    let doc = read_document(&dir.path().join("on/memory_usage.json"));
+    let data = page_data(&html);
+    let run = &data["runs"][0];
+    assert_eq!(run["label"], "on");
+    assert_eq!(
+        run["series_peak"]["host"].as_f64(),
+        Some(doc.peak_usage.cpu_ram_used_mb)
+    );
+    assert_eq!(
+        run["report"]["peak_usage"]["cpu_ram_used_mb"].as_f64(),
+        Some(doc.peak_usage.cpu_ram_used_mb)
+    );
+    assert_eq!(run["report"]["run"]["id"], json!(doc.run.id));
+    assert_eq!(run["report"]["run"]["status"], json!("finished"));
+
+    // A thinned event log: the page counts every mark and keeps the peak.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/src");
+    let marks = "import memtrack\n\
+        for i in range(5000):\n    memtrack.mark('loop', 'tick', iteration=i)\n\
+        memtrack.mark('loop', 'done', ack=True)\n";
+    let log = short_run(
+        dir.path(),
+        "thin",
+        marks,
+        &[],
+        &[
+            ("MEMTRACK_LOG_MAX_EVENT_ENTRIES", "1024"),
+            ("PYTHONPATH", src.to_str().unwrap()),
+        ],
+    );
+    let doc = read_document(&dir.path().join("thin/memory_usage.json"));
+    assert!(
+        dir.path()
+            .join("thin/memory_usage.events.jsonl.gz")
+            .is_file(),
+        "thinned: {log}"
+    );
+    let html = std::fs::read_to_string(dir.path().join("thin/memory_report.html")).unwrap();
+    let run = &page_data(&html)["runs"][0];
+    assert!(
+        run["marks_total"].as_u64().unwrap() >= 5001,
+        "{}",
+        run["marks_total"]
+    );
+    assert_eq!(
+        run["series_peak"]["host"].as_f64(),
+        Some(doc.peak_usage.cpu_ram_used_mb)
     );
 
     short_run(dir.path(), "flag", job, &["--no-html-report"], &[]);

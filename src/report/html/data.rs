@@ -259,7 +259,8 @@ impl Gather {
                 cell.iteration = Some((e.timestamp, i));
             }
             if e.kind != EntryKind::Timer {
-                cell.n += 1;
+                // A thinned entry stands for several.
+                cell.n += u64::from(e.samples.unwrap_or(1).max(1));
                 cell.last = Some(Mark {
                     t: e.timestamp,
                     component: clip(&e.component),

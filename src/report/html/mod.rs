@@ -30,6 +30,7 @@ use serde::Serialize;
 
 use self::data::{Gather, RunPage};
 use crate::model::Document;
+use crate::store::Store;
 
 /// The page's name beside `memory_usage.json` at the end of a run.
 pub const FILE_NAME: &str = "memory_report.html";
@@ -75,6 +76,32 @@ fn run_label(doc: &Document, path: &Path) -> String {
 /// The page of the run whose document is at `path`.
 pub fn run_page(path: &Path) -> anyhow::Result<String> {
     let run = read_run(path, None)?;
+    let title = format!("memtrack · {}", run.label);
+    render("run", &title, vec![run])
+}
+
+/// The page of a run as memtrack holds it at its end (the document it
+/// has just written), its log read back from the store rather than from
+/// the file: no second parse of a long JSON document adds to memtrack's
+/// own footprint.
+pub(crate) fn store_page(store: &Store) -> anyhow::Result<String> {
+    let view = store.document_view();
+    let mut gather = Gather::default();
+    let mut entries = 0u64;
+    view.detailed_log
+        .try_for_each(|e| {
+            entries += 1;
+            gather.observe(e);
+            Ok(())
+        })
+        .map_err(|e| anyhow::anyhow!("cannot read the run's log back: {e}"))?;
+    let doc = view.map_log(|_| Vec::new());
+    let label = if doc.run.name.is_empty() {
+        doc.run.id.clone()
+    } else {
+        doc.run.name.clone()
+    };
+    let run = RunPage::build(&label, &doc, gather, entries);
     let title = format!("memtrack · {}", run.label);
     render("run", &title, vec![run])
 }

@@ -329,7 +329,11 @@
     const text = (keys, procLines) => (t) => {
       const rows = ["t = " + secs(t)];
       for (const k of keys) if (ser[k]) { const v = valueAt(ser[k], t); if (v !== null) rows.push(SERIES[k][0] + ": " + mib(v)); }
-      for (const l of procLines ? procLines() : []) { const v = valueAt(l.pts, t); if (v !== null) rows.push(l.name + ": " + mib(v)); }
+      // A process has a value only within its life.
+      for (const l of procLines ? procLines() : []) {
+        const v = valueAt(l.pts, t);
+        if (v !== null && t <= l.pts[l.pts.length - 2]) rows.push(l.name + ": " + mib(v));
+      }
       return rows.concat(context(run, t)).join("\n");
     };
     lanesChart(s, run, text(HOST_KEYS.concat(GPU_KEYS)));
