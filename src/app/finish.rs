@@ -220,6 +220,7 @@ fn stop_at_once(
         let end = clearml::RunEnd {
             exit: ended.job_exit,
             artifact: None,
+            page: None,
         };
         let report = io.runtime.block_on(reporter.finish(end, Duration::ZERO));
         if report.unsent > 0 {
@@ -257,8 +258,15 @@ fn flush_within_deadline(
     };
     let mut upload_failed = matches!(uploaded, Some(Err(_)));
     export_failed |= upload_failed;
+    // The report page beside the document's object (a failure is a
+    // warning: the page is a convenience).
+    let page = match (&uploaded, &saved.page) {
+        (Some(Ok(_)), Some(page)) => io.upload_page(page, run, task.clone(), &deadline),
+        _ => None,
+    };
     if let Some(reporter) = clearml {
         let mut artifact = s3_artifact(uploaded);
+        let page = s3_artifact(page.map(Ok));
         if artifact.is_none() && saved.written {
             // Where the job's task keeps its artifacts (no S3 of memtrack's).
             artifact = io.upload_to_files(
@@ -269,7 +277,8 @@ fn flush_within_deadline(
                 &mut upload_failed,
             );
         }
-        let (failed, reported) = finish_clearml(io, reporter, config, ended, artifact, &deadline);
+        let (failed, reported) =
+            finish_clearml(io, reporter, config, ended, (artifact, page), &deadline);
         export_failed |= failed;
         if task.is_none() {
             task.clone_from(&reported);
@@ -350,19 +359,20 @@ fn advise_task(
 }
 
 /// Ends the ClearML reporting with the job's exit and the uploaded
-/// document as its artifact. True when something was lost or left unsent;
-/// the task reported into.
+/// document (and report page) as its artifacts. True when something was
+/// lost or left unsent; the task reported into.
 fn finish_clearml(
     io: &Io,
     reporter: clearml::Reporter,
     config: &Config,
     ended: &Ended,
-    artifact: Option<clearml::Artifact>,
+    (artifact, page): (Option<clearml::Artifact>, Option<clearml::Artifact>),
     deadline: &Deadline,
 ) -> (bool, Option<clearml::TaskRef>) {
     let end = clearml::RunEnd {
         exit: ended.job_exit,
         artifact,
+        page,
     };
     // What the deadline leaves; points not sent by then stay in the
     // spool, and the log says how to send them.

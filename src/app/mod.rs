@@ -164,7 +164,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
             &io.runtime,
             mlflow_settings,
             &config,
-            &saved.document,
+            (&saved.document, saved.page.as_deref()),
             saved.written,
             &store.run,
             job_failed,
