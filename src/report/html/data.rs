@@ -491,13 +491,21 @@ fn time_span(doc: &Document, g: &Gather) -> (f64, f64) {
             (s, doc.run.end.unwrap_or(s))
         }
     };
-    let t0 = if doc.run.start > 0.0 && doc.run.start <= first + 1.0 {
+    let t0 = if doc.run.start.is_finite() && doc.run.start > 0.0 && doc.run.start <= first + 1.0 {
         doc.run.start
     } else {
         first
     };
-    let end = doc.run.end.filter(|e| *e >= last).unwrap_or(last);
+    let end = doc
+        .run
+        .end
+        .filter(|e| e.is_finite() && *e >= last)
+        .unwrap_or(last);
     let duration = end - t0;
+    // A file's absurd times (NaN, infinities) still make a drawable axis.
+    if !t0.is_finite() || !duration.is_finite() {
+        return (0.0, 1.0);
+    }
     (t0, if duration >= 1.0 { duration } else { 1.0 })
 }
 
@@ -594,6 +602,21 @@ mod tests {
         let out = lanes.finish(600.0);
         assert_eq!(out.len(), MAX_LANES);
         assert_eq!(out.last().unwrap().component, OTHER_LANE);
+    }
+
+    #[test]
+    fn absurd_times_still_make_an_axis() {
+        let mut doc = Document::default();
+        doc.run.start = f64::NAN;
+        doc.run.end = Some(f64::INFINITY);
+        let mut g = Gather::default();
+        for t in [1e300, 5.0, f64::NAN] {
+            g.observe(&mark("a", "x", t));
+        }
+        let (t0, d) = time_span(&doc, &g);
+        assert!(t0.is_finite() && d.is_finite() && d >= 1.0, "{t0} {d}");
+        let empty = time_span(&Document::default(), &Gather::default());
+        assert_eq!(empty, (0.0, 1.0));
     }
 
     #[test]
