@@ -216,7 +216,12 @@
       if (!seen[k]) return;
       const [i0, i1] = seen[k], parts = [];
       for (let i = i0; i <= i1; i++) parts.push(c.x(l.pts[2 * i]).toFixed(1) + "," + y(l.pts[2 * i + 1]).toFixed(1));
-      if (parts.length === 1) parts.push(parts[0]);
+      if (parts.length === 1) {
+        // One point (a process read once): a dot, a line has no length.
+        const [x, yy] = parts[0].split(",");
+        g.append(sv("circle", { cx: x, cy: yy, r: 3, fill: l.color }));
+        parts.push(parts[0]);
+      }
       g.append(sv("polyline", { points: parts.join(" "), fill: "none", stroke: l.color, "stroke-width": l.width || 1.5,
         "stroke-dasharray": l.dash || "none", "data-series": l.key || "" }));
     });
@@ -464,7 +469,11 @@
     const s = section("leak", "Leak verdicts");
     const rows = [["host (tree)", verdictText(leak.host)]];
     if (leak.gpu) rows.push(["GPU (tree)", verdictText(leak.gpu)]);
-    for (const t of leak.targets || []) rows.push(["pid " + t.pid + " " + (t.name || ""), verdictText(t.host || t.verdict || t)]);
+    for (const t of leak.targets || []) {
+      const who = "pid " + t.pid + " " + (t.name || "");
+      rows.push([who + (t.figure ? " (" + t.figure.toUpperCase() + ")" : ""), verdictText(t.host)]);
+      if (t.gpu) rows.push([who + " GPU", verdictText(t.gpu)]);
+    }
     const comps = leak.components || {};
     for (const k of Object.keys(comps)) rows.push(["component " + k, verdictText(comps[k])]);
     if (leak.targets_not_judged) rows.push(["other processes", leak.targets_not_judged + " too short to judge"]);
