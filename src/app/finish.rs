@@ -27,10 +27,21 @@ pub(super) struct Saved {
     pub(crate) page: Option<PathBuf>,
 }
 
-/// Writes the run's report page beside its document. The page is a
-/// convenience: a failure is a warning, never the run's failure.
-pub(super) fn write_page(saved: &Saved, store: &Store) -> Option<PathBuf> {
+/// Writes the run's report page beside its document in the run
+/// directory. The page is a convenience: a failure is a warning, never
+/// the run's failure; a document that had to go elsewhere (a full disk)
+/// gets no page, so no fixed name is written into a shared folder.
+pub(super) fn write_page(saved: &Saved, store: &Store, run_dir: &Path) -> Option<PathBuf> {
     if !saved.written {
+        return None;
+    }
+    if saved.document.parent() != Some(run_dir) {
+        tracing::warn!(
+            "the report page was not written: the run's JSON is not in {} \
+             (`memtrack report --html {}` writes it later)",
+            run_dir.display(),
+            saved.document.display()
+        );
         return None;
     }
     let out = crate::report::html::beside(&saved.document);

@@ -147,7 +147,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         saved.advice = crate::model::advice::render_found(&store.document_view().advice);
     }
     if config.html_report && !ended.urgent {
-        saved.page = finish::write_page(&saved, &store);
+        saved.page = finish::write_page(&saved, &store, &run_dir);
     }
     let first_signal = signals.stop();
     let mut export_failed =
