@@ -307,7 +307,10 @@ pub(crate) async fn export(
             api.put_artifact(&path, crate::model::json::FILE_NAME, body)
                 .await?;
             if let Some(page) = page {
-                let name = crate::report::html::FILE_NAME;
+                let name = page
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("memory_report.html");
                 let put = match std::fs::read(page) {
                     Ok(body) => api.put_artifact(&path, name, body).await,
                     Err(e) => Err(MlflowError::Config(format!("{}: {e}", page.display()))),
