@@ -16,7 +16,7 @@
 //! every string on the page as text, never as markup.
 //!
 //! A run of any length makes a page of bounded size: each series is
-//! reduced to at most [`columns::MAX_COLUMNS`] columns, keeping each
+//! reduced to at most `columns::MAX_COLUMNS` columns, keeping each
 //! column's lowest and highest point, so the page's peaks are the
 //! document's exactly (`data`).
 
