@@ -152,6 +152,7 @@ fn end_to_end(n: u64, dir: &Path) -> (u64, f64, Duration) {
     let end = RunEnd {
         exit: Some(Exit::code(0)),
         artifact: None,
+        page: None,
     };
     let report = rt.block_on(reporter.finish(end, Duration::from_secs(600)));
     assert_eq!(report.unsent, 0, "{report:?}");

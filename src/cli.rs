@@ -149,6 +149,10 @@ pub struct DaemonArgs {
     /// callbacks, out-of-memory report)
     #[arg(long)]
     pub(crate) no_auto_hooks: bool,
+    /// Do not write memory_report.html (the interactive report page) beside
+    /// the JSON at the end
+    #[arg(long)]
+    pub(crate) no_html_report: bool,
     /// Upload memory_usage.json to s3://bucket/prefix at the end
     #[arg(long, value_name = "S3_URL")]
     pub(crate) s3_url: Option<String>,
@@ -215,6 +219,9 @@ impl DaemonArgs {
         }
         if self.no_auto_hooks {
             layer.set("auto_hooks", Value::Boolean(false));
+        }
+        if self.no_html_report {
+            layer.set("html_report", Value::Boolean(false));
         }
         if self.no_gpu {
             layer.set("gpu.enabled", Value::Boolean(false));
@@ -442,8 +449,15 @@ pub struct ReportArgs {
     #[arg(value_name = "FILE|RUN_DIR")]
     pub file: PathBuf,
     /// Print JSON instead of the terminal report
-    #[arg(long)]
+    #[arg(long, conflicts_with = "html")]
     pub json: bool,
+    /// Write the report as one interactive HTML page (it opens offline) instead
+    /// of printing it: memory_report.html beside the memory_usage.json, or -o FILE
+    #[arg(long)]
+    pub html: bool,
+    /// Where --html writes the page
+    #[arg(short, long, value_name = "FILE", requires = "html")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -463,6 +477,13 @@ pub struct CompareArgs {
     /// The plot's x axis: time since each start, iteration, or stage (default: time)
     #[arg(long, value_enum, default_value = "time", hide_default_value = true)]
     pub align: crate::report::plot::Align,
+    /// Also write the runs overlaid as one interactive HTML page (aligned by time,
+    /// iteration or stage on the page): memory_compare.html, or -o FILE
+    #[arg(long)]
+    pub html: bool,
+    /// Where --html writes the page
+    #[arg(short, long, value_name = "FILE", requires = "html")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -80,6 +80,9 @@ pub struct Config {
     /// from Hugging Face and Lightning trainers, the out-of-memory report)
     /// through its `PYTHONPATH`. `MEMTRACK_AUTO_HOOKS=0` also turns them off.
     pub auto_hooks: bool,
+    /// Write `memory_report.html` (the interactive report page) beside
+    /// `memory_usage.json` at the end of the run.
+    pub html_report: bool,
     /// Extra labels recorded in `run.labels` and on every metric.
     pub labels: BTreeMap<String, String>,
     pub host: HostConfig,
@@ -260,6 +263,7 @@ impl Default for Config {
             listen: DEFAULT_LISTEN.into(),
             finish_timeout: DEFAULT_FINISH_TIMEOUT,
             auto_hooks: true,
+            html_report: true,
             labels: BTreeMap::new(),
             host: HostConfig::default(),
             gpu: GpuConfig::default(),

@@ -172,6 +172,16 @@ fn clearml_resend(args: &ClearmlResendArgs) -> Result<u8, Failure> {
 /// `memtrack report`, as text or JSON.
 fn report(args: &ReportArgs) -> Result<u8, Failure> {
     let file = memtrack::report::document_path(&args.file).map_err(runtime)?;
+    if args.html {
+        let out = args
+            .output
+            .clone()
+            .unwrap_or_else(|| memtrack::report::html::beside(&file));
+        let page = memtrack::report::html::run_page(&file).map_err(runtime)?;
+        memtrack::report::html::write(&out, &page).map_err(runtime)?;
+        logging::say(&format!("memtrack: wrote {}", out.display()));
+        return Ok(0);
+    }
     let doc = memtrack::report::read::for_report(&file).map_err(runtime)?;
     let text = if args.json {
         let report = memtrack::report::text::build(&doc);
@@ -244,6 +254,22 @@ fn compare(args: &CompareArgs) -> Result<u8, Failure> {
             &memtrack::report::plot::PlotOptions::default(),
         )
         .map_err(|e| runtime(e.into()))?;
+        logging::say(&format!("memtrack: wrote {}", out.display()));
+    }
+    if args.html {
+        let names = memtrack::report::compare::build(&runs).runs;
+        let files: Vec<(String, std::path::PathBuf)> = names
+            .into_iter()
+            .zip(&args.files)
+            .map(|(r, f)| Ok((r.name, memtrack::report::document_path(f)?)))
+            .collect::<anyhow::Result<_>>()
+            .map_err(runtime)?;
+        let out = args
+            .output
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from("memory_compare.html"));
+        let page = memtrack::report::html::compare_page(&files).map_err(runtime)?;
+        memtrack::report::html::write(&out, &page).map_err(runtime)?;
         logging::say(&format!("memtrack: wrote {}", out.display()));
     }
     Ok(0)

@@ -23,6 +23,43 @@ pub(super) struct Saved {
     /// The run's advice as text, for the ClearML task (empty: none, or
     /// no ClearML).
     pub(crate) advice: String,
+    /// The report page written beside the document (`html_report`).
+    pub(crate) page: Option<PathBuf>,
+}
+
+/// Writes the run's report page beside its document in the run
+/// directory. The page is a convenience: a failure is a warning, never
+/// the run's failure; a document that had to go elsewhere (a full disk)
+/// gets no page, so no fixed name is written into a shared folder.
+pub(super) fn write_page(saved: &Saved, store: &Store, run_dir: &Path) -> Option<PathBuf> {
+    if !saved.written {
+        return None;
+    }
+    if saved.document.parent() != Some(run_dir) {
+        tracing::warn!(
+            "the report page was not written: the run's JSON is not in {} \
+             (`memtrack report --html {}` writes it later)",
+            run_dir.display(),
+            saved.document.display()
+        );
+        return None;
+    }
+    let out = crate::report::html::beside(&saved.document);
+    let written = crate::report::html::store_page(store)
+        .and_then(|page| crate::report::html::write(&out, &page));
+    match written {
+        Ok(()) => {
+            tracing::info!("wrote the report page {}", out.display());
+            Some(out)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "the report page was not written: {e:#}; `memtrack report --html {}` writes it later",
+                saved.document.display()
+            );
+            None
+        }
+    }
 }
 
 /// A run directory that cannot take the final JSON (a full disk) must
@@ -46,6 +83,7 @@ pub(super) fn save_document(
             document,
             written: true,
             advice: String::new(),
+            page: None,
         };
     };
     let shown_dir = crate::files::shown(run_dir);
@@ -64,6 +102,7 @@ pub(super) fn save_document(
                     document: fallback,
                     written: true,
                     advice: String::new(),
+                    page: None,
                 };
             }
             Err(e) => errors.push(format!("{}: {e}", place.display())),
@@ -85,6 +124,7 @@ pub(super) fn save_document(
         document,
         written: false,
         advice: String::new(),
+        page: None,
     }
 }
 
@@ -191,6 +231,7 @@ fn stop_at_once(
         let end = clearml::RunEnd {
             exit: ended.job_exit,
             artifact: None,
+            page: None,
         };
         let report = io.runtime.block_on(reporter.finish(end, Duration::ZERO));
         if report.unsent > 0 {
@@ -228,8 +269,15 @@ fn flush_within_deadline(
     };
     let mut upload_failed = matches!(uploaded, Some(Err(_)));
     export_failed |= upload_failed;
+    // The report page beside the document's object (a failure is a
+    // warning: the page is a convenience).
+    let page = match (&uploaded, &saved.page) {
+        (Some(Ok(_)), Some(page)) => io.upload_page(page, run, task.clone(), &deadline),
+        _ => None,
+    };
     if let Some(reporter) = clearml {
         let mut artifact = s3_artifact(uploaded);
+        let page = s3_artifact(page.map(Ok));
         if artifact.is_none() && saved.written {
             // Where the job's task keeps its artifacts (no S3 of memtrack's).
             artifact = io.upload_to_files(
@@ -240,7 +288,8 @@ fn flush_within_deadline(
                 &mut upload_failed,
             );
         }
-        let (failed, reported) = finish_clearml(io, reporter, config, ended, artifact, &deadline);
+        let (failed, reported) =
+            finish_clearml(io, reporter, config, ended, (artifact, page), &deadline);
         export_failed |= failed;
         if task.is_none() {
             task.clone_from(&reported);
@@ -321,19 +370,20 @@ fn advise_task(
 }
 
 /// Ends the ClearML reporting with the job's exit and the uploaded
-/// document as its artifact. True when something was lost or left unsent;
-/// the task reported into.
+/// document (and report page) as its artifacts. True when something was
+/// lost or left unsent; the task reported into.
 fn finish_clearml(
     io: &Io,
     reporter: clearml::Reporter,
     config: &Config,
     ended: &Ended,
-    artifact: Option<clearml::Artifact>,
+    (artifact, page): (Option<clearml::Artifact>, Option<clearml::Artifact>),
     deadline: &Deadline,
 ) -> (bool, Option<clearml::TaskRef>) {
     let end = clearml::RunEnd {
         exit: ended.job_exit,
         artifact,
+        page,
     };
     // What the deadline leaves; points not sent by then stay in the
     // spool, and the log says how to send them.

@@ -26,7 +26,7 @@ pub(super) fn finish(
     runtime: &tokio::runtime::Runtime,
     settings: Option<Settings>,
     config: &Config,
-    document: &std::path::Path,
+    (document, page): (&std::path::Path, Option<&std::path::Path>),
     written: bool,
     run: &RunInfo,
     job_failed: bool,
@@ -38,7 +38,7 @@ pub(super) fn finish(
         tracing::error!("MLflow: nothing to report, memory_usage.json was not written");
         return true;
     }
-    let work = mlflow::export(&settings, document, &run.name, job_failed);
+    let work = mlflow::export(&settings, document, page, &run.name, job_failed);
     match runtime.block_on(async { tokio::time::timeout(config.finish_timeout, work).await }) {
         Ok(Ok(done)) => {
             tracing::info!(
@@ -47,6 +47,12 @@ pub(super) fn finish(
                 done.run_id,
                 settings.shown()
             );
+            if let Some(why) = done.page_skipped {
+                tracing::warn!(
+                    "MLflow: the report page not attached to run {}: {why}",
+                    done.run_id
+                );
+            }
             if let Some(why) = done.artifact_skipped {
                 tracing::warn!(
                     "MLflow: memory_usage.json not attached to run {}: {why}",

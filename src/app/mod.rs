@@ -146,6 +146,9 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     if io.clearml.is_some() {
         saved.advice = crate::model::advice::render_found(&store.document_view().advice);
     }
+    if config.html_report && !ended.urgent {
+        saved.page = finish::write_page(&saved, &store, &run_dir);
+    }
     let first_signal = signals.stop();
     let mut export_failed =
         finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);
@@ -161,7 +164,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
             &io.runtime,
             mlflow_settings,
             &config,
-            &saved.document,
+            (&saved.document, saved.page.as_deref()),
             saved.written,
             &store.run,
             job_failed,

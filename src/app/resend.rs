@@ -118,6 +118,7 @@ fn send(
         let end = clearml::RunEnd {
             exit: doc.run.exit,
             artifact: None,
+            page: None,
         };
         anyhow::Ok((reporter.finish(end, timeout).await, bad))
     })

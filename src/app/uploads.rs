@@ -62,6 +62,39 @@ impl Io {
         Some(result)
     }
 
+    /// Uploads the run's report page beside its document's object (the
+    /// same folder, the page's name); a failure is a warning, the page
+    /// being a convenience. `None` when S3 is off or the page did not go.
+    pub(super) fn upload_page(
+        &self,
+        page: &Path,
+        run: &RunInfo,
+        task: Option<clearml::TaskRef>,
+        deadline: &Deadline,
+    ) -> Option<crate::export::s3::Uploaded> {
+        let s3 = self.s3.as_ref()?;
+        let file = crate::export::s3::file_name(&run.labels);
+        let key = page_key(&object_key(s3, &run.name, task, &file));
+        let what = format!("the report page's upload to {}", s3.endpoint);
+        match self
+            .runtime
+            .block_on(deadline.bound(&what, s3.upload(page, &key)))
+        {
+            Some(Ok(u)) => {
+                tracing::info!("uploaded {} ({} bytes)", u.uri, u.size);
+                Some(u)
+            }
+            Some(Err(e)) => {
+                tracing::warn!("the report page was not uploaded: {e}");
+                None
+            }
+            None => {
+                tracing::warn!("no time was left to upload the report page");
+                None
+            }
+        }
+    }
+
     /// Uploads the document after every checkpoint: always with
     /// `s3.upload_checkpoints` (`always`), else once memtrack reports into
     /// the job's own ClearML task, where each upload is handed to the
@@ -296,6 +329,23 @@ fn object_key(
     crate::export::s3::object_key(&s3.dest, run, task.as_ref(), file)
 }
 
+/// The report page's key beside the document's: the same folder, the
+/// document's name with `memory_usage` → `memory_report` and `.html`
+/// (`memory_report.html`; per rank `memory_report.rank1.html`).
+fn page_key(document_key: &str) -> String {
+    let (folder, file) = match document_key.rsplit_once('/') {
+        Some((folder, file)) => (Some(folder), file),
+        None => (None, document_key),
+    };
+    let stem = file.strip_suffix(".json").unwrap_or(file);
+    let stem = stem.replacen("memory_usage", "memory_report", 1);
+    let name = format!("{stem}.html");
+    match folder {
+        Some(f) => format!("{f}/{name}"),
+        None => name,
+    }
+}
+
 /// The document where the job's ClearML task keeps its artifacts: the
 /// task's `output_uri`, else `clearml.conf`'s `default_output_uri`, else
 /// the ClearML fileserver ([`clearml::output`]). An `s3://` destination
@@ -466,5 +516,23 @@ impl TaskOutput {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page_key;
+
+    #[test]
+    fn the_page_goes_beside_the_document_under_its_own_name() {
+        assert_eq!(
+            page_key("runs/job/artifacts/memory_usage/memory_usage.json"),
+            "runs/job/artifacts/memory_usage/memory_report.html"
+        );
+        assert_eq!(
+            page_key("p/t.1/artifacts/memory_usage/memory_usage.h1.rank3.json"),
+            "p/t.1/artifacts/memory_usage/memory_report.h1.rank3.html"
+        );
+        assert_eq!(page_key("memory_usage.json"), "memory_report.html");
     }
 }

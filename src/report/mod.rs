@@ -3,6 +3,7 @@
 //! detection.
 
 pub mod compare;
+pub mod html;
 pub mod merge;
 pub mod plot;
 pub mod read;

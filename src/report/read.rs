@@ -127,6 +127,15 @@ pub(crate) fn side_budget(compressed: u64) -> u64 {
 /// file has none, and the advice is worked out again from the complete
 /// log (the rules of this build, on any file).
 pub fn for_report(path: &Path) -> anyhow::Result<Document> {
+    for_report_with(path, |_| {})
+}
+
+/// [`for_report`], handing each entry of the complete log to `each` on
+/// the way (the HTML page's reader).
+pub(crate) fn for_report_with(
+    path: &Path,
+    mut each: impl FnMut(&Entry),
+) -> anyhow::Result<Document> {
     let mut series = leak::Series::default();
     let mut facts = Facts::default();
     let complete = path
@@ -136,6 +145,7 @@ pub fn for_report(path: &Path) -> anyhow::Result<Document> {
         series.push(&e);
         if !complete {
             facts.observe(&e);
+            each(&e);
         }
     })?;
     if complete {
@@ -143,6 +153,7 @@ pub fn for_report(path: &Path) -> anyhow::Result<Document> {
         read_complete(path, |e| {
             series.push(&e);
             facts.observe(&e);
+            each(&e);
         })?;
     }
     if doc.leak.is_none() {

@@ -189,10 +189,14 @@ def test_mlflow_gets_the_memory_figures_and_the_artifact(tmp_path, mlflow_server
     peak = [m for m in run["data"]["metrics"] if m["key"] == "memtrack/peak_host_mb"][0]["value"]
     assert peak >= max(e["cpu_ram_used_mb"] for e in samples) > 0
     files = _get(mlflow_server + "/api/2.0/mlflow/artifacts/list?run_id=%s" % run_id).get("files", [])
-    assert [f["path"] for f in files] == ["memory_usage.json"]
+    assert sorted(f["path"] for f in files) == ["memory_report.html", "memory_usage.json"]
     with urllib.request.urlopen(mlflow_server + "/get-artifact?path=memory_usage.json&run_uuid=%s" % run_id,
                                 timeout=10) as r:
         assert json.load(r)["run"]["id"] == doc["run"]["id"]
+    # The report page beside it, which MLflow's UI shows as HTML.
+    with urllib.request.urlopen(mlflow_server + "/get-artifact?path=memory_report.html&run_uuid=%s" % run_id,
+                                timeout=10) as r:
+        assert b'id="memtrack-data"' in r.read()
 
 
 def _post(url, body):
@@ -246,7 +250,7 @@ def test_a_script_inside_start_run_gets_the_memory_in_its_own_run_and_experiment
     child = [r for r in runs.values() if r["info"]["run_id"] != run_id][0]
     assert not any(m["key"].startswith("memtrack/") for m in child["data"].get("metrics", []))
     files = _get(mlflow_server + "/api/2.0/mlflow/artifacts/list?run_id=%s" % run_id).get("files", [])
-    assert [f["path"] for f in files] == ["memory_usage.json"]
+    assert sorted(f["path"] for f in files) == ["memory_report.html", "memory_usage.json"]
     assert "logged into run %s" % run_id in proc.stderr, proc.stderr[-4000:]
 
 

@@ -247,6 +247,7 @@ fn exit(code: i32) -> RunEnd {
     RunEnd {
         exit: Some(Exit::code(code)),
         artifact: None,
+        page: None,
     }
 }
 
@@ -449,6 +450,7 @@ fn marks_and_timer_windows_arrive_exactly_once_into_a_created_task() {
         RunEnd {
             exit: Some(Exit::code(0)),
             artifact: Some(artifact),
+            page: None,
         },
         Duration::from_secs(20),
     );
@@ -524,6 +526,7 @@ fn a_signal_or_unknown_exit_fails_the_created_task() {
             RunEnd {
                 exit: outcome,
                 artifact: None,
+                page: None,
             },
             Duration::from_secs(10),
         );
@@ -554,6 +557,7 @@ fn an_existing_task_gets_points_and_keeps_its_status() {
                 size: 7,
                 sha256: "cd".repeat(32),
             }),
+            page: None,
         },
         Duration::from_secs(10),
     );
@@ -1091,12 +1095,35 @@ fn memtrack_run_creates_completes_and_fills_a_task_with_the_s3_artifact() {
     );
     let local = std::fs::read(out.path().join("job/memory_usage.json")).unwrap();
     assert_eq!(s3.object(&key).as_deref(), Some(local.as_slice()), "{log}");
-    let artifacts = task["artifacts"].as_array().unwrap();
-    assert_eq!(artifacts.len(), 1, "{task:#}");
+    // The report page beside it, registered as the task's second artifact.
+    let page_key = key.replace("memory_usage.json", "memory_report.html");
+    let page = std::fs::read(out.path().join("job/memory_report.html")).unwrap();
     assert_eq!(
-        artifacts[0]["uri"],
+        s3.object(&page_key).as_deref(),
+        Some(page.as_slice()),
+        "{log}"
+    );
+    let artifacts = task["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 2, "{task:#}");
+    let named = |k: &str| {
+        artifacts
+            .iter()
+            .find(|a| a["key"] == k)
+            .unwrap_or_else(|| panic!("no {k} artifact: {task:#}"))
+    };
+    assert_eq!(
+        named("memory_usage")["uri"],
         format!("s3://{}/{key}", s3.bucket),
         "{task:#}"
+    );
+    assert_eq!(
+        named("memory_report")["uri"],
+        format!("s3://{}/{page_key}", s3.bucket),
+        "{task:#}"
+    );
+    assert_eq!(
+        named("memory_report")["type_data"]["content_type"],
+        "text/html"
     );
     assert!(!out.path().join("job").join(SPOOL_FILE).exists());
     server.assert_exactly_once();

@@ -20,6 +20,7 @@ mod figures;
 mod golden;
 mod host;
 mod hostile;
+mod html;
 mod http;
 mod inputs;
 mod layers;

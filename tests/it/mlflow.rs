@@ -34,8 +34,10 @@ class H(http.server.BaseHTTPRequestHandler):
         with open(os.path.join(folder, "calls"), "a") as f:
             f.write("%s %s %s\n" % (self.command, self.path, self.headers.get("Authorization", "-")))
         n = int(self.headers.get("Content-Length") or 0)
-        if n:
-            self.rfile.read(n)
+        body = self.rfile.read(n) if n else b""
+        if self.command == "PUT":
+            with open(os.path.join(folder, "put-" + os.path.basename(self.path)), "wb") as f:
+                f.write(body)
     def do_POST(self):
         self.note()
         if mode == "endless" and self.path.endswith("runs/create"):
@@ -155,6 +157,18 @@ fn the_tracking_password_is_used_and_never_printed() {
     // Still used: every call logged in as alice (HTTP basic authentication).
     let calls = server.calls();
     assert!(calls.contains("PUT /api/2.0/mlflow-artifacts/"), "{calls}");
+    // The document and the report page beside it, as artifacts.
+    for name in ["memory_usage.json", "memory_report.html"] {
+        assert_eq!(
+            std::fs::read(server.file(&format!("put-{name}"))).ok(),
+            std::fs::read(out.path().join("r").join(name)).ok(),
+            "{name} as an artifact: {calls}"
+        );
+    }
+    assert!(
+        calls.contains("PUT /api/2.0/mlflow-artifacts/artifacts/0/r1/artifacts/memory_report.html"),
+        "{calls}"
+    );
     // base64("alice:hunter2")
     assert!(
         calls

@@ -56,6 +56,16 @@ fn the_uploaded_object_equals_the_local_file() {
         Some(local.as_slice()),
         "byte for byte at the documented key"
     );
+    // The report page beside it.
+    let page = std::fs::read(out.path().join("job/memory_report.html")).unwrap();
+    assert_eq!(
+        server
+            .object("runs/job/artifacts/memory_usage/memory_report.html")
+            .as_deref(),
+        Some(page.as_slice()),
+        "{}",
+        stderr(&res)
+    );
     assert!(
         stderr(&res).contains(&format!("uploaded s3://{}/{KEY}", server.bucket)),
         "{}",

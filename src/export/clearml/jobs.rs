@@ -128,22 +128,36 @@ impl ReporterState {
         })
     }
 
-    /// Registers `a` on `task`; a task memtrack did not create is read
-    /// first, and left alone once it no longer takes artifacts.
-    pub(crate) fn artifact_job(&self, task: &str, check_status: bool, a: &Artifact) -> Running {
-        let body = json!({
-            "task": task,
-            "force": true,
-            "artifacts": [{
-                "key": "memory_usage",
+    /// Registers `a` (and the report page beside it, when given) on
+    /// `task`; a task memtrack did not create is read first, and left
+    /// alone once it no longer takes artifacts.
+    pub(crate) fn artifact_job(
+        &self,
+        task: &str,
+        check_status: bool,
+        a: &Artifact,
+        page: Option<&Artifact>,
+    ) -> Running {
+        let entry = |key: &str, a: &Artifact, content_type: &str| {
+            json!({
+                "key": key,
                 "type": "custom",
                 "mode": "output",
                 "uri": a.uri,
                 "content_size": a.size,
                 "hash": a.sha256.to_ascii_lowercase(),
                 "timestamp": points::now_ms() / 1000,
-                "type_data": {"content_type": "application/json"},
-            }],
+                "type_data": {"content_type": content_type},
+            })
+        };
+        let mut artifacts = vec![entry("memory_usage", a, "application/json")];
+        if let Some(p) = page {
+            artifacts.push(entry("memory_report", p, "text/html"));
+        }
+        let body = json!({
+            "task": task,
+            "force": true,
+            "artifacts": artifacts,
         });
         let api = self.api.clone();
         let task = task.to_string();

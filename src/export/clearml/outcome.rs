@@ -23,6 +23,9 @@ pub struct TaskRef {
 pub struct RunEnd {
     pub exit: Option<crate::model::Exit>,
     pub artifact: Option<Artifact>,
+    /// The run's report page where it was uploaded, registered beside
+    /// the document as the `memory_report` artifact.
+    pub page: Option<Artifact>,
 }
 
 /// `memory_usage.json` where it was uploaded.

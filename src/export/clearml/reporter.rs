@@ -778,7 +778,7 @@ impl ReporterState {
             Plan::Artifact => self
                 .pending_artifact
                 .take()
-                .map(|a| self.artifact_job(&id, true, &a)),
+                .map(|a| self.artifact_job(&id, true, &a, None)),
             Plan::Axis => Some(self.axis_job(&id)),
             Plan::Batch => self.batch_job(),
             Plan::Ping => Some(self.ping_job(&id)),
@@ -819,7 +819,8 @@ impl ReporterState {
                 }
                 EndStep::StartArtifact { task, check_status } => {
                     if let Some(a) = e.outcome.artifact.as_ref() {
-                        *job = Some(self.artifact_job(&task, check_status, a));
+                        let page = e.outcome.page.as_ref();
+                        *job = Some(self.artifact_job(&task, check_status, a, page));
                     }
                     e.end.artifact_started = true;
                     break;

@@ -190,7 +190,14 @@ impl Api {
         let response = self
             .client
             .put(&url)
-            .header("content-type", "application/json")
+            .header(
+                "content-type",
+                if name.ends_with(".html") {
+                    "text/html; charset=utf-8"
+                } else {
+                    "application/json"
+                },
+            )
             .body(body)
             .send()
             .await

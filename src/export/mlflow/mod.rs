@@ -264,14 +264,18 @@ pub(crate) struct Exported {
     pub(crate) metrics: usize,
     /// Why the artifact is not there, if it is not.
     pub(crate) artifact_skipped: Option<String>,
+    /// Why the report page, given, is not there beside it.
+    pub(crate) page_skipped: Option<String>,
 }
 
 /// Puts the finished run's document into MLflow: the metrics, the peaks
-/// and the `memory_usage.json` artifact. `failed` says how the job ended,
-/// for a run memtrack created.
+/// and the `memory_usage.json` artifact, and the report `page` beside it
+/// when there is one (its failure is said, not an error). `failed` says
+/// how the job ended, for a run memtrack created.
 pub(crate) async fn export(
     settings: &Settings,
     document: &Path,
+    page: Option<&Path>,
     run_name: &str,
     failed: bool,
 ) -> Result<Exported, MlflowError> {
@@ -296,11 +300,23 @@ pub(crate) async fn export(
     for batch in metrics.chunks(BATCH) {
         api.log_batch(&run_id, batch).await?;
     }
+    let mut page_skipped = None;
     let artifact_skipped = match api.artifact_path(&run_id).await? {
         Ok(path) => {
             let body = std::fs::read(document).map_err(|e| MlflowError::Config(e.to_string()))?;
             api.put_artifact(&path, crate::model::json::FILE_NAME, body)
                 .await?;
+            if let Some(page) = page {
+                let name = page
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("memory_report.html");
+                let put = match std::fs::read(page) {
+                    Ok(body) => api.put_artifact(&path, name, body).await,
+                    Err(e) => Err(MlflowError::Config(format!("{}: {e}", page.display()))),
+                };
+                page_skipped = put.err().map(|e| e.to_string());
+            }
             None
         }
         Err(why) => Some(why.to_string()),
@@ -312,6 +328,7 @@ pub(crate) async fn export(
         run_id,
         metrics: metrics.len(),
         artifact_skipped,
+        page_skipped,
     })
 }
 

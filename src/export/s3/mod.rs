@@ -188,6 +188,15 @@ pub(crate) fn object_key(
     parts.join("/")
 }
 
+/// The object's content type: the report page is HTML, the rest JSON.
+fn content_type(key: &str) -> &'static str {
+    if key.ends_with(".html") {
+        "text/html; charset=utf-8"
+    } else {
+        "application/json"
+    }
+}
+
 /// What was uploaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Uploaded {
@@ -582,7 +591,7 @@ impl Uploader {
                 .put_object()
                 .bucket(&self.dest.bucket)
                 .key(key)
-                .content_type("application/json")
+                .content_type(content_type(key))
                 .checksum_sha256(checksum)
                 .body(ByteStream::from(bytes))
                 .send()
@@ -604,7 +613,7 @@ impl Uploader {
             .create_multipart_upload()
             .bucket(&self.dest.bucket)
             .key(key)
-            .content_type("application/json")
+            .content_type(content_type(key))
             .checksum_algorithm(ChecksumAlgorithm::Sha256)
             .send()
             .await
