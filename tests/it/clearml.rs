@@ -1709,10 +1709,10 @@ fn memory_in_the_scripts_task(server: &Server, id: &str, log: &str) -> Vec<Value
     );
     // One series per figure: marks and timer samples of an iteration in
     // one point, not `x`, `x:after_step` and `x:timer` beside each other.
-    let suffixed: Vec<&str> = memory
+    let suffixed: Vec<String> = memory
         .iter()
-        .filter_map(|p| p["variant"].as_str())
-        .filter(|v| v.contains(':'))
+        .filter(|p| p["variant"].as_str().unwrap().contains(':'))
+        .map(|p| format!("{} {} @{}", p["metric"], p["variant"], p["iter"]))
         .collect();
     assert!(suffixed.is_empty(), "series per operation: {suffixed:?}");
     // No GPU here: no series of zeros beside the host's.

@@ -84,6 +84,10 @@ struct Window {
     /// When it was opened, on this machine's clock.
     opened: Instant,
     acc: Entry,
+    /// Its point went out before (the window was opened again for a late
+    /// entry): closing it sends the same keys again, which the server
+    /// overwrites with the new maxima.
+    again: bool,
 }
 
 /// What the converter dropped, for the final report.
@@ -119,6 +123,9 @@ pub struct Converter {
     /// The largest iteration sent on the time axis: the task's
     /// `last_iteration` up to it is memtrack's own, not the job's.
     time_max: u64,
+    /// On the job axis, each component's last window sent: an entry that
+    /// comes after it for the same iteration opens it again.
+    last_sent: HashMap<String, Entry>,
 }
 
 /// When a job that reports no iteration gets a time axis: its points then
@@ -151,6 +158,7 @@ impl Converter {
             time_from: None,
             time_pending: None,
             time_max: 0,
+            last_sent: HashMap::new(),
         }
     }
 
@@ -236,7 +244,10 @@ impl Converter {
             self.fold_at_iteration(e, now, out);
             return;
         }
-        if e.kind != EntryKind::Timer || (self.timer_every.is_zero() && !self.job_axis) {
+        // On the time axis a component's marks join its timer window too:
+        // one point per figure and window, at the second it began.
+        let windowed = e.kind == EntryKind::Timer || self.on_time_axis();
+        if !windowed || (self.timer_every.is_zero() && !self.job_axis) {
             self.forward(&e, out);
             return;
         }
@@ -249,6 +260,7 @@ impl Converter {
                         start: e.timestamp,
                         opened: now,
                         acc: e,
+                        again: false,
                     },
                 );
             }
@@ -279,7 +291,31 @@ impl Converter {
             Some(w) if w.acc.iteration == Some(iter) => fold_max(&mut w.acc, &e),
             // A late mark, for an iteration already closed.
             Some(_) => self.forward(&e, out),
-            None if sent => self.forward(&e, out),
+            None if sent => {
+                // The iteration's point went out (the run's end closed it
+                // while its last entries were on their way): open it again
+                // when it is the component's last, else send this entry
+                // apart.
+                let last = self
+                    .last_sent
+                    .remove(&e.component)
+                    .filter(|l| l.iteration == Some(iter));
+                match last {
+                    Some(mut acc) => {
+                        fold_max(&mut acc, &e);
+                        self.windows.insert(
+                            acc.component.clone(),
+                            Window {
+                                start: acc.timestamp,
+                                opened: now,
+                                acc,
+                                again: true,
+                            },
+                        );
+                    }
+                    None => self.forward(&e, out),
+                }
+            }
             None => {
                 let mut acc = e;
                 acc.iteration = Some(iter);
@@ -289,6 +325,7 @@ impl Converter {
                         start: acc.timestamp,
                         opened: now,
                         acc,
+                        again: false,
                     },
                 );
             }
@@ -341,7 +378,14 @@ impl Converter {
         });
         for k in keys {
             if let Some(w) = self.windows.remove(&k) {
-                self.forward(&w.acc, out);
+                if w.again {
+                    self.points(&w.acc, w.acc.iteration.unwrap_or(self.job_iter), None, out);
+                } else {
+                    self.forward(&w.acc, out);
+                }
+                if self.job_axis && w.acc.iteration.is_some() {
+                    self.last_sent.insert(k, w.acc);
+                }
             }
         }
     }
@@ -398,6 +442,12 @@ impl Converter {
                 return;
             }
         };
+        self.points(e, iter, suffix, out);
+    }
+
+    /// The points of `e` at `iter`, under its figures' series (with
+    /// `:<suffix>` when given).
+    fn points(&mut self, e: &Entry, iter: u64, suffix: Option<&str>, out: &mut Vec<Point>) {
         let metric = format!("{TITLE_PREFIX}{}", e.component);
         let timestamp = if e.timestamp.is_finite() && e.timestamp > 0.0 {
             (e.timestamp * 1000.0).round() as i64
@@ -681,6 +731,39 @@ mod tests {
             .map(|p| (p.iter, p.value))
             .collect();
         assert_eq!(system, vec![(1, 130.0), (2, 204.0)]);
+    }
+
+    #[test]
+    fn an_entry_after_its_iterations_point_went_out_sends_that_point_again() {
+        // The run's end closed the windows while the last sample and
+        // `experiment_end` were on their way.
+        let mut c = Converter::new(Duration::from_secs(10));
+        c.use_job_axis(None);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        c.push(
+            mark("train", "before_step", 1.0, Some(7), 100.0),
+            t0,
+            &mut out,
+        );
+        c.push(timer("system", 1.1, 130.0), t0, &mut out);
+        c.close_all(&mut out);
+        let sent = out.len();
+        c.push(timer("system", 1.2, 150.0), t0, &mut out);
+        c.push(
+            mark("system", "experiment_end", 1.3, None, 120.0),
+            t0,
+            &mut out,
+        );
+        c.close_all(&mut out);
+        let again: Vec<(&str, &str, u64, f64)> = out[sent..]
+            .iter()
+            .map(|p| (p.metric.as_str(), p.variant.as_str(), p.iter, p.value))
+            .filter(|p| p.1 == "cpu_ram_used_mb")
+            .collect();
+        assert_eq!(again, [("memory/system", "cpu_ram_used_mb", 7, 150.0)]);
+        assert!(out.iter().all(|p| !p.variant.contains(':')), "{out:?}");
+        assert_eq!(c.dropped.duplicates, 0);
     }
 
     #[test]
