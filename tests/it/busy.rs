@@ -21,10 +21,10 @@ use crate::truth::{check_windows, ONE_AT_A_TIME, PRELUDE};
 
 /// Busy loops, two per core, killed when dropped (a failing test's unwind
 /// included); each also ends by itself once the test process is gone.
-struct Hogs(Vec<Child>);
+pub(crate) struct Hogs(Vec<Child>);
 
 impl Hogs {
-    fn start() -> Hogs {
+    pub(crate) fn start() -> Hogs {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let me = std::process::id();
         let hogs = (0..2 * cores)
