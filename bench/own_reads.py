@@ -8,7 +8,8 @@ growing by 6 steps of STEP_MB beside a PARENT_MB parent and holding HOLD_S
 seconds; each writes the USS it reads itself just before it exits) under
 `memtrack run --interval 100ms` at the default budget with HOGS busy loops
 beside it, and prints each worker's own-cost readings (seconds after its
-birth, USS MiB) and how many have a reading within 10 % of their own USS.
+birth, USS MiB), the reader thread's reads and CPU time, and how many
+workers have a reading within 10 % of their own USS.
 Defaults are the test's sizes; PARENT_MB=200 STEP_MB=8 HOLD_S=2 is the
 larger job of docs/host-figure.md.
 """
@@ -48,4 +49,8 @@ for line in open(out):
     ok = abs(best - uss) <= 0.1 * uss
     near += ok; n += 1
     print(f"worker {pid}: lived {end - born:.2f} s, USS {uss:.1f} MiB, readings {reads}{'' if ok else '  <- none near'}")
+h = doc.get('host') or {}
+if h.get('pss_reads'):
+    print(f"reader: {h['pss_reads']} process reads (own cost and page count), "
+          f"{h['pss_read_s'] * 1e3:.0f} ms of CPU over {doc['summary']['duration_s']:.1f} s")
 print(f"{near}/{n} workers have a reading within 10 % of their USS")

@@ -162,9 +162,9 @@ impl Own {
     /// grown since its last reading (or never read) and holding its size
     /// now; 1, never read, holding; 2, young and still growing, once its
     /// age has doubled since its last `smaps_rollup` read (or since its
-    /// birth); 3, the rest. A read costs what the process maps (~40 µs per
-    /// MiB of RSS on a busy machine), not what it holds alone: a fork is
-    /// read when it holds what it grew to, not at each step on the way,
+    /// birth); 3, the rest. A read costs what the process maps (the kernel
+    /// walks every resident page), not what it holds alone: a fork is read
+    /// when it holds what it grew to, not at each step on the way,
     /// and one that grows all its life is read at ages 0.5, 1, 2, 4 s…:
     /// once in the second half of its life, whenever it ends.
     /// `interval`: a process is read at most this often.
