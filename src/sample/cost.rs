@@ -495,8 +495,9 @@ impl CostReader {
 
     /// What the reader does next. The page count (or a Σ Pss pass) and
     /// own-cost reads each have a share of the reader ([`OWN_SHARE`]):
-    /// when both have work the one behind its share goes; one with nothing
-    /// to do lends its turn, and is not owed it afterwards.
+    /// when both have work the one behind its share goes (an urgent count
+    /// first); one with nothing to do lends its turn, and is not owed it
+    /// afterwards.
     fn turn(&mut self, now: Instant, tree: &[View]) -> Turn {
         let since = |t: Option<Instant>, every: Duration| {
             t.is_none_or(|t| now.saturating_duration_since(t) >= every)
@@ -522,7 +523,11 @@ impl CostReader {
         if !pages_due {
             self.shares.pages = self.shares.pages.max(self.shares.own);
         }
-        let own_turn = own_due && (!pages_due || self.shares.own < self.shares.pages);
+        // An urgent count (new file or shared-memory pages, which the
+        // carried-forward figure cannot hold until they are read) goes
+        // first; what it spends is charged, and own-cost reads catch up.
+        let own_turn =
+            own_due && (!pages_due || (!self.pages.urgent && self.shares.own < self.shares.pages));
         match (pages_due && !own_turn, self.pages.kind) {
             (true, PassKind::Pages) => Turn::Roll,
             (true, PassKind::Pss) => Turn::Pss,
@@ -1097,6 +1102,7 @@ mod tests {
         r.shares.pages += 0.060 / (1.0 - OWN_SHARE);
         let mut tree3 = tree;
         tree3[1].rss += 10 * M;
+        tree3[1].anon += 10 * M;
         r.update(t3, &tree3, &[]);
         assert_eq!(
             r.turn(t3, &tree3),
@@ -1109,6 +1115,11 @@ mod tests {
         r.shares.pages = r.shares.own + 0.001;
         assert_eq!(r.turn(t4, &tree3), Turn::Own);
         r.shares.own = r.shares.pages + 0.001;
+        assert_eq!(r.turn(t4, &tree3), Turn::Roll);
+        // New shared pages the figure cannot carry: the count first,
+        // however far behind own-cost reads are.
+        r.shares.pages = r.shares.own + 1.0;
+        r.pages.urgent = true;
         assert_eq!(r.turn(t4, &tree3), Turn::Roll);
     }
 
