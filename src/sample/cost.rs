@@ -44,6 +44,14 @@
 //! over all of them, carried forward by the same rules; such a pass is
 //! dropped when a fork or an exit overlapped it (shares are then not
 //! consistent) and the next one starts at once.
+//!
+//! # Each process's own cost
+//!
+//! Own-cost reads (`smaps_rollup`) and the page count share the reader
+//! ([`OWN_SHARE`]), so neither starves the other; they go where a reading
+//! lasts ([`Own::rank`]): a young worker once it holds what it grew to.
+//! Each page count's read of a process is an own-cost reading too
+//! ([`Own::counted`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -70,10 +78,20 @@ const YOUNG_FIRST: Duration = Duration::from_millis(250);
 /// pass (or a slice of the page count) due at once.
 const SHARED_RISE: u64 = 4 << 20;
 
-/// While a page pass runs (or the page count has processes to read),
-/// own-cost reads take at most this share of the reader's CPU time (none
-/// before the first count is whole): the headline rests on the pages.
-const OWN_SHARE_IN_PASS: f64 = 0.2;
+/// Own-cost reads' share of the reader's CPU time while the page count
+/// (or a Σ Pss pass) has work too; the count has the rest. Each lends the
+/// other what it leaves unused, and neither saves up a share it did not
+/// use. Before the first count is whole the count has it all: the
+/// headline rests on the pages.
+const OWN_SHARE: f64 = 0.5;
+
+/// A young process whose RSS rose beyond this since its last own-cost
+/// reading has grown: it is read again first once its RSS has held (moved
+/// by no more than [`MOVED`]) for [`HELD`], so the read finds the size it
+/// grew to, not a step on the way; while it grows, when its age doubles.
+const GREW: u64 = 2 << 20;
+const MOVED: u64 = 1 << 20;
+const HELD: Duration = Duration::from_millis(300);
 
 /// One process as the sampler reads it every tick.
 #[derive(Debug, Clone, Copy)]
@@ -117,6 +135,14 @@ pub(crate) struct Own {
     own_before_fork: Option<u64>,
     rss: u64,
     anon: u64,
+    /// Its RSS at its last own-cost reading (a `smaps_rollup` read, or the
+    /// page count's read of it).
+    rss_at_read: u64,
+    /// When its RSS last moved by more than [`MOVED`] in a tick.
+    rss_moved_at: Option<Instant>,
+    /// Its Pss beyond its USS at its last `smaps_rollup` read: its share
+    /// of the pages it shares.
+    shared_share: Option<u64>,
 }
 
 impl Own {
@@ -131,15 +157,60 @@ impl Own {
             .map_or(0, |b| (self.anon as i128 - b).max(-(self.pass_own as i128)))
     }
 
-    /// Young (under [`YOUNG`]) and its age has doubled since its last own
-    /// read (a worker living 4 s is read at about 0.5, 1 and 2 s: once in
-    /// the second half of its life, whenever it ends).
-    fn young_due(&self, now: Instant) -> bool {
-        let (Some(born), Some(at)) = (self.born, self.read_at) else {
-            return false;
+    /// Whether it is due for an own-cost read (`None`: not now), and
+    /// where it stands among those that are (lowest first): 0, young,
+    /// grown since its last reading (or never read) and holding its size
+    /// now; 1, never read, holding; 2, young and still growing, once its
+    /// age has doubled since its last `smaps_rollup` read (or since its
+    /// birth); 3, the rest. A read costs what the process maps (the kernel
+    /// walks every resident page), not what it holds alone: a fork is read
+    /// when it holds what it grew to, not at each step on the way,
+    /// and one that grows all its life is read at ages 0.5, 1, 2, 4 s…:
+    /// once in the second half of its life, whenever it ends.
+    /// `interval`: a process is read at most this often.
+    fn rank(&self, now: Instant, interval: Duration) -> Option<u8> {
+        if self
+            .read_at
+            .is_some_and(|t| now.saturating_duration_since(t) < interval)
+        {
+            return None;
+        }
+        let Some(born) = self.born else {
+            return Some(1);
         };
         let age = now.saturating_duration_since(born);
-        age < YOUNG && age >= 2 * at.saturating_duration_since(born).max(YOUNG_FIRST)
+        let young = age < YOUNG;
+        let grew = self.rss > self.rss_at_read + GREW;
+        let held = self
+            .rss_moved_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= HELD);
+        let read_age = self
+            .read_at
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(born));
+        let doubled = age >= 2 * read_age.max(YOUNG_FIRST);
+        match (young, held) {
+            (true, true) if grew || self.read_at.is_none() => Some(0),
+            (false, true) if self.read_at.is_none() => Some(1),
+            (true, false) if doubled => Some(2),
+            (true, false) => None,
+            _ => Some(3),
+        }
+    }
+
+    /// The page count read it: its USS as the count found it (the pages
+    /// mapped by it alone), its Pss that USS plus the share of its other
+    /// pages its last `smaps_rollup` read found (before any, those pages
+    /// split evenly among the tree's `processes`).
+    fn counted(&mut self, rss: u64, uss: u64, processes: usize) {
+        let rest = rss.saturating_sub(uss);
+        let share = self
+            .shared_share
+            .unwrap_or(rest / processes.max(1) as u64)
+            .min(rest);
+        self.uss = Some(uss);
+        self.pss = Some(uss + share);
+        self.fresh = true;
+        self.rss_at_read = rss;
     }
 
     /// Takes its anonymous bytes now. A fall below what it can take away
@@ -220,12 +291,21 @@ enum Turn {
     Nothing,
 }
 
+/// The reader's CPU time as each kind of read used it, over that kind's
+/// share ([`OWN_SHARE`]): when both have work, the one behind goes next.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Shares {
+    pages: f64,
+    own: f64,
+}
+
 /// The reader of costs and its bookkeeping.
 pub(crate) struct CostReader {
     opts: CostOptions,
     reader: Option<OwnReader>,
     own: HashMap<u32, Own>,
     pages: Pages,
+    shares: Shares,
 }
 
 impl std::fmt::Debug for CostReader {
@@ -266,6 +346,7 @@ impl CostReader {
             opts,
             own: HashMap::new(),
             pages: Pages::default(),
+            shares: Shares::default(),
         }
     }
 
@@ -356,6 +437,9 @@ impl CostReader {
             o.born.get_or_insert(now);
             o.parent = v.parent;
             let shared_before = o.base.map(|_| o.rss.saturating_sub(o.anon));
+            if o.rss_moved_at.is_none() || v.rss.abs_diff(o.rss) > MOVED {
+                o.rss_moved_at = Some(now);
+            }
             o.rss = v.rss;
             o.set_anon(v.anon);
             let shared = v.rss.saturating_sub(v.anon);
@@ -381,10 +465,7 @@ impl CostReader {
         let cpu_before = self.cost().1;
         if let Some(found) = self.reader.as_mut().and_then(OwnReader::collect) {
             let cpu = self.cost().1.saturating_sub(cpu_before);
-            match found {
-                Found::Own(_) => self.pages.cpu_own += cpu,
-                Found::Pages { .. } | Found::Roll(_) => self.pages.cpu_pages += cpu,
-            }
+            self.charge(&found, cpu);
             self.found(now, found);
         }
         if !self.reader.as_mut().is_some_and(|r| r.ready(now)) {
@@ -398,11 +479,26 @@ impl CostReader {
         }
     }
 
-    /// What the reader does next: the page count (or a Σ Pss pass) comes
-    /// first; own-cost reads take at most a fifth of the CPU spent since
-    /// the count's round began (a round: slices until one leaves no process
-    /// due), so they get a turn after each round.
-    fn turn(&self, now: Instant, tree: &[View]) -> Turn {
+    /// Counts a batch's CPU time against its kind's share.
+    fn charge(&mut self, found: &Found, cpu: Duration) {
+        match found {
+            Found::Own(_) => {
+                self.pages.cpu_own += cpu;
+                self.shares.own += cpu.as_secs_f64() / OWN_SHARE;
+            }
+            Found::Pages { .. } | Found::Roll(_) => {
+                self.pages.cpu_pages += cpu;
+                self.shares.pages += cpu.as_secs_f64() / (1.0 - OWN_SHARE);
+            }
+        }
+    }
+
+    /// What the reader does next. The page count (or a Σ Pss pass) and
+    /// own-cost reads each have a share of the reader ([`OWN_SHARE`]):
+    /// when both have work the one behind its share goes (an urgent count
+    /// first); one with nothing to do lends its turn, and is not owed it
+    /// afterwards.
+    fn turn(&mut self, now: Instant, tree: &[View]) -> Turn {
         let since = |t: Option<Instant>, every: Duration| {
             t.is_none_or(|t| now.saturating_duration_since(t) >= every)
         };
@@ -419,14 +515,23 @@ impl CostReader {
                             && (self.pages.urgent || since(self.pages.committed_at, PAGES_EVERY)))
                 }
             };
-        let own_turn = self.pages.exact
-            && self.pages.cpu_own.as_secs_f64()
-                < OWN_SHARE_IN_PASS * (self.pages.cpu_own + self.pages.cpu_pages).as_secs_f64()
-            && self.own_due(now, tree);
+        let own_waits = self.pages.on && !self.pages.exact;
+        let own_due = !own_waits && self.own_due(now, tree);
+        if !own_due {
+            self.shares.own = self.shares.own.max(self.shares.pages);
+        }
+        if !pages_due {
+            self.shares.pages = self.shares.pages.max(self.shares.own);
+        }
+        // An urgent count (new file or shared-memory pages, which the
+        // carried-forward figure cannot hold until they are read) goes
+        // first; what it spends is charged, and own-cost reads catch up.
+        let own_turn =
+            own_due && (!pages_due || (!self.pages.urgent && self.shares.own < self.shares.pages));
         match (pages_due && !own_turn, self.pages.kind) {
             (true, PassKind::Pages) => Turn::Roll,
             (true, PassKind::Pss) => Turn::Pss,
-            (false, _) if self.own_interval().is_some() => Turn::Own,
+            (false, _) if own_turn => Turn::Own,
             (false, _) => Turn::Nothing,
         }
     }
@@ -475,19 +580,15 @@ impl CostReader {
     /// first.
     fn own_batch(&mut self, now: Instant, tree: &[View]) {
         if let Some(interval) = self.own_interval() {
-            let due = |at: Option<Instant>| {
-                at.is_none_or(|t| now.saturating_duration_since(t) >= interval)
-            };
-            // Never read first, then the young whose age doubled since
-            // their last read, then the longest unread.
+            // In the order of their rank ([`Own::rank`]), the longest
+            // unread first within each.
             let mut order: Vec<(u8, Option<Instant>, u32)> = tree
                 .iter()
                 .filter(|v| v.rss > 0 && v.rss <= self.opts.max_rss)
                 .filter_map(|v| {
                     let o = self.own.get(&v.pid);
-                    let at = o.and_then(|o| o.read_at);
-                    let young = o.is_some_and(|o| o.young_due(now));
-                    due(at).then_some((u8::from(at.is_some()) + u8::from(!young), at, v.pid))
+                    let rank = o.map_or(Some(1), |o| o.rank(now, interval))?;
+                    Some((rank, o.and_then(|o| o.read_at), v.pid))
                 })
                 .collect();
             order.sort_unstable();
@@ -515,8 +616,7 @@ impl CostReader {
                 && self
                     .own
                     .get(&v.pid)
-                    .and_then(|o| o.read_at)
-                    .is_none_or(|t| now.saturating_duration_since(t) >= interval)
+                    .is_none_or(|o| o.rank(now, interval).is_some())
         })
     }
 
@@ -585,9 +685,12 @@ impl CostReader {
                         continue;
                     };
                     o.read_at = Some(now);
+                    // What it mapped when read (it may have grown since).
+                    o.rss_at_read = if r.rss > 0 { r.rss } else { o.rss };
                     if let Some((pss, uss)) = r.figures {
                         o.pss = Some(pss);
                         o.uss = Some(uss);
+                        o.shared_share = Some(pss.saturating_sub(uss));
                         o.fresh = true;
                     }
                 }
@@ -654,6 +757,15 @@ impl CostReader {
     /// counted from then, and the departures it no longer holds done with.
     fn commit_slice(&mut self, now: Instant, s: &Slice) {
         self.rebase(&s.read);
+        if self.own_interval().is_some() {
+            // Each process read has its own cost read with it.
+            let processes = s.alone.len();
+            for r in &s.read {
+                if let (Some(o), Some(uss)) = (self.own.get_mut(&r.pid), r.uss) {
+                    o.counted(r.rss, uss, processes);
+                }
+            }
+        }
         for &(pid, alone) in &s.alone {
             if let Some(o) = self.own.get_mut(&pid) {
                 o.pass_own = alone;
@@ -726,6 +838,7 @@ mod tests {
                     anon: anon * M,
                     first_seen: own * M,
                     pss: None,
+                    uss: None,
                 })
                 .collect(),
             alone: alone.iter().map(|&(pid, a)| (pid, a * M)).collect(),
@@ -795,6 +908,7 @@ mod tests {
             Found::Own(vec![super::super::own::OwnRead {
                 pid: 2,
                 figures: Some((250 * M, 20 * M)),
+                rss: 520 * M,
             }]),
         );
         r.update(now, &[view(1, 500, 480, false)], &[2]);
@@ -822,6 +936,7 @@ mod tests {
                         anon: anon * M,
                         first_seen: own * M,
                         pss: None,
+                        uss: None,
                     })
                     .collect(),
             }),
@@ -922,7 +1037,7 @@ mod tests {
     }
 
     #[test]
-    fn own_cost_reads_get_a_fifth_of_the_reader_after_each_round_of_the_count() {
+    fn own_cost_reads_and_the_count_each_have_a_share_and_lend_what_they_leave() {
         let mut r = CostReader::new(
             "/nonexistent".into(),
             CostOptions {
@@ -932,6 +1047,7 @@ mod tests {
             },
         );
         r.count_pages();
+        let ms = Duration::from_millis;
         let t0 = Instant::now();
         let tree = [view(1, 500, 480, false), view(2, 100, 90, false)];
         r.update(t0, &tree, &[]);
@@ -943,26 +1059,136 @@ mod tests {
         if let Found::Roll(Ok(s)) = &mut part {
             s.whole = false;
         }
+        r.charge(&part, ms(60));
         r.found(t0, part);
-        r.pages.cpu_pages = Duration::from_millis(20);
-        let t1 = t0 + Duration::from_secs(1);
+        let t1 = t0 + ms(400);
         assert_eq!(
             r.turn(t1, &tree),
             Turn::Roll,
             "no own read before a whole count"
         );
         r.roll(t1, &tree);
-        r.found(t1, slice(&[(2, 100, 90, 80)], &[(1, 400), (2, 80)], 480));
-        r.pages.cpu_pages += Duration::from_millis(5);
-        // The round is whole: own-cost reads, due, have had none of its CPU.
-        let t2 = t1 + Duration::from_secs(1);
+        let whole = slice(&[(2, 100, 90, 80)], &[(1, 400), (2, 80)], 480);
+        r.charge(&whole, ms(30));
+        r.found(t1, whole);
+        // The count is whole and not due: it lends own-cost reads its
+        // turn. While they waited for it they saved nothing up: they are
+        // owed only what the count used since they were last asked.
+        let t2 = t1 + ms(100);
         assert_eq!(r.turn(t2, &tree), Turn::Own);
-        r.own_batch(t2, &tree);
-        r.pages.cpu_own = Duration::from_millis(10);
-        let t3 = t2 + Duration::from_secs(1);
-        assert_eq!(r.turn(t3, &tree), Turn::Roll, "then the count again");
-        r.roll(t3, &tree);
-        assert_eq!(r.pages.cpu_own, Duration::ZERO, "a new round counts afresh");
+        assert!(
+            (r.shares.pages - r.shares.own - 0.030 / (1.0 - OWN_SHARE)).abs() < 1e-9,
+            "{:?}",
+            r.shares
+        );
+        // The count is due again (its 500 ms): own-cost reads spent 10 ms,
+        // under their share of what both spent since: theirs again.
+        let own = |r: &mut CostReader, t: Instant, cpu: u64| {
+            let reads = tree
+                .iter()
+                .map(|v| super::super::own::OwnRead {
+                    pid: v.pid,
+                    figures: Some((v.rss, v.anon)),
+                    rss: v.rss,
+                })
+                .collect();
+            let f = Found::Own(reads);
+            r.charge(&f, ms(cpu));
+            r.found(t, f);
+        };
+        own(&mut r, t2, 10);
+        let t3 = t1 + ms(600);
+        let before = r.shares;
+        r.shares.pages += 0.060 / (1.0 - OWN_SHARE);
+        let mut tree3 = tree;
+        tree3[1].rss += 10 * M;
+        tree3[1].anon += 10 * M;
+        r.update(t3, &tree3, &[]);
+        assert_eq!(
+            r.turn(t3, &tree3),
+            Turn::Roll,
+            "own reads read every process within the second: the count goes"
+        );
+        r.shares = before;
+        // A second on, both are due: the one behind its share goes.
+        let t4 = t2 + ms(1000);
+        r.shares.pages = r.shares.own + 0.001;
+        assert_eq!(r.turn(t4, &tree3), Turn::Own);
+        r.shares.own = r.shares.pages + 0.001;
+        assert_eq!(r.turn(t4, &tree3), Turn::Roll);
+        // New shared pages the figure cannot carry: the count first,
+        // however far behind own-cost reads are.
+        r.shares.pages = r.shares.own + 1.0;
+        r.pages.urgent = true;
+        assert_eq!(r.turn(t4, &tree3), Turn::Roll);
+    }
+
+    #[test]
+    fn a_young_process_that_grew_is_read_first_once_it_holds_its_size() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let every = s(1);
+        let mut o = Own {
+            born: Some(t0),
+            read_at: Some(t0 + s(10)),
+            rss: 100 * M,
+            rss_at_read: 100 * M,
+            rss_moved_at: Some(t0 + s(10)),
+            ..Own::default()
+        };
+        assert_eq!(o.rank(t0 + s(10) + ms(500), every), None, "read just now");
+        assert_eq!(o.rank(t0 + s(11), every), Some(3), "unchanged");
+        // It grows: not read on the way (its age has not doubled), read
+        // first once it holds.
+        o.rss += GREW + 1;
+        o.rss_moved_at = Some(t0 + s(11));
+        assert_eq!(o.rank(t0 + s(11) + ms(100), every), None, "still growing");
+        assert_eq!(o.rank(t0 + s(11) + HELD, every), Some(0), "it holds");
+        o.rss_moved_at = Some(t0 + s(20));
+        assert_eq!(o.rank(t0 + s(20), every), Some(2), "growing, age doubled");
+        assert_eq!(o.rank(t0 + YOUNG, every), Some(3), "no longer young");
+        // Never read: holding, before the rest; growing, from 0.5 s old.
+        let never = Own {
+            born: Some(t0),
+            rss: 100 * M,
+            rss_moved_at: Some(t0),
+            ..Own::default()
+        };
+        assert_eq!(never.rank(t0 + ms(100), every), None, "just born");
+        assert_eq!(never.rank(t0 + HELD, every), Some(0));
+        let growing = Own {
+            rss_moved_at: Some(t0 + ms(400)),
+            ..never
+        };
+        assert_eq!(growing.rank(t0 + ms(450), every), None);
+        assert_eq!(growing.rank(t0 + ms(500), every), Some(2));
+        let old = Own {
+            rss_moved_at: None,
+            ..never
+        };
+        assert_eq!(
+            old.rank(t0 + YOUNG, every),
+            Some(1),
+            "never read, not young"
+        );
+        // The page count read it at that size: not grown since.
+        o.rss = 100 * M;
+        o.counted(o.rss, 60 * M, 5);
+        assert_eq!(o.rank(t0 + s(40), every), Some(3));
+        assert!(o.fresh);
+        assert_eq!(
+            (o.uss, o.pss),
+            (Some(60 * M), Some(68 * M)),
+            "before any smaps_rollup read its other 40 MiB split among 5"
+        );
+        o.shared_share = Some(10 * M);
+        o.counted(o.rss, 70 * M, 5);
+        assert_eq!(
+            (o.uss, o.pss),
+            (Some(70 * M), Some(80 * M)),
+            "its share of what it shares as smaps_rollup last found it"
+        );
     }
 
     #[test]

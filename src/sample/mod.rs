@@ -9,6 +9,7 @@
 pub mod cgroup;
 pub(crate) mod cost;
 pub mod footprint;
+pub(crate) mod frames;
 pub mod gpu;
 pub mod host;
 pub mod nvml;

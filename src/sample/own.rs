@@ -5,7 +5,8 @@
 //! A `smaps_rollup` read makes the kernel walk the process's page tables
 //! (time grows with the RSS; `cargo bench --bench tick` prints one pass
 //! over a tree), so it never runs on the sampling thread: the
-//! sampler hands the reader a batch of processes, longest unread first,
+//! sampler hands the reader a batch of processes, those whose reading is
+//! worth most first ([`super::cost`]),
 //! with the CPU time the budget allows; the reader reads until that is
 //! spent and hands the figures back, which the next sample picks up. The
 //! budget is counted in the reader thread's own CPU time.
@@ -19,15 +20,17 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use super::pages::{self, Pass, Slice};
-use super::parse::parse_smaps_rollup;
+use super::parse::{parse_smaps_rollup, smaps_rollup_rss};
 use super::pss;
 use crate::sys;
 
-/// One process's read: `(pss, uss)` in bytes, or why not.
+/// One process's read: `(pss, uss)` in bytes, or why not, and the
+/// resident bytes it found.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OwnRead {
     pub(crate) pid: u32,
     pub(crate) figures: Option<(u64, u64)>,
+    pub(crate) rss: u64,
 }
 
 /// What a finished batch found.
@@ -267,12 +270,15 @@ impl Worker {
                     }
                     let path = self.root.join(pid.to_string()).join("smaps_rollup");
                     self.buf.clear();
-                    let figures = std::fs::File::open(&path)
+                    let text = std::fs::File::open(&path)
                         .and_then(|mut f| f.read_to_end(&mut self.buf))
                         .ok()
-                        .and_then(|_| std::str::from_utf8(&self.buf).ok())
-                        .and_then(|t| parse_smaps_rollup(t).ok());
-                    reads.push(OwnRead { pid, figures });
+                        .and_then(|_| std::str::from_utf8(&self.buf).ok());
+                    reads.push(OwnRead {
+                        pid,
+                        figures: text.and_then(|t| parse_smaps_rollup(t).ok()),
+                        rss: text.map_or(0, smaps_rollup_rss),
+                    });
                 }
                 Found::Own(reads)
             }

@@ -6,9 +6,9 @@
 //! pages, address-space reservations), and reads the pagemap entries of
 //! the rest: one 64-bit word per virtual page, whose bit 63 says the page
 //! is resident and whose low 55 bits give its page frame number (PFN).
-//! Each process's PFNs are kept as last read ([`Rolling`]); the tree's
-//! figure is the number of distinct PFNs over all of them, counted in a
-//! bitmap.
+//! Each process's PFNs are kept as last read ([`Rolling`]), as compact
+//! frame sets shared between processes ([`super::frames`]); the tree's
+//! figure is the number of distinct PFNs over all of them.
 //!
 //! PFNs read as 0 without `CAP_SYS_ADMIN` (root): the pass then says it
 //! cannot count, and the footprint uses Σ Pss instead. Pages swapped out
@@ -21,11 +21,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::frames::{self, Builder, FrameSet, Interner};
 use super::parse::parse_statm_anon;
-
-/// PFNs above this go to a hash set instead of the bitmap (a bitmap that
-/// large would cost more memory than the machine's pages justify).
-const BITMAP_MAX_PFN: u64 = 1 << 32;
 
 /// Pagemap words read at a time.
 const CHUNK_PAGES: usize = 16 * 1024;
@@ -33,64 +30,10 @@ const CHUNK_PAGES: usize = 16 * 1024;
 const PRESENT: u64 = 1 << 63;
 /// A file page or shared anonymous memory (`/dev/shm`, `MAP_SHARED`).
 const FILE_OR_SHARED: u64 = 1 << 61;
+/// Mapped once (by this process, at this address): one of the pages its
+/// USS counts (`smaps_rollup`'s `Private_Clean + Private_Dirty`).
+const EXCLUSIVE: u64 = 1 << 56;
 const PFN_MASK: u64 = (1 << 55) - 1;
-
-/// The set of PFNs seen in one pass, reused between passes.
-#[derive(Debug, Default)]
-pub(crate) struct PfnSet {
-    words: Vec<u64>,
-    high: std::collections::HashSet<u64>,
-    count: u64,
-}
-
-impl PfnSet {
-    /// Empties the set, keeping its memory.
-    pub(crate) fn clear(&mut self) {
-        self.words.fill(0);
-        self.high.clear();
-        self.count = 0;
-    }
-
-    /// Adds `pfn`; true when it was not there.
-    pub(crate) fn insert(&mut self, pfn: u64) -> bool {
-        let new = if pfn < BITMAP_MAX_PFN {
-            let w = (pfn / 64) as usize;
-            if w >= self.words.len() {
-                self.words.resize((w + 1).next_power_of_two(), 0);
-            }
-            let bit = 1u64 << (pfn % 64);
-            let new = self.words[w] & bit == 0;
-            self.words[w] |= bit;
-            new
-        } else {
-            self.high.insert(pfn)
-        };
-        self.count += u64::from(new);
-        new
-    }
-
-    /// Whether `pfn` is in the set.
-    pub(crate) fn contains(&self, pfn: u64) -> bool {
-        if pfn < BITMAP_MAX_PFN {
-            let w = (pfn / 64) as usize;
-            self.words
-                .get(w)
-                .is_some_and(|w| w & (1u64 << (pfn % 64)) != 0)
-        } else {
-            self.high.contains(&pfn)
-        }
-    }
-
-    /// Distinct PFNs inserted since the last clear.
-    pub(crate) fn len(&self) -> u64 {
-        self.count
-    }
-
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-}
 
 /// One process as the pass saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +48,10 @@ pub(crate) struct Seen {
     pub(crate) first_seen: u64,
     /// Its Pss, in a Σ Pss pass.
     pub(crate) pss: Option<u64>,
+    /// Its resident pages mapped by it alone (bytes), in a page count's
+    /// read: its USS, as exact as `smaps_rollup`'s, for the price of a bit
+    /// test per page the count reads anyway.
+    pub(crate) uss: Option<u64>,
 }
 
 /// A Σ Pss pass over the tree ([`super::pss`]).
@@ -190,42 +137,14 @@ pub(crate) const STALE: Duration = Duration::from_secs(10);
 const YOUNG: Duration = Duration::from_secs(60);
 const YOUNG_FIRST: Duration = Duration::from_millis(250);
 
-/// PFNs, those below 2³² in four bytes each; a page mapped twice is
-/// listed twice.
-#[derive(Debug, Default)]
-struct PfnList {
-    low: Vec<u32>,
-    high: Vec<u64>,
-}
-
-impl PfnList {
-    fn push(&mut self, pfn: u64) {
-        match u32::try_from(pfn) {
-            Ok(low) => self.low.push(low),
-            Err(_) => self.high.push(pfn),
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        self.low
-            .iter()
-            .map(|&p| u64::from(p))
-            .chain(self.high.iter().copied())
-    }
-
-    fn len(&self) -> usize {
-        self.low.len() + self.high.len()
-    }
-}
-
 /// One process's pages as last read.
 #[derive(Debug, Default)]
 struct Held {
     /// Its private anonymous pages' PFNs (those a fork shares until one
     /// side writes included), and those of its file and shared-memory
     /// pages.
-    anon: PfnList,
-    shared: PfnList,
+    anon: FrameSet,
+    shared: FrameSet,
     /// Its fault count when that read began.
     faults: u64,
     read_at: Option<Instant>,
@@ -244,7 +163,10 @@ struct Cursor {
     /// began.
     statm: (u64, u64),
     faults: u64,
-    held: Held,
+    /// Present pages mapped only here, so far.
+    exclusive: u64,
+    anon: Builder,
+    shared: Builder,
 }
 
 /// A slice of the rolling count.
@@ -280,17 +202,16 @@ pub(crate) struct Slice {
 /// a pass over all of them, and a process that left takes exactly the
 /// pages it alone held.
 ///
-/// Memory: four bytes per resident page of each process (a page mapped by
-/// five processes is listed five times), and two bitmaps of one bit per
-/// physical page.
+/// Memory: each process's frames as compact blocks ([`super::frames`]),
+/// a block equal to one another process holds kept once; at most one bit
+/// per physical page for a block, whatever the job maps.
 #[derive(Debug)]
 pub(crate) struct Rolling {
     page_size: u64,
     held: HashMap<u32, Held>,
     current: Option<Cursor>,
-    /// Pages seen once / more than once in the last count.
-    once: PfnSet,
-    twice: PfnSet,
+    /// Every block any process's frames hold, kept once.
+    blocks: Interner,
     counted: Slice,
     words: Vec<u8>,
     text: String,
@@ -304,8 +225,7 @@ impl Rolling {
             page_size,
             held: HashMap::new(),
             current: None,
-            once: PfnSet::default(),
-            twice: PfnSet::default(),
+            blocks: Interner::default(),
             counted: Slice::default(),
             words: Vec::new(),
             text: String::new(),
@@ -430,40 +350,30 @@ impl Rolling {
     /// Counts the union of every process's pages, and the pages each
     /// alone holds.
     fn count(&mut self) {
-        self.once.clear();
-        self.twice.clear();
-        let mut shared = 0u64;
-        for h in self.held.values() {
-            for pfn in h.anon.iter() {
-                if !self.once.insert(pfn) {
-                    self.twice.insert(pfn);
-                }
-            }
-            for pfn in h.shared.iter() {
-                if self.once.insert(pfn) {
-                    shared += 1;
-                } else {
-                    self.twice.insert(pfn);
-                }
-            }
-        }
-        let twice = &self.twice;
-        let mut alone: Vec<(u32, u64)> = self
-            .held
+        let pids: Vec<u32> = self.held.keys().copied().collect();
+        let sets: Vec<(usize, &FrameSet, bool)> = pids
             .iter()
-            .map(|(&pid, h)| {
-                let n = h
-                    .anon
-                    .iter()
-                    .chain(h.shared.iter())
-                    .filter(|&p| !twice.contains(p));
-                (pid, n.count() as u64 * self.page_size)
-            })
+            .enumerate()
+            .filter_map(|(i, pid)| self.held.get(pid).map(|h| (i, h)))
+            .flat_map(|(i, h)| [(i, &h.anon, false), (i, &h.shared, true)])
+            .collect();
+        let counted = frames::count(&sets, pids.len());
+        let mut alone: Vec<(u32, u64)> = pids
+            .iter()
+            .zip(&counted.alone)
+            .map(|(&pid, &n)| (pid, n * self.page_size))
             .collect();
         alone.sort_unstable();
-        self.counted.bytes = self.once.len() * self.page_size;
-        self.counted.shared_bytes = shared * self.page_size;
+        self.counted.bytes = counted.union * self.page_size;
+        self.counted.shared_bytes = counted.shared * self.page_size;
         self.counted.alone = alone;
+        self.blocks.prune();
+    }
+
+    /// Heap bytes of the frame sets kept (each shared block once).
+    #[cfg(test)]
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.blocks.bytes()
     }
 
     /// Reads (on) `pid`: `Some(Some(seen))` when done with it, `Some(None)`
@@ -521,10 +431,11 @@ impl Rolling {
                 if v & PRESENT == 0 {
                     continue;
                 }
+                cur.exclusive += u64::from(v & EXCLUSIVE != 0);
                 match v & PFN_MASK {
                     0 => self.counted.unreadable = true,
-                    pfn if v & FILE_OR_SHARED != 0 => cur.held.shared.push(pfn),
-                    pfn => cur.held.anon.push(pfn),
+                    pfn if v & FILE_OR_SHARED != 0 => cur.shared.insert(pfn),
+                    pfn => cur.anon.insert(pfn),
                 }
             }
             cur.page = page + (got / 8) as u64;
@@ -549,15 +460,20 @@ impl Rolling {
             .and_then(|t| parse_statm_anon(&t, self.page_size).ok())
             .filter(|s| s.0 > 0);
         let (rss, anon) = after.unwrap_or(cur.statm);
-        cur.held.faults = cur.faults;
-        cur.held.read_at = Some(now);
-        self.held.insert(pid, std::mem::take(&mut cur.held));
+        let held = Held {
+            anon: std::mem::take(&mut cur.anon).finish(&mut self.blocks),
+            shared: std::mem::take(&mut cur.shared).finish(&mut self.blocks),
+            faults: cur.faults,
+            read_at: Some(now),
+        };
+        self.held.insert(pid, held);
         Ok(Some(Some(Seen {
             pid,
             rss,
             anon,
             first_seen: 0,
             pss: None,
+            uss: Some(cur.exclusive * self.page_size),
         })))
     }
 
@@ -580,17 +496,6 @@ impl Rolling {
         let ranges = coalesced(mappings(&self.text), ps)
             .map(|(a, b)| (a / ps, b / ps))
             .collect();
-        // Room for what it held last time, or its RSS (anonymous first).
-        let room = self.held.get(&pid).map_or(
-            (
-                (statm.1 / ps) as usize,
-                (statm.0.saturating_sub(statm.1) / ps) as usize,
-            ),
-            |h| (h.anon.len(), h.shared.len()),
-        );
-        let mut held = Held::default();
-        held.anon.low.reserve(room.0);
-        held.shared.low.reserve(room.1);
         Ok(Some(Cursor {
             pid,
             pagemap,
@@ -599,7 +504,9 @@ impl Rolling {
             page: 0,
             statm,
             faults,
-            held,
+            exclusive: 0,
+            anon: Builder::default(),
+            shared: Builder::default(),
         }))
     }
 }
@@ -612,20 +519,6 @@ fn gone(e: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_pfn_counts_once_wherever_it_is_seen() {
-        let mut s = PfnSet::default();
-        assert!(s.insert(5));
-        assert!(!s.insert(5));
-        assert!(s.insert(1 << 40));
-        assert!(!s.insert(1 << 40));
-        assert!(s.insert(100_000));
-        assert_eq!(s.len(), 3);
-        s.clear();
-        assert!(s.is_empty());
-        assert!(s.insert(5));
-    }
 
     #[test]
     fn neighbouring_mappings_are_read_as_one() {
@@ -947,9 +840,92 @@ mod tests {
                 s.bytes,
                 s.read[0].rss
             );
-            // A page it maps twice counts as held by another.
             assert_eq!(s.alone.len(), 1);
             assert!(s.alone[0].0 == me && s.alone[0].1 > 0 && s.alone[0].1 <= s.bytes);
         }
+    }
+
+    /// The USS a read of the count gives (pages mapped once) is the one
+    /// `smaps_rollup` gives (its private pages), for a real process holding
+    /// still (stopped).
+    #[test]
+    fn a_reads_uss_is_smaps_rollups_private_pages() {
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("python3")
+            .args([
+                "-c",
+                "import os, signal\nb = bytearray(32 << 20)\n\
+                 for i in range(0, len(b), 4096): b[i] = 1\n\
+                 os.kill(os.getpid(), signal.SIGSTOP)\n",
+            ])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("python3");
+        let pid = child.id();
+        let stat = format!("/proc/{pid}/stat");
+        let stopped = (0..6000).any(|_| {
+            let s = std::fs::read_to_string(&stat).unwrap_or_default();
+            let state = s
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            if state == Some("T") {
+                return true;
+            }
+            std::thread::yield_now();
+            std::thread::sleep(Duration::from_millis(10));
+            false
+        });
+        let read = stopped.then(|| {
+            let mut roll = Rolling::new(crate::sys::page_size());
+            let s = whole(&mut roll, Path::new("/proc"), &[pid], Instant::now());
+            let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).expect("smaps");
+            (
+                s,
+                crate::sample::parse::parse_smaps_rollup(&text).expect("parse"),
+            )
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        let (s, (_, private)) = read.expect("the child stopped itself within 60 s");
+        let uss = s.read[0].uss.expect("a count's read gives a USS");
+        assert!(uss > 32 << 20, "{uss}");
+        assert!(
+            uss.abs_diff(private) <= private / 100,
+            "pagemap USS {uss} vs smaps_rollup private {private}"
+        );
+    }
+
+    #[test]
+    fn forks_holding_the_same_pages_keep_one_copy_of_them() {
+        // A parent and 15 forks map the same 100,000 pages (390 MiB) in
+        // runs of 10,000 frames; one fork has copied 3 pages on write.
+        let parent: Vec<(u64, u64)> = (0..100_000)
+            .map(|p| (p, 1_000_000 + (p / 10_000) * 20_000 + p % 10_000))
+            .collect();
+        let mut copied = parent.clone();
+        for (i, e) in copied.iter_mut().take(3).enumerate() {
+            e.1 = 50_000_000 + i as u64;
+        }
+        let r: &[(u64, u64)] = &[(0, 100_000)];
+        let procs: Vec<FakeProcess<'_>> = (0..16u32)
+            .map(|i| FakeProcess {
+                pid: 40 + i,
+                ranges: r,
+                pages: if i == 5 { &copied } else { &parent },
+                file_from: u64::MAX,
+                faults: 1,
+            })
+            .collect();
+        let proc = fake_proc(&procs);
+        let pids: Vec<u32> = (40..56).collect();
+        let mut roll = Rolling::new(4096);
+        let s = whole(&mut roll, proc.path(), &pids, Instant::now());
+        assert_eq!(s.bytes, (100_000 + 3) * 4096);
+        let fork = s.alone.iter().find(|a| a.0 == 45).expect("fork");
+        assert_eq!(fork.1, 3 * 4096, "its copies alone");
+        assert!(s.alone.iter().filter(|a| a.0 != 45).all(|a| a.1 == 0));
+        // Four bytes a page per process would be 6.4 MiB.
+        assert!(roll.kept_bytes() < 4096, "{} bytes kept", roll.kept_bytes());
     }
 }

@@ -192,9 +192,19 @@ pub(crate) fn parse_smaps_rollup(text: &str) -> Result<(u64, u64), ParseError> {
 /// (`Pss_File + Pss_Shmem`, Linux ≥ 5.0), in bytes; 0 where the kernel
 /// does not split it.
 pub(crate) fn smaps_rollup_pss_shared(text: &str) -> u64 {
+    smaps_rollup_sum(text, &["Pss_File", "Pss_Shmem"])
+}
+
+/// A `smaps_rollup`'s resident bytes (`Rss`): what the process mapped when
+/// its own cost was read.
+pub(crate) fn smaps_rollup_rss(text: &str) -> u64 {
+    smaps_rollup_sum(text, &["Rss"])
+}
+
+fn smaps_rollup_sum(text: &str, keys: &[&str]) -> u64 {
     text.lines()
         .filter_map(|line| line.split_once(':'))
-        .filter(|(key, _)| matches!(*key, "Pss_File" | "Pss_Shmem"))
+        .filter(|(key, _)| keys.contains(key))
         .filter_map(|(_, v)| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kib| kib * 1024)
         .sum()

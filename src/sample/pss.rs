@@ -55,6 +55,7 @@ pub(crate) fn add(
                 anon,
                 first_seen: uss,
                 pss: Some(pss),
+                uss: None,
             });
             Ok(())
         }

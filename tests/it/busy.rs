@@ -21,10 +21,10 @@ use crate::truth::{check_windows, ONE_AT_A_TIME, PRELUDE};
 
 /// Busy loops, two per core, killed when dropped (a failing test's unwind
 /// included); each also ends by itself once the test process is gone.
-struct Hogs(Vec<Child>);
+pub(crate) struct Hogs(Vec<Child>);
 
 impl Hogs {
-    fn start() -> Hogs {
+    pub(crate) fn start() -> Hogs {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let me = std::process::id();
         let hogs = (0..2 * cores)
@@ -72,6 +72,13 @@ const RESTART: &str = include_str!("jobs/busy_restart.py");
 /// Shared-memory churn: three rounds of a 200 MiB `/dev/shm` file written
 /// by the parent, mapped and read by 3 forked workers, then unlinked.
 const SHM_CHURN: &str = include_str!("jobs/busy_shm_churn.py");
+
+/// Non-persistent workers growing to 24 MiB of their own each, each
+/// writing its own USS just before it exits. Their size is what the budget
+/// allows: a `smaps_rollup` read costs about 40 µs of CPU per MiB a process
+/// maps on this busy machine (its parent's pages included), and 2 % of a
+/// core reads 4 workers of 90 MiB well within the 3 s they hold their size.
+const EPOCH_OWN: &str = include_str!("jobs/busy_epoch_own.py");
 
 fn root_or_explained() -> bool {
     can_run(
@@ -192,4 +199,64 @@ fn busy_pss_shared_memory_churn_stays_exact() {
         return;
     }
     busy_job("pss shm churn", SHM_CHURN, HostSource::Pss);
+}
+
+/// Workers re-forked every epoch (PyTorch's default
+/// `persistent_workers=False`), each living about 4 s, on a busy machine at
+/// the default budget: each has an own-cost reading near the size it held
+/// for the second half of its life (its own USS, read by itself just before
+/// it exits), however short its life and however busy the page count.
+#[test]
+fn busy_short_lived_workers_each_have_their_own_cost_read_at_their_size() {
+    if !root_or_explained() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out_dir = scratch();
+    let workers = out_dir.path().join("workers");
+    let script = format!("{PRELUDE}\n{EPOCH_OWN}");
+    let hogs = Hogs::start();
+    let out = run_to_end(
+        memtrack()
+            .args(["run", "--interval", "100ms", "--listen", "off", "--output"])
+            .arg(out_dir.path().join("runs"))
+            .arg("--")
+            .args([python3(), "-c", &script])
+            .arg(&workers),
+        Duration::from_secs(180),
+    );
+    drop(hogs);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (_, doc) = only_document(&out_dir.path().join("runs"));
+    let text = std::fs::read_to_string(&workers).expect("the workers wrote their USS");
+    let mut short = Vec::new();
+    let mut n = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let pid: u32 = f[0].parse().expect("pid");
+        let (born, end): (f64, f64) = (f[1].parse().expect("birth"), f[2].parse().expect("end"));
+        let uss = f[3].parse::<f64>().expect("uss") / MIB;
+        n += 1;
+        let t = doc
+            .targets
+            .iter()
+            .find(|t| t.pid == pid)
+            .unwrap_or_else(|| panic!("no row for worker {pid}"));
+        let read = t.peak_uss_mb.unwrap_or(0.0);
+        if (read - uss).abs() > 0.1 * uss {
+            let reads: Vec<(f64, f64)> = t.own_series.iter().map(|p| (p[0] - born, p[1])).collect();
+            short.push(format!(
+                "worker {pid} (lived {:.1} s, USS {uss:.1} MiB): peak USS read {read:.1}, \
+                 reads (s after its birth, MiB) {reads:.1?}",
+                end - born
+            ));
+        }
+    }
+    assert_eq!(n, 12, "every worker wrote its USS:\n{text}");
+    assert!(
+        short.is_empty(),
+        "{} of {n} workers have no own-cost reading near their size:\n{}",
+        short.len(),
+        short.join("\n")
+    );
 }

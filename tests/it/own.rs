@@ -92,9 +92,16 @@ struct CopyOnRead {
     objects: f64,
 }
 
+/// Runs the job at the default budget beside CPU hogs (two per core), as
+/// on a training node: the page count then never catches up, and the
+/// own-cost reads must still get their turns.
 fn run_copy_on_read(extra: &[&str]) -> CopyOnRead {
     let out_dir = scratch();
     let pids = out_dir.path().join("pids");
+    let _one = crate::truth::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let hogs = crate::busy::Hogs::start();
     let out = run_to_end(
         memtrack()
             .args(["run", "--interval", "200ms", "--listen", "off", "--output"])
@@ -105,6 +112,7 @@ fn run_copy_on_read(extra: &[&str]) -> CopyOnRead {
             .arg(&pids),
         Duration::from_secs(120),
     );
+    drop(hogs);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let (dir, doc) = only_document(&out_dir.path().join("runs"));
     let text = std::fs::read_to_string(&pids).expect("the job wrote its PIDs");

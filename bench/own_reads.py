@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Own-cost readings of short-lived workers on a busy machine.
+
+    HOGS=4 PARENT_MB=64 STEP_MB=4 HOLD_S=3 bench/own_reads.py MEMTRACK [memtrack args]
+
+Runs tests/it/jobs/busy_epoch_own.py (3 epochs of 4 forked workers, each
+growing by 6 steps of STEP_MB beside a PARENT_MB parent and holding HOLD_S
+seconds; each writes the USS it reads itself just before it exits) under
+`memtrack run --interval 100ms` at the default budget with HOGS busy loops
+beside it, and prints each worker's own-cost readings (seconds after its
+birth, USS MiB), the reader thread's reads and CPU time, and how many
+workers have a reading within 10 % of their own USS.
+Defaults are the test's sizes; PARENT_MB=200 STEP_MB=8 HOLD_S=2 is the
+larger job of docs/host-figure.md.
+"""
+import json, os, subprocess, sys, tempfile, glob
+mt = sys.argv[1]
+extra = sys.argv[2:]
+hogs = int(os.environ.get('HOGS', '4'))
+here = os.path.dirname(os.path.abspath(__file__))
+jobs = os.path.join(here, '..', 'tests', 'it', 'jobs')
+job = open(os.path.join(jobs, 'busy_epoch_own.py')).read()
+job = job.replace('bytearray(64 << 20)', f"bytearray({int(os.environ.get('PARENT_MB', '64'))} << 20)")
+job = job.replace('bytearray(4 << 20)', f"bytearray({int(os.environ.get('STEP_MB', '4'))} << 20)")
+job = job.replace('time.sleep(3.0)', f"time.sleep({float(os.environ.get('HOLD_S', '3'))})")
+script = open(os.path.join(jobs, 'prelude.py')).read() + '\n' + job
+d = tempfile.mkdtemp(prefix='own-reads-')
+out = os.path.join(d, 'workers')
+me = os.getpid()
+hp = [subprocess.Popen(['sh', '-c', f'while kill -0 {me} 2>/dev/null; do :; done']) for _ in range(hogs)]
+try:
+    env = {k: v for k, v in os.environ.items() if not k.startswith('MEMTRACK_')}
+    r = subprocess.run([mt, 'run', '--interval', '100ms', '--listen', 'off', '--output', d + '/runs', *extra,
+                        '--', sys.executable, '-c', script, out], env=env, capture_output=True, text=True)
+finally:
+    for h in hp: h.kill()
+    for h in hp: h.wait()
+if r.returncode:
+    sys.exit(r.stderr)
+doc = json.load(open(glob.glob(d + '/runs/*/memory_usage.json')[0]))
+rows = {t['pid']: t for t in doc['targets']}
+near = n = 0
+for line in open(out):
+    pid, born, end, uss = line.split()
+    pid, born, end, uss = int(pid), float(born), float(end), int(uss) / 2**20
+    t = rows.get(pid, {})
+    reads = [(round(p[0] - born, 2), round(p[1], 1)) for p in t.get('own_series', [])]
+    best = t.get('peak_uss_mb') or 0.0
+    ok = abs(best - uss) <= 0.1 * uss
+    near += ok; n += 1
+    print(f"worker {pid}: lived {end - born:.2f} s, USS {uss:.1f} MiB, readings {reads}{'' if ok else '  <- none near'}")
+h = doc.get('host') or {}
+if h.get('pss_reads'):
+    print(f"reader: {h['pss_reads']} process reads (own cost and page count), "
+          f"{h['pss_read_s'] * 1e3:.0f} ms of CPU over {doc['summary']['duration_s']:.1f} s")
+print(f"{near}/{n} workers have a reading within 10 % of their USS")
