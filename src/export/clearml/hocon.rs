@@ -14,7 +14,7 @@
 //! (resolved against the file, then the environment, when a value is
 //! read), and `include` lines: `include "f"`, `include file("f")` and
 //! `required(…)` around either are handed to the caller's resolver
-//! ([`parse_with`]), whose object is merged where the line stands;
+//! (`parse_with`), whose object is merged where the line stands;
 //! `url(…)` and `classpath(…)` are handed over as unsupported. Objects
 //! given twice are merged, as in HOCON; for other values the last one wins.
 //!
