@@ -72,6 +72,9 @@ pub(crate) struct Engine {
     unflushed_event: bool,
     /// Acks waiting for the batch's journal flush.
     replies: Vec<(oneshot::Sender<Vec<u8>>, Vec<u8>)>,
+    /// The sender and time of the last event recorded: a step its sender
+    /// held back is never stamped before it.
+    last_event: Option<(Option<u32>, f64)>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -125,6 +128,7 @@ impl Engine {
             unflushed: false,
             unflushed_event: false,
             replies: Vec::new(),
+            last_event: None,
         }
     }
 

@@ -41,9 +41,12 @@ enum Action {
 
 /// The verdict on one message from `pid`, received at `received` (Unix
 /// seconds). A mark, span begin or span end the client held back says when
-/// it happened (`at`), and is recorded at that moment (never after it
-/// arrived, nor more than [`protocol::MAX_HELD_S`] before).
-fn action(message: Message, pid: Option<u32>, received: f64) -> Action {
+/// it happened (`at`), and is recorded at that moment: never after it
+/// arrived, nor more than [`protocol::MAX_HELD_S`] before, nor before
+/// `floor` (the time of the sender's previous event: one sent at once is
+/// stamped when it arrives, later than it happened, and the steps held
+/// after it must not go before it).
+fn action(message: Message, pid: Option<u32>, received: f64, floor: f64) -> Action {
     let mark = |component: String, operation: String, iteration, labels, allocator| Mark {
         timestamp: received,
         pid,
@@ -57,6 +60,7 @@ fn action(message: Message, pid: Option<u32>, received: f64) -> Action {
     let event = |m: MarkBody| Mark {
         timestamp: m.at.map_or(received, |at| {
             at.clamp(received - protocol::MAX_HELD_S, received)
+                .max(floor.min(received))
         }),
         ..mark(m.component, m.operation, m.iteration, m.labels, m.allocator)
     };
@@ -206,7 +210,7 @@ impl Engine {
             let Input::Client(c) = input else {
                 continue;
             };
-            needs_sample |= c.request.message.needs_sample(c.received);
+            needs_sample |= c.request.message.needs_sample();
             let self_register = self.events.as_ref().is_some_and(|l| l.self_register);
             if let (Some(pid), true) = (c.pid, self_register) {
                 if registers(&c.request.message) && !self.sampler.follows(pid) {
@@ -223,7 +227,11 @@ impl Engine {
     /// Runs one client's message.
     fn client(&mut self, c: ClientRequest) {
         let id = c.request.id;
-        let record = match action(c.request.message, c.pid, c.received) {
+        let floor = match self.last_event {
+            Some((pid, at)) if pid == c.pid => at,
+            _ => f64::NEG_INFINITY,
+        };
+        let record = match action(c.request.message, c.pid, c.received, floor) {
             Action::Commit(record) => record,
             Action::Oom { mark, summary } => {
                 let outcome = self.commit(mark);
@@ -252,6 +260,14 @@ impl Engine {
             }
             Action::Nothing => return,
         };
+        if let Record::Mark(m)
+        | Record::SpanBegin(Boundary { mark: m, .. })
+        | Record::SpanEnd(Boundary { mark: m, .. })
+        | Record::StageBegin(Boundary { mark: m, .. })
+        | Record::StageEnd(Boundary { mark: m, .. }) = &record
+        {
+            self.last_event = Some((c.pid, m.timestamp));
+        }
         let outcome = self.commit(record);
         self.unflushed_event = true;
         if let (Some(reply), Some(entry)) = (c.reply, outcome.entry) {
@@ -271,7 +287,7 @@ mod tests {
     }
 
     fn act(line: &str) -> Action {
-        action(message(line), Some(42), 1000.5)
+        action(message(line), Some(42), 1000.5, f64::NEG_INFINITY)
     }
 
     #[test]
@@ -333,6 +349,13 @@ mod tests {
             panic!("{a:?}")
         };
         assert_eq!(m.timestamp, 1000.5);
+        // Never before the sender's previous event.
+        let line = r#"{"type":"span_begin","component":"t","operation":"s","at":1000.2}"#;
+        let a = action(message(line), Some(42), 1000.5, 1000.3);
+        let Action::Commit(Record::SpanBegin(b)) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(b.mark.timestamp, 1000.3);
     }
 
     #[test]

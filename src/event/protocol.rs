@@ -25,9 +25,6 @@ const MAX_ID: usize = 64;
 /// back for milliseconds; an earlier `at` (a clock set back) is recorded
 /// this long before it arrived.
 pub(crate) const MAX_HELD_S: f64 = 60.0;
-/// An event that arrives within this long of its `at` is sampled as it
-/// arrives.
-pub(crate) const FRESH_S: f64 = 0.01;
 
 /// A request's `id`, echoed in its reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,16 +98,13 @@ impl Message {
         )
     }
 
-    /// Whether the message, arrived at `received` (Unix seconds), is
-    /// recorded with a sample taken now. One that says it happened more
-    /// than [`FRESH_S`] before it arrived (a step the client held back,
-    /// or one delayed on a busy node) is not: a sample now would not be
-    /// the memory of its moment; it carries the last sample's.
-    pub(crate) fn needs_sample(&self, received: f64) -> bool {
+    /// Whether the message is recorded with a sample taken as it
+    /// arrives. One the client held back (it says when it happened, `at`)
+    /// is not: a sample now would not be the memory of its moment; it
+    /// carries the last sample's.
+    pub(crate) fn needs_sample(&self) -> bool {
         match self {
-            Message::Mark(m) | Message::SpanBegin(m) | Message::SpanEnd(m) => {
-                m.at.is_none_or(|at| received - at < FRESH_S)
-            }
+            Message::Mark(m) | Message::SpanBegin(m) | Message::SpanEnd(m) => m.at.is_none(),
             other => other.is_recorded(),
         }
     }
@@ -703,10 +697,8 @@ mod tests {
         };
         assert_eq!(m.at, Some(1_700_000_000.25));
         let held = ok(&line("1700000000")).message;
-        assert!(held.is_recorded());
-        assert!(!held.needs_sample(1_700_000_000.05));
-        assert!(held.needs_sample(1_700_000_000.002));
-        assert!(ok(&line("null")).message.needs_sample(1_800_000_000.0));
+        assert!(held.is_recorded() && !held.needs_sample());
+        assert!(ok(&line("null")).message.needs_sample());
         for bad in ["-1", "0", "\"7\"", "true", "[1]", "{}"] {
             let e = err(&line(bad));
             assert_eq!(e.code, ErrorCode::Invalid, "{bad}: {e:?}");
@@ -725,7 +717,7 @@ mod tests {
                 task: "0123456789abcdef0123456789abcdef".into()
             }
         );
-        assert!(!r.message.needs_sample(0.0) && !r.message.is_recorded());
+        assert!(!r.message.needs_sample() && !r.message.is_recorded());
         for (line, why) in [
             (r#"{"type":"clearml_task"}"#, "required"),
             (r#"{"type":"clearml_task","task":""}"#, "task id"),

@@ -60,8 +60,8 @@ def test_fast_steps_are_held_back_and_sent_together_with_their_times(fake, monke
     objs = d.objects()
     kinds = [(o["type"], o.get("iteration")) for o in objs]
     assert kinds == [(k, i) for i in range(1, 41) for k in ("span_begin", "span_end")] + [("mark", None)]
-    assert "at" not in objs[-1]
-    for n, o in enumerate(objs[:-1]):
+    assert "at" not in objs[0] and "at" not in objs[1] and "at" not in objs[-1]
+    for n, o in enumerate(objs[2:-1], start=2):
         assert came[n] - 1e-6 <= o["at"] <= came[n + 1] + 1e-6, (n, o, came[n:n + 2])  # sent to the µs
         assert (o["component"], o["operation"], o["labels"]) == ("train", "step", {"batch_size": "4"})
     assert get_dropped() == 0 and not d.garbled

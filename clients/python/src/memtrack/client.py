@@ -795,8 +795,9 @@ class Client:
     def _prebuilt(self, head, iteration, kind, fields_of, at, hold):
         """The step hooks' hot path: a span message prebuilt up to its
         iteration (``head``, from :func:`_prebuilt_head`) is finished with
-        the iteration and ``at`` (when it came, ``time.time()``) and sent,
-        or held back when ``hold`` (steps less than :data:`_FAST_S` apart),
+        the iteration and sent, or held back when ``hold`` (steps less than
+        :data:`_FAST_S` apart; it then says when it came, ``at``,
+        ``time.time()``),
         with no dict, no JSON encoding and no check repeated. A job that
         uses CUDA takes the general path instead (``fields_of(iteration)``
         gives its fields), so its allocator figures go with the message."""
@@ -814,7 +815,8 @@ class Client:
         if hold:
             self._send(b"", (at, head, iteration))
         else:
-            self._send(b'%s%d,"at":%.6f}\n' % (head, iteration, at))
+            # Sent at once: stamped and sampled by the daemon as it arrives.
+            self._send(b"%s%d}\n" % (head, iteration))
 
     def span(self, component, operation, *, iteration=None, labels=None):
         """A phase with a duration: context manager and decorator."""

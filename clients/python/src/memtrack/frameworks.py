@@ -46,8 +46,8 @@ def batch_labels(batch_size=None, grad_accum=None, world_size=None, rank=None):
 class _Steps(object):
     """One open ``train``/``step`` span at most. Its two messages are
     prebuilt when the labels are set, so a step costs no JSON encoding
-    (``Client._prebuilt``); each says when it came, and steps that come
-    less than 10 ms apart are sent in batches."""
+    (``Client._prebuilt``); steps that come less than 10 ms apart are sent
+    in batches, each saying when it came."""
 
     __slots__ = ("_labels", "_heads", "_last", "open_at")
 
