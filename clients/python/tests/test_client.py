@@ -65,6 +65,8 @@ def test_fast_steps_are_held_back_and_sent_together_with_their_times(fake, monke
         assert came[n] - 1e-6 <= o["at"] <= came[n + 1] + 1e-6, (n, o, came[n:n + 2])  # sent to the µs
         assert (o["component"], o["operation"], o["labels"]) == ("train", "step", {"batch_size": "4"})
     assert get_dropped() == 0 and not d.garbled
+    # Every message counted once as sent: the 14 held and the mark after them.
+    assert client_mod.get_client()._sent == 81
 
 
 def get_dropped():

@@ -526,11 +526,10 @@ class Client:
                 held.append(hold)
                 if len(held) < _HOLD_MAX and hold[0] - held[0][0] < _HOLD_S:
                     return
+            # Messages in this send: the held ones, and `data` when given.
+            count = len(self._held) + (1 if data else 0)
             if self._held:
-                count = len(self._held)
                 data = self._take_held() + data
-            else:
-                count = 1
             sock = self._sock
             if sock is None:
                 now = _monotonic()
@@ -775,14 +774,20 @@ class Client:
         self._send(_line(msg))
         return None
 
-    def _event(self, kind, fields, allocator=True):
-        """A fire-and-forget span/stage message built from checked fields."""
-        if self._off:
-            return
+    def _may_send(self):
+        """Before a fire-and-forget span/stage message: announce the job's
+        ClearML task when the SDK made one, and False (a counted drop)
+        while no daemon is there to take it."""
         if "clearml" in _modules:
             _clearml_poll(self)
         if self._sock is None and _monotonic() < self._retry_at:
             self._drop()
+            return False
+        return True
+
+    def _event(self, kind, fields, allocator=True):
+        """A fire-and-forget span/stage message built from checked fields."""
+        if self._off or not self._may_send():
             return
         msg = {"type": kind}
         msg.update(fields)
@@ -807,10 +812,7 @@ class Client:
         if torch is not None and _cuda_in_use(torch):
             self._event(kind, fields_of(iteration))
             return
-        if "clearml" in _modules:
-            _clearml_poll(self)
-        if self._sock is None and _monotonic() < self._retry_at:
-            self._drop()
+        if not self._may_send():
             return
         if hold:
             self._send(b"", (at, head, iteration))
