@@ -711,8 +711,10 @@ fn a_run_writes_its_page_beside_the_json_unless_turned_off() {
 
     // A thinned event log: the page counts every mark and keeps the peak.
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/src");
+    // Every hundredth mark waits for its ack, so none is dropped by a
+    // client whose socket buffer a slow daemon left full.
     let marks = "import memtrack\n\
-        for i in range(5000):\n    memtrack.mark('loop', 'tick', iteration=i)\n\
+        for i in range(5000):\n    memtrack.mark('loop', 'tick', iteration=i, ack=i % 100 == 99)\n\
         memtrack.mark('loop', 'done', ack=True)\n";
     let log = short_run(
         dir.path(),
