@@ -669,3 +669,60 @@ fn a_job_that_execs_is_described_as_what_it_became() {
         root.cmdline
     );
 }
+
+/// memtrack's threads run under SCHED_BATCH, so that their wake-ups never
+/// preempt the job on a busy core; the job runs under the normal policy,
+/// as it would without memtrack. A policy whoever started memtrack chose
+/// is left alone, for memtrack and the job alike.
+#[test]
+fn memtrack_yields_to_the_job_and_the_job_keeps_the_normal_policy() {
+    let out_dir = scratch();
+    let script = r#"
+import os, sys
+want_memtrack, want_job = int(sys.argv[1]), int(sys.argv[2])
+job = os.sched_getscheduler(0)
+tasks = os.listdir("/proc/%d/task" % os.getppid())
+policies = set()
+for t in tasks:
+    try:
+        policies.add(os.sched_getscheduler(int(t)))
+    except ProcessLookupError:
+        pass  # a thread that ended meanwhile
+policies = sorted(policies)
+print("job", job, "memtrack", policies, flush=True)
+sys.exit(0 if job == want_job and policies == [want_memtrack] else 3)
+"#;
+    let normal = "0";
+    let batch = "3";
+    let idle = "5";
+    for (wrapper, want_memtrack, want_job) in [
+        (None, batch, normal),
+        (Some(["chrt", "-i", "0"]), idle, idle),
+    ] {
+        let mut cmd = match wrapper {
+            Some(w) => {
+                let mut c = std::process::Command::new(w[0]);
+                c.args(&w[1..]).arg(env!("CARGO_BIN_EXE_memtrack"));
+                for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("MEMTRACK_")) {
+                    c.env_remove(k);
+                }
+                c.stdin(std::process::Stdio::null());
+                c
+            }
+            None => memtrack(),
+        };
+        cmd.args(["run", "--interval", "100ms", "--output"])
+            .arg(out_dir.path())
+            .arg("--")
+            .args(python(script))
+            .args([want_memtrack, want_job]);
+        let out = run_to_end(&mut cmd, Duration::from_secs(30));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{wrapper:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(&out)
+        );
+    }
+}
