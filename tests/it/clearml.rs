@@ -701,8 +701,11 @@ fn a_bearer_token_alone_is_used_and_refreshed_with_itself() {
     let task = live.wait_task();
     let mut exp = Expected::new();
     steady_marks(&live, &mut exp, "model", 0..10);
-    // Past the token's refresh point (a tenth of its life before expiry).
-    std::thread::sleep(Duration::from_millis(3200));
+    // Past the token's refresh point (a tenth of its life before expiry),
+    // memtrack refreshes it with itself: the server counts a bearer login.
+    wait_for("the token refreshed", Duration::from_secs(15), || {
+        server.state()["login_kinds"]["bearer"].as_u64() >= Some(1)
+    });
     steady_marks(&live, &mut exp, "model", 10..20);
     let (report, _, _dir) = live.finish(exit(0), Duration::from_secs(10));
     let got = stored(&server.points(&task));

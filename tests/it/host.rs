@@ -260,41 +260,42 @@ fn attach_uses_the_jobs_own_cgroup_until_a_stranger_joins_it() {
         std::fs::read_to_string(&procs).is_ok_and(|t| t.contains(&job.id().to_string()))
     });
     let out_dir = scratch();
-    let stranger_dir = dir.clone();
-    let stranger = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(1500));
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "echo $$ > {}; exec sleep 3",
-                stranger_dir.join("cgroup.procs").display()
-            ))
-            .spawn()
-            .unwrap()
-    });
-    let out = run_to_end(
-        memtrack()
-            .args([
-                "attach",
-                "--interval",
-                "100ms",
-                "--listen",
-                "off",
-                "--host-source",
-                "cgroup",
-                "--output",
-            ])
-            .arg(out_dir.path())
-            .args(["--pid", &job.id().to_string()]),
-        Duration::from_secs(30),
+    let d = Daemon::attach(
+        out_dir.path(),
+        &["--interval", "100ms", "--host-source", "cgroup"],
+        job.id(),
     );
-    let mut stranger = stranger.join().unwrap();
+    // The one source memtrack uses now, as `/metrics` says.
+    let source = |s: &str| {
+        let (_, body) = d.http("GET", "/metrics");
+        body.lines().any(|l| {
+            l.starts_with("memtrack_tree_memory_source{") && l.contains(&format!("source=\"{s}\""))
+        })
+    };
+    // The stranger joins once memtrack samples the cgroup's charge, and
+    // stays until memtrack has seen it.
+    wait_for(
+        "sampling from the job's cgroup",
+        Duration::from_secs(10),
+        || source("cgroup"),
+    );
+    let mut stranger = Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo $$ > {}; exec sleep 60", procs.display()))
+        .spawn()
+        .unwrap();
+    wait_for(
+        "memtrack to leave the shared cgroup",
+        Duration::from_secs(20),
+        || source("pss"),
+    );
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    let (code, doc, log) = d.finish_logged();
     let mut job = job;
     let _ = job.wait();
-    let _ = stranger.wait();
     let _ = std::fs::remove_dir(&dir);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let (_, doc) = only_document(out_dir.path());
+    assert_eq!(code, Some(0), "{log}");
     let host = doc.host.expect("host");
     assert_eq!(host.source, HostSource::Pss, "{host:#?}");
     assert!(host.reason.contains("other process"), "{}", host.reason);
