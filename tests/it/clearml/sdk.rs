@@ -108,6 +108,23 @@ pub(super) fn memory_in_the_scripts_task(server: &Server, id: &str, log: &str) -
     memory
 }
 
+/// memtrack's `memory` points in the task of [`sdk_job`] are on the job's
+/// iteration axis: a `model` point at each of its five steps, none past
+/// the last, and the task's last iteration the job's.
+pub(super) fn assert_on_the_jobs_axis(memory: &[&Value], task: &Value) {
+    let steps: std::collections::BTreeSet<u64> = memory
+        .iter()
+        .filter(|p| p["metric"] == "memory/model" && p["variant"] == "cpu_ram_used_mb")
+        .map(|p| p["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (0..5).collect(), "{memory:#?}");
+    assert!(
+        memory.iter().all(|p| p["iter"].as_u64().unwrap() <= 4),
+        "memtrack's points stay on the job's axis, no time axis: {memory:#?}"
+    );
+    assert_eq!(task["last_iteration"], 4, "the task's axis is the job's");
+}
+
 /// Checks the outcome of an SDK job run under memtrack: one task, the
 /// script's; only the SDK changed its status; every memory point in it, on
 /// the job's iteration axis; the SDK's scalars too; the artifact registered
@@ -150,17 +167,7 @@ fn check_sdk_task(server: &Server, s3: &S3Server, document: &Path, log: &str) {
         .collect();
     assert!(!memory.is_empty(), "memtrack's points: {log}");
     assert!(memory.iter().all(|p| p["task"] == *id), "{memory:#?}");
-    let steps: std::collections::BTreeSet<u64> = memory
-        .iter()
-        .filter(|p| p["metric"] == "memory/model" && p["variant"] == "cpu_ram_used_mb")
-        .map(|p| p["iter"].as_u64().unwrap())
-        .collect();
-    assert_eq!(steps, (0..5).collect(), "{memory:#?}");
-    assert!(
-        memory.iter().all(|p| p["iter"].as_u64().unwrap() <= 4),
-        "memtrack's points stay on the job's axis: {memory:#?}"
-    );
-    assert_eq!(task["last_iteration"], 4, "the task's axis is the job's");
+    assert_on_the_jobs_axis(&memory, task);
     let sdk_steps: Vec<u64> = all
         .iter()
         .filter(|p| p["metric"] == "loss" && p["variant"] == "train")

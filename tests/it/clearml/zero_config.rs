@@ -9,7 +9,9 @@ use std::time::Duration;
 use memtrack::export::clearml::SPOOL_FILE;
 use serde_json::{json, Value};
 
-use super::sdk::{memory_in_the_scripts_task, require_clearml_sdk, sdk_job};
+use super::sdk::{
+    assert_on_the_jobs_axis, memory_in_the_scripts_task, require_clearml_sdk, sdk_job,
+};
 use super::{clearml_env, start_stand_in, Server, KEY, SECRET};
 use crate::common::*;
 
@@ -90,6 +92,16 @@ pub(crate) fn bare_sdk_env(home: &Path) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// What the job printed after `TAG ` on its first such line (`all`, the
+/// job's output and memtrack's log, shown when there is none).
+fn printed(stdout: &str, tag: &str, all: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(tag)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {tag} line: {all}"))
+        .to_string()
+}
+
 /// `memtrack run` of `script` (Python, memtrack's client importable) with
 /// `env` only for ClearML, S3 off.
 pub(crate) fn run_python_job(
@@ -167,20 +179,10 @@ task.close()
     let (code, stdout, log) = run_python_job("zero", out.path(), &bare_sdk_env(out.path()), script);
     let all = format!("{stdout}\n{log}");
     assert_eq!(code, 0, "{all}");
-    let reply: Value = serde_json::from_str(
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("REPLY "))
-            .unwrap_or_else(|| panic!("no reply: {all}")),
-    )
-    .unwrap();
+    let reply: Value = serde_json::from_str(&printed(&stdout, "REPLY", &all)).unwrap();
     assert_eq!(reply["clearml"], true, "{all}");
     assert_eq!(reply["reporting"], true, "{reply}\n{all}");
-    let id = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("TASK "))
-        .unwrap_or_else(|| panic!("no task: {all}"))
-        .to_string();
+    let id = printed(&stdout, "TASK", &all);
     // One task, the script's: memtrack made none.
     let memory = memory_in_the_scripts_task(&server, &id, &all);
     let state = server.state();
@@ -260,11 +262,7 @@ task.close()
         run_plain_python_job("plain", out.path(), &bare_sdk_env(out.path()), script);
     let all = format!("{stdout}\n{log}");
     assert_eq!(code, 0, "{all}");
-    let id = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("TASK "))
-        .unwrap_or_else(|| panic!("no task: {all}"))
-        .to_string();
+    let id = printed(&stdout, "TASK", &all);
     memory_in_the_scripts_task(&server, &id, &all);
     let state = server.state();
     let loss: Vec<u64> = server
@@ -294,13 +292,7 @@ print("REPLY", json.dumps(memtrack.clearml_announce("abc123", wait=True)), flush
     let (code, stdout, log) = run_python_job("bare", out.path(), &bare_sdk_env(out.path()), script);
     let all = format!("{stdout}\n{log}");
     assert_eq!(code, 0, "{all}");
-    let reply: Value = serde_json::from_str(
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("REPLY "))
-            .unwrap_or_else(|| panic!("no reply: {all}")),
-    )
-    .unwrap();
+    let reply: Value = serde_json::from_str(&printed(&stdout, "REPLY", &all)).unwrap();
     assert_eq!(reply["clearml"], false, "{reply}");
     let message = reply["message"].as_str().unwrap();
     assert!(
@@ -337,22 +329,12 @@ fn a_task_init_job_with_iterations_and_only_clearml_conf_keeps_its_axis_and_gets
     assert_eq!(tasks.len(), 1, "one task, the script's: {state:#}");
     let (id, task) = tasks.iter().next().unwrap();
     assert_eq!(state["task_creators"][id], "sdk");
-    let memory: Vec<Value> = server
-        .points(id)
-        .into_iter()
+    let points = server.points(id);
+    let memory: Vec<&Value> = points
+        .iter()
         .filter(|p| p["metric"].as_str().unwrap().starts_with("memory/"))
         .collect();
-    let steps: std::collections::BTreeSet<u64> = memory
-        .iter()
-        .filter(|p| p["metric"] == "memory/model" && p["variant"] == "cpu_ram_used_mb")
-        .map(|p| p["iter"].as_u64().unwrap())
-        .collect();
-    assert_eq!(steps, (0..5).collect(), "{memory:#?}");
-    assert!(
-        memory.iter().all(|p| p["iter"].as_u64().unwrap() <= 4),
-        "the job reports iterations: no time axis: {memory:#?}"
-    );
-    assert_eq!(task["last_iteration"], 4, "the task's axis is the job's");
+    assert_on_the_jobs_axis(&memory, task);
     let artifacts = task["artifacts"].as_array().unwrap();
     assert_eq!(artifacts.len(), 1, "{task:#}\n{all}");
     assert_eq!(
