@@ -73,7 +73,7 @@ fn env(home: &Path, extra: &[(&'static str, String)]) -> Vec<(&'static str, Stri
 #[test]
 fn an_s3_output_uri_gets_the_artifact_in_its_bucket_with_clearml_confs_credentials() {
     require_clearml_sdk();
-    let server = Server::start(&[]);
+    let server = Server::start();
     let files = FileServer::start();
     let s3 = S3Server::start();
     let out = scratch();
@@ -118,7 +118,7 @@ fn an_s3_output_uri_gets_the_artifact_in_its_bucket_with_clearml_confs_credentia
 #[test]
 fn wrong_sdk_aws_s3_credentials_are_one_clear_error_and_the_printed_command_uploads_later() {
     require_clearml_sdk();
-    let server = Server::start(&[]);
+    let server = Server::start();
     let files = FileServer::start();
     let s3 = S3Server::start();
     let out = scratch();
@@ -206,7 +206,7 @@ fn wrong_sdk_aws_s3_credentials_are_one_clear_error_and_the_printed_command_uplo
 #[test]
 fn hostile_sdk_aws_s3_values_cost_only_the_artifact_and_show_no_secret() {
     require_clearml_sdk();
-    let server = Server::start(&[]);
+    let server = Server::start();
     let files = FileServer::start();
     let s3 = S3Server::start();
     let out = scratch();
@@ -278,7 +278,7 @@ fn hostile_sdk_aws_s3_values_cost_only_the_artifact_and_show_no_secret() {
 /// memtrack completes the task.
 #[test]
 fn a_task_memtrack_creates_gets_the_artifact_on_the_fileserver() {
-    let server = Server::start(&[]);
+    let server = Server::start();
     let files = FileServer::start();
     let out = scratch();
     let res = run_to_end(
@@ -321,7 +321,7 @@ fn a_task_memtrack_creates_gets_the_artifact_on_the_fileserver() {
 #[test]
 fn an_s3_output_uri_needs_no_fileserver() {
     require_clearml_sdk();
-    let server = Server::start(&[]);
+    let server = Server::start();
     let s3 = S3Server::start();
     let out = scratch();
     std::fs::write(

@@ -186,21 +186,46 @@ impl Daemon {
         job: &[String],
         env: &[(&str, &str)],
     ) -> Daemon {
-        use std::io::BufRead;
-        let socket = out.join("m.sock");
         let mut cmd = memtrack();
         cmd.args(["run", "--listen", listen, "--name", "d", "--output"])
             .arg(out)
             .arg("--socket")
-            .arg(&socket)
+            .arg(out.join("m.sock"))
             .args(extra)
             .arg("--")
-            .args(job)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null());
+            .args(job);
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Daemon::spawn(cmd, out)
+    }
+
+    /// `memtrack attach --listen 127.0.0.1:0 --socket <out>/m.sock
+    /// --output <out> EXTRA… --pid PID`, returned once `/metrics` is up.
+    pub fn attach(out: &Path, extra: &[&str], pid: u32) -> Daemon {
+        let mut cmd = memtrack();
+        cmd.args([
+            "attach",
+            "--listen",
+            "127.0.0.1:0",
+            "--name",
+            "d",
+            "--output",
+        ])
+        .arg(out)
+        .arg("--socket")
+        .arg(out.join("m.sock"))
+        .args(extra)
+        .args(["--pid", &pid.to_string()]);
+        Daemon::spawn(cmd, out)
+    }
+
+    /// Starts `cmd` (a run named `d` under `out`, with HTTP) and waits
+    /// for the address it reports.
+    fn spawn(mut cmd: Command, out: &Path) -> Daemon {
+        use std::io::BufRead;
+        let socket = out.join("m.sock");
+        cmd.stderr(Stdio::piped()).stdout(Stdio::null());
         let mut child = cmd.spawn().expect("spawn memtrack");
         let lines = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();

@@ -234,6 +234,38 @@ fn a_20ms_spike_shows_through_the_cgroup_peak() {
     assert!(doc.detailed_log.iter().any(|e| e.cpu_ram_hwm_mb >= 400.0));
 }
 
+/// `GET /metrics`, or `None` when it is not answered.
+fn scrape(addr: std::net::SocketAddr) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    Some(raw)
+}
+
+/// A cgroup made by hand and the processes put in it: on drop (the test
+/// failed or ended) they are killed and the cgroup removed.
+struct HandMade {
+    dir: std::path::PathBuf,
+    processes: Vec<std::process::Child>,
+}
+
+impl Drop for HandMade {
+    fn drop(&mut self) {
+        for p in &mut self.processes {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 #[test]
 fn attach_uses_the_jobs_own_cgroup_until_a_stranger_joins_it() {
     needs_cgroup_mode!();
@@ -247,6 +279,10 @@ fn attach_uses_the_jobs_own_cgroup_until_a_stranger_joins_it() {
         .join(format!("it-attach-{}", std::process::id()));
     std::fs::create_dir(&dir).unwrap();
     let procs = dir.join("cgroup.procs");
+    let mut hand = HandMade {
+        dir,
+        processes: Vec::new(),
+    };
     let job = Command::new("sh")
         .arg("-c")
         .arg(format!(
@@ -256,45 +292,58 @@ fn attach_uses_the_jobs_own_cgroup_until_a_stranger_joins_it() {
         ))
         .spawn()
         .unwrap();
+    let job_pid = job.id();
+    hand.processes.push(job);
     wait_for("the job in its cgroup", Duration::from_secs(5), || {
-        std::fs::read_to_string(&procs).is_ok_and(|t| t.contains(&job.id().to_string()))
+        std::fs::read_to_string(&procs).is_ok_and(|t| t.contains(&job_pid.to_string()))
     });
     let out_dir = scratch();
-    let stranger_dir = dir.clone();
-    let stranger = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(1500));
+    let mut d = Daemon::attach(
+        out_dir.path(),
+        &["--interval", "100ms", "--host-source", "cgroup"],
+        job_pid,
+    );
+    // The one source memtrack uses now, as `/metrics` says.
+    let mut source = |s: &str| {
+        if let Some(status) = d.child.try_wait().unwrap() {
+            panic!(
+                "memtrack ended ({status}) still waiting for `{s}`:\n{}",
+                d.stderr()
+            );
+        }
+        // Not answered (memtrack is ending): asked again, or the check
+        // above says it ended.
+        scrape(d.http).is_some_and(|body| {
+            body.lines().any(|l| {
+                l.starts_with("memtrack_tree_memory_source{")
+                    && l.contains(&format!("source=\"{s}\""))
+            })
+        })
+    };
+    // The stranger joins once memtrack samples the cgroup's charge, and
+    // stays until memtrack has seen it.
+    wait_for(
+        "sampling from the job's cgroup",
+        Duration::from_secs(10),
+        || source("cgroup"),
+    );
+    hand.processes.push(
         Command::new("sh")
             .arg("-c")
-            .arg(format!(
-                "echo $$ > {}; exec sleep 3",
-                stranger_dir.join("cgroup.procs").display()
-            ))
+            .arg(format!("echo $$ > {}; exec sleep 60", procs.display()))
             .spawn()
-            .unwrap()
-    });
-    let out = run_to_end(
-        memtrack()
-            .args([
-                "attach",
-                "--interval",
-                "100ms",
-                "--listen",
-                "off",
-                "--host-source",
-                "cgroup",
-                "--output",
-            ])
-            .arg(out_dir.path())
-            .args(["--pid", &job.id().to_string()]),
-        Duration::from_secs(30),
+            .unwrap(),
     );
-    let mut stranger = stranger.join().unwrap();
-    let mut job = job;
-    let _ = job.wait();
+    wait_for(
+        "memtrack to leave the shared cgroup",
+        Duration::from_secs(20),
+        || source("pss"),
+    );
+    let mut stranger = hand.processes.pop().unwrap();
+    let _ = stranger.kill();
     let _ = stranger.wait();
-    let _ = std::fs::remove_dir(&dir);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let (_, doc) = only_document(out_dir.path());
+    let (code, doc, log) = d.finish_logged();
+    assert_eq!(code, Some(0), "{log}");
     let host = doc.host.expect("host");
     assert_eq!(host.source, HostSource::Pss, "{host:#?}");
     assert!(host.reason.contains("other process"), "{}", host.reason);

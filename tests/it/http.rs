@@ -375,9 +375,15 @@ fn hostile_http_clients_never_stop_sampling() {
     // The drip is served before the crowd arrives; the crowd (the same
     // user) then needs room, and the drip, this user's oldest connection
     // that is not being answered, is closed to make it — or, failing
-    // that, its header timeout ends it.
+    // that, its header timeout ends it. The server accepts in the order
+    // clients connect, so a scrape answered after the drip connected
+    // shows the drip has its slot.
     connected.recv().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        d.http("GET", "/metrics").0,
+        200,
+        "a request after the drip is answered"
+    );
 
     // 1000 connections at once: beyond the limit they are closed.
     let crowd: Vec<TcpStream> = (0..1000)

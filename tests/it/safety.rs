@@ -8,6 +8,7 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -84,6 +85,35 @@ fn acked(dir: &Path) -> Vec<u64> {
         .collect()
 }
 
+/// Everything `child` writes to its (piped) stderr, as it comes: read on a
+/// thread of its own, so memtrack never blocks on a full pipe.
+fn watch_stderr(child: &mut std::process::Child) -> Arc<Mutex<String>> {
+    let mut pipe = child.stderr.take().expect("stderr piped");
+    let log = Arc::new(Mutex::new(String::new()));
+    let sink = Arc::clone(&log);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    log
+}
+
+/// The inode of the run's document: a new one each time a checkpoint has
+/// been written (it is replaced by a rename).
+fn document_inode(run_dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(run_dir.join("memory_usage.json"))
+        .ok()
+        .map(|m| m.ino())
+}
+
 /// What once broke: a rotation whose new journal could not be opened left the
 /// writer on `journal.old.jsonl`, which the next good checkpoint deleted;
 /// every later record went into a deleted file.
@@ -116,10 +146,11 @@ fn a_journal_rotation_failed_for_want_of_descriptors_loses_no_acknowledged_mark(
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("prlimit memtrack");
     let mut child = Reap(child);
+    let log = watch_stderr(&mut child.0);
     wait_for("acknowledged marks", Duration::from_secs(20), || {
         acked(d).len() >= 20
     });
@@ -132,14 +163,24 @@ fn a_journal_rotation_failed_for_want_of_descriptors_loses_no_acknowledged_mark(
         hogs.push(s);
     }
     let holding = acked(d).len();
-    // Two checkpoint intervals with no descriptor to spare…
+    // No descriptor to spare: marks go on, and a rotation fails (memtrack
+    // logs it; no checkpoint can be written meanwhile)…
     wait_for("marks while exhausted", Duration::from_secs(30), || {
         acked(d).len() >= holding + 10
     });
-    std::thread::sleep(Duration::from_millis(2500));
-    // …then descriptors again: the next checkpoint succeeds.
+    wait_for("a failed rotation, logged", Duration::from_secs(60), || {
+        log.lock().unwrap().contains("journal error")
+    });
+    // …then descriptors again: the next checkpoint succeeds (the document
+    // is replaced), and with the bug it removed the journal being written.
+    let run_dir = d.join("r");
+    let before = document_inode(&run_dir);
     drop(hogs);
-    std::thread::sleep(Duration::from_millis(3000));
+    wait_for(
+        "a checkpoint once descriptors are back",
+        Duration::from_secs(30),
+        || document_inode(&run_dir).is_some_and(|i| Some(i) != before),
+    );
     let after = acked(d).len();
     wait_for("marks after", Duration::from_secs(20), || {
         acked(d).len() >= after + 20
@@ -158,7 +199,6 @@ fn a_journal_rotation_failed_for_want_of_descriptors_loses_no_acknowledged_mark(
     signal(job, "KILL");
     let sent = acked(d);
 
-    let run_dir = d.join("r");
     let res = run_to_end(
         memtrack().arg("recover").arg(&run_dir),
         Duration::from_secs(30),
@@ -228,24 +268,9 @@ fn journal_errors_survive_a_kill_while_no_checkpoint_can_be_written() {
     }
     // memtrack logs the failed rotation: wait for that line, then kill it
     // while the descriptors are still taken.
-    let mut log = child.0.stderr.take().unwrap();
-    let logged = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = logged.clone();
-    std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = log.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            seen.extend_from_slice(&buf[..n]);
-            if String::from_utf8_lossy(&seen).contains("journal error") {
-                flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-    });
+    let log = watch_stderr(&mut child.0);
     wait_for("a failed rotation, logged", Duration::from_secs(60), || {
-        logged.load(std::sync::atomic::Ordering::SeqCst)
+        log.lock().unwrap().contains("journal error")
     });
     // One more acknowledged mark: the count was journalled before it.
     let now = acked(d).len();

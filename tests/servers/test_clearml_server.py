@@ -39,6 +39,14 @@ def start_server(tmp_path, *extra):
     raise RuntimeError("server did not write its port file")
 
 
+def wait_until(what, cond, timeout=5.0):
+    """Polls `cond` until it holds; fails naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.01)
+
+
 def stop_server(proc):
     proc.terminate()
     try:
@@ -470,7 +478,7 @@ def test_fault_status_count_and_for_s(c):
     status, body, headers = c.call("tasks.get_all", {})
     assert status == 502 and headers["Content-Type"] == "text/html"
     assert b"502 Bad Gateway" in body
-    time.sleep(0.85)
+    wait_until("the timed fault to end", lambda: c.state()["faults"]["status"] == [])
     assert c.call("tasks.get_all", {})[0] == 200
     calls = c.admin("/calls")["calls"]
     assert [x["status"] for x in calls] == [503, 503, 200, 200, 429, 502, 200]
@@ -529,11 +537,15 @@ def test_fault_refuse_drops_requests_in_flight(c):
 
     th = threading.Thread(target=slow)
     th.start()
-    time.sleep(0.2)
+    # In flight: its handler took the delay and sleeps.
+    wait_until("the request to take its delay", lambda: c.state()["faults"]["delay"] == [])
     c.fault(refuse_for_s=0.2)
     th.join(5)
     assert "exc" in outcome, outcome          # no reply for the request in flight
-    time.sleep(0.7)                           # the delayed handler wakes up and drops it
+    # The delayed handler wakes up and drops it; the refusal ends.
+    wait_until("the request to be dropped",
+               lambda: any(x["fault"] == "dropped" for x in c.admin("/calls")["calls"]))
+    wait_until("the refusal to end", lambda: c.state()["faults"]["refusing"] is False)
     s = c.state()
     assert s["tasks"] == {}                   # and it was never processed
     assert s["faults"]["refusing"] is False
