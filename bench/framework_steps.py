@@ -2,7 +2,7 @@
 """What memtrack's framework callbacks cost a training step.
 
     target/fw-venv/bin/python bench/framework_steps.py [--bin target/debug/memtrack]
-        [--steps 400] [--rounds 3] [--framework lightning,hf]
+        [--steps 400] [--rounds 3] [--framework lightning,hf] [--hogs 0]
 
 Runs the same tiny loop (Lightning: a 2-layer MLP, batch 4; Hugging Face: a
 1-layer GPT-2 built from a config, batch 4) on CPU under ``memtrack run``,
@@ -163,6 +163,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--framework", default="lightning,hf",
                         help="comma-separated: lightning, hf (default both)")
+    parser.add_argument("--hogs", type=int, default=0,
+                        help="CPU hogs (busy loops) beside the job, as on a training node whose "
+                             "cores are all busy (default 0: a quiet machine)")
     parser.add_argument("--job", choices=sorted(JOBS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.job:
@@ -171,6 +174,17 @@ def main():
     unknown = [f for f in frameworks if f not in JOBS]
     if unknown or not frameworks:
         parser.error("--framework takes lightning and/or hf, not %s" % ", ".join(unknown or ["nothing"]))
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+    try:
+        table(args, frameworks)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def table(args, frameworks):
+    print("%d CPU hogs beside the job on %d cores; memtrack %s" % (args.hogs, os.cpu_count(), args.bin))
     print("| per step (median of %d runs of %d steps) | hooks off (`--no-auto-hooks`) | hooks on "
           "| ratio on/off | hooks' cost per step | job CPU per step, off → on | in the hooks per step "
           "| goal |" % (args.rounds, args.steps))
