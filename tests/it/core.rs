@@ -140,9 +140,20 @@ time.sleep(1.0)
         .map(|e| e.cpu_ram_used_mb)
         .collect();
     assert!(!after.is_empty());
+    // What led up to it, should it fail: the samples from a second before
+    // the last child left, and when each child left.
+    let around: Vec<(f64, f64)> = doc
+        .detailed_log
+        .iter()
+        .filter(|e| e.kind == EntryKind::Timer && e.timestamp > last_child_exit - 1.0)
+        .map(|e| (e.timestamp - last_child_exit, e.cpu_ram_used_mb))
+        .collect();
+    let exits: Vec<f64> = children.iter().filter_map(|c| c.exited_at).collect();
     assert!(
         after.iter().all(|&mb| mb < 100.0),
-        "parent alone after the children left: {after:?}"
+        "parent alone after the children left: {after:?}\n\
+         (seconds from the last exit, MiB): {around:?}\nexits at {exits:?}; host: {:?}",
+        doc.host
     );
 }
 
