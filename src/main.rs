@@ -630,6 +630,7 @@ fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
             r.skipped_lines
         ));
         warn_lost(&r);
+        recovered_page(dir);
         return Ok(0);
     }
     let mut found = false;
@@ -643,8 +644,26 @@ fn recover_dir(dir: &std::path::Path) -> anyhow::Result<u8> {
                 r.replayed
             ));
             warn_lost(&r);
+            recovered_page(&entry.path());
         }
     }
     anyhow::ensure!(found, "{} holds no run to recover", dir.display());
     Ok(0)
+}
+
+/// The report page of a recovered run, beside its document, as the end of
+/// a run writes it; a failure is a warning (the document is what counts).
+fn recovered_page(run_dir: &std::path::Path) {
+    let document = run_dir.join("memory_usage.json");
+    let out = memtrack::report::html::beside(&document);
+    match memtrack::report::html::run_page(&document)
+        .and_then(|page| memtrack::report::html::write(&out, &page))
+    {
+        Ok(()) => logging::say(&format!("memtrack: wrote {}", out.display())),
+        Err(e) => logging::say(&format!(
+            "memtrack: warning: the report page was not written: {e:#}; \
+             `memtrack report --html {}` writes it later",
+            document.display()
+        )),
+    }
 }

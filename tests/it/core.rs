@@ -426,6 +426,13 @@ fn kill_9_of_memtrack_then_recover_keeps_every_journalled_sample() {
         .count();
     assert!(timers.len() >= checkpointed + journalled.len());
     assert!(!run_dir.join(".memtrack").exists());
+    // The recovered run gets its report page, as a run's end writes it.
+    let page = std::fs::read_to_string(run_dir.join("memory_report.html")).unwrap_or_default();
+    assert!(
+        page.contains("recovered") && page.contains("</html>"),
+        "no page of the recovered run: {}",
+        stderr(&out)
+    );
     // Recovering twice is a clear error, not a second rewrite.
     let again = run_to_end(
         memtrack().arg("recover").arg(&run_dir),
