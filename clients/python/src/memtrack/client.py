@@ -21,6 +21,7 @@ Design (see README.md for the user-facing contract):
 """
 
 import atexit
+import collections
 import errno
 import functools
 import gc
@@ -356,7 +357,11 @@ class Client:
         self._sock = None
         self._connected_at = 0.0
         self._pending = b""  # unsent tail of the message(s) being written
-        self._held = []  # (when, head, iteration) of step messages held back
+        # (head, iteration, when) of step messages held back: appended
+        # without the lock (a deque's append and popleft are atomic), taken
+        # under it.
+        self._held = collections.deque()
+        self._cuda = False  # the job was seen using CUDA
         self._written = 0  # bytes handed to the kernel on this connection
         self._rbuf = b""  # a partial reply line
         self._waiting = set()  # ids of ack requests waiting for replies
@@ -501,18 +506,18 @@ class Client:
             self._dropped += _count_overloaded(buf[:cut])
 
     def _take_held(self):
-        """The held step messages as lines, each saying when it happened;
-        the caller holds the lock."""
-        held, self._held = self._held, []
-        return b"".join(b'%s%d,"at":%.6f}\n' % (head, iteration, at) for at, head, iteration in held)
+        """The held step messages as lines, each saying when it happened,
+        and how many; the caller holds the lock. One appended meanwhile
+        (from another thread) waits for the next send."""
+        held = self._held
+        pop = held.popleft
+        lines = [b'%s%d,"at":%.6f}\n' % pop() for _ in range(len(held))]
+        return b"".join(lines), len(lines)
 
-    def _send(self, data, hold=None):
+    def _send(self, data):
         """Fire-and-forget: one non-blocking send, or a counted drop. Step
-        messages held back go first, so the daemon reads every message in
-        the order the job sent it. ``hold``: a step message ``(when, head,
-        iteration)`` to hold back (``data`` is then empty; ``when`` is Unix
-        time); they are sent once the first is :data:`_HOLD_S` old or
-        :data:`_HOLD_MAX` wait."""
+        messages held back (:meth:`_prebuilt`) go first, so the daemon reads
+        every message in the order the job sent it."""
         lock = self._lock
         lock.acquire()
         if self._busy:  # re-entered from a signal handler mid-send
@@ -521,15 +526,12 @@ class Client:
             return
         self._busy = True
         try:
-            if hold is not None:
-                held = self._held
-                held.append(hold)
-                if len(held) < _HOLD_MAX and hold[0] - held[0][0] < _HOLD_S:
-                    return
             # Messages in this send: the held ones, and `data` when given.
-            count = len(self._held) + (1 if data else 0)
+            count = 1 if data else 0
             if self._held:
-                data = self._take_held() + data
+                lines, n = self._take_held()
+                data = lines + data
+                count += n
             sock = self._sock
             if sock is None:
                 now = _monotonic()
@@ -603,8 +605,9 @@ class Client:
             msg["id"] = rid
             data = _line(msg)
             if self._held:
-                self._sent += len(self._held)
-                data = self._take_held() + data
+                lines, n = self._take_held()
+                self._sent += n
+                data = lines + data
             self._waiting.add(rid)
             if self._pending:
                 self._pending += data  # whole messages only: the stream stays intact
@@ -802,23 +805,43 @@ class Client:
         iteration (``head``, from :func:`_prebuilt_head`) is finished with
         the iteration and sent, or held back when ``hold`` (steps less than
         :data:`_FAST_S` apart; it then says when it came, ``at``,
-        ``time.time()``),
-        with no dict, no JSON encoding and no check repeated. A job that
-        uses CUDA takes the general path instead (``fields_of(iteration)``
-        gives its fields), so its allocator figures go with the message."""
+        ``time.time()``), with no dict, no JSON encoding and no check
+        repeated. A held step costs an append: the checks (a daemon to send
+        to, the job's ClearML task, CUDA) are made when the held steps are
+        sent, once the first is :data:`_HOLD_S` old or :data:`_HOLD_MAX`
+        wait. A job that uses CUDA takes the general path instead
+        (``fields_of(iteration)`` gives its fields), so its allocator
+        figures go with the message."""
         if self._off:
             return
-        torch = _modules.get("torch")
-        if torch is not None and _cuda_in_use(torch):
+        if hold and not self._cuda:
+            held = self._held
+            held.append((head, iteration, at))
+            try:
+                if len(held) < _HOLD_MAX and at - held[0][2] < _HOLD_S:
+                    return
+            except IndexError:  # taken meanwhile by another thread's send
+                return
+            # Sent now (or counted as dropped, with no daemon to take them).
+            self._uses_cuda()
+            if "clearml" in _modules:
+                _clearml_poll(self)
+            self._send(b"")
+            return
+        if self._uses_cuda():
             self._event(kind, fields_of(iteration))
             return
         if not self._may_send():
             return
-        if hold:
-            self._send(b"", (at, head, iteration))
-        else:
-            # Sent at once: stamped and sampled by the daemon as it arrives.
-            self._send(b"%s%d}\n" % (head, iteration))
+        # Sent at once: stamped and sampled by the daemon as it arrives.
+        self._send(b"%s%d}\n" % (head, iteration))
+
+    def _uses_cuda(self):
+        """Whether the job uses CUDA (once it does, it does for good)."""
+        if not self._cuda:
+            torch = _modules.get("torch")
+            self._cuda = torch is not None and _cuda_in_use(torch)
+        return self._cuda
 
     def span(self, component, operation, *, iteration=None, labels=None):
         """A phase with a duration: context manager and decorator."""
