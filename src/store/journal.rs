@@ -63,18 +63,6 @@ pub(crate) const MAX_STATE_BYTES: u64 = 256 << 20;
 /// mark is bounded far below it): it is skipped, never held whole.
 const MAX_LINE: usize = 16 << 20;
 
-#[derive(Serialize)]
-struct LineOut<'a> {
-    seq: u64,
-    record: &'a Record,
-}
-
-#[derive(Deserialize)]
-struct LineIn {
-    seq: u64,
-    record: Record,
-}
-
 /// What the live run had, rewritten in place at every journal flush into
 /// bytes reserved at the start: when the disk is full and appends fail,
 /// this still says how far the run went, so recovery can count what the
@@ -244,7 +232,7 @@ impl Journal {
 
     /// Appends a record (buffered; see [`Journal::flush`]).
     pub(crate) fn append(&mut self, seq: u64, record: &Record) -> io::Result<()> {
-        serde_json::to_writer(&mut self.writer, &LineOut { seq, record })?;
+        serde_json::to_writer(&mut self.writer, &super::wire::LineOut::new(seq, record))?;
         self.writer.write_all(b"\n")
     }
 
@@ -597,17 +585,17 @@ pub(crate) fn replay(run_dir: &Path) -> Result<(Store, Recovered, f64), JournalE
             }
             let parsed = match how {
                 crate::files::Line::TooLong => None,
-                _ => serde_json::from_slice::<LineIn>(&line).ok(),
+                _ => super::wire::read_line(&line),
             };
             match parsed {
-                Some(l) if l.seq > store.seq => {
+                Some((seq, record)) if seq > store.seq => {
                     // Records the journal should hold between the two.
-                    report.records_lost += l.seq - store.seq - 1;
-                    if let Some(t) = record_time(&l.record) {
+                    report.records_lost += seq - store.seq - 1;
+                    if let Some(t) = record_time(&record) {
                         last = last.max(t);
                     }
-                    store.apply(&l.record);
-                    store.seq = l.seq;
+                    store.apply(&record);
+                    store.seq = seq;
                     report.replayed += 1;
                 }
                 Some(_) => {}

@@ -44,6 +44,7 @@ mod status;
 mod targets;
 #[cfg(test)]
 mod testkit;
+mod wire;
 
 pub use limits::{Limits, MAX_FLIGHTS, OTHER};
 pub use record::{Applied, Boundary, Mark, SampleKind};
