@@ -775,3 +775,66 @@ fn what_an_outage_kept_from_mlflow_is_sent_by_the_printed_command_once() {
     let said = resend("the second resend");
     assert!(said.contains("nothing to send"), "{said}");
 }
+
+/// A spool file that is not what memtrack writes (hand-edited, cut short,
+/// naming a run id made to reach another URL, or far too large) is refused
+/// with the line that broke it, and left exactly as it was: nothing is
+/// sent, nothing lost.
+#[test]
+fn a_bad_spool_is_refused_and_kept() {
+    let out = scratch();
+    let run_dir = out.path().join("r");
+    std::fs::create_dir(&run_dir).unwrap();
+    let spool = run_dir.join("mlflow-spool.jsonl");
+    let head = r#"{"mlflow_spool":1,"tracking_uri":"http://127.0.0.1:9","run_id":"RUN","created":false,"experiment_id":null,"experiment_name":null,"run_name":"r","memtrack_run":"m","artifacts":false,"end":null}"#;
+    let value = r#"{"key":"memtrack/host_mb","value":1.0,"timestamp":1,"step":1}"#;
+    let big = run_dir.join("big");
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (
+            format!("{}\n{value}\n", head.replace("RUN", "x&run_id=y")).into_bytes(),
+            "line 1: run_id is not an id",
+        ),
+        (
+            format!("{}\n{value}\n{{\"key\":", head.replace("RUN", "abc")).into_bytes(),
+            "line 3: the last line is cut short",
+        ),
+        (
+            format!(
+                "{}\n{}\n",
+                head.replace("RUN", "abc"),
+                value.replace("memtrack/host_mb", "loss")
+            )
+            .into_bytes(),
+            "line 2: `loss` is not a metric memtrack logs",
+        ),
+        (vec![0xff, 0xfe, b'\n'], "mlflow-spool.jsonl"),
+    ];
+    for (bytes, says) in cases {
+        std::fs::write(&spool, &bytes).unwrap();
+        let res = run_to_end(
+            memtrack()
+                .arg("mlflow-resend")
+                .arg(&run_dir)
+                .envs(NO_PROXY_ENV)
+                .env_remove("MLFLOW_TRACKING_URI"),
+            Duration::from_secs(60),
+        );
+        let log = stderr(&res);
+        assert_ne!(res.status.code(), Some(0), "{says}: {log}");
+        assert!(log.contains(says), "{says}: {log}");
+        assert_eq!(std::fs::read(&spool).unwrap(), bytes, "{says}: untouched");
+    }
+    // Oversized: refused unread (a sparse file, no disk spent).
+    std::fs::File::create(&big).unwrap();
+    std::fs::rename(&big, &spool).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&spool).unwrap();
+    f.set_len((64 << 20) + 1).unwrap();
+    let res = run_to_end(
+        memtrack().arg("mlflow-resend").arg(&run_dir),
+        Duration::from_secs(60),
+    );
+    let log = stderr(&res);
+    assert_ne!(res.status.code(), Some(0), "{log}");
+    assert!(log.contains("larger than"), "{log}");
+    assert_eq!(std::fs::metadata(&spool).unwrap().len(), (64 << 20) + 1);
+}
