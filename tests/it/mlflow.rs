@@ -410,7 +410,7 @@ exps = c.search_experiments()
 runs = c.search_runs([e.experiment_id for e in exps], max_results=1000)
 out = {
     "runs": [[r.info.run_id, r.info.experiment_id, r.info.run_name, r.info.status] for r in runs],
-    "experiment": (c.get_experiment_by_name(name).experiment_id if c.get_experiment_by_name(name) else None),
+    "experiment": (c.get_experiment_by_name(name).experiment_id if name and c.get_experiment_by_name(name) else None),
 }
 if run:
     out["host"] = [[m.timestamp, m.step, m.value] for m in c.get_metric_history(run, "memtrack/host_mb")]
@@ -827,7 +827,10 @@ fn a_bad_spool_is_refused_and_kept() {
     // Oversized: refused unread (a sparse file, no disk spent).
     std::fs::File::create(&big).unwrap();
     std::fs::rename(&big, &spool).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(&spool).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&spool)
+        .unwrap();
     f.set_len((64 << 20) + 1).unwrap();
     let res = run_to_end(
         memtrack().arg("mlflow-resend").arg(&run_dir),
@@ -837,4 +840,124 @@ fn a_bad_spool_is_refused_and_kept() {
     assert_ne!(res.status.code(), Some(0), "{log}");
     assert!(log.contains("larger than"), "{log}");
     assert_eq!(std::fs::metadata(&spool).unwrap().len(), (64 << 20) + 1);
+}
+
+/// A job that marks steps 1..=3 while the tracking server is down, writes
+/// `<argv[1]>.ready`, then polls the server (waiting through refused
+/// connections) until memtrack's values on those steps are in run
+/// `MLFLOW_RUN_ID`; it fails (exit 3) when they never come.
+const OUTAGE_JOB: &str = r#"
+import json, os, sys, time, urllib.request
+from memtrack import get_client
+marks = get_client()
+keep = []
+for i in range(1, 4):
+    keep.append(bytearray(2 << 20))
+    marks.mark("train", "step", iteration=i, ack=True)
+open(sys.argv[1] + ".ready", "w").close()
+url = "%s/api/2.0/mlflow/metrics/get-history?run_id=%s&metric_key=memtrack/host_mb" % (
+    os.environ["MLFLOW_TRACKING_URI"], os.environ["MLFLOW_RUN_ID"])
+deadline = time.monotonic() + 300
+while True:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            steps = {m["step"] for m in json.load(r).get("metrics", [])}
+        if {1, 2, 3} <= steps:
+            break
+    except OSError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit(3)
+    time.sleep(0.1)
+print("LIVE", flush=True)
+"#;
+
+/// What once failed: values were sent once, after the job, and a server
+/// that was away then lost them. Now values recorded while the server is
+/// down wait, are tried again with a backoff, and arrive while the job
+/// still runs once the server is back: the job itself waits for them. The
+/// run given by `MLFLOW_RUN_ID` keeps its status; nothing is left to resend.
+#[test]
+fn values_recorded_while_the_server_is_down_arrive_live_once_it_is_back() {
+    let Some(python) = mlflow_python() else {
+        assert!(!can_run(
+            "mlflow",
+            false,
+            "no Python with mlflow (scripts/test makes target/fw-venv)"
+        ));
+        return;
+    };
+    let mut server = Mlflow::start(&python);
+    let made = Command::new(&python)
+        .args([
+            "-c",
+            "import sys; from mlflow.tracking import MlflowClient as C; \
+             c = C(sys.argv[1]); print(c.create_run('0').info.run_id)",
+            &server.uri(),
+        ])
+        .envs(NO_PROXY_ENV)
+        .output()
+        .expect("python");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let run = String::from_utf8_lossy(&made.stdout).trim().to_string();
+    server.down();
+    let out = scratch();
+    let job = out.path().join("job.py");
+    std::fs::write(&job, OUTAGE_JOB).unwrap();
+    let flag = out.path().join("flag");
+    let child = memtrack()
+        .args([
+            "run",
+            "--listen",
+            "off",
+            "--name",
+            "r",
+            "--interval",
+            "200ms",
+            "--output",
+        ])
+        .arg(out.path())
+        .arg("--")
+        .arg(&python)
+        .arg(&job)
+        .arg(&flag)
+        .env("MLFLOW_TRACKING_URI", server.uri())
+        .env("MLFLOW_RUN_ID", &run)
+        .envs(NO_PROXY_ENV)
+        .env_remove("MLFLOW_EXPERIMENT_NAME")
+        .env_remove("MLFLOW_EXPERIMENT_ID")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("memtrack");
+    let ready = out.path().join("flag.ready");
+    wait_for("the job's steps", Duration::from_secs(120), || {
+        ready.exists()
+    });
+    server.up();
+    let res = finish(child);
+    let log = stderr(&res);
+    let stdout = String::from_utf8_lossy(&res.stdout).into_owned();
+    assert_eq!(res.status.code(), Some(0), "{stdout}\n{log}");
+    assert!(stdout.contains("LIVE"), "{stdout}\n{log}");
+    assert!(log.contains("values wait, trying again in"), "{log}");
+    assert!(log.contains("the server answers again"), "{log}");
+    let doc = read_document(&out.path().join("r/memory_usage.json"));
+    let held = server.query("", &run);
+    assert_eq!(server_host(&held), expected_host(&doc), "{log}");
+    let (sent, live) = logged(&log, &run);
+    assert_eq!(sent, doc.detailed_log.len() * 3 + 2, "{log}");
+    assert!(live > 0, "{log}");
+    let runs = held["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{held}");
+    assert_eq!(
+        runs[0][3].as_str(),
+        Some("RUNNING"),
+        "not memtrack's to end"
+    );
+    assert!(!out.path().join("r/mlflow-spool.jsonl").exists(), "{log}");
 }
