@@ -96,7 +96,7 @@ pub(super) fn finish(
 
 /// The end-of-run lines; true when something is owed.
 fn say(report: &Report, shown_uri: &str, run_dir: &Path) -> bool {
-    if let Some(run) = &report.run_id {
+    if let (Some(run), true) = (&report.run_id, report.sent > 0 || report.complete()) {
         tracing::info!(
             "MLflow: {} memory values logged into run {run} at {shown_uri} ({} while the job ran)",
             report.sent,

@@ -28,6 +28,9 @@ pub(crate) enum MlflowError {
         /// Worth another try later: no answer, or the server's 5xx / 429.
         transient: bool,
     },
+    /// The end of the run's deadline came before an answer.
+    #[error("MLflow: no answer before the end's deadline (finish_timeout)")]
+    Deadline,
 }
 
 impl MlflowError {

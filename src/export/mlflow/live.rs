@@ -206,14 +206,6 @@ enum Event {
     Due,
 }
 
-/// Why a call gave up.
-#[derive(Debug)]
-struct Failed {
-    why: String,
-    /// The server refused it: trying again would not help.
-    for_good: bool,
-}
-
 /// The one owner of the queue and of what is known of the MLflow run.
 struct Delivery {
     api: Api,
@@ -412,25 +404,22 @@ impl Delivery {
     }
 
     /// Runs `call` until it succeeds, is refused, fails [`END_TRIES`]
-    /// times in a row, or `deadline` passes.
+    /// times in a row, or `deadline` passes ([`MlflowError::Deadline`]).
+    /// An error that [`MlflowError::is_transient`] is worth a later try.
     async fn attempt<T, Fut>(
         deadline: Instant,
         backoff: &mut Duration,
         errors_total: &AtomicU64,
         mut call: impl FnMut() -> Fut,
-    ) -> Result<T, Failed>
+    ) -> Result<T, MlflowError>
     where
         Fut: Future<Output = Result<T, MlflowError>>,
     {
         let mut tries = 0;
         loop {
-            let late = || Failed {
-                why: "no answer before the end's deadline (finish_timeout)".into(),
-                for_good: false,
-            };
             let result = tokio::time::timeout_at(deadline, call())
                 .await
-                .map_err(|_| late())?;
+                .map_err(|_| MlflowError::Deadline)?;
             match result {
                 Ok(v) => {
                     *backoff = BACKOFF_MIN;
@@ -439,20 +428,12 @@ impl Delivery {
                 Err(e) => {
                     errors_total.fetch_add(1, Ordering::Relaxed);
                     tries += 1;
-                    if !e.is_transient() || tries >= END_TRIES {
-                        return Err(Failed {
-                            why: e.to_string(),
-                            for_good: !e.is_transient(),
-                        });
-                    }
                     let wait = *backoff;
-                    *backoff = (*backoff * 2).min(BACKOFF_MAX);
-                    if Instant::now() + wait >= deadline {
-                        return Err(Failed {
-                            why: e.to_string(),
-                            for_good: false,
-                        });
+                    if !e.is_transient() || tries >= END_TRIES || Instant::now() + wait >= deadline
+                    {
+                        return Err(e);
                     }
+                    *backoff = (*backoff * 2).min(BACKOFF_MAX);
                     tokio::time::sleep(wait).await;
                 }
             }
@@ -460,7 +441,7 @@ impl Delivery {
     }
 
     /// Finds or creates the run when none is known yet.
-    async fn ensure_run(&mut self, failed: bool, deadline: Instant) -> Result<String, Failed> {
+    async fn ensure_run(&mut self, failed: bool, deadline: Instant) -> Result<String, MlflowError> {
         if let Some(id) = &self.header.run_id {
             return Ok(id.clone());
         }
@@ -495,8 +476,8 @@ impl Delivery {
         self.backoff = BACKOFF_MIN;
         let reached = match self.ensure_run(end.failed, deadline).await {
             Ok(run) => self.send_all(&run, deadline).await,
-            Err(f) => {
-                self.errors.push(f.why);
+            Err(e) => {
+                self.errors.push(e.to_string());
                 false
             }
         };
@@ -514,7 +495,7 @@ impl Delivery {
                 .await
                 {
                     Ok(()) => self.header.end = None,
-                    Err(f) => self.errors.push(f.why),
+                    Err(e) => self.errors.push(e.to_string()),
                 }
             }
         }
@@ -560,13 +541,13 @@ impl Delivery {
             .await;
             match result {
                 Ok(()) => self.sent += batch.len(),
-                Err(f) if f.for_good => {
+                Err(e) if !e.is_transient() => {
                     self.refused += batch.len();
-                    self.errors.push(f.why);
+                    self.errors.push(e.to_string());
                 }
-                Err(f) => {
+                Err(e) => {
                     self.queue.put_back(batch);
-                    self.errors.push(f.why);
+                    self.errors.push(e.to_string());
                     return false;
                 }
             }
@@ -578,6 +559,8 @@ impl Delivery {
     async fn attach(&mut self, end: &End, deadline: Instant, report: &mut Report) {
         let (Some(document), Some(run)) = (&end.document, self.header.run_id.clone()) else {
             self.header.artifacts = false;
+            self.errors
+                .push("memory_usage.json is not there to attach".into());
             return;
         };
         let api = &self.api;
@@ -592,9 +575,9 @@ impl Delivery {
                 self.header.artifacts = false;
                 return;
             }
-            Err(f) => {
-                self.header.artifacts = !f.for_good;
-                self.errors.push(f.why);
+            Err(e) => {
+                self.header.artifacts = e.is_transient();
+                self.errors.push(e.to_string());
                 return;
             }
         };
@@ -608,13 +591,13 @@ impl Delivery {
             }
         };
         let name = crate::model::json::FILE_NAME;
-        if let Err(f) = Self::attempt(deadline, &mut self.backoff, &self.errors_total, || {
+        if let Err(e) = Self::attempt(deadline, &mut self.backoff, &self.errors_total, || {
             api.put_artifact(&dir, name, body.clone())
         })
         .await
         {
-            self.header.artifacts = !f.for_good;
-            self.errors.push(f.why);
+            self.header.artifacts = e.is_transient();
+            self.errors.push(e.to_string());
             return;
         }
         self.header.artifacts = false;
@@ -628,7 +611,7 @@ impl Delivery {
                     api.put_artifact(&dir, name, body.clone())
                 })
                 .await
-                .map_err(|f| f.why),
+                .map_err(|e| e.to_string()),
                 Err(e) => Err(format!("{}: {e}", page.display())),
             };
             report.page_skipped = put.err();
