@@ -78,7 +78,8 @@ impl Steps {
     }
 }
 
-/// The values waiting for the server, oldest first, at most `max`.
+/// The values waiting for the server, oldest first, at most `max` (plus
+/// the one batch that was out and came back).
 #[derive(Debug)]
 pub(crate) struct Values {
     queue: VecDeque<Metric>,
@@ -123,7 +124,7 @@ impl Values {
                 self.dropped += 1;
                 if let Some(n) = self.dropped_logged.hit() {
                     tracing::warn!(
-                        "MLflow: {n} memory values dropped so far, the oldest first: the \
+                        "MLflow: memory values dropped, the oldest first ({n} so far): the \
                          server has not taken them and memtrack keeps at most {} \
                          (memory_usage.json has them all)",
                         self.max
