@@ -44,7 +44,7 @@ use super::{Experiment, Settings, ANNOUNCE, BATCH};
 use crate::logging::RateLimited;
 use crate::model::Entry;
 
-/// Most values waiting in memory (about 5 MiB); beyond it the oldest go.
+/// Most values waiting in memory (40 bytes each); beyond it the oldest go.
 pub(crate) const QUEUE_MAX: usize = 100_000;
 /// How often a partial batch goes out while the job runs.
 pub(crate) const LIVE_EVERY: Duration = Duration::from_secs(1);
