@@ -1,8 +1,11 @@
-//! The MLflow export against a real HTTP server on loopback (a small
-//! Python server standing in for `mlflow server`: it answers the calls
-//! memtrack makes, or streams a reply that never ends): the tracking
-//! password never printed, a reply body read up to a cap, and tracking
-//! URIs memtrack cannot use leaving the job to run.
+//! The MLflow export against real HTTP servers on loopback. A small Python
+//! server standing in for `mlflow server` (it answers the calls memtrack
+//! makes, or streams a reply that never ends): the tracking password never
+//! printed, a reply body read up to a cap, and tracking URIs memtrack
+//! cannot use leaving the job to run. A real `mlflow server` (the
+//! framework venv's): values live in the job's own run on its steps, an
+//! outage survived live or kept in the spool for `mlflow-resend`, and a bad
+//! spool refused.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
