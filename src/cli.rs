@@ -41,6 +41,8 @@ pub enum Command {
     Upload(UploadArgs),
     /// Send the ClearML points a run left unsent (its clearml-spool.jsonl), and end a task it created
     ClearmlResend(ClearmlResendArgs),
+    /// Send what a run left unsent for MLflow (its mlflow-spool.jsonl): values, artifacts, the run's end
+    MlflowResend(MlflowResendArgs),
     /// Peaks, stages, processes, alerts, leaks and what a re-run needs, from a memory_usage.json
     Report(ReportArgs),
     /// What the run's figures say to change: worker cost, copy-on-read, the batch that fits, why it ran out
@@ -430,6 +432,28 @@ impl ConfigSources for ClearmlResendArgs {
 
     fn flags(&self) -> Result<Layer, FlagError> {
         Ok(self.layer())
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct MlflowResendArgs {
+    /// The run directory (outputs/RUN) holding mlflow-spool.jsonl
+    pub dir: PathBuf,
+    /// TOML configuration file (its mlflow section; default tracking server: MLFLOW_TRACKING_URI)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Give up after this long; what is left stays in the spool (default: 2m)
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration, hide_default_value = true)]
+    pub timeout: std::time::Duration,
+}
+
+impl ConfigSources for MlflowResendArgs {
+    fn config_file(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+
+    fn flags(&self) -> Result<Layer, FlagError> {
+        Ok(Layer::new("command line"))
     }
 }
 

@@ -8,8 +8,8 @@ use clap::Parser;
 use memtrack::app::{self, Mode};
 use memtrack::cli::{
     AdviseArgs, AttachArgs, ClearmlResendArgs, Cli, Command, CompareArgs, ConfigArgs,
-    ConfigSources, LsArgs, MergeArgs, PlotArgs, RecoverArgs, ReportArgs, RunArgs, SocketArgs,
-    StatusArgs, UploadArgs, WatchArgs,
+    ConfigSources, LsArgs, MergeArgs, MlflowResendArgs, PlotArgs, RecoverArgs, ReportArgs, RunArgs,
+    SocketArgs, StatusArgs, UploadArgs, WatchArgs,
 };
 use memtrack::config::{self, Config, Layer};
 use memtrack::event::client;
@@ -82,6 +82,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Cleanup(args) => cleanup(&args),
         Command::Upload(args) => upload(&args),
         Command::ClearmlResend(args) => clearml_resend(&args),
+        Command::MlflowResend(args) => mlflow_resend(&args),
         Command::Report(args) => report(&args),
         Command::Advise(args) => advise(&args),
         Command::Compare(args) => compare(&args),
@@ -165,6 +166,15 @@ fn clearml_resend(args: &ClearmlResendArgs) -> Result<u8, Failure> {
     let config = load_config(args)?;
     logging::init(&config.log_level);
     let done = app::clearml_resend(&args.dir, &config, args.timeout).map_err(runtime)?;
+    stdout(&format!("{}\n", done.summary)).map_err(|e| runtime(e.into()))?;
+    Ok(if done.complete { 0 } else { 1 })
+}
+
+/// `memtrack mlflow-resend`: exits 1 while something is left unsent.
+fn mlflow_resend(args: &MlflowResendArgs) -> Result<u8, Failure> {
+    let config = load_config(args)?;
+    logging::init(&config.log_level);
+    let done = app::mlflow_resend(&args.dir, &config, args.timeout).map_err(runtime)?;
     stdout(&format!("{}\n", done.summary)).map_err(|e| runtime(e.into()))?;
     Ok(if done.complete { 0 } else { 1 })
 }

@@ -30,6 +30,7 @@ use crate::shutdown::SignalThread;
 use crate::sys;
 
 pub use context::{Mode, RunOutcome};
+pub use mlflow::{mlflow_resend, MlflowResent};
 pub use naming::{default_run_name, run_labels, LABEL_ENV};
 pub use pyhooks::remove_leftovers as remove_leftover_hooks;
 pub use resend::{clearml_resend, Resent};
@@ -94,7 +95,12 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     if let Some(s3) = &io.s3 {
         s3.record_destination(&run_dir);
     }
-    let entries = io.start_clearml(clearml_settings, &store.run, &run_dir)?;
+    let mut entries: Vec<_> = io
+        .start_clearml(clearml_settings, &store.run, &run_dir)?
+        .into_iter()
+        .collect();
+    let mlflow_live = mlflow::start(&io.runtime, mlflow_settings.as_ref(), &store.run, &run_dir);
+    entries.extend(mlflow_live.as_ref().map(mlflow::Live::entries));
     let mut job_env = io.job_env(is_run);
     // Kept until the run ends, then removed.
     let mut _hooks = None;
@@ -134,7 +140,12 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         &signals,
         &tx,
     )?;
-    let outputs = recorder::outputs(&mut io, &config, &store.run, &document, entries, &tx);
+    let mut outputs = recorder::outputs(&mut io, &config, &store.run, &document, entries, &tx);
+    if let Some(live) = &mlflow_live {
+        outputs
+            .export_errors
+            .push(("mlflow".to_string(), live.errors()));
+    }
     let engine = recorder::start_engine(
         &config,
         followed,
@@ -159,22 +170,24 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     let mut export_failed =
         finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);
     let job_failed = finish::exit_code(&ended, first_signal, is_run, false) != 0;
-    if ended.urgent && mlflow_settings.is_some() {
-        tracing::warn!(
-            "stopping at once: nothing was sent to MLflow; {} is kept",
-            crate::files::shown(&saved.document).display()
-        );
-    }
-    export_failed |= !ended.urgent
-        && mlflow::finish(
-            &io.runtime,
-            mlflow_settings,
-            &config,
-            (&saved.document, saved.page.as_deref()),
-            saved.written,
-            &store.run,
+    export_failed |= mlflow::finish(
+        &io.runtime,
+        mlflow_live,
+        &config,
+        &mlflow::Ending {
+            document: &saved.document,
+            page: saved.page.as_deref(),
+            written: saved.written,
+            peaks: store.peaks(),
             job_failed,
-        );
+            urgent: ended.urgent,
+            run_dir: &run_dir,
+        },
+        &mlflow_settings
+            .as_ref()
+            .map(|s| s.shown())
+            .unwrap_or_default(),
+    );
     io.stop();
     drop(registration);
     finish::log_end(&store, &saved, export_failed);

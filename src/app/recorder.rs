@@ -72,13 +72,13 @@ pub(super) fn open_store(
 
 /// What the engine publishes to, made once before it: snapshots for the
 /// readers, checkpoint uploads, the exporters' error counters, and the log
-/// entries ClearML reports.
+/// entries ClearML and MLflow report.
 pub(super) fn outputs(
     io: &mut Io,
     config: &Config,
     run: &RunInfo,
     document: &Path,
-    entries: Option<tokio::sync::mpsc::UnboundedSender<crate::model::Entry>>,
+    entries: Vec<tokio::sync::mpsc::UnboundedSender<crate::model::Entry>>,
     tx: &SyncSender<Input>,
 ) -> Outputs {
     let mut out = Outputs {

@@ -137,8 +137,10 @@ impl Engine {
     fn commit(&mut self, record: Record) -> Applied {
         let death = self.flight.as_mut().and_then(|f| f.death(&record));
         let outcome = self.store.apply(&record);
-        if let (Some(tx), Some(entry)) = (&self.outputs.entries, &outcome.entry) {
-            let _ = tx.send(entry.clone());
+        if let Some(entry) = &outcome.entry {
+            for tx in &self.outputs.entries {
+                let _ = tx.send(entry.clone());
+            }
         }
         self.journal_append(&record);
         self.record_journal_errors();

@@ -52,9 +52,10 @@ pub(crate) struct Outputs {
     /// The latest picture of the run, for the exporters (`None`: nobody
     /// reads it, and it is not built).
     pub(crate) snapshots: Option<watch::Sender<Arc<Snapshot>>>,
-    /// Every log entry as it is recorded (the ClearML reporter). The send
-    /// never blocks: the receiver drains it into its own bounded queue.
-    pub(crate) entries: Option<mpsc::UnboundedSender<Entry>>,
+    /// Every log entry as it is recorded, to each of these (the ClearML
+    /// and MLflow reporters). The send never blocks: each receiver drains
+    /// it into its own bounded queue.
+    pub(crate) entries: Vec<mpsc::UnboundedSender<Entry>>,
     /// Bumped after every checkpoint written (uploads at checkpoints).
     pub(crate) checkpoints: Option<watch::Sender<u64>>,
     /// Failure counters of exporters running beside the engine, by name,

@@ -1006,6 +1006,7 @@ const SUBCOMMANDS: &[&str] = &[
     "advise",
     "upload",
     "clearml-resend",
+    "mlflow-resend",
     "report",
     "compare",
     "merge",

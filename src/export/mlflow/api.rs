@@ -22,7 +22,35 @@ pub(crate) enum MlflowError {
     #[error("{0}")]
     Config(String),
     #[error("MLflow {call}: {why}")]
-    Call { call: String, why: String },
+    Call {
+        call: String,
+        why: String,
+        /// Worth another try later: no answer, or the server's 5xx / 429.
+        transient: bool,
+    },
+    /// The end of the run's deadline came before an answer.
+    #[error("MLflow: no answer before the end's deadline (finish_timeout)")]
+    Deadline,
+}
+
+impl MlflowError {
+    /// Whether trying the same call again later may succeed (an outage),
+    /// rather than the server refusing it or answering nonsense.
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            MlflowError::Call {
+                transient: true,
+                ..
+            }
+        )
+    }
+}
+
+/// Whether an HTTP status is worth another try: the server's own trouble
+/// or a request to slow down.
+fn transient_status(status: reqwest::StatusCode) -> bool {
+    status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS
 }
 
 /// A client for one tracking server.
@@ -57,19 +85,25 @@ impl Api {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let failed = |why: String| MlflowError::Call {
+        let failed = |why: String, transient: bool| MlflowError::Call {
             call: path.to_string(),
             why,
+            transient,
         };
-        let response = request.send().await.map_err(|e| failed(describe(&e)))?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| failed(describe(&e), true))?;
         let status = response.status();
         if !status.is_success() {
-            return Err(failed(format!(
-                "HTTP {status}: {}",
-                error_text(response).await
-            )));
+            return Err(failed(
+                format!("HTTP {status}: {}", error_text(response).await),
+                transient_status(status),
+            ));
         }
-        let body = read_capped(response, MAX_REPLY).await.map_err(failed)?;
+        let body = read_capped(response, MAX_REPLY)
+            .await
+            .map_err(|e| failed(e, false))?;
         Ok(serde_json::from_slice(&body).unwrap_or(Value::Null))
     }
 
@@ -100,6 +134,7 @@ impl Api {
             .ok_or_else(|| MlflowError::Call {
                 call: "experiments/create".into(),
                 why: "the reply names no experiment".into(),
+                transient: false,
             })
     }
 
@@ -129,6 +164,7 @@ impl Api {
             .ok_or_else(|| MlflowError::Call {
                 call: "runs/create".into(),
                 why: "the reply names no run".into(),
+                transient: false,
             })
     }
 
@@ -161,7 +197,7 @@ impl Api {
         let reply = self
             .call(
                 reqwest::Method::GET,
-                &format!("runs/get?run_id={run_id}"),
+                &format!("runs/get?run_id={}", query(run_id)),
                 None,
             )
             .await?;
@@ -183,9 +219,10 @@ impl Api {
             "{}/api/2.0/mlflow-artifacts/artifacts/{dir}/{name}",
             self.base
         );
-        let failed = |why: String| MlflowError::Call {
+        let failed = |why: String, transient: bool| MlflowError::Call {
             call: format!("artifact upload of {name}"),
             why,
+            transient,
         };
         let response = self
             .client
@@ -201,13 +238,13 @@ impl Api {
             .body(body)
             .send()
             .await
-            .map_err(|e| failed(describe(&e)))?;
+            .map_err(|e| failed(describe(&e), true))?;
         let status = response.status();
         if !status.is_success() {
-            return Err(failed(format!(
-                "HTTP {status}: {}",
-                error_text(response).await
-            )));
+            return Err(failed(
+                format!("HTTP {status}: {}", error_text(response).await),
+                transient_status(status),
+            ));
         }
         Ok(())
     }

@@ -1,39 +1,43 @@
 //! MLflow: the run's memory figures in an MLflow run, through the tracking
-//! server's REST API, once the run's document is written.
+//! server's REST API, live while the job runs.
 //!
-//! Which MLflow run: `mlflow.run_id` when set; else the run the job
-//! announced (an `mlflow`/`active_run` mark whose `run_id` label names it:
-//! the Python client's framework callbacks send it when the job has an
-//! active MLflow run); else `MLFLOW_RUN_ID` from memtrack's environment;
-//! else memtrack creates one, named after the memtrack run, and ends it
-//! with the job's outcome. It goes into `mlflow.experiment_id`, else the
-//! experiment `MLFLOW_EXPERIMENT_NAME` names (created when missing, as the
-//! job's own MLflow client does), else `MLFLOW_EXPERIMENT_ID`, else `0`. A run memtrack did not
-//! create keeps its status.
+//! Which MLflow run: `mlflow.run_id` or `MLFLOW_RUN_ID` when set, from
+//! the start; else the run the job announces (an `mlflow`/`active_run`
+//! mark whose `run_id` label names it: memtrack's Python hooks send it the
+//! moment the job's `mlflow.start_run` returns), from the moment it
+//! arrives; else, at the end, a run memtrack creates, named after the
+//! memtrack run and ended with the job's outcome. That run goes into
+//! `mlflow.experiment_id`, else the experiment `MLFLOW_EXPERIMENT_NAME`
+//! names (created when missing, as the job's own MLflow client does), else
+//! `MLFLOW_EXPERIMENT_ID`, else `0`. memtrack never writes into a second
+//! run beside the job's, and a run it did not create keeps its status.
 //!
-//! What goes there: every sample of `memory_usage.json` as the metrics
-//! `memtrack/host_mb`, `memtrack/gpu_mb` and `memtrack/gpu_reserved_mb`, at
-//! the job's iteration axis (`step` = the entry's iteration, a timer sample
-//! taking the last iteration seen before it), in batches of at most
-//! [`BATCH`] values; the run's peaks as `memtrack/peak_host_mb` and
-//! `memtrack/peak_gpu_mb`; and the document itself as the artifact
-//! `memory_usage.json`, through the server's artifact proxy
-//! (`mlflow server`'s default; another artifact store is reported and
-//! skipped). It runs after the job has ended, so it never delays sampling,
-//! and holds no more than the document.
+//! What goes there: every log entry as the metrics `memtrack/host_mb`,
+//! `memtrack/gpu_mb` and `memtrack/gpu_reserved_mb` on the job's iteration
+//! axis (`step` = the entry's iteration, a timer sample taking the last
+//! iteration seen before it; the entry's time as the timestamp), sent
+//! while the job runs in batches of at most [`BATCH`] values (`live`);
+//! at the end the run's peaks as `memtrack/peak_host_mb` and
+//! `memtrack/peak_gpu_mb`, and `memory_usage.json` and the report page as
+//! artifacts through the server's artifact proxy (`mlflow server`'s
+//! default; another artifact store is reported and skipped). What does not
+//! arrive is kept in the run directory's `mlflow-spool.jsonl` (`spool`)
+//! for `memtrack mlflow-resend`. The engine never waits on any of it.
 
 mod api;
+mod live;
+mod spool;
+mod values;
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) use api::{Api, Metric, MlflowError};
+pub(crate) use api::MlflowError;
+pub(crate) use live::{resend, End, Live, Report};
+pub(crate) use spool::SPOOL_FILE;
 
 use crate::export::s3::aws::{check_endpoint, redact_userinfo};
-
-use crate::model::Document;
 
 /// Most metric values per `runs/log-batch` request (MLflow's limit).
 pub(crate) const BATCH: usize = 1000;
@@ -48,7 +52,8 @@ pub struct MlflowConfig {
     /// The tracking server (`http://…` or `https://…`). Empty: the
     /// `MLFLOW_TRACKING_URI` memtrack was started with; neither: off.
     pub(crate) tracking_uri: String,
-    /// Report into this MLflow run (default: the job's, see the module).
+    /// Report into this MLflow run (default: `MLFLOW_RUN_ID`, else the
+    /// job's, see the module).
     pub(crate) run_id: String,
     /// Where a run memtrack creates goes. Empty: the experiment
     /// `MLFLOW_EXPERIMENT_NAME` names, else `MLFLOW_EXPERIMENT_ID`, else `0`
@@ -201,137 +206,6 @@ fn check_uri(uri: &str) -> Result<(), String> {
     }
     check_endpoint(uri).map_err(|e| e.to_string())
 }
-/// The run the job announced: the last `mlflow`/`active_run` mark's
-/// `run_id` label.
-pub(crate) fn announced_run(doc: &Document) -> Option<String> {
-    doc.detailed_log
-        .iter()
-        .rev()
-        .filter(|e| e.component == ANNOUNCE.0 && e.operation == ANNOUNCE.1)
-        .find_map(|e| e.labels.get("run_id").cloned())
-        .filter(|id| !id.is_empty())
-}
-
-/// The document's samples as metric values on the job's iteration axis,
-/// then the run's peaks (at the last step).
-pub(crate) fn metrics(doc: &Document) -> Vec<Metric> {
-    let mut out = Vec::with_capacity(doc.detailed_log.len() * 3 + 2);
-    let mut step = 0i64;
-    let mut last_ms = 0i64;
-    for e in &doc.detailed_log {
-        if let Some(i) = e.iteration {
-            step = i64::try_from(i).unwrap_or(i64::MAX);
-        }
-        let timestamp = (e.timestamp * 1000.0) as i64;
-        last_ms = last_ms.max(timestamp);
-        for (key, value) in [
-            ("memtrack/host_mb", e.cpu_ram_used_mb),
-            ("memtrack/gpu_mb", e.gpu_ram_used_mb),
-            ("memtrack/gpu_reserved_mb", e.reserved_gpu_ram_mb),
-        ] {
-            out.push(Metric {
-                key,
-                value,
-                timestamp,
-                step,
-            });
-        }
-    }
-    for (key, value) in [
-        (
-            "memtrack/peak_host_mb",
-            // The kernel's high-water mark when it saw a higher peak than the samples.
-            doc.peak_usage
-                .cpu_ram_used_mb
-                .max(doc.peak_usage.cpu_ram_hwm_mb),
-        ),
-        ("memtrack/peak_gpu_mb", doc.peak_usage.gpu_ram_used_mb),
-    ] {
-        out.push(Metric {
-            key,
-            value,
-            timestamp: last_ms,
-            step,
-        });
-    }
-    out
-}
-
-/// What the export did, for the end-of-run line.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Exported {
-    pub(crate) run_id: String,
-    pub(crate) metrics: usize,
-    /// Why the artifact is not there, if it is not.
-    pub(crate) artifact_skipped: Option<String>,
-    /// Why the report page, given, is not there beside it.
-    pub(crate) page_skipped: Option<String>,
-}
-
-/// Puts the finished run's document into MLflow: the metrics, the peaks
-/// and the `memory_usage.json` artifact, and the report `page` beside it
-/// when there is one (its failure is said, not an error). `failed` says
-/// how the job ended, for a run memtrack created.
-pub(crate) async fn export(
-    settings: &Settings,
-    document: &Path,
-    page: Option<&Path>,
-    run_name: &str,
-    failed: bool,
-) -> Result<Exported, MlflowError> {
-    let doc = crate::model::json::read_document(document)
-        .map_err(|e| MlflowError::Config(format!("{e:#}")))?;
-    let api = Api::new(&settings.uri, settings.request_timeout)?;
-    let chosen = settings.run_id.clone().or_else(|| announced_run(&doc));
-    let (run_id, created) = match chosen {
-        Some(id) => (id, false),
-        None => {
-            let experiment = match &settings.experiment {
-                Experiment::Id(id) => id.clone(),
-                Experiment::Name(name) => api.experiment_named(name).await?,
-            };
-            (
-                api.create_run(&experiment, run_name, &doc.run.id).await?,
-                true,
-            )
-        }
-    };
-    let metrics = metrics(&doc);
-    for batch in metrics.chunks(BATCH) {
-        api.log_batch(&run_id, batch).await?;
-    }
-    let mut page_skipped = None;
-    let artifact_skipped = match api.artifact_path(&run_id).await? {
-        Ok(path) => {
-            let body = std::fs::read(document).map_err(|e| MlflowError::Config(e.to_string()))?;
-            api.put_artifact(&path, crate::model::json::FILE_NAME, body)
-                .await?;
-            if let Some(page) = page {
-                let name = page
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .unwrap_or("memory_report.html");
-                let put = match std::fs::read(page) {
-                    Ok(body) => api.put_artifact(&path, name, body).await,
-                    Err(e) => Err(MlflowError::Config(format!("{}: {e}", page.display()))),
-                };
-                page_skipped = put.err().map(|e| e.to_string());
-            }
-            None
-        }
-        Err(why) => Some(why.to_string()),
-    };
-    if created {
-        api.end_run(&run_id, failed).await?;
-    }
-    Ok(Exported {
-        run_id,
-        metrics: metrics.len(),
-        artifact_skipped,
-        page_skipped,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,25 +305,5 @@ mod tests {
         };
         assert_eq!(s.shown(), "http://***@h:5000");
         assert_eq!(s.uri, "http://alice:hunter2@h:5000", "still used to log in");
-    }
-
-    #[test]
-    fn timer_samples_take_the_last_iteration() {
-        let mut doc = Document::default();
-        for (iteration, mb) in [(None, 1.0), (Some(7), 2.0), (None, 3.0)] {
-            doc.detailed_log.push(crate::model::Entry {
-                component: "train".into(),
-                operation: "timer".into(),
-                iteration,
-                cpu_ram_used_mb: mb,
-                ..Default::default()
-            });
-        }
-        let host: Vec<(i64, f64)> = metrics(&doc)
-            .iter()
-            .filter(|m| m.key == "memtrack/host_mb")
-            .map(|m| (m.step, m.value))
-            .collect();
-        assert_eq!(host, vec![(0, 1.0), (7, 2.0), (7, 3.0)]);
     }
 }
