@@ -41,54 +41,6 @@ pub fn join_cgroup_before_exec(cmd: &mut std::process::Command, procs: std::fs::
     }
 }
 
-/// Whether [`defer_to_the_job`] changed this process's scheduling policy
-/// (the job is then started under the normal one again).
-static DEFERRING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Puts the calling thread, and every thread it starts from now on, under
-/// `SCHED_BATCH` when it runs under the normal policy: the same share of
-/// the CPU, but its wake-ups (a message from the job, a sampling timer)
-/// no longer preempt a thread already running on that core. On a node
-/// whose cores are all busy, the job's `send` to memtrack then returns
-/// without memtrack's work on the message running first in its time
-/// slice; memtrack runs at the next scheduler tick instead. A policy
-/// chosen by whoever started memtrack (`chrt`, `SCHED_IDLE`, real time)
-/// is left alone. Returns whether it changed.
-pub(crate) fn defer_to_the_job() -> bool {
-    // SAFETY: sched_getscheduler and sched_setscheduler on the calling
-    // thread (pid 0), with a parameter that lives across the call.
-    let changed = unsafe {
-        libc::sched_getscheduler(0) == libc::SCHED_OTHER && {
-            let param = libc::sched_param { sched_priority: 0 };
-            libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) == 0
-        }
-    };
-    DEFERRING.store(changed, std::sync::atomic::Ordering::Relaxed);
-    changed
-}
-
-/// Starts the child of `cmd` under the normal scheduling policy when
-/// memtrack moved itself off it ([`defer_to_the_job`]): the job is
-/// scheduled as it would be without memtrack.
-pub(crate) fn normal_policy_before_exec(cmd: &mut std::process::Command) {
-    use std::os::unix::process::CommandExt;
-    if !DEFERRING.load(std::sync::atomic::Ordering::Relaxed) {
-        return;
-    }
-    // SAFETY: the closure runs in the forked child and only calls
-    // sched_setscheduler(2) on itself; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(|| {
-            let param = libc::sched_param { sched_priority: 0 };
-            if libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) == 0 {
-                Ok(())
-            } else {
-                Err(io::Error::last_os_error())
-            }
-        });
-    }
-}
-
 /// What `wait4` reports for a reaped child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reaped {

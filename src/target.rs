@@ -129,7 +129,6 @@ pub(crate) fn spawn_in(
     if let Some(procs) = cgroup_procs {
         crate::sys::join_cgroup_before_exec(&mut cmd, procs);
     }
-    crate::sys::normal_policy_before_exec(&mut cmd);
     cmd.spawn().map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => TargetError::NotFound { program },
         std::io::ErrorKind::PermissionDenied => TargetError::NotExecutable { program },

@@ -45,12 +45,6 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     // Dropped last: the private folder made when the usual one was another
     // user's goes once the socket and the hooks in it have.
     let _fallback = crate::files::FallbackCleanup;
-    // Before any thread starts, so that all of them yield to the job.
-    if sys::defer_to_the_job() {
-        tracing::debug!(
-            "memtrack's threads run under SCHED_BATCH; the job under the normal policy"
-        );
-    }
     // As a container's PID 1, a signal during the start must still end it.
     let startup_signals = crate::shutdown::StartupSignals::install();
     let name = RunName::choose(&mode, &config);
