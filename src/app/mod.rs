@@ -3,9 +3,10 @@
 //!
 //! [`run_daemon`] is the sequence of a run's phases; each phase lives in
 //! the file named after it: `naming` (name and labels), `run_dir` (the run
-//! directory), `io` and `uploads` (socket, HTTP, S3, ClearML), `job` (what
-//! is followed), `recorder` (store, journal, engine) and `finish` (what
-//! happens once the engine stops). `resend` is `memtrack clearml-resend`.
+//! directory), `io` (socket, HTTP), `outputs` (the one list of the run's
+//! outputs: S3, ClearML, …), `job` (what is followed), `recorder` (store,
+//! journal, engine) and `finish` (what happens once the engine stops).
+//! `resend` is `memtrack clearml-resend`.
 
 mod context;
 mod finish;
@@ -13,12 +14,12 @@ mod io;
 mod job;
 mod mlflow;
 mod naming;
+mod outputs;
 mod pyhooks;
 mod recorder;
 pub mod registry;
 mod resend;
 mod run_dir;
-mod uploads;
 
 use std::sync::mpsc::sync_channel;
 
@@ -54,7 +55,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     let startup_signals = crate::shutdown::StartupSignals::install();
     let name = RunName::choose(&mode, &config);
     job::check_attach_pids(&mode)?;
-    let clearml_settings = io::clearml_settings(&config)?;
+    let mut outputs = outputs::build(&config)?;
     // A tracking server that cannot be used costs the MLflow report, never
     // the job.
     let mlflow_settings = mlflow::settings(&config).unwrap_or_else(|e| {
@@ -83,18 +84,14 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     sys::raise_nofile_limit();
     let (tx, rx) = sync_channel::<Input>(65_536);
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
-    let clearml_off = clearml_settings.as_ref().err().map(ToString::to_string);
     let mut io = Io::start(
         &config,
         tx.clone(),
         self_register,
         store.snapshot(),
-        clearml_off.as_deref(),
+        outputs.job_task_off.as_deref(),
     )?;
-    if let Some(s3) = &io.s3 {
-        s3.record_destination(&run_dir);
-    }
-    let entries = io.start_clearml(clearml_settings, &store.run, &run_dir)?;
+    let published = outputs.start(&mut io, &store.run, (&run_dir, &document), &tx)?;
     let mut job_env = io.job_env(is_run);
     // Kept until the run ends, then removed.
     let mut _hooks = None;
@@ -134,7 +131,6 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         &signals,
         &tx,
     )?;
-    let outputs = recorder::outputs(&mut io, &config, &store.run, &document, entries, &tx);
     let engine = recorder::start_engine(
         &config,
         followed,
@@ -142,22 +138,19 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         store,
         journal,
         io.link.clone(),
-        outputs,
+        published,
     );
     drop(tx);
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);
 
     let mut saved = finish::save_document(&ended, &store, document, &run_dir);
-    if io.clearml.is_some() {
-        saved.advice = crate::model::advice::render_found(&store.document_view().advice);
-    }
     if config.html_report && !ended.urgent {
         saved.page = finish::write_page(&saved, &store, &run_dir);
     }
     let first_signal = signals.stop();
-    let mut export_failed =
-        finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);
+    let end = finish::run_end(&io.runtime, (&ended, &store), &run_dir, &saved);
+    let mut export_failed = outputs.finish(&end, config.finish_timeout);
     let job_failed = finish::exit_code(&ended, first_signal, is_run, false) != 0;
     if ended.urgent && mlflow_settings.is_some() {
         tracing::warn!(

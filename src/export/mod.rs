@@ -5,6 +5,7 @@ pub mod clearml;
 pub(crate) mod finish;
 pub mod http;
 pub(crate) mod mlflow;
+pub(crate) mod output;
 pub(crate) mod peer;
 pub mod prometheus;
 pub mod s3;
