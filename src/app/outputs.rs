@@ -29,6 +29,8 @@ pub(super) fn build(config: &Config) -> anyhow::Result<Registered> {
     let mut list = Registered::default();
     list.tracker(ClearmlOutput::build(&config.clearml, &config.s3)?);
     list.add(S3Output::build(&config.s3)?);
+    #[cfg(test)]
+    list.add(counting::Counting::build(&config.output)?);
     Ok(list)
 }
 
@@ -101,3 +103,6 @@ impl Registered {
         failed
     }
 }
+
+#[cfg(test)]
+mod counting;
