@@ -1,6 +1,7 @@
-//! The I/O side of a run: one small tokio runtime serving the event socket
-//! and HTTP, and the channel carrying snapshots to them. The run's
-//! outputs (`outputs.rs`) run their own tasks on the same runtime.
+//! The I/O side of a run: one small tokio runtime serving the event
+//! socket, and the channel carrying snapshots from the engine. The run's
+//! outputs (`outputs.rs`: HTTP, S3, ClearML) run their own tasks on the
+//! same runtime.
 
 use std::path::Path;
 use std::sync::mpsc::SyncSender;
@@ -12,15 +13,11 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Config;
 use crate::engine::EventLink;
 use crate::event::inbox::Input;
-use crate::export::http;
 use crate::store::snapshot::Snapshot;
 use crate::sys;
 
-/// HTTP connections served at once; more are closed on accept.
-const HTTP_CONNECTIONS: usize = 64;
-
 /// The I/O side of a run: one small tokio runtime serving the event
-/// socket and HTTP, and the channel carrying snapshots to them.
+/// socket, and the channel carrying snapshots to the outputs.
 pub(super) struct Io {
     pub(crate) runtime: tokio::runtime::Runtime,
     pub(crate) shutdown: watch::Sender<bool>,
@@ -30,13 +27,10 @@ pub(super) struct Io {
     /// The job's announcements of its tracker task, for the output that
     /// takes them.
     pub(crate) job_tasks: Option<mpsc::Receiver<crate::event::inbox::JobTask>>,
-    /// Where `/metrics` is served.
-    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 impl Io {
-    /// Starts the runtime, then the event socket and the HTTP server, each
-    /// when configured. `job_task_off` is the socket's answer to a job
+    /// Starts the runtime, then the event socket when configured. `job_task_off` is the socket's answer to a job
     /// announcing a task no output takes.
     pub(crate) fn start(
         config: &Config,
@@ -53,7 +47,7 @@ impl Io {
             .context("cannot start the I/O runtime")?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         // The run's identity is known before its first sample.
-        let (snapshots, snapshots_rx) = watch::channel(Arc::new(first));
+        let (snapshots, _) = watch::channel(Arc::new(first));
         let mut io = Io {
             runtime,
             shutdown,
@@ -61,7 +55,6 @@ impl Io {
             link: None,
             snapshots,
             job_tasks: None,
-            metrics: None,
         };
 
         if !config.socket.is_off() {
@@ -70,11 +63,10 @@ impl Io {
                 engine,
                 self_register,
                 job_task_off.unwrap_or_default(),
-                shutdown_rx.clone(),
+                shutdown_rx,
             )?;
         }
 
-        io.serve_http(config, snapshots_rx, shutdown_rx)?;
         Ok(io)
     }
 
@@ -158,63 +150,6 @@ impl Io {
             stats,
             self_register,
         });
-        Ok(())
-    }
-
-    /// Serves `/metrics` and `/memory-info` on `listen` unless it is off.
-    /// An address that is taken (by another run on this machine, or by
-    /// every rank of a job given one `--listen`) gives way to a free port
-    /// on the same interface, with a warning when it was chosen; the job
-    /// starts either way, without `/metrics` when no port can be had.
-    fn serve_http(
-        &mut self,
-        config: &Config,
-        snapshots_rx: watch::Receiver<Arc<Snapshot>>,
-        shutdown_rx: watch::Receiver<bool>,
-    ) -> anyhow::Result<()> {
-        let Some(addr) = crate::config::parse_listen(&config.listen).map_err(anyhow::Error::msg)?
-        else {
-            return Ok(());
-        };
-        let bind = |a| self.runtime.block_on(tokio::net::TcpListener::bind(a));
-        let listener = match bind(addr) {
-            Ok(listener) => listener,
-            Err(e) => {
-                let any = std::net::SocketAddr::new(addr.ip(), 0);
-                match bind(any) {
-                    Ok(listener) => {
-                        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
-                        if config.listen == crate::config::DEFAULT_LISTEN {
-                            tracing::info!(
-                                "{addr} is taken ({e}; another run?): metrics on port {port} instead"
-                            );
-                        } else {
-                            tracing::warn!(
-                                "cannot listen on {addr} ({e}): metrics on port {port} of the \
-                                 same host instead (the file_sd target and `memtrack ls` say so)"
-                            );
-                        }
-                        listener
-                    }
-                    Err(e2) => {
-                        tracing::warn!(
-                            "cannot listen on {addr} ({e}) nor on a free port ({e2}); \
-                             going on without /metrics (set --listen)"
-                        );
-                        return Ok(());
-                    }
-                }
-            }
-        };
-        let local = listener.local_addr().unwrap_or(addr);
-        tracing::debug!("metrics on http://{local}/metrics");
-        self.metrics = Some(local);
-        let state = http::HttpState {
-            snapshots: snapshots_rx,
-            notices: self.link.as_ref().map(|l| l.notices.clone()),
-        };
-        self.runtime
-            .spawn(http::serve(listener, state, HTTP_CONNECTIONS, shutdown_rx));
         Ok(())
     }
 

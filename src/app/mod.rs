@@ -108,10 +108,10 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         &store.run,
         &run_dir,
         io.socket_path(),
-        io.metrics,
+        outputs.metrics(),
         &config.discovery.sd_dir,
     );
-    say_where(&store.run.name, &io, &registration);
+    say_where(&store.run.name, &io, outputs.metrics(), &registration);
     let (opts, footprint_opts) = job::options(&config, is_run);
     // Signals are handled before the job exists, so none can kill
     // memtrack between the spawn and the handlers.
@@ -189,7 +189,12 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
 /// The start line: the run's name, where its socket is (for `status`,
 /// `mark`, `watch` and `cleanup` from another shell), its discovery file
 /// and where its metrics are served.
-fn say_where(name: &str, io: &Io, registration: &registry::Registration) {
+fn say_where(
+    name: &str,
+    io: &Io,
+    metrics: Option<std::net::SocketAddr>,
+    registration: &registry::Registration,
+) {
     let mut parts = vec![format!("run {name} (memtrack pid {})", std::process::id())];
     parts.push(match io.socket_path() {
         Some(p) => format!("socket {}", p.display()),
@@ -198,7 +203,7 @@ fn say_where(name: &str, io: &Io, registration: &registry::Registration) {
     if let Some(sd) = registration.sd_file() {
         parts.push(format!("Prometheus file_sd {}", sd.display()));
     }
-    parts.push(match io.metrics {
+    parts.push(match metrics {
         Some(addr) => format!("metrics on http://{addr}/metrics"),
         None => "no metrics".into(),
     });

@@ -19,6 +19,7 @@ use crate::engine::Outputs;
 use crate::event::inbox::Input;
 use crate::export::clearml::run_output::ClearmlOutput;
 use crate::export::finish::Deadline;
+use crate::export::http_output::HttpOutput;
 use crate::export::output::{Output, RunEnd, Start};
 use crate::export::s3::run_output::S3Output;
 use crate::model::RunInfo;
@@ -27,6 +28,9 @@ use crate::model::RunInfo;
 /// checked) before anything starts.
 pub(super) fn build(config: &Config) -> anyhow::Result<Registered> {
     let mut list = Registered::default();
+    let listen = crate::config::parse_listen(&config.listen).map_err(anyhow::Error::msg)?;
+    let default_listen = config.listen == crate::config::DEFAULT_LISTEN;
+    list.add(HttpOutput::build(listen, default_listen)?);
     list.tracker(ClearmlOutput::build(&config.clearml, &config.s3)?);
     list.add(S3Output::build(&config.s3)?);
     #[cfg(test)]
@@ -75,6 +79,8 @@ impl Registered {
             document,
             engine: engine.clone(),
             shutdown: io.shutdown.subscribe(),
+            snapshots: &io.snapshots,
+            notices: io.link.as_ref().map(|l| l.notices.clone()),
             document_uploaded: self.outputs.iter().any(|o| o.uploads_document()),
             job_tasks: Mutex::new(io.job_tasks.take()),
             links: Arc::default(),
@@ -90,6 +96,11 @@ impl Registered {
             }
         }
         Ok(out)
+    }
+
+    /// Where `/metrics` is served, when an output serves it.
+    pub(super) fn metrics(&self) -> Option<std::net::SocketAddr> {
+        self.outputs.iter().find_map(|o| o.serves())
     }
 
     /// The end of the run for every output, in the reverse order, sharing

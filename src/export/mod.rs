@@ -4,6 +4,7 @@
 pub mod clearml;
 pub(crate) mod finish;
 pub mod http;
+pub(crate) mod http_output;
 pub(crate) mod mlflow;
 pub(crate) mod output;
 pub(crate) mod peer;

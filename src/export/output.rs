@@ -30,6 +30,7 @@ use crate::event::inbox::{Input, JobTask};
 use crate::export::clearml::outcome::{Artifact, TaskRef};
 use crate::export::finish::Deadline;
 use crate::model::RunInfo;
+use crate::store::snapshot::Snapshot;
 use crate::store::Store;
 
 /// One destination of the run's figures and documents.
@@ -46,6 +47,12 @@ pub(crate) trait Output: Send {
     /// Starts the output's work on the I/O runtime; returns what the
     /// engine feeds it. Called once, before the engine starts.
     fn start(&mut self, ctx: &Start<'_>) -> anyhow::Result<Feed>;
+
+    /// Where this output serves readers (`/metrics`), once started: for
+    /// the discovery file and the start line.
+    fn serves(&self) -> Option<std::net::SocketAddr> {
+        None
+    }
 
     /// Failures so far, published in `/metrics` (`None`: none counted).
     fn errors(&self) -> Option<Arc<AtomicU64>> {
@@ -68,6 +75,10 @@ pub(crate) struct Start<'a> {
     pub(crate) engine: SyncSender<Input>,
     /// Set when memtrack stops: every task an output spawned ends.
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// The engine's snapshots (subscribe to read the latest).
+    pub(crate) snapshots: &'a watch::Sender<Arc<Snapshot>>,
+    /// The socket's notices (pressure), when the socket is served.
+    pub(crate) notices: Option<tokio::sync::broadcast::Sender<crate::event::protocol::Notice>>,
     /// Some output uploads the document ([`Output::uploads_document`]).
     pub(crate) document_uploaded: bool,
     /// The job's announcements of its tracker task (the event socket's);
