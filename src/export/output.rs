@@ -136,6 +136,8 @@ pub(crate) struct TaskLink {
     pub(crate) hurry: watch::Sender<bool>,
     /// The longest the end of the run waits for the task to settle.
     pub(crate) settle_wait: Duration,
+    /// What that wait is for, in the line a long wait prints.
+    pub(crate) waiting_for: &'static str,
 }
 
 /// An upload of the run's document, or why it failed.
@@ -196,9 +198,7 @@ impl TaskLink {
         let work = async {
             let _ = tokio::time::timeout(wait, settled.wait_for(|s| *s)).await;
         };
-        deadline
-            .announce("the ClearML task to be created", work)
-            .await;
+        deadline.announce(self.waiting_for, work).await;
         self.task.borrow().clone()
     }
 }

@@ -380,6 +380,7 @@ fn task_link(reporter: &Reporter, settle_wait: Duration) -> TaskLink {
         settled,
         hurry,
         settle_wait,
+        waiting_for: "the ClearML task to be created",
     }
 }
 
