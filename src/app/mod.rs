@@ -3,10 +3,10 @@
 //!
 //! [`run_daemon`] is the sequence of a run's phases; each phase lives in
 //! the file named after it: `naming` (name and labels), `run_dir` (the run
-//! directory), `io` (socket, HTTP), `outputs` (the one list of the run's
-//! outputs: S3, ClearML, …), `job` (what is followed), `recorder` (store,
-//! journal, engine) and `finish` (what happens once the engine stops).
-//! `resend` is `memtrack clearml-resend`.
+//! directory), `io` (the event socket), `outputs` (the one list of the
+//! run's outputs: HTTP, S3, ClearML, …), `job` (what is followed),
+//! `recorder` (store, journal, engine) and `finish` (what happens once the
+//! engine stops). `resend` is `memtrack clearml-resend`.
 
 mod context;
 mod finish;
