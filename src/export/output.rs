@@ -203,6 +203,61 @@ impl TaskLink {
     }
 }
 
+/// Waits for the job's task ([`TaskLink::job_task`]) to change; `false`
+/// (and no more waiting) once the tracker is gone.
+pub(crate) async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+    let Some(r) = rx.as_mut() else {
+        return std::future::pending().await;
+    };
+    if r.changed().await.is_ok() {
+        return true;
+    }
+    *rx = None;
+    false
+}
+
+/// Whether the tracker reports into the job's own task.
+pub(crate) fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+    rx.as_ref().is_some_and(|r| r.borrow().is_some())
+}
+
+/// A task an output runs beside the engine (uploads at checkpoints),
+/// stopped at the end of the run once the work under way is done.
+#[derive(Debug)]
+pub(crate) struct Background {
+    stop: watch::Sender<bool>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Background {
+    /// Spawns `work`, which ends when the receiver it is given changes.
+    pub(crate) fn spawn<F>(
+        runtime: &tokio::runtime::Runtime,
+        work: impl FnOnce(watch::Receiver<bool>) -> F,
+    ) -> Background
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (stop, stopped) = watch::channel(false);
+        Background {
+            stop,
+            handle: runtime.spawn(work(stopped)),
+        }
+    }
+
+    /// Stops the task, waiting for an upload under way, so that no
+    /// checkpoint lands after the final document. Past the deadline the
+    /// work under way is abandoned.
+    pub(crate) fn stop(self, runtime: &tokio::runtime::Runtime, deadline: &Deadline) {
+        let Background { stop, mut handle } = self;
+        let _ = stop.send(true);
+        let done = runtime.block_on(deadline.bound("a checkpoint upload under way", &mut handle));
+        if done.is_none() {
+            handle.abort();
+        }
+    }
+}
+
 /// `path` made absolute (for a command printed to be run elsewhere).
 pub(crate) fn absolute(path: &Path) -> std::path::PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())

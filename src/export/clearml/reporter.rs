@@ -305,24 +305,6 @@ impl Reporter {
     }
 }
 
-/// Waits for the job's task ([`Reporter::job_task`]) to change; `false`
-/// (and no more waiting) once the reporter is gone.
-pub(crate) async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
-    let Some(r) = rx.as_mut() else {
-        return std::future::pending().await;
-    };
-    if r.changed().await.is_ok() {
-        return true;
-    }
-    *rx = None;
-    false
-}
-
-/// Whether memtrack reports into the job's own task.
-pub(crate) fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
-    rx.as_ref().is_some_and(|r| r.borrow().is_some())
-}
-
 /// The channels the reporter's loop listens to, and which are still open.
 struct Inputs {
     finish: oneshot::Receiver<Finish>,

@@ -23,7 +23,10 @@ use super::task_output::TaskOutput;
 use crate::engine::Feed;
 use crate::event::inbox::Input;
 use crate::export::finish::Deadline;
-use crate::export::output::{absolute, Finished, Links, Output, RunEnd, Start, TaskLink};
+use crate::export::output::{
+    absolute, job_task_changed, job_task_known, Background, Finished, Links, Output, RunEnd, Start,
+    TaskLink,
+};
 use crate::export::s3::S3Config;
 
 /// Why a run does not report to ClearML.
@@ -51,11 +54,8 @@ pub(crate) struct ClearmlOutput {
     /// Another output uploads the document (S3): its uploads are the
     /// artifact, and nothing goes where the task keeps its artifacts.
     document_uploaded: bool,
-    /// The checkpoint uploader to the job's task: its stop switch and task.
-    checkpoint_uploads: Option<(
-        tokio::sync::watch::Sender<bool>,
-        tokio::task::JoinHandle<()>,
-    )>,
+    /// The checkpoint uploader to the job's task.
+    checkpoint_uploads: Option<Background>,
 }
 
 impl ClearmlOutput {
@@ -162,15 +162,14 @@ impl ClearmlOutput {
         let mut shutdown = ctx.shutdown.clone();
         let engine = ctx.engine.clone();
         let document = ctx.document.to_path_buf();
-        let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
-        let handle = ctx.runtime.spawn(async move {
+        let uploads = Background::spawn(ctx.runtime, |mut stop| async move {
             loop {
                 tokio::select! {
                     _ = shutdown.changed() => return,
                     _ = stop.changed() => return,
                     changed = rx.changed() => if changed.is_err() { return },
-                    changed = super::reporter::job_task_changed(&mut job_task) => {
-                        if changed && super::reporter::job_task_known(&job_task) {
+                    changed = job_task_changed(&mut job_task) => {
+                        if changed && job_task_known(&job_task) {
                             let _ = engine.try_send(Input::Checkpoint);
                         }
                         continue;
@@ -196,20 +195,8 @@ impl ClearmlOutput {
                 let _ = artifacts.send(uploaded.map_err(|e| e.why.into()));
             }
         });
-        self.checkpoint_uploads = Some((stop_tx, handle));
+        self.checkpoint_uploads = Some(uploads);
         Some(tx)
-    }
-
-    /// Stops the checkpoint uploader, waiting for an upload under way.
-    fn stop_checkpoint_uploads(&mut self, runtime: &tokio::runtime::Runtime, deadline: &Deadline) {
-        if let Some((stop, mut handle)) = self.checkpoint_uploads.take() {
-            let _ = stop.send(true);
-            let done =
-                runtime.block_on(deadline.bound("a checkpoint upload under way", &mut handle));
-            if done.is_none() {
-                handle.abort();
-            }
-        }
     }
 
     /// A second signal: ClearML's unsent points go to the spool file
@@ -330,7 +317,9 @@ impl ClearmlOutput {
             }
             None => None,
         };
-        self.stop_checkpoint_uploads(end.runtime, deadline);
+        if let Some(uploads) = self.checkpoint_uploads.take() {
+            uploads.stop(end.runtime, deadline);
+        }
         let mut upload_failed = matches!(
             uploaded.as_ref().and_then(|u| u.document.as_ref()),
             Some(Err(()))

@@ -17,7 +17,10 @@ use crate::engine::Feed;
 use crate::event::inbox::Input;
 use crate::export::clearml::outcome::{Artifact, TaskRef};
 use crate::export::finish::Deadline;
-use crate::export::output::{absolute, FinalUploads, Finished, Links, Output, RunEnd, Start};
+use crate::export::output::{
+    absolute, job_task_changed, job_task_known, Background, FinalUploads, Finished, Links, Output,
+    RunEnd, Start,
+};
 use crate::model::RunInfo;
 
 /// The S3 output.
@@ -28,11 +31,8 @@ pub(crate) struct S3Output {
     errors: Arc<AtomicU64>,
     run: Option<RunInfo>,
     links: Arc<Links>,
-    /// The checkpoint uploader: its stop switch and its task.
-    checkpoint_uploads: Option<(
-        tokio::sync::watch::Sender<bool>,
-        tokio::task::JoinHandle<()>,
-    )>,
+    /// The checkpoint uploader.
+    checkpoint_uploads: Option<Background>,
 }
 
 impl S3Output {
@@ -86,9 +86,8 @@ impl S3Output {
         let mut shutdown = ctx.shutdown.clone();
         let engine = ctx.engine.clone();
         let document = ctx.document.to_path_buf();
-        let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
         let errors = Arc::clone(&self.errors);
-        let handle = ctx.runtime.spawn(async move {
+        let uploads = Background::spawn(ctx.runtime, |mut stop| async move {
             loop {
                 // An upload under way is never cut: stopping waits for it.
                 tokio::select! {
@@ -119,25 +118,10 @@ impl S3Output {
                 }
             }
         });
-        self.checkpoint_uploads = Some((stop_tx, handle));
+        self.checkpoint_uploads = Some(uploads);
         Feed {
             entries: None,
             checkpoints: Some(tx),
-        }
-    }
-
-    /// Stops the checkpoint uploader, waiting for an upload under way, so
-    /// that no checkpoint lands on the object after the final document.
-    /// Past the deadline the upload under way is abandoned (the final
-    /// upload then has no time left either).
-    fn stop_checkpoint_uploads(&mut self, runtime: &tokio::runtime::Runtime, deadline: &Deadline) {
-        if let Some((stop, mut handle)) = self.checkpoint_uploads.take() {
-            let _ = stop.send(true);
-            let done =
-                runtime.block_on(deadline.bound("a checkpoint upload under way", &mut handle));
-            if done.is_none() {
-                handle.abort();
-            }
         }
     }
 
@@ -255,7 +239,9 @@ impl Output for S3Output {
             Some(t) => end.runtime.block_on(t.settle(deadline)),
             None => None,
         };
-        self.stop_checkpoint_uploads(end.runtime, deadline);
+        if let Some(uploads) = self.checkpoint_uploads.take() {
+            uploads.stop(end.runtime, deadline);
+        }
         if !end.written {
             self.links.set_final(FinalUploads {
                 document: None,
@@ -287,24 +273,6 @@ fn artifact(u: Uploaded) -> Artifact {
         size: u.size,
         sha256: u.sha256,
     }
-}
-
-/// Waits for the job's task to change; `false` (and no more waiting)
-/// once the tracker is gone.
-async fn job_task_changed(rx: &mut Option<tokio::sync::watch::Receiver<Option<TaskRef>>>) -> bool {
-    let Some(r) = rx.as_mut() else {
-        return std::future::pending().await;
-    };
-    if r.changed().await.is_ok() {
-        return true;
-    }
-    *rx = None;
-    false
-}
-
-/// Whether the tracker reports into the job's own task.
-fn job_task_known(rx: &Option<tokio::sync::watch::Receiver<Option<TaskRef>>>) -> bool {
-    rx.as_ref().is_some_and(|r| r.borrow().is_some())
 }
 
 /// The document's S3 key: ClearML's artifact layout
