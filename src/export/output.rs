@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::engine::{Ended, Feed};
+use crate::engine::{Checkpoint, Ended, Feed};
 use crate::event::inbox::{Input, JobTask};
 use crate::export::clearml::outcome::{Artifact, TaskRef};
 use crate::export::finish::Deadline;
@@ -205,7 +205,7 @@ impl TaskLink {
 
 /// Waits for the job's task ([`TaskLink::job_task`]) to change; `false`
 /// (and no more waiting) once the tracker is gone.
-pub(crate) async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
     let Some(r) = rx.as_mut() else {
         return std::future::pending().await;
     };
@@ -217,7 +217,7 @@ pub(crate) async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<Task
 }
 
 /// Whether the tracker reports into the job's own task.
-pub(crate) fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
+fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
     rx.as_ref().is_some_and(|r| r.borrow().is_some())
 }
 
@@ -255,6 +255,66 @@ impl Background {
         if done.is_none() {
             handle.abort();
         }
+    }
+}
+
+/// What an uploader at checkpoints waits on: the engine's checkpoints,
+/// the job's own task (when it becomes known an early checkpoint is asked
+/// of the engine, so the artifact is there long before the job's SDK
+/// closes the task), and the end of the run.
+pub(crate) struct CheckpointWait {
+    checkpoints: watch::Receiver<Checkpoint>,
+    job_task: Option<watch::Receiver<Option<TaskRef>>>,
+    engine: SyncSender<Input>,
+    shutdown: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+}
+
+impl CheckpointWait {
+    /// Starts `work` on the runtime, given what it waits on; returns its
+    /// handle and the sender the engine signals checkpoints on.
+    pub(crate) fn spawn<F>(
+        ctx: &Start<'_>,
+        job_task: Option<watch::Receiver<Option<TaskRef>>>,
+        work: impl FnOnce(CheckpointWait) -> F,
+    ) -> (Background, watch::Sender<Checkpoint>)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (tx, checkpoints) = watch::channel(Checkpoint::default());
+        let (engine, shutdown) = (ctx.engine.clone(), ctx.shutdown.clone());
+        let background = Background::spawn(ctx.runtime, |stop| {
+            work(CheckpointWait {
+                checkpoints,
+                job_task,
+                engine,
+                shutdown,
+                stop,
+            })
+        });
+        (background, tx)
+    }
+
+    /// Waits for the next checkpoint; `false` once the run stops. An
+    /// upload under way is never cut: stopping waits for it.
+    pub(crate) async fn next(&mut self) -> bool {
+        loop {
+            tokio::select! {
+                _ = self.shutdown.changed() => return false,
+                _ = self.stop.changed() => return false,
+                changed = self.checkpoints.changed() => return changed.is_ok(),
+                changed = job_task_changed(&mut self.job_task) => {
+                    if changed && job_task_known(&self.job_task) {
+                        let _ = self.engine.try_send(Input::Checkpoint);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The job's own task, once the tracker reports into it.
+    pub(crate) fn job_task(&self) -> Option<TaskRef> {
+        self.job_task.as_ref().and_then(|t| t.borrow().clone())
     }
 }
 

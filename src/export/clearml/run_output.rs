@@ -21,11 +21,9 @@ use super::reporter::Reporter;
 use super::settings::{ClearmlConfig, ClearmlError, NoZeroConfig, Settings};
 use super::task_output::TaskOutput;
 use crate::engine::Feed;
-use crate::event::inbox::Input;
 use crate::export::finish::Deadline;
 use crate::export::output::{
-    absolute, job_task_changed, job_task_known, Background, Finished, Links, Output, RunEnd, Start,
-    TaskLink,
+    absolute, Background, CheckpointWait, Finished, Links, Output, RunEnd, Start, TaskLink,
 };
 use crate::export::s3::S3Config;
 
@@ -157,25 +155,11 @@ impl ClearmlOutput {
     ) -> Option<tokio::sync::watch::Sender<crate::engine::Checkpoint>> {
         let mut output = TaskOutput::new(reporter.outputs()?, &self.s3, ctx.run);
         let artifacts = reporter.artifacts()?;
-        let mut job_task = Some(reporter.job_task());
-        let (tx, mut rx) = tokio::sync::watch::channel(crate::engine::Checkpoint::default());
-        let mut shutdown = ctx.shutdown.clone();
-        let engine = ctx.engine.clone();
         let document = ctx.document.to_path_buf();
-        let uploads = Background::spawn(ctx.runtime, |mut stop| async move {
-            loop {
-                tokio::select! {
-                    _ = shutdown.changed() => return,
-                    _ = stop.changed() => return,
-                    changed = rx.changed() => if changed.is_err() { return },
-                    changed = job_task_changed(&mut job_task) => {
-                        if changed && job_task_known(&job_task) {
-                            let _ = engine.try_send(Input::Checkpoint);
-                        }
-                        continue;
-                    }
-                }
-                let Some(task) = job_task.as_ref().and_then(|t| t.borrow().clone()) else {
+        let job_task = Some(reporter.job_task());
+        let (uploads, tx) = CheckpointWait::spawn(ctx, job_task, |mut wait| async move {
+            while wait.next().await {
+                let Some(task) = wait.job_task() else {
                     continue;
                 };
                 let uploaded = output.upload(&document, &task).await;

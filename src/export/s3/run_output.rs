@@ -14,12 +14,10 @@ use std::sync::Arc;
 
 use super::{S3Config, S3Error, Uploaded, Uploader};
 use crate::engine::Feed;
-use crate::event::inbox::Input;
 use crate::export::clearml::outcome::{Artifact, TaskRef};
 use crate::export::finish::Deadline;
 use crate::export::output::{
-    absolute, job_task_changed, job_task_known, Background, FinalUploads, Finished, Links, Output,
-    RunEnd, Start,
+    absolute, Background, CheckpointWait, FinalUploads, Finished, Links, Output, RunEnd, Start,
 };
 use crate::model::RunInfo;
 
@@ -70,38 +68,22 @@ impl S3Output {
     /// Uploads the document after every checkpoint: always with
     /// `s3.upload_checkpoints`, else once the tracker reports into the
     /// job's own task, where each upload is handed to it to register as
-    /// the `memory_usage` artifact while the task takes it. When that task
-    /// becomes known, an early checkpoint is asked of the engine, so the
-    /// artifact is there long before the job's SDK closes the task.
+    /// the `memory_usage` artifact while the task takes it
+    /// ([`CheckpointWait`] asks for an early checkpoint then).
     fn upload_checkpoints(&mut self, ctx: &Start<'_>, s3: Uploader, run: RunInfo) -> Feed {
         let always = self.config.upload_checkpoints;
         let tracker = ctx.links.task().cloned();
         if !always && tracker.is_none() {
             return Feed::default();
         }
-        let (tx, mut rx) = tokio::sync::watch::channel(crate::engine::Checkpoint::default());
         let task = tracker.as_ref().map(|t| t.task.clone());
-        let mut job_task = tracker.map(|t| t.job_task);
+        let job_task = tracker.map(|t| t.job_task);
         let artifacts = ctx.links.artifacts();
-        let mut shutdown = ctx.shutdown.clone();
-        let engine = ctx.engine.clone();
         let document = ctx.document.to_path_buf();
         let errors = Arc::clone(&self.errors);
-        let uploads = Background::spawn(ctx.runtime, |mut stop| async move {
-            loop {
-                // An upload under way is never cut: stopping waits for it.
-                tokio::select! {
-                    _ = shutdown.changed() => return,
-                    _ = stop.changed() => return,
-                    changed = rx.changed() => if changed.is_err() { return },
-                    changed = job_task_changed(&mut job_task) => {
-                        if changed && job_task_known(&job_task) {
-                            let _ = engine.try_send(Input::Checkpoint);
-                        }
-                        continue;
-                    }
-                }
-                let for_job_task = job_task_known(&job_task);
+        let (uploads, tx) = CheckpointWait::spawn(ctx, job_task, |mut wait| async move {
+            while wait.next().await {
+                let for_job_task = wait.job_task().is_some();
                 if !always && !for_job_task {
                     continue;
                 }
