@@ -3,9 +3,11 @@
 //!
 //! [`run_daemon`] is the sequence of a run's phases; each phase lives in
 //! the file named after it: `naming` (name and labels), `run_dir` (the run
-//! directory), `io` and `uploads` (socket, HTTP, S3, ClearML), `job` (what
-//! is followed), `recorder` (store, journal, engine) and `finish` (what
-//! happens once the engine stops). `resend` is `memtrack clearml-resend`.
+//! directory), `io` (the event socket), `outputs` (the one list of the
+//! run's outputs: HTTP, MLflow, ClearML, S3, …), `job` (what is followed),
+//! `recorder` (store, journal, engine) and `finish` (what happens once the
+//! engine stops). `resend` is `memtrack clearml-resend`, `mlflow` is
+//! `memtrack mlflow-resend`.
 
 mod context;
 mod finish;
@@ -13,12 +15,12 @@ mod io;
 mod job;
 mod mlflow;
 mod naming;
+mod outputs;
 mod pyhooks;
 mod recorder;
 pub mod registry;
 mod resend;
 mod run_dir;
-mod uploads;
 
 use std::sync::mpsc::sync_channel;
 
@@ -49,13 +51,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     let startup_signals = crate::shutdown::StartupSignals::install();
     let name = RunName::choose(&mode, &config);
     job::check_attach_pids(&mode)?;
-    let clearml_settings = io::clearml_settings(&config)?;
-    // A tracking server that cannot be used costs the MLflow report, never
-    // the job.
-    let mlflow_settings = mlflow::settings(&config).unwrap_or_else(|e| {
-        tracing::warn!("MLflow reporting is off for this run: {e:#}");
-        None
-    });
+    let mut outputs = outputs::build(&config)?;
     let is_run = matches!(mode, Mode::Run { .. });
     job::adopt_orphans(is_run);
     if !is_run && config.host.memory_limit().is_some() {
@@ -78,23 +74,14 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     sys::raise_nofile_limit();
     let (tx, rx) = sync_channel::<Input>(65_536);
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
-    let clearml_off = clearml_settings.as_ref().err().map(ToString::to_string);
     let mut io = Io::start(
         &config,
         tx.clone(),
         self_register,
         store.snapshot(),
-        clearml_off.as_deref(),
+        outputs.job_task_off.as_deref(),
     )?;
-    if let Some(s3) = &io.s3 {
-        s3.record_destination(&run_dir);
-    }
-    let mut entries: Vec<_> = io
-        .start_clearml(clearml_settings, &store.run, &run_dir)?
-        .into_iter()
-        .collect();
-    let mlflow_live = mlflow::start(&io.runtime, mlflow_settings.as_ref(), &store.run, &run_dir);
-    entries.extend(mlflow_live.as_ref().map(mlflow::Live::entries));
+    let published = outputs.start(&mut io, &store.run, (&run_dir, &document), &tx)?;
     let mut job_env = io.job_env(is_run);
     // Kept until the run ends, then removed.
     let mut _hooks = None;
@@ -111,10 +98,10 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         &store.run,
         &run_dir,
         io.socket_path(),
-        io.metrics,
+        outputs.metrics(),
         &config.discovery.sd_dir,
     );
-    say_where(&store.run.name, &io, &registration);
+    say_where(&store.run.name, &io, outputs.metrics(), &registration);
     let (opts, footprint_opts) = job::options(&config, is_run);
     // Signals are handled before the job exists, so none can kill
     // memtrack between the spawn and the handlers.
@@ -134,12 +121,6 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         &signals,
         &tx,
     )?;
-    let mut outputs = recorder::outputs(&mut io, &config, &store.run, &document, entries, &tx);
-    if let Some(live) = &mlflow_live {
-        outputs
-            .export_errors
-            .push(("mlflow".to_string(), live.errors()));
-    }
     let engine = recorder::start_engine(
         &config,
         followed,
@@ -147,41 +128,20 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         store,
         journal,
         io.link.clone(),
-        outputs,
+        published,
     );
     drop(tx);
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);
 
     let mut saved = finish::save_document(&ended, &store, document, &run_dir);
-    if io.clearml.is_some() {
-        saved.advice = crate::model::advice::render_found(&store.document_view().advice);
-    }
     if config.html_report && !ended.urgent {
         saved.page = finish::write_page(&saved, &store, &run_dir);
     }
     let first_signal = signals.stop();
-    let mut export_failed =
-        finish::flush_exports(&mut io, &config, &ended, &store.run, &saved, &run_dir);
     let job_failed = finish::exit_code(&ended, first_signal, is_run, false) != 0;
-    export_failed |= mlflow::finish(
-        &io.runtime,
-        mlflow_live,
-        &config,
-        &mlflow::Ending {
-            document: &saved.document,
-            page: saved.page.as_deref(),
-            written: saved.written,
-            peaks: store.peaks(),
-            job_failed,
-            urgent: ended.urgent,
-            run_dir: &run_dir,
-        },
-        &mlflow_settings
-            .as_ref()
-            .map(|s| s.shown())
-            .unwrap_or_default(),
-    );
+    let end = finish::run_end(&io.runtime, (&ended, &store), &run_dir, &saved, job_failed);
+    let export_failed = outputs.finish(&end, config.finish_timeout);
     io.stop();
     drop(registration);
     finish::log_end(&store, &saved, export_failed);
@@ -203,7 +163,12 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
 /// The start line: the run's name, where its socket is (for `status`,
 /// `mark`, `watch` and `cleanup` from another shell), its discovery file
 /// and where its metrics are served.
-fn say_where(name: &str, io: &Io, registration: &registry::Registration) {
+fn say_where(
+    name: &str,
+    io: &Io,
+    metrics: Option<std::net::SocketAddr>,
+    registration: &registry::Registration,
+) {
     let mut parts = vec![format!("run {name} (memtrack pid {})", std::process::id())];
     parts.push(match io.socket_path() {
         Some(p) => format!("socket {}", p.display()),
@@ -212,7 +177,7 @@ fn say_where(name: &str, io: &Io, registration: &registry::Registration) {
     if let Some(sd) = registration.sd_file() {
         parts.push(format!("Prometheus file_sd {}", sd.display()));
     }
-    parts.push(match io.metrics {
+    parts.push(match metrics {
         Some(addr) => format!("metrics on http://{addr}/metrics"),
         None => "no metrics".into(),
     });

@@ -1,19 +1,15 @@
 //! What records a run: the GPU backend, the store and its journal, the
 //! sampler, and the engine that folds samples and events into the store,
-//! hooked to the exporters.
+//! publishing to the run's outputs.
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::mpsc::SyncSender;
-use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::io::Io;
 use super::job::Followed;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions, Outputs};
-use crate::event::inbox::Input;
 use crate::model::{AttributionMode, GpuBackend, RunInfo};
 use crate::sample::gpu::GpuSampler;
 use crate::sample::Sampler;
@@ -68,37 +64,6 @@ pub(super) fn open_store(
     let journal = Journal::create(run_dir, &mut store)
         .with_context(|| format!("cannot write to the run directory {}", run_dir.display()))?;
     Ok((store, journal))
-}
-
-/// What the engine publishes to, made once before it: snapshots for the
-/// readers, checkpoint uploads, the exporters' error counters, and the log
-/// entries ClearML and MLflow report.
-pub(super) fn outputs(
-    io: &mut Io,
-    config: &Config,
-    run: &RunInfo,
-    document: &Path,
-    entries: Vec<tokio::sync::mpsc::UnboundedSender<crate::model::Entry>>,
-    tx: &SyncSender<Input>,
-) -> Outputs {
-    let mut out = Outputs {
-        snapshots: Some(io.snapshots.clone()),
-        entries,
-        ..Outputs::default()
-    };
-    if config.s3.upload_checkpoints || io.clearml.is_some() {
-        let always = config.s3.upload_checkpoints;
-        out.checkpoints = io.upload_checkpoints(document.to_path_buf(), run, always, tx.clone());
-    }
-    if io.s3.is_some() {
-        out.export_errors
-            .push(("s3".to_string(), Arc::clone(&io.s3_errors)));
-    }
-    if let Some(reporter) = &io.clearml {
-        out.export_errors
-            .push(("clearml".to_string(), reporter.errors()));
-    }
-    out
 }
 
 /// The engine over what the run follows, publishing to `outputs`.

@@ -37,7 +37,7 @@ use crate::store::{Applied, Record, SampleKind, Store};
 use crate::units::unix_now;
 use flight::{Death, Flight};
 
-pub(crate) use options::{EndWhen, Ended, EngineOptions, EventLink, Outputs};
+pub(crate) use options::{Checkpoint, EndWhen, Ended, EngineOptions, EventLink, Feed, Outputs};
 
 /// Longest wait, once the run is over, for clients to finish sending.
 const DRAIN_MAX: Duration = Duration::from_secs(2);
@@ -66,6 +66,9 @@ pub(crate) struct Engine {
     last_checkpoint: Instant,
     /// An early checkpoint was asked for ([`Input::Checkpoint`]).
     checkpoint_soon: bool,
+    /// The last checkpoint handed to the outputs; `seq` is that of the
+    /// one being written.
+    checkpoint: Checkpoint,
     last_flush: Instant,
     unflushed: bool,
     /// An event was journalled since the last flush: flush at once.
@@ -124,6 +127,7 @@ impl Engine {
             journal_errors_recorded: 0,
             last_checkpoint: now,
             checkpoint_soon: false,
+            checkpoint: Checkpoint::default(),
             last_flush: now,
             unflushed: false,
             unflushed_event: false,
@@ -138,7 +142,7 @@ impl Engine {
         let death = self.flight.as_mut().and_then(|f| f.death(&record));
         let outcome = self.store.apply(&record);
         if let Some(entry) = &outcome.entry {
-            for tx in &self.outputs.entries {
+            for tx in self.outputs.feeds.iter().filter_map(|f| f.entries.as_ref()) {
                 let _ = tx.send(entry.clone());
             }
         }

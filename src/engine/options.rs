@@ -52,15 +52,32 @@ pub(crate) struct Outputs {
     /// The latest picture of the run, for the exporters (`None`: nobody
     /// reads it, and it is not built).
     pub(crate) snapshots: Option<watch::Sender<Arc<Snapshot>>>,
-    /// Every log entry as it is recorded, to each of these (the ClearML
-    /// and MLflow reporters). The send never blocks: each receiver drains
-    /// it into its own bounded queue.
-    pub(crate) entries: Vec<mpsc::UnboundedSender<Entry>>,
-    /// Bumped after every checkpoint written (uploads at checkpoints).
-    pub(crate) checkpoints: Option<watch::Sender<u64>>,
+    /// One feed per output: every log entry and checkpoint is handed to
+    /// each of them in turn (a fan-out; no send ever blocks).
+    pub(crate) feeds: Vec<Feed>,
     /// Failure counters of exporters running beside the engine, by name,
     /// published as `memtrack_export_errors_total{exporter=name}`.
     pub(crate) export_errors: Vec<(String, Arc<AtomicU64>)>,
+}
+
+/// What one output hears from the engine while the run goes on. The
+/// output's own task drains the channels, so the engine never waits on it.
+#[derive(Debug, Default)]
+pub(crate) struct Feed {
+    /// Every log entry as it is recorded. The send never blocks: the
+    /// receiver drains it into its own bounded queue.
+    pub(crate) entries: Option<mpsc::UnboundedSender<Entry>>,
+    /// The last checkpoint written (uploads at checkpoints).
+    pub(crate) checkpoints: Option<watch::Sender<Checkpoint>>,
+}
+
+/// A checkpoint just written: the run's document at `path` holds every
+/// record up to `seq`; `count` checkpoints were written so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Checkpoint {
+    pub(crate) count: u64,
+    pub(crate) seq: u64,
+    pub(crate) path: std::path::PathBuf,
 }
 
 /// How the run ended, for the caller's exit code and report.

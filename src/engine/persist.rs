@@ -85,7 +85,7 @@ impl Engine {
             self.last_checkpoint = now;
             if let Some(j) = &mut self.journal {
                 match j.start_checkpoint(self.store.clone()) {
-                    Ok(true) => {}
+                    Ok(true) => self.checkpoint.seq = self.store.seq,
                     Ok(false) => tracing::debug!(
                         "the previous checkpoint is still being written; skipping this one"
                     ),
@@ -104,8 +104,17 @@ impl Engine {
     fn checkpoint_done(&mut self, result: Result<(), JournalError>) {
         match result {
             Ok(()) => {
-                if let Some(tx) = &self.outputs.checkpoints {
-                    tx.send_modify(|n| *n += 1);
+                self.checkpoint.count += 1;
+                if let Some(j) = &self.journal {
+                    self.checkpoint.path = j.document();
+                }
+                for tx in self
+                    .outputs
+                    .feeds
+                    .iter()
+                    .filter_map(|f| f.checkpoints.as_ref())
+                {
+                    tx.send_replace(self.checkpoint.clone());
                 }
             }
             Err(e) => {

@@ -4,7 +4,9 @@
 pub mod clearml;
 pub(crate) mod finish;
 pub mod http;
+pub(crate) mod http_output;
 pub(crate) mod mlflow;
+pub(crate) mod output;
 pub(crate) mod peer;
 pub mod prometheus;
 pub mod s3;

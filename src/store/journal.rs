@@ -260,6 +260,11 @@ impl Journal {
         }
     }
 
+    /// The run's document a checkpoint writes (`memory_usage.json`).
+    pub(crate) fn document(&self) -> PathBuf {
+        self.run_dir.join(FILE_NAME)
+    }
+
     /// Starts a checkpoint of `store` (a clone taken now) on a thread of
     /// its own: `memory_usage.json` and the state are written there. Here
     /// the journal is flushed and, unless an earlier rotated journal is

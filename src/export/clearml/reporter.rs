@@ -228,15 +228,24 @@ impl Reporter {
         self.task.borrow().clone()
     }
 
-    /// Waits until the task is known or reporting is off, at most
-    /// `timeout`; then [`Reporter::task`]. Called when the run has ended:
-    /// a reporter still waiting for the job's own task stops waiting and
-    /// creates its own.
-    pub(crate) async fn settle(&self, timeout: Duration) -> Option<TaskRef> {
-        let _ = self.hurry.send(true);
-        let mut settled = self.settled.clone();
-        let _ = tokio::time::timeout(timeout, settled.wait_for(|s| *s)).await;
-        self.task()
+    /// What an output filing under the task follows: the task, the job's
+    /// own task, whether the task is settled, and the switch that ends
+    /// the wait for the job's task ([`Reporter::settle`] in pieces).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn link(
+        &self,
+    ) -> (
+        watch::Receiver<Option<TaskRef>>,
+        watch::Receiver<Option<TaskRef>>,
+        watch::Receiver<bool>,
+        watch::Sender<bool>,
+    ) {
+        (
+            self.task.clone(),
+            self.job_task.clone(),
+            self.settled.clone(),
+            self.hurry.clone(),
+        )
     }
 
     /// Follows the job's own task (announced by the job and taken up).
@@ -249,11 +258,6 @@ impl Reporter {
     /// `memory_usage` artifact as long as the task takes it.
     pub(crate) fn artifacts(&self) -> Option<mpsc::UnboundedSender<Checkpoint>> {
         self.artifacts.clone()
-    }
-
-    /// Follows the task as it becomes known (for keys computed later).
-    pub(crate) fn task_updates(&self) -> watch::Receiver<Option<TaskRef>> {
-        self.task.clone()
     }
 
     /// Failed requests and refused points so far.
@@ -299,24 +303,6 @@ impl Reporter {
             ..FinishReport::default()
         }
     }
-}
-
-/// Waits for the job's task ([`Reporter::job_task`]) to change; `false`
-/// (and no more waiting) once the reporter is gone.
-pub(crate) async fn job_task_changed(rx: &mut Option<watch::Receiver<Option<TaskRef>>>) -> bool {
-    let Some(r) = rx.as_mut() else {
-        return std::future::pending().await;
-    };
-    if r.changed().await.is_ok() {
-        return true;
-    }
-    *rx = None;
-    false
-}
-
-/// Whether memtrack reports into the job's own task.
-pub(crate) fn job_task_known(rx: &Option<watch::Receiver<Option<TaskRef>>>) -> bool {
-    rx.as_ref().is_some_and(|r| r.borrow().is_some())
 }
 
 /// The channels the reporter's loop listens to, and which are still open.

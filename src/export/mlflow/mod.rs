@@ -26,6 +26,7 @@
 
 mod api;
 mod live;
+pub(crate) mod run_output;
 mod spool;
 mod values;
 

@@ -24,6 +24,7 @@ use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
 pub(crate) mod aws;
+pub(crate) mod run_output;
 mod settings;
 
 pub(crate) use settings::S3Config;

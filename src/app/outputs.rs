@@ -1,0 +1,121 @@
+//! The run's outputs: the one list that names them, and the three moments
+//! the run has with all of them (build, start, finish). Adding an output
+//! is its folder under `export/` implementing [`Output`] and one line in
+//! [`build`]; nothing else in `app/` knows it.
+//!
+//! The order of the list is the order outputs start in; they finish in
+//! the reverse order, so an output that tells another something at the end
+//! (S3's final upload, registered by ClearML) finishes before it.
+
+use std::path::Path;
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::io::Io;
+
+use crate::config::Config;
+use crate::engine::Outputs;
+use crate::event::inbox::Input;
+use crate::export::clearml::run_output::ClearmlOutput;
+use crate::export::finish::Deadline;
+use crate::export::http_output::HttpOutput;
+use crate::export::mlflow::run_output::MlflowOutput;
+use crate::export::output::{Output, RunEnd, Start};
+use crate::export::s3::run_output::S3Output;
+use crate::model::RunInfo;
+
+/// Every output the configuration turns on, built (and their settings
+/// checked) before anything starts.
+pub(super) fn build(config: &Config) -> anyhow::Result<Registered> {
+    let mut list = Registered::default();
+    let listen = crate::config::parse_listen(&config.listen).map_err(anyhow::Error::msg)?;
+    let default_listen = config.listen == crate::config::DEFAULT_LISTEN;
+    list.add(HttpOutput::build(listen, default_listen)?);
+    list.add(MlflowOutput::build(&config.mlflow)?);
+    list.tracker(ClearmlOutput::build(&config.clearml, &config.s3)?);
+    list.add(S3Output::build(&config.s3)?);
+    #[cfg(test)]
+    list.add(counting::Counting::build(&config.output)?);
+    Ok(list)
+}
+
+/// The outputs built, in the order they start.
+#[derive(Default)]
+pub(super) struct Registered {
+    outputs: Vec<Box<dyn Output>>,
+    /// Why the output that takes the job's announcements of its task
+    /// (ClearML's `Task.init`) is off: the socket's answer to them.
+    pub(super) job_task_off: Option<String>,
+}
+
+impl Registered {
+    fn add(&mut self, output: Option<impl Output + 'static>) {
+        if let Some(o) = output {
+            self.outputs.push(Box::new(o));
+        }
+    }
+
+    /// An output that follows the job's own task, or why it is off.
+    fn tracker<E: std::fmt::Display>(&mut self, output: Result<impl Output + 'static, E>) {
+        match output {
+            Ok(o) => self.outputs.push(Box::new(o)),
+            Err(why) => self.job_task_off = Some(why.to_string()),
+        }
+    }
+
+    /// Starts every output in order on the I/O runtime; returns what the
+    /// engine publishes to (snapshots, one feed per output, their error
+    /// counters).
+    pub(super) fn start(
+        &mut self,
+        io: &mut Io,
+        run: &RunInfo,
+        (run_dir, document): (&Path, &Path),
+        engine: &SyncSender<Input>,
+    ) -> anyhow::Result<Outputs> {
+        let ctx = Start {
+            runtime: &io.runtime,
+            run,
+            run_dir,
+            document,
+            engine: engine.clone(),
+            shutdown: io.shutdown.subscribe(),
+            snapshots: &io.snapshots,
+            notices: io.link.as_ref().map(|l| l.notices.clone()),
+            document_uploaded: self.outputs.iter().any(|o| o.uploads_document()),
+            job_tasks: Mutex::new(io.job_tasks.take()),
+            links: Arc::default(),
+        };
+        let mut out = Outputs {
+            snapshots: Some(io.snapshots.clone()),
+            ..Outputs::default()
+        };
+        for output in &mut self.outputs {
+            out.feeds.push(output.start(&ctx)?);
+            if let Some(errors) = output.errors() {
+                out.export_errors.push((output.name().to_string(), errors));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where `/metrics` is served, when an output serves it.
+    pub(super) fn metrics(&self) -> Option<std::net::SocketAddr> {
+        self.outputs.iter().find_map(|o| o.serves())
+    }
+
+    /// The end of the run for every output, in the reverse order, sharing
+    /// one deadline. True when an output failed (it said so).
+    pub(super) fn finish(self, end: &RunEnd<'_>, finish_timeout: Duration) -> bool {
+        let deadline = Deadline::start(finish_timeout);
+        let mut failed = false;
+        for output in self.outputs.into_iter().rev() {
+            failed |= output.finish(end, &deadline).failed;
+        }
+        failed
+    }
+}
+
+#[cfg(test)]
+mod counting;
