@@ -38,9 +38,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::api::{Api, Metric, MlflowError};
+use super::settings::{Experiment, Settings, ANNOUNCE, BATCH};
 use super::spool::{self, Header, SpoolError, SPOOL_FILE};
 use super::values::{Steps, Values};
-use super::{Experiment, Settings, ANNOUNCE, BATCH};
 use crate::logging::RateLimited;
 use crate::model::Entry;
 
@@ -664,7 +664,7 @@ pub(crate) async fn resend(
         Some(s) => (s.uri.clone(), s.request_timeout),
         None if !spooled.header.tracking_uri.is_empty() => (
             spooled.header.tracking_uri.clone(),
-            super::MlflowConfig::default().request_timeout,
+            super::settings::MlflowConfig::default().request_timeout,
         ),
         None => return Err(ResendError::NoServer),
     };

@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use super::{End, Live, MlflowConfig, Report, Resolved, Settings};
+use super::live::{End, Live, Report};
+use super::settings::{resolve, MlflowConfig, Resolved, Settings};
 use crate::engine::Feed;
 use crate::export::finish::Deadline;
 use crate::export::output::{Finished, Output, RunEnd, Start};
@@ -22,7 +23,7 @@ impl MlflowOutput {
     /// `MLFLOW_TRACKING_URI`). A server that cannot be used is said once
     /// and costs the MLflow report, never the run.
     pub(crate) fn build(config: &MlflowConfig) -> anyhow::Result<Option<MlflowOutput>> {
-        let resolved = match super::resolve(config, &|v| std::env::var(v).ok()) {
+        let resolved = match resolve(config, &|v| std::env::var(v).ok()) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("MLflow reporting is off for this run: {e:#}");

@@ -20,8 +20,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::api::Metric;
+use super::settings::Experiment;
 use super::values::known_key;
-use super::Experiment;
 
 /// The spool's name in the run directory.
 pub(crate) const SPOOL_FILE: &str = "mlflow-spool.jsonl";
