@@ -336,7 +336,7 @@ impl Delivery {
                 self.adopt(id);
             }
         }
-        self.queue.push(self.steps.values(e));
+        self.queue.push_entry(&mut self.steps, e);
     }
 
     /// The job announced its run: the values go there, unless memtrack

@@ -2,7 +2,12 @@
 //! bounded queue they wait in for the server.
 //!
 //! A value's `step` is the entry's iteration; a timer sample, which has
-//! none, takes the last iteration seen before it. Its timestamp is the
+//! none, takes the iteration of the last mark before it in time. Marks the
+//! job held back and sent together (steps less than 10 ms apart) arrive
+//! after a timer sample taken meanwhile, though they came before it: a
+//! timer value still waiting in the queue takes such a mark's iteration
+//! when the mark is the latest before it ([`Values::push_entry`]), so the
+//! values agree with the order of the run's log. Its timestamp is the
 //! entry's. The queue holds at most a fixed number of values: while the
 //! server is away (or the run is not known yet) the oldest are dropped,
 //! counted, and said, so a long outage costs the oldest values, never
@@ -32,31 +37,60 @@ pub(crate) fn known_key(name: &str) -> Option<&'static str> {
 }
 
 /// Turns entries into values, following the job's iteration.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Steps {
     step: i64,
+    /// When the mark `step` came from was (ms).
+    step_ms: i64,
     last_ms: i64,
+}
+
+impl Default for Steps {
+    fn default() -> Steps {
+        Steps {
+            step: 0,
+            step_ms: i64::MIN,
+            last_ms: 0,
+        }
+    }
 }
 
 impl Steps {
     /// The entry's three values (host, GPU, GPU reserved).
+    #[cfg(test)]
     pub(crate) fn values(&mut self, e: &Entry) -> [Metric; 3] {
-        if let Some(i) = e.iteration {
-            self.step = i64::try_from(i).unwrap_or(i64::MAX);
-        }
+        self.tagged(e).0
+    }
+
+    /// The entry's three values (host, GPU, GPU reserved), and for a timer
+    /// sample the time of the mark its step came from.
+    fn tagged(&mut self, e: &Entry) -> ([Metric; 3], Option<i64>) {
         let timestamp = (e.timestamp * 1000.0) as i64;
+        let (step, from) = match e.iteration {
+            Some(i) => {
+                let i = i64::try_from(i).unwrap_or(i64::MAX);
+                // A mark held back by the job that came before the one
+                // the step came from leaves the step as it is.
+                if timestamp >= self.step_ms {
+                    (self.step, self.step_ms) = (i, timestamp);
+                }
+                (i, None)
+            }
+            None => (self.step, Some(self.step_ms)),
+        };
         self.last_ms = self.last_ms.max(timestamp);
         let at = |key, value| Metric {
             key,
             value,
             timestamp,
-            step: self.step,
+            step,
         };
-        [
+        let values = [
             at(SAMPLE_KEYS[0], e.cpu_ram_used_mb),
             at(SAMPLE_KEYS[1], e.gpu_ram_used_mb),
             at(SAMPLE_KEYS[2], e.reserved_gpu_ram_mb),
-        ]
+        ];
+        (values, from)
     }
 
     /// The run's peaks (host, GPU), at the last step and time seen.
@@ -78,11 +112,19 @@ impl Steps {
     }
 }
 
+/// A value waiting, and for a timer sample's the time of the mark its step
+/// came from.
+#[derive(Debug, Clone)]
+struct Queued {
+    metric: Metric,
+    from: Option<i64>,
+}
+
 /// The values waiting for the server, oldest first, at most `max` (plus
 /// the one batch that was out and came back).
 #[derive(Debug)]
 pub(crate) struct Values {
-    queue: VecDeque<Metric>,
+    queue: VecDeque<Queued>,
     max: usize,
     /// Values dropped because the queue was full.
     pub(crate) dropped: u64,
@@ -103,7 +145,11 @@ impl Values {
     /// already bounded by its size).
     pub(crate) fn holding(values: Vec<Metric>) -> Values {
         let mut v = Values::new(values.len());
-        v.queue.extend(values);
+        v.queue.extend(
+            values
+                .into_iter()
+                .map(|metric| Queued { metric, from: None }),
+        );
         v
     }
 
@@ -115,10 +161,39 @@ impl Values {
         self.queue.is_empty()
     }
 
+    /// An entry's values, on the job's step axis. A mark that came before
+    /// timer samples still waiting (held back by the job, it arrived after
+    /// them) gives them its iteration when it is the latest mark before
+    /// them; values already sent keep theirs.
+    pub(crate) fn push_entry(&mut self, steps: &mut Steps, e: &Entry) {
+        let (values, from) = steps.tagged(e);
+        if from.is_none() {
+            let (mark_ms, step) = (values[0].timestamp, values[0].step);
+            // Timer samples are queued in time order: back from the
+            // newest until one before the mark.
+            for q in self.queue.iter_mut().rev() {
+                let Some(used) = q.from else {
+                    continue;
+                };
+                if q.metric.timestamp < mark_ms {
+                    break;
+                }
+                if mark_ms > used {
+                    (q.metric.step, q.from) = (step, Some(mark_ms));
+                }
+            }
+        }
+        self.push_tagged(values, from);
+    }
+
     /// Appends values; a full queue drops its oldest, says so (at a
     /// limited rate) and counts them.
     pub(crate) fn push(&mut self, values: impl IntoIterator<Item = Metric>) {
-        for m in values {
+        self.push_tagged(values, None);
+    }
+
+    fn push_tagged(&mut self, values: impl IntoIterator<Item = Metric>, from: Option<i64>) {
+        for metric in values {
             if self.queue.len() >= self.max {
                 self.queue.pop_front();
                 self.dropped += 1;
@@ -131,27 +206,28 @@ impl Values {
                     );
                 }
             }
-            self.queue.push_back(m);
+            self.queue.push_back(Queued { metric, from });
         }
     }
 
     /// Takes up to `n` values from the front, for one request.
     pub(crate) fn take(&mut self, n: usize) -> Vec<Metric> {
         let k = n.min(self.queue.len());
-        self.queue.drain(..k).collect()
+        self.queue.drain(..k).map(|q| q.metric).collect()
     }
 
     /// A batch that did not go out returns to the front, in its order.
     /// Nothing is dropped for it: it was counted while it was out.
     pub(crate) fn put_back(&mut self, batch: Vec<Metric>) {
-        for m in batch.into_iter().rev() {
-            self.queue.push_front(m);
+        // Sent or not, their steps stay as they went out.
+        for metric in batch.into_iter().rev() {
+            self.queue.push_front(Queued { metric, from: None });
         }
     }
 
     /// Everything waiting, oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Metric> {
-        self.queue.iter()
+        self.queue.iter().map(|q| &q.metric)
     }
 }
 
@@ -185,6 +261,46 @@ mod tests {
         );
         let peaks = steps.peaks(9.0, 0.0);
         assert_eq!((peaks[0].step, peaks[0].timestamp), (7, 12_000));
+    }
+
+    /// Steps 3 and 4 held back by the job arrive after a timer sample
+    /// taken at 12 s: the waiting sample takes step 4 (the latest mark
+    /// before it), as the run's log orders them; a mark from before an
+    /// earlier one leaves it alone, and a sample already taken out keeps
+    /// the step it went with.
+    #[test]
+    fn a_held_mark_gives_a_waiting_timer_sample_its_step() {
+        let mut q = Values::new(100);
+        let mut steps = Steps::default();
+        q.push_entry(&mut steps, &entry(Some(2), 1.0, 10.0));
+        q.push_entry(&mut steps, &entry(None, 2.0, 12.0));
+        q.push_entry(&mut steps, &entry(Some(3), 3.0, 11.0));
+        q.push_entry(&mut steps, &entry(Some(4), 4.0, 11.5));
+        q.push_entry(&mut steps, &entry(Some(1), 5.0, 10.5));
+        let host = |q: &Values| -> Vec<(i64, i64)> {
+            q.iter()
+                .filter(|m| m.key == HOST)
+                .map(|m| (m.timestamp, m.step))
+                .collect()
+        };
+        assert_eq!(
+            host(&q),
+            vec![
+                (10_000, 2),
+                (12_000, 4),
+                (11_000, 3),
+                (11_500, 4),
+                (10_500, 1)
+            ]
+        );
+        // A later timer sample follows the latest mark in time (4).
+        q.push_entry(&mut steps, &entry(None, 6.0, 13.0));
+        assert_eq!(host(&q).last(), Some(&(13_000, 4)));
+        // Sent, then a mark held from before it: the sent value keeps its step.
+        let sent = q.take(100);
+        q.put_back(sent);
+        q.push_entry(&mut steps, &entry(Some(9), 7.0, 12.5));
+        assert_eq!(host(&q)[5], (13_000, 4));
     }
 
     #[test]
