@@ -94,15 +94,11 @@ impl Output for Counting {
     }
 }
 
-/// The run itself, in a process of its own: `run_daemon` makes its
+/// The run itself, in the process the test below starts for it (the
+/// same test, told so by `MEMTRACK_COUNTING_DIR`): `run_daemon` makes its
 /// process a subreaper and installs signal handlers, which other tests in
-/// this binary must not inherit. Run only by the test below.
-#[test]
-#[ignore = "run by a_registered_output_hears_the_runs_entries_checkpoints_and_end"]
-fn run_with_the_counting_output() {
-    let Some(dir) = std::env::var_os("MEMTRACK_COUNTING_DIR").map(PathBuf::from) else {
-        return;
-    };
+/// this binary must not inherit.
+fn run_with_the_counting_output(dir: PathBuf) {
     let mut config = crate::config::Config {
         output: dir.clone(),
         listen: "off".into(),
@@ -125,16 +121,19 @@ fn run_with_the_counting_output() {
 
 #[test]
 fn a_registered_output_hears_the_runs_entries_checkpoints_and_end() {
+    const DIR: &str = "MEMTRACK_COUNTING_DIR";
+    if let Some(dir) = std::env::var_os(DIR) {
+        return run_with_the_counting_output(PathBuf::from(dir));
+    }
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("count-outputs"), b"").unwrap();
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "app::outputs::counting::run_with_the_counting_output",
-            "--ignored",
+            "app::outputs::counting::a_registered_output_hears_the_runs_entries_checkpoints_and_end",
             "--test-threads=1",
         ])
-        .env("MEMTRACK_COUNTING_DIR", dir.path())
+        .env(DIR, dir.path())
         .status()
         .unwrap();
     assert!(status.success(), "the run failed: {status}");
