@@ -19,8 +19,20 @@ def _memtrack_boot():
             import importlib.util
 
             if importlib.util.find_spec("memtrack") is None:
-                # No installed client: the copy memtrack wrote beside this file.
-                sys.path.append(os.path.join(here, "client"))
+                # No installed client: the copy memtrack wrote beside this
+                # file, loaded as a package without adding its folder to
+                # sys.path (see _leave_sys_path).
+                package = os.path.join(here, "client", "memtrack")
+                spec = importlib.util.spec_from_file_location(
+                    "memtrack", os.path.join(package, "__init__.py"),
+                    submodule_search_locations=[package])
+                module = importlib.util.module_from_spec(spec)
+                sys.modules["memtrack"] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules["memtrack"]
+                    raise
             import memtrack.hooks
 
             memtrack.hooks.install()
@@ -50,7 +62,25 @@ def _memtrack_boot():
             traceback.print_exc()
         except Exception:
             pass
+    _leave_sys_path(here)
+
+
+def _leave_sys_path(here):
+    """Take this folder off sys.path once it has done its work (it stays in
+    PYTHONPATH, so the job's child processes run it too). Every import of a
+    module that does not exist looks in each folder of sys.path, and
+    libraries do that on their hot paths (transformers looks for an optional
+    optimizer package twice a training step): each extra folder is a stat
+    the job pays at every such import."""
+    import os
+    import sys
+
+    try:
+        mine = os.path.realpath(here)
+        sys.path[:] = [p for p in sys.path if not p or os.path.realpath(p) != mine]
+    except Exception:
+        pass
 
 
 _memtrack_boot()
-del _memtrack_boot
+del _memtrack_boot, _leave_sys_path

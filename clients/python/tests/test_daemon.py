@@ -420,3 +420,37 @@ def test_fast_steps_are_held_back_yet_recorded_when_they_happened(tmp_path):
     errors = sorted(abs(x - y) for x, y in zip(job_gaps, log_gaps))
     assert errors[len(errors) // 2] < 0.0005, errors[len(errors) // 2]
     assert doc["counters"]["protocol_errors"] == 0
+
+
+def test_the_embedded_client_loads_without_adding_to_sys_path(tmp_path):
+    # With no client installed, `memtrack run` gives the job a copy of it
+    # beside its own sitecustomize. The job's sys.path must end up as it would
+    # be without memtrack: every import of a missing module (libraries make
+    # them on their hot paths) looks in each folder of sys.path. The hooks
+    # are installed all the same, in the job and in the processes it starts.
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(
+        """\
+        import json, os, subprocess, sys
+        hooked = "memtrack.hooks" in sys.modules
+        import memtrack.frameworks
+        child = subprocess.run([sys.executable, "-c",
+                                "import sys; print('memtrack.hooks' in sys.modules)"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        with open(os.environ["MT_RESULT"], "w") as f:
+            json.dump({"path": sys.path, "hooked": hooked, "child": child,
+                       "client": os.path.dirname(memtrack.__file__)}, f)
+        """))
+    result = tmp_path / "result.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMTRACK_") and k != "PYTHONPATH"}
+    env["MT_RESULT"] = str(result)
+    bare = subprocess.run(["python3", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run([BIN, "run", "--output", str(tmp_path / "out"), "--", "python3", str(script)],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(result.read_text())
+    assert rep["hooked"] and rep["child"] == "True", rep
+    assert not rep["client"].startswith(CLIENT_SRC), "the test needs the embedded client"
+    # The script's own folder comes first instead of the cwd; the rest is equal.
+    assert rep["path"][1:] == json.loads(bare.stdout)[1:], (rep["path"], bare.stdout)
