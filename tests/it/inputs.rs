@@ -119,6 +119,48 @@ fn aws_files_that_are_no_regular_files_are_refused() {
         .is_none());
 }
 
+/// What once broke: a line without `=` in the credentials file was skipped,
+/// so the chosen profile looked keyless ("no S3 credentials found") and the
+/// real mistake went unnamed. The file and the line are named now.
+#[test]
+fn a_malformed_credentials_file_is_named_with_its_line() {
+    let server = S3Server::start();
+    let dir = scratch();
+    let file = small_document(dir.path());
+    let credentials = dir.path().join("creds");
+    std::fs::write(
+        &credentials,
+        format!("[minio]\naws_access_key_id {S3_KEY}\naws_secret_access_key = {S3_SECRET}\n"),
+    )
+    .unwrap();
+    let p = credentials.display().to_string();
+    let res = upload(
+        &file,
+        &[
+            "--s3-url",
+            &format!("s3://{}/runs", server.bucket),
+            "--s3-endpoint",
+            &server.endpoint(),
+        ],
+        &[
+            ("AWS_SHARED_CREDENTIALS_FILE", &p),
+            ("AWS_PROFILE", "minio"),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ],
+    );
+    let err = stderr(&res);
+    assert_eq!(res.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("error parsing {p} on line 2"))
+            && !err.contains("no S3 credentials found")
+            && !err.contains(S3_KEY),
+        "{err}"
+    );
+    assert!(server
+        .object("runs/small/artifacts/memory_usage/memory_usage.json")
+        .is_none());
+}
+
 /// What once broke: a password in `endpoint_url` was printed twice (the
 /// error and the retry command), and an invalid URL was retried 5 times
 /// as a network error.

@@ -237,7 +237,7 @@ impl Uploader {
     /// profile files under `$HOME`. Does no I/O beyond reading them.
     pub async fn new(config: &S3Config) -> Result<Uploader, S3Error> {
         let home = std::env::var_os("HOME").map(PathBuf::from);
-        let resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref());
+        let resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref()).await;
         Uploader::with(config, resolved).await
     }
 
@@ -259,7 +259,7 @@ impl Uploader {
         source: &str,
     ) -> Result<Uploader, S3Error> {
         let home = std::env::var_os("HOME").map(PathBuf::from);
-        let mut resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref());
+        let mut resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref()).await;
         let own = matches!(
             resolved.credentials,
             aws::Credentials::Environment | aws::Credentials::Profile
@@ -286,13 +286,10 @@ impl Uploader {
         given: Option<aws_sdk_s3::config::Credentials>,
     ) -> Result<Uploader, S3Error> {
         let dest = parse_url(&config.url)?;
-        // The SDK would read these files again, without a bound (a FIFO
-        // hangs it, `/dev/zero` grows it): refused here first.
-        if !resolved.unreadable.is_empty() {
-            return Err(S3Error::Config(format!(
-                "cannot read {}",
-                resolved.unreadable.join(", ")
-            )));
+        // A profile file that cannot be read or parsed: what it says is
+        // unknown, so nothing is guessed.
+        if !resolved.unusable.is_empty() {
+            return Err(S3Error::Config(resolved.unusable.join("; ")));
         }
         if let Some(endpoint) = &resolved.endpoint {
             aws::check_endpoint(&endpoint.value).map_err(|why| {
@@ -304,12 +301,14 @@ impl Uploader {
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
             ))
             .build_https();
-        let mut loader =
-            aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http.clone());
-        if resolved.profile_from != "default" {
-            // The SDK reads AWS_PROFILE itself, not AWS_DEFAULT_PROFILE.
-            loader = loader.profile_name(&resolved.profile);
-        }
+        // The SDK gets the profile files' text as read (capped) here, never
+        // the paths: it would read them again without a bound (a FIFO
+        // hangs it, `/dev/zero` grows it). The profile name too: it reads
+        // AWS_PROFILE itself, not AWS_DEFAULT_PROFILE.
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(http.clone())
+            .profile_files(resolved.profile_files.clone())
+            .profile_name(&resolved.profile);
         if let Some(region) = &resolved.region {
             // Known without asking the instance-metadata service.
             loader = loader.region(aws_config::Region::new(region.value.clone()));
@@ -962,11 +961,10 @@ fn chain_without_imds(
         .with_http_client(http)
         .with_region(region)
         .with_behavior_version(Some(aws_config::BehaviorVersion::latest()));
-    let mut profile =
-        aws_config::profile::ProfileFileCredentialsProvider::builder().configure(&conf);
-    if resolved.profile_from != "default" {
-        profile = profile.profile_name(&resolved.profile);
-    }
+    let profile = aws_config::profile::ProfileFileCredentialsProvider::builder()
+        .configure(&conf)
+        .profile_files(resolved.profile_files.clone())
+        .profile_name(&resolved.profile);
     aws_config::meta::credentials::CredentialsProviderChain::first_try(
         "Environment",
         aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
@@ -1080,7 +1078,7 @@ mod tests {
             ..S3Config::default()
         };
         let env = |k: &str| (k == "AWS_PROFILE").then(|| "minio".to_string());
-        let resolved = aws::resolve_from(
+        let resolved = aws::resolve_texts(
             &config,
             &env,
             "[profile minio]\nendpoint_url = http://minio:9000\nregion = eu-west-3\n",
@@ -1101,7 +1099,7 @@ mod tests {
             endpoint: "http://minio:9000".into(),
             ..config
         };
-        let resolved = aws::resolve_from(&config, &|_| None, "", "");
+        let resolved = aws::resolve_texts(&config, &|_| None, "", "");
         let up = runtime.block_on(Uploader::with(&config, resolved)).unwrap();
         assert!(
             up.retry_command(Path::new("/f.json")).ends_with(
