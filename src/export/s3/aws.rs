@@ -302,6 +302,8 @@ pub(crate) async fn resolve_from(
     texts: ProfileTexts,
 ) -> Resolved {
     let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    // By hand: aws-config reads `AWS_PROFILE` only, the CLI also
+    // `AWS_DEFAULT_PROFILE`.
     let (profile, profile_from) = if let Some(p) = var("AWS_PROFILE") {
         (p, "AWS_PROFILE")
     } else if let Some(p) = var("AWS_DEFAULT_PROFILE") {
@@ -380,6 +382,8 @@ pub(crate) async fn resolve_from(
             })
     };
 
+    // By hand: aws-config's region chain says nothing of where its answer
+    // came from, and ends at the instance-metadata service.
     let region = if !config.region.is_empty() {
         Some(Setting {
             value: config.region.clone(),
