@@ -135,7 +135,7 @@ pub(crate) struct Resolved {
     pub(crate) config_file: PathBuf,
     pub(crate) credentials_file: PathBuf,
     /// Where credentials would come from, or why none are configured.
-    pub(crate) credentials: Credentials,
+    pub(crate) credentials: CredentialSource,
     /// Whether the instance-metadata service may be asked (for
     /// credentials): not with a custom endpoint, nor when
     /// `AWS_EC2_METADATA_DISABLED` is true.
@@ -150,7 +150,7 @@ pub(crate) struct Resolved {
 
 /// What the configuration says about credentials, before asking the SDK.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Credentials {
+pub(crate) enum CredentialSource {
     /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
     Environment,
     /// Only one of the pair is set.
@@ -421,24 +421,24 @@ pub(crate) async fn resolve_from(
     // SDK would wait on 169.254.169.254 and report its own failure).
     let imds = endpoint.is_none() && !env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| truthy(&v));
     let credentials = match (has("AWS_ACCESS_KEY_ID"), has("AWS_SECRET_ACCESS_KEY")) {
-        (true, true) => Credentials::Environment,
-        (true, false) => Credentials::HalfEnvironment {
+        (true, true) => CredentialSource::Environment,
+        (true, false) => CredentialSource::HalfEnvironment {
             set: "AWS_ACCESS_KEY_ID",
             missing: "AWS_SECRET_ACCESS_KEY",
         },
-        (false, true) => Credentials::HalfEnvironment {
+        (false, true) => CredentialSource::HalfEnvironment {
             set: "AWS_SECRET_ACCESS_KEY",
             missing: "AWS_ACCESS_KEY_ID",
         },
-        _ if has_profile_keys(&profiles) => Credentials::Profile,
+        _ if has_profile_keys(&profiles) => CredentialSource::Profile,
         _ if has("AWS_WEB_IDENTITY_TOKEN_FILE")
             || has("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
             || has("AWS_CONTAINER_CREDENTIALS_FULL_URI")
             || imds =>
         {
-            Credentials::Elsewhere
+            CredentialSource::Elsewhere
         }
-        _ => Credentials::None,
+        _ => CredentialSource::None,
     };
 
     Resolved {
@@ -509,14 +509,14 @@ impl Resolved {
             unknown
         } else {
             match &self.credentials {
-                Credentials::Environment
-                | Credentials::Profile
-                | Credentials::Elsewhere
-                | Credentials::Given(_) => return None,
-                Credentials::HalfEnvironment { set, missing } => {
+                CredentialSource::Environment
+                | CredentialSource::Profile
+                | CredentialSource::Elsewhere
+                | CredentialSource::Given(_) => return None,
+                CredentialSource::HalfEnvironment { set, missing } => {
                     format!("{set} is set but {missing} is not")
                 }
-                Credentials::None => format!("no S3 credentials found ({})", self.looked_in()),
+                CredentialSource::None => format!("no S3 credentials found ({})", self.looked_in()),
             }
         };
         for u in &self.unusable {
@@ -648,7 +648,7 @@ s3 =
         assert_eq!(r.endpoint.as_ref().unwrap().value, "http://minio-host:9000");
         assert_eq!(r.region.as_ref().unwrap().value, "eu-central-2");
         assert!(r.path_style);
-        assert_eq!(r.credentials, Credentials::Profile);
+        assert_eq!(r.credentials, CredentialSource::Profile);
         assert!(r
             .describe_endpoint()
             .contains("`endpoint_url` of profile `minio`"));
@@ -701,7 +701,7 @@ s3 =
         let r = resolve_texts(&S3Config::default(), &env(&[]), CONFIG, CREDENTIALS);
         assert!(r.endpoint.is_none() && !r.path_style);
         assert_eq!(r.region.unwrap().value, "eu-west-1");
-        assert_eq!(r.credentials, Credentials::Profile);
+        assert_eq!(r.credentials, CredentialSource::Profile);
     }
 
     #[tokio::test]
@@ -782,7 +782,7 @@ s3 =
         };
         let r = resolve_texts(&config, &env(&[]), "", "");
         assert!(!r.imds);
-        assert_eq!(r.credentials, Credentials::None);
+        assert_eq!(r.credentials, CredentialSource::None);
         let why = r.missing_credentials().unwrap();
         assert!(
             why.starts_with("no S3 credentials found (looked in: the environment")

@@ -31,7 +31,7 @@ pub(crate) use settings::S3Config;
 
 /// Where uploads go.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Destination {
+pub(crate) struct BucketPrefix {
     pub(crate) bucket: String,
     /// Key prefix without leading or trailing `/` (may be empty).
     pub(crate) prefix: String,
@@ -111,7 +111,7 @@ fn shown_url(url: &str) -> String {
 }
 
 /// Parses `s3://bucket/prefix`.
-pub(crate) fn parse_url(url: &str) -> Result<Destination, S3Error> {
+pub(crate) fn parse_url(url: &str) -> Result<BucketPrefix, S3Error> {
     let rest = url
         .strip_prefix("s3://")
         .ok_or_else(|| S3Error::BadUrl(url.into()))?;
@@ -128,7 +128,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Destination, S3Error> {
     if !valid_bucket {
         return Err(S3Error::BadUrl(url.into()));
     }
-    Ok(Destination {
+    Ok(BucketPrefix {
         bucket: bucket.into(),
         prefix: prefix.trim_matches('/').into(),
     })
@@ -170,7 +170,7 @@ fn safe(part: &str) -> String {
 /// `<prefix>/<run>/artifacts/memory_usage/<file>`, or with a ClearML task,
 /// `<prefix>/<project>/<task name>.<task id>/artifacts/memory_usage/<file>`.
 pub(crate) fn object_key(
-    dest: &Destination,
+    dest: &BucketPrefix,
     run: &str,
     task: Option<&TaskKey>,
     file: &str,
@@ -200,7 +200,7 @@ fn content_type(key: &str) -> &'static str {
 
 /// What was uploaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Uploaded {
+pub(crate) struct UploadedObject {
     pub(crate) uri: String,
     pub(crate) size: u64,
     /// Hex SHA-256 of the object (ClearML's artifact `hash`).
@@ -212,7 +212,7 @@ pub(crate) struct Uploaded {
 #[derive(Debug, Clone)]
 pub(crate) struct Uploader {
     client: aws_sdk_s3::Client,
-    pub(crate) dest: Destination,
+    pub(crate) dest: BucketPrefix,
     /// For messages: the endpoint and where it came from, or
     /// "AWS S3 (`https://s3.REGION.amazonaws.com`)".
     pub(crate) endpoint: String,
@@ -262,11 +262,11 @@ impl Uploader {
         let mut resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref()).await;
         let own = matches!(
             resolved.credentials,
-            aws::Credentials::Environment | aws::Credentials::Profile
+            aws::CredentialSource::Environment | aws::CredentialSource::Profile
         ) || resolved.unknown_profile().is_some();
         let given = match keys {
             Some((key, secret)) if !own => {
-                resolved.credentials = aws::Credentials::Given(source.to_string());
+                resolved.credentials = aws::CredentialSource::Given(source.to_string());
                 Some(aws_sdk_s3::config::Credentials::new(
                     key,
                     secret,
@@ -425,10 +425,10 @@ impl Uploader {
     /// Where the credentials in use come from, for a refusal.
     fn credentials_source(&self) -> String {
         match self.resolved.credentials {
-            aws::Credentials::Environment => {
+            aws::CredentialSource::Environment => {
                 "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY".to_string()
             }
-            aws::Credentials::Given(ref source) => source.clone(),
+            aws::CredentialSource::Given(ref source) => source.clone(),
             _ => self.resolved.describe_profile(),
         }
     }
@@ -567,7 +567,7 @@ impl Uploader {
     }
 
     /// Uploads `path` as `key`; multipart above the threshold.
-    pub(crate) async fn upload(&self, path: &Path, key: &str) -> Result<Uploaded, S3Error> {
+    pub(crate) async fn upload(&self, path: &Path, key: &str) -> Result<UploadedObject, S3Error> {
         // A regular file, at most the size memtrack's readers accept.
         let owned = path.to_path_buf();
         let bytes = tokio::task::spawn_blocking(move || {
@@ -599,7 +599,7 @@ impl Uploader {
                 .map_err(|e| self.error(e))?;
             1
         };
-        Ok(Uploaded {
+        Ok(UploadedObject {
             uri: format!("s3://{}/{key}", self.dest.bucket),
             size,
             sha256,
@@ -1013,7 +1013,7 @@ mod tests {
     fn urls() {
         assert_eq!(
             parse_url("s3://clearml-artifacts/runs/").unwrap(),
-            Destination {
+            BucketPrefix {
                 bucket: "clearml-artifacts".into(),
                 prefix: "runs".into()
             }
