@@ -706,6 +706,69 @@ s3 =
         assert_eq!(r.credentials, CredentialSource::Profile);
     }
 
+    #[test]
+    fn the_less_common_forms_resolve_as_the_cli_does() {
+        let s3 = S3Config::default();
+        // AWS_DEFAULT_PROFILE chooses, AWS_PROFILE wins over it.
+        let r = resolve_texts(
+            &s3,
+            &env(&[("AWS_DEFAULT_PROFILE", "minio")]),
+            CONFIG,
+            CREDENTIALS,
+        );
+        assert_eq!(
+            (r.profile.as_str(), r.profile_from),
+            ("minio", "AWS_DEFAULT_PROFILE")
+        );
+        assert_eq!(r.endpoint.unwrap().value, "http://minio-host:9000");
+        let vars = [("AWS_DEFAULT_PROFILE", "minio"), ("AWS_PROFILE", "svc")];
+        assert_eq!(resolve_texts(&s3, &env(&vars), CONFIG, "").profile, "svc");
+        // AWS_DEFAULT_REGION over the profile's, AWS_REGION over both.
+        let vars = [("AWS_DEFAULT_REGION", "ca-central-1")];
+        let r = resolve_texts(&s3, &env(&vars), CONFIG, "");
+        assert_eq!(r.region.unwrap().source, "AWS_DEFAULT_REGION");
+        let vars = [
+            ("AWS_DEFAULT_REGION", "ca-central-1"),
+            ("AWS_REGION", "me-south-1"),
+        ];
+        let r = resolve_texts(&s3, &env(&vars), CONFIG, "");
+        assert_eq!(r.region.unwrap().value, "me-south-1");
+        // `[profile default]` is the default profile; the region's source
+        // names it.
+        let r = resolve_texts(
+            &s3,
+            &env(&[]),
+            "[profile default]\nregion = af-south-1\n",
+            "",
+        );
+        let region = r.region.unwrap();
+        assert_eq!(region.value, "af-south-1");
+        assert_eq!(region.source, "`region` of profile `default`");
+        assert!(r.profile_defined);
+        // The profile's own ignore_configured_endpoint_urls.
+        let config =
+            "[default]\nendpoint_url = http://x:1\nignore_configured_endpoint_urls = true\n";
+        assert!(resolve_texts(&s3, &env(&[]), config, "").endpoint.is_none());
+        // A blank variable is unset: AWS_ENDPOINT_URL_S3 of spaces gives way.
+        let vars = [
+            ("AWS_ENDPOINT_URL_S3", "  "),
+            ("AWS_ENDPOINT_URL", "http://env:1"),
+        ];
+        let r = resolve_texts(&s3, &env(&vars), "", "");
+        assert_eq!(r.endpoint.unwrap().source, "AWS_ENDPOINT_URL");
+        // Keys for a profile in the credentials file, its settings in the
+        // config file: one profile.
+        let vars = [("AWS_PROFILE", "minio")];
+        let r = resolve_texts(
+            &s3,
+            &env(&vars),
+            "[profile minio]\nregion = x-1\n",
+            CREDENTIALS,
+        );
+        assert_eq!(r.credentials, CredentialSource::Profile);
+        assert_eq!(r.region.unwrap().value, "x-1");
+    }
+
     #[tokio::test]
     async fn oversized_or_unreadable_files_are_named_not_read() {
         let home = tempfile::tempdir().unwrap();
