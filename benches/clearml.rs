@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use memtrack::config::ClearmlConfig;
 use memtrack::export::clearml::points::Converter;
 use memtrack::export::clearml::queue::Queue;
-use memtrack::export::clearml::{resolve, Reporter, RunEnd};
+use memtrack::export::clearml::{resolve, Reporter, TaskEnd};
 use memtrack::model::{Entry, EntryKind, Exit, RunInfo};
 
 fn full_run() -> bool {
@@ -149,7 +149,7 @@ fn end_to_end(n: u64, dir: &Path) -> (u64, f64, Duration) {
         tx.send(entry(i)).unwrap();
     }
     drop(tx);
-    let end = RunEnd {
+    let end = TaskEnd {
         exit: Some(Exit::code(0)),
         artifact: None,
         page: None,

@@ -310,8 +310,8 @@ fn merge(args: &MergeArgs) -> Result<u8, Failure> {
 fn merge_inputs(
     args: &MergeArgs,
     config: &Config,
-) -> Result<Vec<memtrack::report::merge::Input>, Failure> {
-    use memtrack::report::merge::Input;
+) -> Result<Vec<memtrack::report::merge::MergeSource>, Failure> {
+    use memtrack::report::merge::MergeSource;
     let mut inputs = Vec::new();
     for input in &args.inputs {
         if input.starts_with("s3://") {
@@ -319,13 +319,13 @@ fn merge_inputs(
                 memtrack::export::s3::download_documents(&config.s3, input)
                     .map_err(runtime)?
                     .into_iter()
-                    .map(|(source, doc)| Input::Document(source, Box::new(doc))),
+                    .map(|(source, doc)| MergeSource::Document(source, Box::new(doc))),
             );
         } else {
             // Read as a stream: a rank's log may be millions long.
             let path =
                 memtrack::report::document_path(std::path::Path::new(input)).map_err(runtime)?;
-            inputs.push(Input::File(input.clone(), path));
+            inputs.push(MergeSource::File(input.clone(), path));
         }
     }
     Ok(inputs)

@@ -115,7 +115,7 @@ fn send(
     runtime.block_on(async {
         let (reporter, bad) = clearml::Reporter::resend(settings, run, run_dir.to_path_buf())
             .with_context(|| format!("cannot read {}", spool.display()))?;
-        let end = clearml::RunEnd {
+        let end = clearml::TaskEnd {
             exit: doc.run.exit,
             artifact: None,
             page: None,

@@ -33,7 +33,7 @@ pub(crate) const CHUNK: usize = 32_768;
 
 /// One rank's file to merge.
 #[derive(Debug)]
-pub enum Input {
+pub enum MergeSource {
     /// A document already read (downloaded from S3).
     Document(String, Box<Document>),
     /// A file on disk, read as a stream.
@@ -469,7 +469,7 @@ pub fn merge(inputs: Vec<(String, Document)>, accept: Accept) -> anyhow::Result<
     let merged = merge_inputs(
         inputs
             .into_iter()
-            .map(|(source, doc)| Input::Document(source, Box::new(doc)))
+            .map(|(source, doc)| MergeSource::Document(source, Box::new(doc)))
             .collect(),
         accept,
     )?;
@@ -481,7 +481,7 @@ pub fn merge(inputs: Vec<(String, Document)>, accept: Accept) -> anyhow::Result<
 /// chunks as it is written, so memory stays bounded however long the
 /// ranks' logs are. Files that are not the ranks of one job are refused
 /// unless `accept` says otherwise ([`Accept`]).
-pub fn merge_inputs(inputs: Vec<Input>, accept: Accept) -> anyhow::Result<Merged> {
+pub fn merge_inputs(inputs: Vec<MergeSource>, accept: Accept) -> anyhow::Result<Merged> {
     anyhow::ensure!(!inputs.is_empty(), "nothing to merge");
     let mut runs: Vec<(usize, Run)> = Vec::new();
     let mut dir: Option<TempDir> = None;
@@ -500,14 +500,14 @@ pub fn merge_inputs(inputs: Vec<Input>, accept: Accept) -> anyhow::Result<Merged
             error: None,
         };
         let (source, mut doc) = match input {
-            Input::Document(source, mut doc) => {
+            MergeSource::Document(source, mut doc) => {
                 for e in std::mem::take(&mut doc.detailed_log) {
                     series.push(&e);
                     sorter.push(e);
                 }
                 (source, *doc)
             }
-            Input::File(source, path) => {
+            MergeSource::File(source, path) => {
                 let doc = super::read::read_complete(&path, |e| {
                     series.push(&e);
                     sorter.push(e);
@@ -830,16 +830,16 @@ mod tests {
         );
         // Half of them from files, read as streams.
         let dir = tempfile::tempdir().unwrap();
-        let inputs: Vec<Input> = ranks
+        let inputs: Vec<MergeSource> = ranks
             .into_iter()
             .enumerate()
             .map(|(i, (src, d))| {
                 if i % 2 == 0 {
                     let path = dir.path().join(&src);
                     std::fs::write(&path, serde_json::to_vec(&d).unwrap()).unwrap();
-                    Input::File(src, path)
+                    MergeSource::File(src, path)
                 } else {
-                    Input::Document(src, Box::new(d))
+                    MergeSource::Document(src, Box::new(d))
                 }
             })
             .collect();

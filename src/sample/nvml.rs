@@ -24,7 +24,7 @@ use nvml_wrapper::Nvml;
 use super::gpu::{
     is_visible, Device, DeviceReading, GpuSample, GpuSampler, ProcessReading, Status,
 };
-use super::pidns::{PidMap, Resolved};
+use super::pidns::{PidMap, PidOwner};
 use crate::model::GpuAttribution;
 
 /// The NVML-backed sampler.
@@ -142,12 +142,12 @@ impl NvmlSampler {
             PidMap::Host(map) => {
                 for mut r in readings {
                     match map.resolve(r.pid) {
-                        Resolved::Ours(pid) => {
+                        PidOwner::Ours(pid) => {
                             r.pid = pid;
                             out.processes.push(r);
                         }
-                        Resolved::Foreign => {}
-                        Resolved::Unknown => out.device_level = true,
+                        PidOwner::Foreign => {}
+                        PidOwner::Unknown => out.device_level = true,
                     }
                 }
                 if out.device_level {

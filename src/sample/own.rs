@@ -117,7 +117,7 @@ impl OwnReader {
         std::thread::Builder::new()
             .name("memtrack-smaps".into())
             .spawn(move || {
-                let mut worker = Worker {
+                let mut worker = ReaderThread {
                     root,
                     buf: Vec::with_capacity(4096),
                     roll: pages::Rolling::new(crate::sys::page_size()),
@@ -244,7 +244,7 @@ impl Drop for OwnReader {
 }
 
 /// The reader thread's state: its buffers and the page pass under way.
-struct Worker {
+struct ReaderThread {
     root: PathBuf,
     buf: Vec<u8>,
     /// The rolling page count.
@@ -254,7 +254,7 @@ struct Worker {
     page_size: u64,
 }
 
-impl Worker {
+impl ReaderThread {
     /// Reads the batch's processes in order until its CPU allowance is
     /// spent (at least one, so a process larger than the allowance is
     /// read).

@@ -97,7 +97,7 @@ pub(crate) fn parse_statm_anon(text: &str, page_size: u64) -> Result<(u64, u64),
 
 /// The fields of `/proc/PID/status` memtrack uses (sizes in bytes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Status {
+pub(crate) struct ProcStatus {
     /// `Name:` (the command name; it changes when the process execs).
     pub(crate) name: String,
     pub(crate) tgid: u32,
@@ -107,8 +107,8 @@ pub(crate) struct Status {
 }
 
 /// Parses `/proc/PID/status`. A zombie has no `Vm*` lines: they read as 0.
-pub(crate) fn parse_status(text: &str) -> Result<Status, ParseError> {
-    let mut s = Status::default();
+pub(crate) fn parse_status(text: &str) -> Result<ProcStatus, ParseError> {
+    let mut s = ProcStatus::default();
     let mut saw_tgid = false;
     for line in text.lines() {
         let Some((key, value)) = line.split_once(':') else {

@@ -96,7 +96,7 @@ pub(crate) struct HostPids {
     /// memtrack's index in host-side `NSpid` chains.
     depth: usize,
     /// Answers so far, by host PID, with the process's start time.
-    known: HashMap<u32, (u64, Resolved)>,
+    known: HashMap<u32, (u64, PidOwner)>,
 }
 
 /// Why a procfs cannot map NVML's host PIDs to the tree's.
@@ -164,16 +164,16 @@ impl HostPids {
     /// What the host's `host_pid` is to memtrack. A process keeps its
     /// answer for life (its namespaces never change), so a known one
     /// costs one read: its start time, which tells a reused PID apart.
-    pub(crate) fn resolve(&mut self, host_pid: u32) -> Resolved {
+    pub(crate) fn resolve(&mut self, host_pid: u32) -> PidOwner {
         let dir = self.host_proc.join(host_pid.to_string());
         let host_start = match read_proc(&dir.join("stat")) {
             Ok(text) => match parse_stat(&text) {
                 Ok(s) => s.start_ticks,
-                Err(_) => return Resolved::Unknown,
+                Err(_) => return PidOwner::Unknown,
             },
             // Exited since NVML listed it: nobody's memory any more.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Resolved::Foreign,
-            Err(_) => return Resolved::Unknown,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return PidOwner::Foreign,
+            Err(_) => return PidOwner::Unknown,
         };
         if let Some(&(start, answer)) = self.known.get(&host_pid) {
             if start == host_start {
@@ -181,7 +181,7 @@ impl HostPids {
             }
         }
         let answer = self.look_up(&dir, host_start);
-        if answer != Resolved::Unknown {
+        if answer != PidOwner::Unknown {
             if self.known.len() >= KNOWN_MAX {
                 self.known.clear();
             }
@@ -192,18 +192,18 @@ impl HostPids {
 
     /// Reads the `NSpid` chain of the host's process in `dir` (started at
     /// `host_start`) and checks its candidate in memtrack's procfs.
-    fn look_up(&self, dir: &Path, host_start: u64) -> Resolved {
+    fn look_up(&self, dir: &Path, host_start: u64) -> PidOwner {
         let status = match read_proc(&dir.join("status")) {
             Ok(s) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Resolved::Foreign,
-            Err(_) => return Resolved::Unknown,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return PidOwner::Foreign,
+            Err(_) => return PidOwner::Unknown,
         };
         let Some(chain) = nspid(&status) else {
-            return Resolved::Unknown;
+            return PidOwner::Unknown;
         };
         let Some(&candidate) = chain.get(self.depth) else {
             // Not in memtrack's namespace nor below it.
-            return Resolved::Foreign;
+            return PidOwner::Foreign;
         };
         let local = self.local_proc.join(candidate.to_string()).join("stat");
         let local_start = read_proc(&local)
@@ -211,10 +211,10 @@ impl HostPids {
             .and_then(|t| parse_stat(&t).ok())
             .map(|s| s.start_ticks);
         if local_start == Some(host_start) {
-            Resolved::Ours(candidate)
+            PidOwner::Ours(candidate)
         } else {
             // Another namespace at memtrack's depth (a sibling container).
-            Resolved::Foreign
+            PidOwner::Foreign
         }
     }
 }
@@ -224,7 +224,7 @@ const KNOWN_MAX: usize = 4096;
 
 /// A host PID as memtrack sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Resolved {
+pub(crate) enum PidOwner {
     /// This namespace's PID of the same process.
     Ours(u32),
     /// A process of another namespace (another container, the host).
@@ -345,9 +345,9 @@ mod tests {
         }
         let mut map = HostPids::open(proc_root, proc_root).unwrap();
         let me = std::process::id();
-        assert_eq!(map.resolve(me), Resolved::Ours(me));
-        assert_eq!(map.resolve(me), Resolved::Ours(me), "remembered");
-        assert_eq!(map.resolve(u32::MAX), Resolved::Foreign, "gone");
+        assert_eq!(map.resolve(me), PidOwner::Ours(me));
+        assert_eq!(map.resolve(me), PidOwner::Ours(me), "remembered");
+        assert_eq!(map.resolve(u32::MAX), PidOwner::Foreign, "gone");
         let (pids, attribution) = plan(proc_root, Path::new(""));
         assert!(matches!(pids, PidMap::Same), "{pids:?}");
         assert_eq!(attribution.mode, AttributionMode::PerProcess);

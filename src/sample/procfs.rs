@@ -815,7 +815,7 @@ impl SelfUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::parse::{parse_smaps_rollup, Status};
+    use crate::sample::parse::{parse_smaps_rollup, ProcStatus};
 
     const STAT: &str = "1234 (python3 (worker) x) S 1000 1234 1000 0 -1 4194560 100 0 0 0 5 1 0 0 20 0 4 0 98765 123456789 2500 18446744073709551615 1 1 0 0 0 0 0 16781312 134234626 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
 
@@ -853,7 +853,7 @@ mod tests {
         let s = parse_status(text).unwrap();
         assert_eq!(
             s,
-            Status {
+            ProcStatus {
                 name: "python3".into(),
                 tgid: 42,
                 ppid: 7,

@@ -119,6 +119,97 @@ fn aws_files_that_are_no_regular_files_are_refused() {
         .is_none());
 }
 
+/// What once broke: a line without `=` in the credentials file was skipped,
+/// so the chosen profile looked keyless ("no S3 credentials found") and the
+/// real mistake went unnamed. The file and the line are named now.
+#[test]
+fn a_malformed_credentials_file_is_named_with_its_line() {
+    let server = S3Server::start();
+    let dir = scratch();
+    let file = small_document(dir.path());
+    let credentials = dir.path().join("creds");
+    std::fs::write(
+        &credentials,
+        format!("[minio]\naws_access_key_id {S3_KEY}\naws_secret_access_key = {S3_SECRET}\n"),
+    )
+    .unwrap();
+    let p = credentials.display().to_string();
+    let res = upload(
+        &file,
+        &[
+            "--s3-url",
+            &format!("s3://{}/runs", server.bucket),
+            "--s3-endpoint",
+            &server.endpoint(),
+        ],
+        &[
+            ("AWS_SHARED_CREDENTIALS_FILE", &p),
+            ("AWS_PROFILE", "minio"),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ],
+    );
+    let err = stderr(&res);
+    assert_eq!(res.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("error parsing {p} on line 2"))
+            && !err.contains("no S3 credentials found")
+            && !err.contains(S3_KEY),
+        "{err}"
+    );
+    assert!(server
+        .object("runs/small/artifacts/memory_usage/memory_usage.json")
+        .is_none());
+}
+
+/// What once broke: the SDK read the profile files again itself, without
+/// memtrack's bound, after memtrack had read and resolved them (twice
+/// each): a file changed in between could make it use another profile than
+/// the one named. It is handed the text memtrack read now.
+#[test]
+fn the_aws_profile_files_are_read_once() {
+    let server = S3Server::start();
+    let dir = scratch();
+    let file = small_document(dir.path());
+    let aws = dir.path().join(".aws");
+    std::fs::create_dir(&aws).unwrap();
+    std::fs::write(aws.join("config"), "[profile minio]\nregion = eu-west-3\n").unwrap();
+    std::fs::write(
+        aws.join("credentials"),
+        format!("[minio]\naws_access_key_id = {S3_KEY}\naws_secret_access_key = {S3_SECRET}\n"),
+    )
+    .unwrap();
+    let trace = dir.path().join("open.trace");
+    let mut cmd = Command::new("strace");
+    cmd.args(["-f", "-qq", "-e", "trace=open,openat,execve", "-o"])
+        .arg(&trace)
+        .arg(env!("CARGO_BIN_EXE_memtrack"))
+        .arg("upload")
+        .arg(&file)
+        .args([
+            "--s3-url",
+            &format!("s3://{}/runs", server.bucket),
+            "--s3-endpoint",
+            &server.endpoint(),
+        ])
+        .stdin(Stdio::null());
+    without_aws_env(&mut cmd)
+        .env("HOME", dir.path())
+        .env("AWS_PROFILE", "minio")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    let res = run_to_end(&mut cmd, Duration::from_secs(60));
+    assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
+    assert!(server
+        .object("runs/small/artifacts/memory_usage/memory_usage.json")
+        .is_some());
+    let calls = std::fs::read_to_string(&trace).expect("strace wrote its trace");
+    assert!(calls.contains("execve("), "strace traced nothing: {calls}");
+    for name in ["config", "credentials"] {
+        let path = format!("\"{}\"", aws.join(name).display());
+        let opens = calls.lines().filter(|l| l.contains(&path)).count();
+        assert_eq!(opens, 1, "{name} opened {opens} times:\n{calls}");
+    }
+}
+
 /// What once broke: a password in `endpoint_url` was printed twice (the
 /// error and the retry command), and an invalid URL was retried 5 times
 /// as a network error.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use memtrack::model::{
     Alert, Document, Entry, EntryKind, Exit, Gpu, GpuSource, Peaks, RunInfo, Stage, Target,
 };
-use memtrack::report::plot::{plot, Format, PlotError, PlotOptions};
+use memtrack::report::plot::{plot, ImageFormat, PlotError, PlotOptions};
 
 use crate::common::{memtrack, only_document, python, run_to_end, scratch, stderr};
 
@@ -285,7 +285,7 @@ fn plot_draws_series_phases_stages_peaks_and_alerts() {
     let svg_path = dir.path().join("rich.svg");
     let summary = plot(&doc, &svg_path, &PlotOptions::default()).unwrap();
     keep(&svg_path);
-    assert_eq!(summary.format, Format::Svg);
+    assert_eq!(summary.format, ImageFormat::Svg);
     assert!(summary.gpu_panel);
     assert_eq!((summary.stages, summary.alerts), (3, 4));
     // model/load, 14 × (data/fetch + model/train_step), eval/evaluate
@@ -356,7 +356,7 @@ fn plot_draws_series_phases_stages_peaks_and_alerts() {
     };
     let png = plot(&doc, &png_path, &opts).unwrap();
     keep(&png_path);
-    assert_eq!(png.format, Format::Png);
+    assert_eq!(png.format, ImageFormat::Png);
     assert_eq!(png_size(&std::fs::read(&png_path).unwrap()), (1600, 1000));
     // a picture, not a blank page: plenty of distinct bytes after encoding
     assert!(std::fs::metadata(&png_path).unwrap().len() > 40_000);

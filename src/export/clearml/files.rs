@@ -98,15 +98,19 @@ pub(crate) enum FileError {
 /// artifacts: the settings, and the API client a fileserver upload
 /// authenticates with.
 #[derive(Debug, Clone)]
-pub(crate) struct Outputs {
+pub(crate) struct ArtifactStore {
     api: Api,
     files_host: String,
     conf: super::output::OutputConf,
 }
 
-impl Outputs {
-    pub(crate) fn new(api: Api, files_host: &str, conf: super::output::OutputConf) -> Outputs {
-        Outputs {
+impl ArtifactStore {
+    pub(crate) fn new(
+        api: Api,
+        files_host: &str,
+        conf: super::output::OutputConf,
+    ) -> ArtifactStore {
+        ArtifactStore {
             api,
             files_host: files_host.trim_end_matches('/').to_string(),
             conf,

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::api::Body;
 use super::machine::Phase;
-use super::outcome::{Artifact, RunEnd};
+use super::outcome::{Artifact, TaskEnd};
 use super::points;
 use super::state::{JobKind, JobOutput, ReporterState, Running};
 use super::tasks;
@@ -169,7 +169,7 @@ impl ReporterState {
         }
     }
 
-    pub(crate) fn status_job(&self, task: &str, outcome: &RunEnd) -> Running {
+    pub(crate) fn status_job(&self, task: &str, outcome: &TaskEnd) -> Running {
         let api = self.api.clone();
         let task = task.to_string();
         let exit = outcome.exit;

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::api::CallError;
-use super::tasks::{Registered, TaskCtx};
+use super::tasks::{ArtifactRegistered, TaskCtx};
 use crate::event::inbox::JobTaskReply;
 
 /// Distinct problems kept for the final report.
@@ -92,7 +92,7 @@ pub(crate) enum BatchVerdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ArtifactVerdict {
     /// Registered; `first`: the first time in this run.
-    Registered { first: bool },
+    ArtifactRegistered { first: bool },
     /// The task no longer takes artifacts (`status`).
     Closed { status: String, registered: bool },
     /// The registration failed.
@@ -112,7 +112,7 @@ pub(crate) enum EndStage {
 
 /// Where the end of the run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct End {
+pub(crate) struct EndProgress {
     pub(crate) stage: EndStage,
     pub(crate) status_started: bool,
     pub(crate) artifact_started: bool,
@@ -120,9 +120,9 @@ pub(crate) struct End {
     pub(crate) aside_restored: bool,
 }
 
-impl End {
-    pub(crate) fn new() -> End {
-        End {
+impl EndProgress {
+    pub(crate) fn new() -> EndProgress {
+        EndProgress {
             stage: EndStage::Drain,
             status_started: false,
             artifact_started: false,
@@ -131,9 +131,9 @@ impl End {
     }
 }
 
-impl Default for End {
+impl Default for EndProgress {
     fn default() -> Self {
-        End::new()
+        EndProgress::new()
     }
 }
 
@@ -408,15 +408,18 @@ impl Machine {
     }
 
     /// An artifact registration came back.
-    pub(crate) fn artifact_done(&mut self, res: Result<Registered, CallError>) -> ArtifactVerdict {
+    pub(crate) fn artifact_done(
+        &mut self,
+        res: Result<ArtifactRegistered, CallError>,
+    ) -> ArtifactVerdict {
         self.artifact_settled = true;
         match res {
-            Ok(Registered::Yes) => {
+            Ok(ArtifactRegistered::Yes) => {
                 let first = !self.artifact_registered;
                 self.artifact_registered = true;
-                ArtifactVerdict::Registered { first }
+                ArtifactVerdict::ArtifactRegistered { first }
             }
-            Ok(Registered::Closed(status)) => {
+            Ok(ArtifactRegistered::Closed(status)) => {
                 self.artifact_open = false;
                 if !self.artifact_registered {
                     self.problem(format!(
@@ -464,7 +467,7 @@ impl Machine {
     }
 
     /// The next step of the end of the run.
-    pub(crate) fn end_step(&self, end: &End, f: EndFacts) -> EndStep {
+    pub(crate) fn end_step(&self, end: &EndProgress, f: EndFacts) -> EndStep {
         match end.stage {
             EndStage::Drain if !f.entries_open || f.drain_passed => EndStep::CloseIntake {
                 still_open: f.entries_open,
@@ -634,8 +637,8 @@ mod tests {
         };
         assert_eq!(m.next_job(due), Some(Plan::Artifact));
         assert_eq!(
-            m.artifact_done(Ok(Registered::Yes)),
-            ArtifactVerdict::Registered { first: true }
+            m.artifact_done(Ok(ArtifactRegistered::Yes)),
+            ArtifactVerdict::ArtifactRegistered { first: true }
         );
         let reply = m.answer().unwrap();
         assert!(reply.reporting && reply.artifact);
@@ -643,8 +646,8 @@ mod tests {
             .message
             .ends_with("and registered the memory_usage artifact"));
         assert_eq!(
-            m.artifact_done(Ok(Registered::Yes)),
-            ArtifactVerdict::Registered { first: false }
+            m.artifact_done(Ok(ArtifactRegistered::Yes)),
+            ArtifactVerdict::ArtifactRegistered { first: false }
         );
     }
 
@@ -777,7 +780,7 @@ mod tests {
     #[test]
     fn closing_flushes_every_point_then_ends_a_created_task() {
         let m = ready(true, false);
-        let mut end = End::new();
+        let mut end = EndProgress::new();
         let open = EndFacts {
             entries_open: true,
             ..facts()
@@ -817,9 +820,9 @@ mod tests {
     #[test]
     fn closing_registers_the_artifact_and_leaves_a_given_task_open() {
         let m = ready(false, false);
-        let mut end = End {
+        let mut end = EndProgress {
             stage: EndStage::Artifact,
-            ..End::new()
+            ..EndProgress::new()
         };
         let with = EndFacts {
             has_artifact: true,
@@ -843,9 +846,9 @@ mod tests {
     fn closing_while_disabled_keeps_the_points_and_sends_nothing() {
         let mut m = ready(true, false);
         m.disable("task locked".into());
-        let mut end = End {
+        let mut end = EndProgress {
             stage: EndStage::Setup,
-            ..End::new()
+            ..EndProgress::new()
         };
         assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Done));
         end.stage = EndStage::Flush;
@@ -860,7 +863,7 @@ mod tests {
     #[test]
     fn a_closed_job_task_takes_no_more_artifacts() {
         let mut m = ready(false, true);
-        let v = m.artifact_done(Ok(Registered::Closed("completed".into())));
+        let v = m.artifact_done(Ok(ArtifactRegistered::Closed("completed".into())));
         assert_eq!(
             v,
             ArtifactVerdict::Closed {

@@ -52,7 +52,7 @@ pub use crate::export::task_note::SPOOL_FILE;
 pub(crate) use crate::export::task_note::{read as read_task_note, TASK_FILE};
 pub(crate) use files::FileServer;
 pub(crate) use outcome::note_task;
-pub use outcome::{Artifact, FinishReport, RunEnd};
+pub use outcome::{Artifact, FinishReport, TaskEnd};
 pub use reporter::Reporter;
 pub(crate) use settings::{fit_task_name, zero_config, MIN_NAME};
 pub use settings::{resolve, ClearmlConfig, ClearmlError, Credentials, Settings};

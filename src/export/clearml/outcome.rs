@@ -20,7 +20,7 @@ pub struct TaskRef {
 
 /// How the run ended, for the task's final status and its artifact.
 #[derive(Debug, Clone, Default)]
-pub struct RunEnd {
+pub struct TaskEnd {
     pub exit: Option<crate::model::Exit>,
     pub artifact: Option<Artifact>,
     /// The run's report page where it was uploaded, registered beside
@@ -85,7 +85,3 @@ impl TaskRef {
 pub(crate) fn note_task(run_dir: &Path, task: &TaskRef, created: bool) {
     task_note::note_unless_present(run_dir, &task.note(created));
 }
-
-/// A checkpoint's upload for the job's task: the artifact to register, or
-/// why there is none (the uploader's error, S3's or the fileserver's).
-pub(crate) type Checkpoint = Result<Artifact, Box<dyn std::error::Error + Send + Sync>>;

@@ -85,14 +85,14 @@ impl fmt::Debug for Keys {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Destination {
     /// An S3 bucket (AWS or an S3-compatible store).
-    S3(S3Target),
+    S3(S3Destination),
     /// A ClearML fileserver (or any http(s) store that takes its uploads).
     Files(String),
 }
 
 /// An `s3://` destination resolved against `sdk.aws.s3`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct S3Target {
+pub(crate) struct S3Destination {
     /// `s3://bucket/prefix`, as memtrack's S3 uploader takes it.
     pub(crate) url: String,
     /// `http(s)://host[:port]` of an S3-compatible store (`None`: AWS, or
@@ -221,7 +221,7 @@ pub(crate) enum OutputConfError {
 /// `s3://…` resolved as the SDK resolves it: the longest matching entry of
 /// `sdk.aws.s3.credentials` (a `host` entry matches `s3://host/bucket`, a
 /// bucket entry `s3://bucket`), else the section's own keys and region.
-pub(crate) fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, DestinationError> {
+pub(crate) fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Destination, DestinationError> {
     let rest = &uri["s3://".len()..];
     let (netloc, path) = rest.split_once('/').unwrap_or((rest, ""));
     let lower = uri.to_ascii_lowercase();
@@ -252,7 +252,7 @@ pub(crate) fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, Destin
         .max_by_key(|(_, _, len)| *len);
     let section = format!("sdk.aws.s3 in {}", conf.file);
     let Some((i, entry, _)) = matched else {
-        return Ok(S3Target {
+        return Ok(S3Destination {
             url: uri.to_string(),
             endpoint: None,
             host: None,
@@ -268,7 +268,7 @@ pub(crate) fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, Destin
         entry.region.clone()
     };
     if entry.host.is_empty() {
-        return Ok(S3Target {
+        return Ok(S3Destination {
             url: uri.to_string(),
             endpoint: None,
             host: None,
@@ -286,7 +286,7 @@ pub(crate) fn s3_target(uri: &str, conf: &OutputConf) -> Result<S3Target, Destin
         });
     }
     let scheme = if entry.secure { "https" } else { "http" };
-    Ok(S3Target {
+    Ok(S3Destination {
         url: if prefix.is_empty() {
             format!("s3://{bucket}")
         } else {

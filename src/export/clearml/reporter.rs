@@ -30,16 +30,17 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::api::{Api, CallError};
 use super::machine::{
-    Announce, ArtifactVerdict, BatchVerdict, Decided, Due, End, EndFacts, EndStage, EndStep,
-    Machine, Phase, Plan,
+    Announce, ArtifactVerdict, BatchVerdict, Decided, Due, EndFacts, EndProgress, EndStage,
+    EndStep, Machine, Phase, Plan,
 };
-use super::outcome::{Checkpoint, FinishReport, RunEnd, TaskRef};
+use super::outcome::{FinishReport, TaskEnd, TaskRef};
 use super::points::{Converter, Point};
 use super::queue::Queue;
 use super::settings::Settings;
-use super::state::{Ending, Event, Finish, JobKind, JobOutput, ReporterState, Running};
-use super::tasks::{Registered, TaskCtx};
+use super::state::{Ending, Finish, JobKind, JobOutput, ReporterState, Running, Wake};
+use super::tasks::{ArtifactRegistered, TaskCtx};
 use crate::event::inbox::JobTask;
+use crate::export::output::Uploaded;
 use crate::export::task_note::{self, SPOOL_FILE, TASK_FILE};
 use crate::logging::RateLimited;
 use crate::model::{Entry, RunInfo};
@@ -63,7 +64,7 @@ pub struct Reporter {
     job_task: watch::Receiver<Option<TaskRef>>,
     /// Uploaded checkpoints of the document (or why an upload failed), to
     /// register on the job's task.
-    artifacts: Option<mpsc::UnboundedSender<Checkpoint>>,
+    artifacts: Option<mpsc::UnboundedSender<Uploaded>>,
     /// True once the task is known or reporting is off for good.
     settled: watch::Receiver<bool>,
     /// Set when the run ends: stop waiting for the job's task.
@@ -74,7 +75,7 @@ pub struct Reporter {
     failed: Option<String>,
     /// Where the job's task keeps its artifacts, when the document goes
     /// there (no S3 destination of memtrack's own).
-    outputs: Option<super::files::Outputs>,
+    outputs: Option<super::files::ArtifactStore>,
 }
 
 impl Reporter {
@@ -156,7 +157,11 @@ impl Reporter {
             Err(e) => return failed(e.to_string()),
         };
         let outputs = settings.files_upload.then(|| {
-            super::files::Outputs::new(api.clone(), &settings.files_host, settings.output.clone())
+            super::files::ArtifactStore::new(
+                api.clone(),
+                &settings.files_host,
+                settings.output.clone(),
+            )
         });
         let (finish_tx, finish_rx) = oneshot::channel();
         let (artifacts_tx, artifacts_rx) = mpsc::unbounded_channel();
@@ -219,7 +224,7 @@ impl Reporter {
     /// Where the document goes for the job's task without an S3
     /// destination of memtrack's own: where the task keeps its artifacts
     /// (`None`: nowhere).
-    pub(crate) fn outputs(&self) -> Option<super::files::Outputs> {
+    pub(crate) fn outputs(&self) -> Option<super::files::ArtifactStore> {
         self.outputs.clone()
     }
 
@@ -256,7 +261,7 @@ impl Reporter {
     /// Where the run hands in uploaded checkpoints of the document: while
     /// memtrack reports into the job's own task, each is registered as the
     /// `memory_usage` artifact as long as the task takes it.
-    pub(crate) fn artifacts(&self) -> Option<mpsc::UnboundedSender<Checkpoint>> {
+    pub(crate) fn artifacts(&self) -> Option<mpsc::UnboundedSender<Uploaded>> {
         self.artifacts.clone()
     }
 
@@ -270,7 +275,7 @@ impl Reporter {
     /// sends every queued and spooled point, then, for a task memtrack
     /// created, marks it completed (exit code 0) or failed. Bounded by
     /// `timeout` overall; whatever stays unsent is left in the spool file.
-    pub async fn finish(mut self, outcome: RunEnd, timeout: Duration) -> FinishReport {
+    pub async fn finish(mut self, outcome: TaskEnd, timeout: Duration) -> FinishReport {
         let Some(tx) = self.finish.take() else {
             return FinishReport {
                 errors: self.failed.clone().into_iter().collect(),
@@ -313,7 +318,7 @@ struct Inputs {
     entries_open: bool,
     job_tasks: mpsc::Receiver<JobTask>,
     job_tasks_open: bool,
-    artifacts: mpsc::UnboundedReceiver<Checkpoint>,
+    artifacts: mpsc::UnboundedReceiver<Uploaded>,
     artifacts_open: bool,
     hurry: watch::Receiver<bool>,
     hurry_open: bool,
@@ -323,16 +328,16 @@ struct Inputs {
 impl Inputs {
     /// The next thing to handle: a message, the job's result, a tick, or
     /// `deadline`.
-    async fn next(&mut self, job: &mut Option<Running>, deadline: Option<Instant>) -> Event {
+    async fn next(&mut self, job: &mut Option<Running>, deadline: Option<Instant>) -> Wake {
         tokio::select! {
-            f = &mut self.finish, if self.finish_open => Event::Finish(f.ok()),
-            e = self.entries.recv(), if self.entries_open => Event::Entry(e),
-            t = self.job_tasks.recv(), if self.job_tasks_open => Event::JobTask(t),
-            a = self.artifacts.recv(), if self.artifacts_open => Event::Checkpoint(a),
-            h = self.hurry.changed(), if self.hurry_open => Event::Hurry(h.is_ok()),
-            out = poll_job(job), if job.is_some() => Event::Job(out),
-            _ = self.ticker.tick() => Event::Tick,
-            _ = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
+            f = &mut self.finish, if self.finish_open => Wake::Finish(f.ok()),
+            e = self.entries.recv(), if self.entries_open => Wake::Entry(e),
+            t = self.job_tasks.recv(), if self.job_tasks_open => Wake::JobTask(t),
+            a = self.artifacts.recv(), if self.artifacts_open => Wake::Checkpoint(a),
+            h = self.hurry.changed(), if self.hurry_open => Wake::Hurry(h.is_ok()),
+            out = poll_job(job), if job.is_some() => Wake::Job(out),
+            _ = self.ticker.tick() => Wake::Tick,
+            _ = sleep_until(deadline), if deadline.is_some() => Wake::Deadline,
         }
     }
 }
@@ -376,37 +381,37 @@ impl ReporterState {
             }
             let deadline = self.deadline(ending.as_ref());
             match inputs.next(&mut job, deadline).await {
-                Event::Finish(Some(f)) => {
+                Wake::Finish(Some(f)) => {
                     inputs.finish_open = false;
                     ending = Some(self.begin_end(f));
                 }
-                Event::Finish(None) => {
+                Wake::Finish(None) => {
                     self.abandon(job.take(), &mut inputs.entries, &mut pending);
                     return;
                 }
-                Event::Entry(Some(e)) => self.entries_in(e, &mut inputs.entries, &mut pending),
-                Event::Entry(None) => inputs.entries_open = false,
-                Event::JobTask(None) => inputs.job_tasks_open = false,
-                Event::JobTask(Some(t)) => {
+                Wake::Entry(Some(e)) => self.entries_in(e, &mut inputs.entries, &mut pending),
+                Wake::Entry(None) => inputs.entries_open = false,
+                Wake::JobTask(None) => inputs.job_tasks_open = false,
+                Wake::JobTask(Some(t)) => {
                     self.announced(t, &mut pending);
                     self.accept(&mut pending);
                 }
-                Event::Hurry(alive) => {
+                Wake::Hurry(alive) => {
                     inputs.hurry_open = false;
                     self.hurried(alive, &mut pending);
                 }
-                Event::Checkpoint(None) => inputs.artifacts_open = false,
-                Event::Checkpoint(Some(c)) => self.checkpoint(c),
-                Event::Job(out) => {
+                Wake::Checkpoint(None) => inputs.artifacts_open = false,
+                Wake::Checkpoint(Some(c)) => self.checkpoint(c),
+                Wake::Job(out) => {
                     let kind = job.take().map(|r| r.kind);
                     self.on_job(kind, out);
                 }
-                Event::Tick => {
+                Wake::Tick => {
                     self.conv
                         .close_passed(f64::NEG_INFINITY, Instant::now(), &mut pending);
                     self.accept(&mut pending);
                 }
-                Event::Deadline => self.on_deadline(&mut job, ending.as_mut(), &mut pending),
+                Wake::Deadline => self.on_deadline(&mut job, ending.as_mut(), &mut pending),
             }
         }
         if let Some(r) = job.take() {
@@ -487,7 +492,7 @@ impl ReporterState {
     }
 
     /// An uploaded checkpoint to register, or why its upload failed.
-    fn checkpoint(&mut self, c: Checkpoint) {
+    fn checkpoint(&mut self, c: Uploaded) {
         match c {
             Ok(a) => self.pending_artifact = Some(a),
             Err(why) => {
@@ -672,7 +677,7 @@ impl ReporterState {
         };
         Ending {
             outcome: f.outcome,
-            end: End::new(),
+            end: EndProgress::new(),
             drain_until: now + DRAIN_WAIT.min(f.timeout / 4),
             points_until: until - reserve,
             until,
@@ -938,9 +943,9 @@ impl ReporterState {
         }
     }
 
-    fn artifact_done(&mut self, res: Result<Registered, CallError>) {
+    fn artifact_done(&mut self, res: Result<ArtifactRegistered, CallError>) {
         match self.machine.artifact_done(res) {
-            ArtifactVerdict::Registered { first } => {
+            ArtifactVerdict::ArtifactRegistered { first } => {
                 if first {
                     tracing::info!("ClearML: registered the memory_usage artifact");
                 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::outcome::{Artifact, FinishReport, RunEnd as ClearmlEnd};
+use super::outcome::{Artifact, FinishReport, TaskEnd};
 use super::reporter::Reporter;
 use super::settings::{ClearmlConfig, ClearmlError, NoZeroConfig, Settings};
 use super::task_output::TaskOutput;
@@ -186,7 +186,7 @@ impl ClearmlOutput {
     /// A second signal: ClearML's unsent points go to the spool file
     /// without waiting on the network.
     fn stop_at_once(reporter: Reporter, end: &RunEnd<'_>) {
-        let last = ClearmlEnd {
+        let last = TaskEnd {
             exit: end.ended.job_exit,
             artifact: None,
             page: None,
@@ -316,7 +316,7 @@ impl ClearmlOutput {
         if artifact.is_none() && end.written && !self.document_uploaded {
             artifact = self.upload_to_files(&reporter, end, deadline, &mut upload_failed);
         }
-        let last = ClearmlEnd {
+        let last = TaskEnd {
             exit: end.ended.job_exit,
             artifact,
             page,

@@ -452,7 +452,7 @@ pub fn resolve(
     let conf = ConfFile::locate(config, env, home);
     found.fill_from_conf(&conf, env)?;
     let server = found.require(why, conf.name())?;
-    let target = Target::of(config, env_task)?;
+    let target = TaskChoice::of(config, env_task)?;
     let mut settings = assemble(config, env, server, target);
     settings.output = output_conf(&conf, env);
     Ok(Some(settings))
@@ -515,7 +515,7 @@ pub(crate) fn zero_config(
     let mut found = Found::from_config_and_env(config, None, env)?;
     found.fill_from_conf(&conf, env)?;
     let server = found.require(format!("found {}", conf.name()), conf.name())?;
-    let target = Target {
+    let target = TaskChoice {
         task: None,
         project: tidy_project(&config.project),
         task_name: config.task_name.trim().to_string(),
@@ -777,7 +777,7 @@ impl ConfFile {
 
 /// The task to report into, or the project, name and type of the one
 /// memtrack creates (checked against the server's rules).
-struct Target {
+struct TaskChoice {
     task: Option<String>,
     project: String,
     task_name: String,
@@ -786,11 +786,11 @@ struct Target {
     adapted: Vec<String>,
 }
 
-impl Target {
+impl TaskChoice {
     fn of(
         config: &ClearmlConfig,
         env_task: Option<(&'static str, String)>,
-    ) -> Result<Target, ClearmlError> {
+    ) -> Result<TaskChoice, ClearmlError> {
         let project = if config.project.trim().is_empty() {
             "memtrack".to_string()
         } else {
@@ -827,7 +827,7 @@ impl Target {
                 task_type = "training";
             }
         }
-        Ok(Target {
+        Ok(TaskChoice {
             task,
             project,
             task_name,
@@ -842,7 +842,7 @@ fn assemble(
     config: &ClearmlConfig,
     env: &dyn Fn(&str) -> Option<String>,
     server: Server,
-    target: Target,
+    target: TaskChoice,
 ) -> Settings {
     let worker = env_first(env, ENV_WORKER)
         .map(|(_, v)| v)

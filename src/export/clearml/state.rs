@@ -14,12 +14,12 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 use super::api::{Api, CallError};
-use super::machine::{End, Machine};
-use super::outcome::{Artifact, FinishReport, RunEnd, TaskRef};
+use super::machine::{EndProgress, Machine};
+use super::outcome::{Artifact, FinishReport, TaskEnd, TaskRef};
 use super::points::{Converter, Point};
 use super::queue::Queue;
 use super::settings::Settings;
-use super::tasks::{Registered, TaskCtx};
+use super::tasks::{ArtifactRegistered, TaskCtx};
 use crate::event::inbox::{JobTask, JobTaskReply};
 use crate::logging::RateLimited;
 use crate::model::{Entry, RunInfo};
@@ -27,7 +27,7 @@ use crate::model::{Entry, RunInfo};
 /// The end of the run, as the handle asks for it.
 #[derive(Debug)]
 pub(crate) struct Finish {
-    pub(crate) outcome: RunEnd,
+    pub(crate) outcome: TaskEnd,
     pub(crate) timeout: Duration,
     pub(crate) reply: oneshot::Sender<FinishReport>,
 }
@@ -38,7 +38,7 @@ pub(crate) type JobFuture = Pin<Box<dyn Future<Output = JobOutput> + Send>>;
 pub(crate) enum JobOutput {
     Setup(Result<TaskCtx, super::tasks::SetupError>),
     Batch(Result<Value, CallError>),
-    Artifact(Result<Registered, CallError>),
+    Artifact(Result<ArtifactRegistered, CallError>),
     Status(Result<String, super::tasks::StatusError>),
     /// The task's `last_iteration`.
     Axis(Result<u64, CallError>),
@@ -65,8 +65,8 @@ pub(crate) struct Running {
 
 /// The end of the run under way.
 pub(crate) struct Ending {
-    pub(crate) outcome: RunEnd,
-    pub(crate) end: End,
+    pub(crate) outcome: TaskEnd,
+    pub(crate) end: EndProgress,
     pub(crate) drain_until: Instant,
     /// Points (and the artifact) must be out by then, leaving time for
     /// the final status.
@@ -76,13 +76,15 @@ pub(crate) struct Ending {
 }
 
 /// What woke the loop.
-pub(crate) enum Event {
+pub(crate) enum Wake {
     Finish(Option<Finish>),
     Entry(Option<Entry>),
     JobTask(Option<JobTask>),
     /// The run ended (`false`: the handle is gone).
     Hurry(bool),
-    Checkpoint(Option<super::outcome::Checkpoint>),
+    /// A checkpoint's upload for the job's task: the artifact to register,
+    /// or why there is none.
+    Checkpoint(Option<crate::export::output::Uploaded>),
     Job(JobOutput),
     Tick,
     Deadline,

@@ -16,7 +16,7 @@ use crate::model::RunInfo;
 /// the AWS environment's or profile's credentials, else those of
 /// `sdk.aws.s3`; the uploader is kept while the destination stays.
 pub(crate) struct TaskOutput {
-    outputs: super::files::Outputs,
+    outputs: super::files::ArtifactStore,
     s3: crate::export::s3::S3Config,
     run: String,
     file: String,
@@ -59,7 +59,7 @@ pub(crate) enum NotUploaded {
 
 impl TaskOutput {
     pub(crate) fn new(
-        outputs: super::files::Outputs,
+        outputs: super::files::ArtifactStore,
         s3: &crate::export::s3::S3Config,
         run: &RunInfo,
     ) -> TaskOutput {
@@ -114,7 +114,7 @@ impl TaskOutput {
         document: &Path,
         task: &TaskRef,
         chosen: &super::output::Chosen,
-        target: super::output::S3Target,
+        target: super::output::S3Destination,
     ) -> Result<Artifact, TaskUploadError> {
         let id = format!("{}|{:?}|{}", target.url, target.endpoint, target.region);
         if self.uploader.as_ref().is_none_or(|(k, _)| *k != id) {
@@ -162,7 +162,7 @@ impl TaskOutput {
             }),
             Err(source) => {
                 let note = match &uploader.resolved.credentials {
-                    crate::export::s3::aws::Credentials::Given(source) => format!(
+                    crate::export::s3::aws::CredentialSource::Given(source) => format!(
                         " (with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY set to the key and \
                          secret of {source})"
                     ),

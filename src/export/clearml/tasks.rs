@@ -24,7 +24,7 @@ pub(crate) struct TaskCtx {
 
 /// What an artifact job achieved.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Registered {
+pub(crate) enum ArtifactRegistered {
     Yes,
     /// The task no longer takes artifacts (its owner closed it).
     Closed(String),
@@ -251,7 +251,7 @@ pub(crate) async fn register_artifact(
     task: &str,
     check_status: bool,
     body: Value,
-) -> Result<Registered, CallError> {
+) -> Result<ArtifactRegistered, CallError> {
     if check_status {
         let data = api
             .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": task})))
@@ -261,12 +261,12 @@ pub(crate) async fn register_artifact(
             .and_then(Value::as_str)
             .unwrap_or_default();
         if !matches!(status, "created" | "in_progress") {
-            return Ok(Registered::Closed(status.to_string()));
+            return Ok(ArtifactRegistered::Closed(status.to_string()));
         }
     }
     api.call_retrying("tasks.add_or_update_artifacts", &Body::Json(body))
         .await?;
-    Ok(Registered::Yes)
+    Ok(ArtifactRegistered::Yes)
 }
 
 /// `^<name>$` with the regex metacharacters escaped.

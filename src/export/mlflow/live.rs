@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use super::api::{Api, Metric, MlflowError};
 use super::settings::{Experiment, Settings, ANNOUNCE, BATCH};
 use super::spool::{self, Header, SpoolError, SPOOL_FILE};
-use super::values::{Steps, Values};
+use super::values::{StepTracker, Values};
 use crate::logging::RateLimited;
 use crate::model::Entry;
 
@@ -71,7 +71,7 @@ pub(crate) struct End {
 
 /// What the delivery achieved, for the end-of-run lines.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Report {
+pub(crate) struct DeliveryReport {
     pub(crate) run_id: Option<String>,
     /// Values the server took (while the job ran and at the end).
     pub(crate) sent: usize,
@@ -98,7 +98,7 @@ pub(crate) struct Report {
     pub(crate) errors: Vec<String>,
 }
 
-impl Report {
+impl DeliveryReport {
     /// Nothing is owed any more.
     pub(crate) fn complete(&self) -> bool {
         self.unsent == 0 && self.owed.is_empty() && self.spool_error.is_none()
@@ -112,7 +112,7 @@ impl Report {
 pub(crate) struct Live {
     entries: mpsc::UnboundedSender<Entry>,
     finish: Option<oneshot::Sender<(End, Instant)>>,
-    done: Option<oneshot::Receiver<Report>>,
+    done: Option<oneshot::Receiver<DeliveryReport>>,
     errors: Arc<AtomicU64>,
 }
 
@@ -175,19 +175,19 @@ impl Live {
     /// Delivers what is left by `deadline` (every entry sent before this
     /// call is included) and writes the spool for the rest. Returns a
     /// little after the deadline at worst: the time to write the spool.
-    pub(crate) async fn finish(mut self, end: End, deadline: Instant) -> Report {
+    pub(crate) async fn finish(mut self, end: End, deadline: Instant) -> DeliveryReport {
         let (Some(finish), Some(done)) = (self.finish.take(), self.done.take()) else {
-            return Report::default();
+            return DeliveryReport::default();
         };
         if finish.send((end, deadline)).is_err() {
-            return Report {
+            return DeliveryReport {
                 errors: vec!["the MLflow reporter stopped early".into()],
-                ..Report::default()
+                ..DeliveryReport::default()
             };
         }
-        done.await.unwrap_or_else(|_| Report {
+        done.await.unwrap_or_else(|_| DeliveryReport {
             errors: vec!["the MLflow reporter stopped early".into()],
-            ..Report::default()
+            ..DeliveryReport::default()
         })
     }
 }
@@ -199,7 +199,7 @@ type Out = (
 );
 
 /// What wakes the live loop.
-enum Event {
+enum Wake {
     Finish(Option<(End, Instant)>),
     Entry(Option<Entry>),
     Sent(Result<(), MlflowError>),
@@ -213,7 +213,7 @@ struct Delivery {
     /// state the spool keeps.
     header: Header,
     queue: Values,
-    steps: Steps,
+    steps: StepTracker,
     spool: PathBuf,
     sent: usize,
     refused: usize,
@@ -238,7 +238,7 @@ impl Delivery {
             api,
             header,
             queue,
-            steps: Steps::default(),
+            steps: StepTracker::default(),
             spool,
             sent: 0,
             refused: 0,
@@ -256,7 +256,7 @@ impl Delivery {
         mut self,
         mut entries: mpsc::UnboundedReceiver<Entry>,
         mut finish: oneshot::Receiver<(End, Instant)>,
-    ) -> Report {
+    ) -> DeliveryReport {
         let mut out: Option<Out> = None;
         let mut open = true;
         let mut last_send = Instant::now();
@@ -285,16 +285,16 @@ impl Delivery {
             let wake = (out.is_none() && !self.queue.is_empty() && self.header.run_id.is_some())
                 .then(|| retry_at.unwrap_or(last_send + LIVE_EVERY));
             let event = tokio::select! {
-                f = &mut finish => Event::Finish(f.ok()),
-                e = entries.recv(), if open => Event::Entry(e),
-                r = poll_out(&mut out), if out.is_some() => Event::Sent(r),
-                () = sleep_until(wake), if wake.is_some() => Event::Due,
+                f = &mut finish => Wake::Finish(f.ok()),
+                e = entries.recv(), if open => Wake::Entry(e),
+                r = poll_out(&mut out), if out.is_some() => Wake::Sent(r),
+                () = sleep_until(wake), if wake.is_some() => Wake::Due,
             };
             match event {
-                Event::Finish(f) => break f,
-                Event::Entry(Some(e)) => self.take(&e),
-                Event::Entry(None) => open = false,
-                Event::Sent(result) => {
+                Wake::Finish(f) => break f,
+                Wake::Entry(Some(e)) => self.take(&e),
+                Wake::Entry(None) => open = false,
+                Wake::Sent(result) => {
                     let Some((batch, _)) = out.take() else {
                         continue;
                     };
@@ -302,11 +302,11 @@ impl Delivery {
                         retry_at = Some(Instant::now() + wait);
                     }
                 }
-                Event::Due => {}
+                Wake::Due => {}
             }
         };
         let Some((end, deadline)) = ending else {
-            return Report::default();
+            return DeliveryReport::default();
         };
         // The batch out finishes (or goes back) first, keeping the order.
         if let Some((batch, fut)) = out.take() {
@@ -470,8 +470,8 @@ impl Delivery {
 
     /// Delivers everything owed by `deadline`, then keeps the rest in
     /// the spool file (or removes it when nothing is owed).
-    async fn deliver(mut self, end: &End, deadline: Instant) -> Report {
-        let mut report = Report::default();
+    async fn deliver(mut self, end: &End, deadline: Instant) -> DeliveryReport {
+        let mut report = DeliveryReport::default();
         // The end tries afresh, whatever the outage before it backed off to.
         self.backoff = BACKOFF_MIN;
         let reached = match self.ensure_run(end.failed, deadline).await {
@@ -556,7 +556,7 @@ impl Delivery {
     }
 
     /// `memory_usage.json` and the report page into the run's artifacts.
-    async fn attach(&mut self, end: &End, deadline: Instant, report: &mut Report) {
+    async fn attach(&mut self, end: &End, deadline: Instant, report: &mut DeliveryReport) {
         let (Some(document), Some(run)) = (&end.document, self.header.run_id.clone()) else {
             self.header.artifacts = false;
             self.errors
@@ -655,7 +655,7 @@ pub(crate) async fn resend(
     settings: Option<&Settings>,
     run_dir: &Path,
     deadline: Instant,
-) -> Result<Option<Report>, ResendError> {
+) -> Result<Option<DeliveryReport>, ResendError> {
     let path = run_dir.join(SPOOL_FILE);
     let Some(spooled) = spool::read(&path)? else {
         return Ok(None);

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use super::live::{End, Live, Report};
+use super::live::{DeliveryReport, End, Live};
 use super::settings::{resolve, MlflowConfig, Resolved, Settings};
 use crate::engine::Feed;
 use crate::export::finish::Deadline;
@@ -106,7 +106,7 @@ impl Output for MlflowOutput {
 }
 
 /// The end-of-run lines; true when something is owed.
-fn say(report: &Report, shown_uri: &str, run_dir: &Path) -> bool {
+fn say(report: &DeliveryReport, shown_uri: &str, run_dir: &Path) -> bool {
     if let (Some(run), true) = (&report.run_id, report.sent > 0 || report.complete()) {
         tracing::info!(
             "MLflow: {} memory values logged into run {run} at {shown_uri} ({} while the job ran)",
@@ -157,7 +157,7 @@ fn say(report: &Report, shown_uri: &str, run_dir: &Path) -> bool {
 }
 
 /// What is owed, in words: "12 memory values and the artifacts".
-pub(crate) fn owed(report: &Report) -> String {
+pub(crate) fn owed(report: &DeliveryReport) -> String {
     let mut parts = Vec::new();
     if report.unsent > 0 {
         parts.push(format!("{} memory values", report.unsent));

@@ -38,16 +38,16 @@ pub(crate) fn known_key(name: &str) -> Option<&'static str> {
 
 /// Turns entries into values, following the job's iteration.
 #[derive(Debug)]
-pub(crate) struct Steps {
+pub(crate) struct StepTracker {
     step: i64,
     /// When the mark `step` came from was (ms).
     step_ms: i64,
     last_ms: i64,
 }
 
-impl Default for Steps {
-    fn default() -> Steps {
-        Steps {
+impl Default for StepTracker {
+    fn default() -> StepTracker {
+        StepTracker {
             step: 0,
             step_ms: i64::MIN,
             last_ms: 0,
@@ -55,7 +55,7 @@ impl Default for Steps {
     }
 }
 
-impl Steps {
+impl StepTracker {
     /// The entry's three values (host, GPU, GPU reserved).
     #[cfg(test)]
     pub(crate) fn values(&mut self, e: &Entry) -> [Metric; 3] {
@@ -165,7 +165,7 @@ impl Values {
     /// timer samples still waiting (held back by the job, it arrived after
     /// them) gives them its iteration when it is the latest mark before
     /// them; values already sent keep theirs.
-    pub(crate) fn push_entry(&mut self, steps: &mut Steps, e: &Entry) {
+    pub(crate) fn push_entry(&mut self, steps: &mut StepTracker, e: &Entry) {
         let (values, from) = steps.tagged(e);
         if from.is_none() {
             let (mark_ms, step) = (values[0].timestamp, values[0].step);
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn timer_samples_take_the_last_iteration() {
-        let mut steps = Steps::default();
+        let mut steps = StepTracker::default();
         let host: Vec<(i64, f64, i64)> = [(None, 1.0), (Some(7), 2.0), (None, 3.0)]
             .into_iter()
             .enumerate()
@@ -271,7 +271,7 @@ mod tests {
     #[test]
     fn a_held_mark_gives_a_waiting_timer_sample_its_step() {
         let mut q = Values::new(100);
-        let mut steps = Steps::default();
+        let mut steps = StepTracker::default();
         q.push_entry(&mut steps, &entry(Some(2), 1.0, 10.0));
         q.push_entry(&mut steps, &entry(None, 2.0, 12.0));
         q.push_entry(&mut steps, &entry(Some(3), 3.0, 11.0));
@@ -306,7 +306,7 @@ mod tests {
     #[test]
     fn a_full_queue_drops_the_oldest_and_counts_them() {
         let mut q = Values::new(4);
-        let mut steps = Steps::default();
+        let mut steps = StepTracker::default();
         for i in 0..3 {
             q.push(steps.values(&entry(Some(i), i as f64, 1.0)));
         }

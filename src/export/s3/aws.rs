@@ -6,9 +6,13 @@
 //! for the same region and use path-style addressing there (a custom host
 //! rarely serves `bucket.host`). Knowing the source of each value lets the
 //! errors name the endpoint actually called and the profile, and tell a
-//! credentials problem from a network one. The files are parsed here (pure
-//! functions over `&str`); the AWS SDK then gets the resolved values
-//! explicitly, so both always agree.
+//! credentials problem from a network one.
+//!
+//! The files are read here, with a size cap and regular files only; their
+//! text is parsed by `aws-config` (the SDK's own profile parser), and the
+//! endpoint's precedence is `aws-config`'s too. The SDK is then handed the
+//! same text and the resolved values explicitly, so it never reads the
+//! files again and both always agree.
 //!
 //! Precedence, as the CLI's, first match wins:
 //!
@@ -24,68 +28,21 @@
 //! - path style: `s3.path_style` when `true` or `false`; with `auto`, the
 //!   profile's `s3 = addressing_style`, else on for any custom endpoint.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+
+use aws_config::profile::ProfileSet;
+use aws_runtime::env_config::file::{
+    EnvConfigFileKind as ProfileFileKind, EnvConfigFiles as ProfileFiles,
+};
+use aws_runtime::env_config::EnvConfigValue;
+use aws_types::origin::Origin;
+use aws_types::os_shim_internal::{Env, Fs};
 
 use super::settings::S3Config;
 
 /// Profile files larger than this are not read.
 const MAX_PROFILE_FILE_BYTES: u64 = 1 << 20;
-
-/// Sections of an AWS INI file: `[name]` → key → value. A key's indented
-/// sub-properties (`s3 =` followed by `  endpoint_url = …`) are stored as
-/// `s3.endpoint_url`.
-pub(crate) type Sections = BTreeMap<String, BTreeMap<String, String>>;
-
-/// Parses the AWS config or credentials file format. Comment lines (`#`,
-/// `;`) and lines outside a section are skipped; a later duplicate key wins.
-pub(crate) fn parse_ini(text: &str) -> Sections {
-    let mut sections = Sections::new();
-    let mut current: Option<String> = None;
-    let mut parent: Option<String> = None;
-    for raw in text.lines() {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
-            continue;
-        }
-        if line.starts_with('[') {
-            let name = line
-                .trim_start_matches('[')
-                .split(']')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ");
-            sections.entry(name.clone()).or_default();
-            current = Some(name);
-            parent = None;
-            continue;
-        }
-        let Some(section) = current.as_ref() else {
-            continue;
-        };
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        let (key, value) = (key.trim().to_ascii_lowercase(), value.trim().to_string());
-        let indented = raw.starts_with([' ', '\t']);
-        let entries = sections.entry(section.clone()).or_default();
-        match (&parent, indented) {
-            (Some(p), true) => {
-                entries.insert(format!("{p}.{key}"), value);
-            }
-            _ if value.is_empty() => {
-                parent = Some(key);
-            }
-            _ => {
-                parent = None;
-                entries.insert(key, value);
-            }
-        }
-    }
-    sections
-}
 
 /// Splits `url` around its user information: (before, userinfo, after),
 /// `None` without one.
@@ -163,7 +120,7 @@ pub(crate) struct Setting {
 }
 
 /// What an upload will use.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Resolved {
     /// The profile name and what chose it (`AWS_PROFILE`, `default`).
     pub(crate) profile: String,
@@ -178,18 +135,22 @@ pub(crate) struct Resolved {
     pub(crate) config_file: PathBuf,
     pub(crate) credentials_file: PathBuf,
     /// Where credentials would come from, or why none are configured.
-    pub(crate) credentials: Credentials,
+    pub(crate) credentials: CredentialSource,
     /// Whether the instance-metadata service may be asked (for
     /// credentials): not with a custom endpoint, nor when
     /// `AWS_EC2_METADATA_DISABLED` is true.
     pub(crate) imds: bool,
-    /// Files that exist but could not be read (named in messages).
-    pub(crate) unreadable: Vec<String>,
+    /// Why a profile file that exists cannot be used: unreadable,
+    /// oversized, or not in the profile format (each names the file).
+    pub(crate) unusable: Vec<String>,
+    /// The profile files' text as read here, for the SDK (its `Debug`
+    /// leaves the contents out: they hold secrets).
+    pub(crate) profile_files: ProfileFiles,
 }
 
 /// What the configuration says about credentials, before asking the SDK.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Credentials {
+pub(crate) enum CredentialSource {
     /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
     Environment,
     /// Only one of the pair is set.
@@ -231,15 +192,26 @@ pub(crate) fn file_paths(
     )
 }
 
+/// The two profile files: where they are and what they hold (empty when
+/// absent or not usable), and why any that exists cannot be used.
+#[derive(Debug, Default)]
+pub(crate) struct ProfileTexts {
+    pub(crate) config_file: PathBuf,
+    pub(crate) config: String,
+    pub(crate) credentials_file: PathBuf,
+    pub(crate) credentials: String,
+    pub(crate) unusable: Vec<String>,
+}
+
 /// Reads the profile files and resolves. A missing file is an empty one;
-/// an unreadable or oversized one is named in [`Resolved::unreadable`].
-pub(crate) fn resolve(
+/// an unreadable or oversized one is named in [`Resolved::unusable`].
+pub(crate) async fn resolve(
     config: &S3Config,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
     home: Option<&Path>,
 ) -> Resolved {
     let (config_file, credentials_file) = file_paths(env, home);
-    let mut unreadable = Vec::new();
+    let mut unusable = Vec::new();
     let mut read = |path: &Path| -> String {
         // Regular files only, read up to the cap (`/dev/zero` or a FIFO as
         // `AWS_CONFIG_FILE` must neither grow memtrack nor hang it).
@@ -247,43 +219,91 @@ pub(crate) fn resolve(
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => {
-                unreadable.push(format!("{} ({e})", path.display()));
+                unusable.push(format!("cannot read {} ({e})", path.display()));
                 String::new()
             }
         }
     };
-    let config_text = read(&config_file);
-    let credentials_text = read(&credentials_file);
-    let mut r = resolve_from(config, env, &config_text, &credentials_text);
-    r.config_file = config_file;
-    r.credentials_file = credentials_file;
-    r.unreadable = unreadable;
-    r
+    let texts = ProfileTexts {
+        config: read(&config_file),
+        credentials: read(&credentials_file),
+        config_file,
+        credentials_file,
+        unusable,
+    };
+    resolve_from(config, env, texts).await
 }
 
-/// Whether a profile section holds keys or a way to get them.
-fn has_profile_keys(s: &BTreeMap<String, String>) -> bool {
-    s.contains_key("aws_access_key_id")
-        || [
-            "credential_process",
-            "role_arn",
-            "sso_session",
-            "sso_start_url",
-            "web_identity_token_file",
-            "credential_source",
-        ]
-        .iter()
-        .any(|k| s.contains_key(*k))
+/// The profile set `aws-config` parses from `texts`, with `profile`
+/// selected; a parse error names the file and the line.
+async fn parse_profiles(texts: &ProfileTexts, profile: &str) -> Result<ProfileSet, String> {
+    // The SDK's loader reads files through `Fs`; an in-memory one holding
+    // what was read above keeps the paths in its messages without a
+    // second, unbounded read.
+    let files = [
+        (ProfileFileKind::Config, &texts.config_file, &texts.config),
+        (
+            ProfileFileKind::Credentials,
+            &texts.credentials_file,
+            &texts.credentials,
+        ),
+    ];
+    let mut fs = HashMap::new();
+    let mut set = ProfileFiles::builder();
+    for (kind, path, text) in files {
+        fs.insert(path.as_os_str().to_owned(), text.as_bytes().to_vec());
+        set = set.with_file(kind, path);
+    }
+    aws_config::profile::load(
+        &Fs::from_raw_map(fs),
+        &Env::from_slice(&[]),
+        &set.build(),
+        Some(profile.to_string().into()),
+    )
+    .await
+    .map_err(|e| {
+        // "error parsing PATH on line N:\n  WHY" (the parse error is the
+        // load error's source).
+        let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+        why.replace(":\n  ", ": ")
+    })
+}
+
+/// Whether the selected profile holds keys or a way to get them.
+fn has_profile_keys(p: &ProfileSet) -> bool {
+    [
+        "aws_access_key_id",
+        "credential_process",
+        "role_arn",
+        "sso_session",
+        "sso_start_url",
+        "web_identity_token_file",
+        "credential_source",
+    ]
+    .iter()
+    .any(|k| p.get(k).is_some())
+}
+
+/// The value of `key` inside a profile property holding sub-properties
+/// (`s3 =` then `  addressing_style = path`): `aws-config` keeps those as
+/// the property's raw text ("not parsed into structured data"), and the
+/// S3 client reads none of them, so this one is read here.
+fn sub_property<'a>(value: &'a str, key: &str) -> Option<&'a str> {
+    value.lines().find_map(|line| {
+        let (k, v) = line.split_once('=')?;
+        k.trim().eq_ignore_ascii_case(key).then(|| v.trim())
+    })
 }
 
 /// [`resolve`] over the files' contents.
-pub(crate) fn resolve_from(
+pub(crate) async fn resolve_from(
     config: &S3Config,
-    env: &dyn Fn(&str) -> Option<String>,
-    config_text: &str,
-    credentials_text: &str,
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
+    texts: ProfileTexts,
 ) -> Resolved {
     let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    // By hand: aws-config reads `AWS_PROFILE` only, the CLI also
+    // `AWS_DEFAULT_PROFILE`.
     let (profile, profile_from) = if let Some(p) = var("AWS_PROFILE") {
         (p, "AWS_PROFILE")
     } else if let Some(p) = var("AWS_DEFAULT_PROFILE") {
@@ -291,33 +311,34 @@ pub(crate) fn resolve_from(
     } else {
         ("default".to_string(), "default")
     };
-    let conf = parse_ini(config_text);
-    let creds = parse_ini(credentials_text);
-    let section_name = if profile == "default" {
-        "default".to_string()
-    } else {
-        format!("profile {profile}")
-    };
-    // The CLI also accepts `[profile default]`.
-    let empty = BTreeMap::new();
-    let in_config = conf
-        .get(&section_name)
-        .or_else(|| conf.get(&format!("profile {profile}")));
-    let in_credentials = creds.get(&profile);
-    let profile_defined = in_config.is_some() || in_credentials.is_some();
-    let p = in_config.unwrap_or(&empty);
-    let from_profile = |key: &str| {
-        p.get(key).filter(|v| !v.is_empty()).map(|v| Setting {
-            value: v.clone(),
-            source: format!("`{key}` of profile `{profile}`"),
-        })
-    };
+    let mut unusable = texts.unusable.clone();
+    let profiles = parse_profiles(&texts, &profile)
+        .await
+        .unwrap_or_else(|why| {
+            unusable.push(why);
+            ProfileSet::default()
+        });
+    let profile_defined = profiles.get_profile(&profile).is_some();
+    let in_profile = |key: &str| profiles.get(key).filter(|v| !v.is_empty());
+    // The environment `aws-config` looks at, less blank values (unset, as
+    // for the CLI).
+    let aws_env = Env::from(
+        [
+            "AWS_ENDPOINT_URL_S3",
+            "AWS_ENDPOINT_URL",
+            "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+        ]
+        .into_iter()
+        .filter_map(|k| Some((k.to_string(), var(k)?)))
+        .collect::<HashMap<_, _>>(),
+    );
 
     let truthy = |v: &str| v.trim().eq_ignore_ascii_case("true");
-    let ignore_configured = var("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
-        .map(|v| truthy(&v))
-        .or_else(|| p.get("ignore_configured_endpoint_urls").map(|v| truthy(v)))
-        .unwrap_or(false);
+    let ignore_configured = EnvConfigValue::new()
+        .env("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+        .profile("ignore_configured_endpoint_urls")
+        .load(&aws_env, Some(&profiles))
+        .is_some_and(|(v, _)| truthy(&v));
     let from_env = |name: &str| {
         var(name).map(|v| Setting {
             value: v,
@@ -332,24 +353,37 @@ pub(crate) fn resolve_from(
     } else if ignore_configured {
         None
     } else {
-        from_env("AWS_ENDPOINT_URL_S3")
-            .or_else(|| from_env("AWS_ENDPOINT_URL"))
-            .or_else(|| {
-                let services = p.get("services")?;
-                let value = conf
-                    .get(&format!("services {services}"))?
-                    .get("s3.endpoint_url")?
-                    .clone();
-                Some(Setting {
-                    value,
-                    source: format!(
-                        "`s3.endpoint_url` of services `{services}` (profile `{profile}`)"
+        // `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the services section,
+        // `endpoint_url`: aws-config's order; the origin names the source.
+        let found = EnvConfigValue::new()
+            .env("AWS_ENDPOINT_URL")
+            .profile("endpoint_url")
+            .service_id("s3")
+            .load(&aws_env, Some(&profiles));
+        found
+            .filter(|(value, _)| !value.is_empty())
+            .map(|(value, from)| {
+                let origin: Origin = (&from).into();
+                let source = match origin {
+                    o if o == Origin::service_environment_variable() => {
+                        "AWS_ENDPOINT_URL_S3".into()
+                    }
+                    o if o == Origin::shared_environment_variable() => "AWS_ENDPOINT_URL".into(),
+                    o if o == Origin::service_profile_file() => format!(
+                        "`s3.endpoint_url` of services `{}` (profile `{profile}`)",
+                        profiles.get("services").unwrap_or_default()
                     ),
-                })
+                    _ => format!("`endpoint_url` of profile `{profile}`"),
+                };
+                Setting {
+                    value: value.into_owned(),
+                    source,
+                }
             })
-            .or_else(|| from_profile("endpoint_url"))
     };
 
+    // By hand: aws-config's region chain says nothing of where its answer
+    // came from, and ends at the instance-metadata service.
     let region = if !config.region.is_empty() {
         Some(Setting {
             value: config.region.clone(),
@@ -358,7 +392,12 @@ pub(crate) fn resolve_from(
     } else {
         from_env("AWS_REGION")
             .or_else(|| from_env("AWS_DEFAULT_REGION"))
-            .or_else(|| from_profile("region"))
+            .or_else(|| {
+                in_profile("region").map(|v| Setting {
+                    value: v.to_string(),
+                    source: format!("`region` of profile `{profile}`"),
+                })
+            })
             .or_else(|| {
                 endpoint.as_ref().map(|_| Setting {
                     value: "us-east-1".into(),
@@ -369,9 +408,9 @@ pub(crate) fn resolve_from(
 
     let path_style = match config.path_style.explicit() {
         Some(explicit) => explicit,
-        None => match p.get("s3.addressing_style").map(|s| s.to_ascii_lowercase()) {
-            Some(s) if s == "path" => true,
-            Some(s) if s == "virtual" => false,
+        None => match in_profile("s3").and_then(|s3| sub_property(s3, "addressing_style")) {
+            Some(s) if s.eq_ignore_ascii_case("path") => true,
+            Some(s) if s.eq_ignore_ascii_case("virtual") => false,
             _ => endpoint.is_some(),
         },
     };
@@ -381,27 +420,25 @@ pub(crate) fn resolve_from(
     // instance-metadata service, which is then not asked (off EC2 the
     // SDK would wait on 169.254.169.254 and report its own failure).
     let imds = endpoint.is_none() && !env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| truthy(&v));
-    let in_profile =
-        in_credentials.is_some_and(has_profile_keys) || in_config.is_some_and(has_profile_keys);
     let credentials = match (has("AWS_ACCESS_KEY_ID"), has("AWS_SECRET_ACCESS_KEY")) {
-        (true, true) => Credentials::Environment,
-        (true, false) => Credentials::HalfEnvironment {
+        (true, true) => CredentialSource::Environment,
+        (true, false) => CredentialSource::HalfEnvironment {
             set: "AWS_ACCESS_KEY_ID",
             missing: "AWS_SECRET_ACCESS_KEY",
         },
-        (false, true) => Credentials::HalfEnvironment {
+        (false, true) => CredentialSource::HalfEnvironment {
             set: "AWS_SECRET_ACCESS_KEY",
             missing: "AWS_ACCESS_KEY_ID",
         },
-        _ if in_profile => Credentials::Profile,
+        _ if has_profile_keys(&profiles) => CredentialSource::Profile,
         _ if has("AWS_WEB_IDENTITY_TOKEN_FILE")
             || has("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
             || has("AWS_CONTAINER_CREDENTIALS_FULL_URI")
             || imds =>
         {
-            Credentials::Elsewhere
+            CredentialSource::Elsewhere
         }
-        _ => Credentials::None,
+        _ => CredentialSource::None,
     };
 
     Resolved {
@@ -411,11 +448,15 @@ pub(crate) fn resolve_from(
         endpoint,
         region,
         path_style,
-        config_file: PathBuf::new(),
-        credentials_file: PathBuf::new(),
         credentials,
         imds,
-        unreadable: Vec::new(),
+        unusable,
+        profile_files: ProfileFiles::builder()
+            .with_contents(ProfileFileKind::Config, texts.config)
+            .with_contents(ProfileFileKind::Credentials, texts.credentials)
+            .build(),
+        config_file: texts.config_file,
+        credentials_file: texts.credentials_file,
     }
 }
 
@@ -443,8 +484,11 @@ impl Resolved {
     }
 
     /// A profile chosen by name that neither file defines.
+    /// (Only a claim when both files could be read.)
     pub(crate) fn unknown_profile(&self) -> Option<String> {
-        (self.profile_from != "default" && !self.profile_defined).then(|| {
+        let known_unknown =
+            self.profile_from != "default" && !self.profile_defined && self.unusable.is_empty();
+        known_unknown.then(|| {
             format!(
                 "{} names profile `{}`, which neither {} nor {} defines",
                 self.profile_from,
@@ -465,18 +509,18 @@ impl Resolved {
             unknown
         } else {
             match &self.credentials {
-                Credentials::Environment
-                | Credentials::Profile
-                | Credentials::Elsewhere
-                | Credentials::Given(_) => return None,
-                Credentials::HalfEnvironment { set, missing } => {
+                CredentialSource::Environment
+                | CredentialSource::Profile
+                | CredentialSource::Elsewhere
+                | CredentialSource::Given(_) => return None,
+                CredentialSource::HalfEnvironment { set, missing } => {
                     format!("{set} is set but {missing} is not")
                 }
-                Credentials::None => format!("no S3 credentials found ({})", self.looked_in()),
+                CredentialSource::None => format!("no S3 credentials found ({})", self.looked_in()),
             }
         };
-        for u in &self.unreadable {
-            why.push_str(&format!("; cannot read {u}"));
+        for u in &self.unusable {
+            why.push_str(&format!("; {u}"));
         }
         Some(why)
     }
@@ -505,6 +549,27 @@ impl Resolved {
             self.config_file.display()
         )
     }
+}
+
+/// [`resolve_from`] over inline texts, as files under `/home/u/.aws/`.
+#[cfg(test)]
+pub(crate) fn resolve_texts(
+    config: &S3Config,
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
+    config_text: &str,
+    credentials_text: &str,
+) -> Resolved {
+    let texts = ProfileTexts {
+        config_file: "/home/u/.aws/config".into(),
+        config: config_text.into(),
+        credentials_file: "/home/u/.aws/credentials".into(),
+        credentials: credentials_text.into(),
+        unusable: Vec::new(),
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime")
+        .block_on(resolve_from(config, env, texts))
 }
 
 #[cfg(test)]
@@ -543,25 +608,38 @@ s3 =
                                [minio]\naws_access_key_id=AK2\naws_secret_access_key=SK2\n";
 
     #[test]
-    fn the_ini_format() {
-        let s = parse_ini(CONFIG);
-        assert_eq!(s["profile minio"]["endpoint_url"], "http://minio-host:9000");
-        assert_eq!(s["profile minio"]["region"], "eu-central-2");
-        assert_eq!(s["profile svc"]["s3.addressing_style"], "virtual");
-        assert_eq!(s["profile svc"]["services"], "local");
-        assert_eq!(
-            s["services local"]["s3.endpoint_url"],
-            "http://svc-host:9000"
+    fn a_malformed_profile_file_is_named_with_its_line_not_skipped() {
+        // A key without `=` in the chosen profile: once skipped silently,
+        // so the profile looked defined but keyless.
+        let vars = [("AWS_PROFILE", "minio")];
+        let r = resolve_texts(
+            &S3Config::default(),
+            &env(&vars),
+            CONFIG,
+            "[minio]\naws_access_key_id\naws_secret_access_key = SK\n",
         );
-        assert!(parse_ini("key = outside\n[ x ]\n=\nnovalue\n")["x"].is_empty());
-        // Hostile input: no panic, nothing invented.
+        assert_eq!(
+            r.unusable,
+            ["error parsing /home/u/.aws/credentials on line 2: \
+              Expected an '=' sign defining a property"],
+        );
+        let why = r.missing_credentials().unwrap_or_default();
+        assert!(
+            !why.contains("neither"),
+            "the profile is not unknown: {why}"
+        );
+        // Hostile input: no panic, and an error rather than a guess.
         let junk = "[\n]]]\n[a\nb=c\n\u{0}=\u{0}\n".repeat(1000);
-        let _ = parse_ini(&junk);
+        for (config, credentials) in [(junk.as_str(), ""), ("", junk.as_str())] {
+            let r = resolve_texts(&S3Config::default(), &env(&vars), config, credentials);
+            assert_eq!(r.unusable.len(), 1, "{:?}", r.unusable);
+            assert!(r.unusable[0].contains("on line 1"), "{:?}", r.unusable);
+        }
     }
 
     #[test]
     fn a_profile_endpoint_turns_on_path_style_and_its_region_is_used() {
-        let r = resolve_from(
+        let r = resolve_texts(
             &S3Config::default(),
             &env(&[("AWS_PROFILE", "minio")]),
             CONFIG,
@@ -570,11 +648,13 @@ s3 =
         assert_eq!(r.endpoint.as_ref().unwrap().value, "http://minio-host:9000");
         assert_eq!(r.region.as_ref().unwrap().value, "eu-central-2");
         assert!(r.path_style);
-        assert_eq!(r.credentials, Credentials::Profile);
+        assert_eq!(r.credentials, CredentialSource::Profile);
         assert!(r
             .describe_endpoint()
             .contains("`endpoint_url` of profile `minio`"));
         assert!(r.missing_credentials().is_none());
+        // The files' text travels with it, for the SDK, but never prints.
+        assert!(!format!("{r:?}").contains("SK2"));
     }
 
     #[test]
@@ -584,7 +664,7 @@ s3 =
             ("AWS_ENDPOINT_URL", "http://env:1"),
             ("AWS_REGION", "us-west-2"),
         ];
-        let r = resolve_from(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
+        let r = resolve_texts(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
         assert_eq!(r.endpoint.as_ref().unwrap().source, "AWS_ENDPOINT_URL");
         assert_eq!(r.region.as_ref().unwrap().value, "us-west-2");
         let vars = [
@@ -592,7 +672,7 @@ s3 =
             ("AWS_ENDPOINT_URL_S3", "http://s3env:1"),
             ("AWS_ENDPOINT_URL", "http://env:1"),
         ];
-        let r = resolve_from(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
+        let r = resolve_texts(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
         assert_eq!(r.endpoint.unwrap().value, "http://s3env:1");
         let config = S3Config {
             endpoint: "http://flag:2".into(),
@@ -600,7 +680,7 @@ s3 =
             path_style: crate::switch::Switch::Off,
             ..S3Config::default()
         };
-        let r = resolve_from(&config, &env(&vars), CONFIG, CREDENTIALS);
+        let r = resolve_texts(&config, &env(&vars), CONFIG, CREDENTIALS);
         assert_eq!(r.endpoint.as_ref().unwrap().value, "http://flag:2");
         assert_eq!(r.region.as_ref().unwrap().value, "r-1");
         assert!(!r.path_style, "an explicit false wins");
@@ -608,10 +688,10 @@ s3 =
             ("AWS_PROFILE", "minio"),
             ("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true"),
         ];
-        let r = resolve_from(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
+        let r = resolve_texts(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
         assert!(r.endpoint.is_none() && !r.path_style);
         // The services section, and its addressing style.
-        let r = resolve_from(
+        let r = resolve_texts(
             &S3Config::default(),
             &env(&[("AWS_PROFILE", "svc")]),
             CONFIG,
@@ -620,14 +700,77 @@ s3 =
         assert_eq!(r.endpoint.unwrap().value, "http://svc-host:9000");
         assert!(!r.path_style, "addressing_style = virtual");
         // AWS itself: the default profile's region, no path style.
-        let r = resolve_from(&S3Config::default(), &env(&[]), CONFIG, CREDENTIALS);
+        let r = resolve_texts(&S3Config::default(), &env(&[]), CONFIG, CREDENTIALS);
         assert!(r.endpoint.is_none() && !r.path_style);
         assert_eq!(r.region.unwrap().value, "eu-west-1");
-        assert_eq!(r.credentials, Credentials::Profile);
+        assert_eq!(r.credentials, CredentialSource::Profile);
     }
 
     #[test]
-    fn oversized_or_unreadable_files_are_named_not_read() {
+    fn the_less_common_forms_resolve_as_the_cli_does() {
+        let s3 = S3Config::default();
+        // AWS_DEFAULT_PROFILE chooses, AWS_PROFILE wins over it.
+        let r = resolve_texts(
+            &s3,
+            &env(&[("AWS_DEFAULT_PROFILE", "minio")]),
+            CONFIG,
+            CREDENTIALS,
+        );
+        assert_eq!(
+            (r.profile.as_str(), r.profile_from),
+            ("minio", "AWS_DEFAULT_PROFILE")
+        );
+        assert_eq!(r.endpoint.unwrap().value, "http://minio-host:9000");
+        let vars = [("AWS_DEFAULT_PROFILE", "minio"), ("AWS_PROFILE", "svc")];
+        assert_eq!(resolve_texts(&s3, &env(&vars), CONFIG, "").profile, "svc");
+        // AWS_DEFAULT_REGION over the profile's, AWS_REGION over both.
+        let vars = [("AWS_DEFAULT_REGION", "ca-central-1")];
+        let r = resolve_texts(&s3, &env(&vars), CONFIG, "");
+        assert_eq!(r.region.unwrap().source, "AWS_DEFAULT_REGION");
+        let vars = [
+            ("AWS_DEFAULT_REGION", "ca-central-1"),
+            ("AWS_REGION", "me-south-1"),
+        ];
+        let r = resolve_texts(&s3, &env(&vars), CONFIG, "");
+        assert_eq!(r.region.unwrap().value, "me-south-1");
+        // `[profile default]` is the default profile; the region's source
+        // names it.
+        let r = resolve_texts(
+            &s3,
+            &env(&[]),
+            "[profile default]\nregion = af-south-1\n",
+            "",
+        );
+        let region = r.region.unwrap();
+        assert_eq!(region.value, "af-south-1");
+        assert_eq!(region.source, "`region` of profile `default`");
+        assert!(r.profile_defined);
+        // The profile's own ignore_configured_endpoint_urls.
+        let config =
+            "[default]\nendpoint_url = http://x:1\nignore_configured_endpoint_urls = true\n";
+        assert!(resolve_texts(&s3, &env(&[]), config, "").endpoint.is_none());
+        // A blank variable is unset: AWS_ENDPOINT_URL_S3 of spaces gives way.
+        let vars = [
+            ("AWS_ENDPOINT_URL_S3", "  "),
+            ("AWS_ENDPOINT_URL", "http://env:1"),
+        ];
+        let r = resolve_texts(&s3, &env(&vars), "", "");
+        assert_eq!(r.endpoint.unwrap().source, "AWS_ENDPOINT_URL");
+        // Keys for a profile in the credentials file, its settings in the
+        // config file: one profile.
+        let vars = [("AWS_PROFILE", "minio")];
+        let r = resolve_texts(
+            &s3,
+            &env(&vars),
+            "[profile minio]\nregion = x-1\n",
+            CREDENTIALS,
+        );
+        assert_eq!(r.credentials, CredentialSource::Profile);
+        assert_eq!(r.region.unwrap().value, "x-1");
+    }
+
+    #[tokio::test]
+    async fn oversized_or_unreadable_files_are_named_not_read() {
         let home = tempfile::tempdir().unwrap();
         let aws = home.path().join(".aws");
         std::fs::create_dir(&aws).unwrap();
@@ -639,9 +782,9 @@ s3 =
         // A directory where the credentials file should be.
         std::fs::create_dir(aws.join("credentials")).unwrap();
         let vars = [("AWS_EC2_METADATA_DISABLED", "true")];
-        let r = resolve(&S3Config::default(), &env(&vars), Some(home.path()));
+        let r = resolve(&S3Config::default(), &env(&vars), Some(home.path())).await;
         assert!(r.region.is_none(), "the oversized file was not read");
-        assert_eq!(r.unreadable.len(), 2, "{:?}", r.unreadable);
+        assert_eq!(r.unusable.len(), 2, "{:?}", r.unusable);
         let why = r.missing_credentials().unwrap();
         assert!(
             why.contains("cannot read") && why.contains("config ("),
@@ -652,7 +795,7 @@ s3 =
         std::fs::write(&other, "[profile x]\nregion = sa-east-1\n").unwrap();
         let other = other.display().to_string();
         let vars = [("AWS_CONFIG_FILE", other.as_str()), ("AWS_PROFILE", "x")];
-        let r = resolve(&S3Config::default(), &env(&vars), Some(home.path()));
+        let r = resolve(&S3Config::default(), &env(&vars), Some(home.path())).await;
         assert_eq!(r.region.unwrap().value, "sa-east-1");
         assert!(r.profile_defined);
     }
@@ -660,7 +803,7 @@ s3 =
     #[test]
     fn credential_problems_are_named() {
         let no_imds = [("AWS_EC2_METADATA_DISABLED", "true")];
-        let r = resolve_from(&S3Config::default(), &env(&no_imds), "", "");
+        let r = resolve_texts(&S3Config::default(), &env(&no_imds), "", "");
         let why = r.missing_credentials().unwrap();
         assert!(
             why.contains("AWS_ACCESS_KEY_ID") && why.contains("profile `default`"),
@@ -670,18 +813,18 @@ s3 =
             ("AWS_PROFILE", "nope"),
             ("AWS_EC2_METADATA_DISABLED", "true"),
         ];
-        let r = resolve_from(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
+        let r = resolve_texts(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
         let why = r.missing_credentials().unwrap();
         assert!(why.contains("AWS_PROFILE names profile `nope`"), "{why}");
         // An unknown profile is named even where the instance might help.
-        let r = resolve_from(
+        let r = resolve_texts(
             &S3Config::default(),
             &env(&[("AWS_PROFILE", "nope")]),
             CONFIG,
             "",
         );
         assert!(r.missing_credentials().unwrap().contains("`nope`"));
-        let r = resolve_from(
+        let r = resolve_texts(
             &S3Config::default(),
             &env(&[("AWS_ACCESS_KEY_ID", "AK")]),
             "",
@@ -692,7 +835,7 @@ s3 =
             .unwrap()
             .contains("AWS_SECRET_ACCESS_KEY is not"));
         // A defined profile without keys, instance metadata possible: unknown.
-        let r = resolve_from(&S3Config::default(), &env(&[]), CONFIG, "");
+        let r = resolve_texts(&S3Config::default(), &env(&[]), CONFIG, "");
         assert!(r.missing_credentials().is_none());
     }
 
@@ -702,23 +845,23 @@ s3 =
             endpoint: "http://minio:9000".into(),
             ..S3Config::default()
         };
-        let r = resolve_from(&config, &env(&[]), "", "");
+        let r = resolve_texts(&config, &env(&[]), "", "");
         assert!(!r.imds);
-        assert_eq!(r.credentials, Credentials::None);
+        assert_eq!(r.credentials, CredentialSource::None);
         let why = r.missing_credentials().unwrap();
         assert!(
             why.starts_with("no S3 credentials found (looked in: the environment")
                 && why.contains("custom endpoint"),
             "{why}"
         );
-        assert!(resolve_from(&S3Config::default(), &env(&[]), "", "").imds);
+        assert!(resolve_texts(&S3Config::default(), &env(&[]), "", "").imds);
         // Keys in the environment do not hide a profile name with a typo.
         let vars = [
             ("AWS_PROFILE", "mnio"),
             ("AWS_ACCESS_KEY_ID", "AK"),
             ("AWS_SECRET_ACCESS_KEY", "SK"),
         ];
-        let r = resolve_from(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
+        let r = resolve_texts(&S3Config::default(), &env(&vars), CONFIG, CREDENTIALS);
         let why = r.missing_credentials().unwrap();
         assert!(why.contains("profile `mnio`"), "{why}");
     }
@@ -741,7 +884,7 @@ s3 =
             let err = check_endpoint(bad).unwrap_err().to_string();
             assert!(!err.contains("hunter2"), "{err}");
         }
-        let r = resolve_from(
+        let r = resolve_texts(
             &S3Config {
                 endpoint: url.into(),
                 ..S3Config::default()

@@ -31,7 +31,7 @@ pub(crate) use settings::S3Config;
 
 /// Where uploads go.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Destination {
+pub(crate) struct BucketPrefix {
     pub(crate) bucket: String,
     /// Key prefix without leading or trailing `/` (may be empty).
     pub(crate) prefix: String,
@@ -111,7 +111,7 @@ fn shown_url(url: &str) -> String {
 }
 
 /// Parses `s3://bucket/prefix`.
-pub(crate) fn parse_url(url: &str) -> Result<Destination, S3Error> {
+pub(crate) fn parse_url(url: &str) -> Result<BucketPrefix, S3Error> {
     let rest = url
         .strip_prefix("s3://")
         .ok_or_else(|| S3Error::BadUrl(url.into()))?;
@@ -128,7 +128,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Destination, S3Error> {
     if !valid_bucket {
         return Err(S3Error::BadUrl(url.into()));
     }
-    Ok(Destination {
+    Ok(BucketPrefix {
         bucket: bucket.into(),
         prefix: prefix.trim_matches('/').into(),
     })
@@ -170,7 +170,7 @@ fn safe(part: &str) -> String {
 /// `<prefix>/<run>/artifacts/memory_usage/<file>`, or with a ClearML task,
 /// `<prefix>/<project>/<task name>.<task id>/artifacts/memory_usage/<file>`.
 pub(crate) fn object_key(
-    dest: &Destination,
+    dest: &BucketPrefix,
     run: &str,
     task: Option<&TaskKey>,
     file: &str,
@@ -200,7 +200,7 @@ fn content_type(key: &str) -> &'static str {
 
 /// What was uploaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Uploaded {
+pub(crate) struct UploadedObject {
     pub(crate) uri: String,
     pub(crate) size: u64,
     /// Hex SHA-256 of the object (ClearML's artifact `hash`).
@@ -212,7 +212,7 @@ pub(crate) struct Uploaded {
 #[derive(Debug, Clone)]
 pub(crate) struct Uploader {
     client: aws_sdk_s3::Client,
-    pub(crate) dest: Destination,
+    pub(crate) dest: BucketPrefix,
     /// For messages: the endpoint and where it came from, or
     /// "AWS S3 (`https://s3.REGION.amazonaws.com`)".
     pub(crate) endpoint: String,
@@ -237,7 +237,7 @@ impl Uploader {
     /// profile files under `$HOME`. Does no I/O beyond reading them.
     pub async fn new(config: &S3Config) -> Result<Uploader, S3Error> {
         let home = std::env::var_os("HOME").map(PathBuf::from);
-        let resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref());
+        let resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref()).await;
         Uploader::with(config, resolved).await
     }
 
@@ -259,14 +259,14 @@ impl Uploader {
         source: &str,
     ) -> Result<Uploader, S3Error> {
         let home = std::env::var_os("HOME").map(PathBuf::from);
-        let mut resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref());
+        let mut resolved = aws::resolve(config, &|v| std::env::var(v).ok(), home.as_deref()).await;
         let own = matches!(
             resolved.credentials,
-            aws::Credentials::Environment | aws::Credentials::Profile
+            aws::CredentialSource::Environment | aws::CredentialSource::Profile
         ) || resolved.unknown_profile().is_some();
         let given = match keys {
             Some((key, secret)) if !own => {
-                resolved.credentials = aws::Credentials::Given(source.to_string());
+                resolved.credentials = aws::CredentialSource::Given(source.to_string());
                 Some(aws_sdk_s3::config::Credentials::new(
                     key,
                     secret,
@@ -286,13 +286,10 @@ impl Uploader {
         given: Option<aws_sdk_s3::config::Credentials>,
     ) -> Result<Uploader, S3Error> {
         let dest = parse_url(&config.url)?;
-        // The SDK would read these files again, without a bound (a FIFO
-        // hangs it, `/dev/zero` grows it): refused here first.
-        if !resolved.unreadable.is_empty() {
-            return Err(S3Error::Config(format!(
-                "cannot read {}",
-                resolved.unreadable.join(", ")
-            )));
+        // A profile file that cannot be read or parsed: what it says is
+        // unknown, so nothing is guessed.
+        if !resolved.unusable.is_empty() {
+            return Err(S3Error::Config(resolved.unusable.join("; ")));
         }
         if let Some(endpoint) = &resolved.endpoint {
             aws::check_endpoint(&endpoint.value).map_err(|why| {
@@ -304,12 +301,14 @@ impl Uploader {
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
             ))
             .build_https();
-        let mut loader =
-            aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http.clone());
-        if resolved.profile_from != "default" {
-            // The SDK reads AWS_PROFILE itself, not AWS_DEFAULT_PROFILE.
-            loader = loader.profile_name(&resolved.profile);
-        }
+        // The SDK gets the profile files' text as read (capped) here, never
+        // the paths: it would read them again without a bound (a FIFO
+        // hangs it, `/dev/zero` grows it). The profile name too: it reads
+        // AWS_PROFILE itself, not AWS_DEFAULT_PROFILE.
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(http.clone())
+            .profile_files(resolved.profile_files.clone())
+            .profile_name(&resolved.profile);
         if let Some(region) = &resolved.region {
             // Known without asking the instance-metadata service.
             loader = loader.region(aws_config::Region::new(region.value.clone()));
@@ -426,10 +425,10 @@ impl Uploader {
     /// Where the credentials in use come from, for a refusal.
     fn credentials_source(&self) -> String {
         match self.resolved.credentials {
-            aws::Credentials::Environment => {
+            aws::CredentialSource::Environment => {
                 "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY".to_string()
             }
-            aws::Credentials::Given(ref source) => source.clone(),
+            aws::CredentialSource::Given(ref source) => source.clone(),
             _ => self.resolved.describe_profile(),
         }
     }
@@ -568,7 +567,7 @@ impl Uploader {
     }
 
     /// Uploads `path` as `key`; multipart above the threshold.
-    pub(crate) async fn upload(&self, path: &Path, key: &str) -> Result<Uploaded, S3Error> {
+    pub(crate) async fn upload(&self, path: &Path, key: &str) -> Result<UploadedObject, S3Error> {
         // A regular file, at most the size memtrack's readers accept.
         let owned = path.to_path_buf();
         let bytes = tokio::task::spawn_blocking(move || {
@@ -600,7 +599,7 @@ impl Uploader {
                 .map_err(|e| self.error(e))?;
             1
         };
-        Ok(Uploaded {
+        Ok(UploadedObject {
             uri: format!("s3://{}/{key}", self.dest.bucket),
             size,
             sha256,
@@ -962,11 +961,10 @@ fn chain_without_imds(
         .with_http_client(http)
         .with_region(region)
         .with_behavior_version(Some(aws_config::BehaviorVersion::latest()));
-    let mut profile =
-        aws_config::profile::ProfileFileCredentialsProvider::builder().configure(&conf);
-    if resolved.profile_from != "default" {
-        profile = profile.profile_name(&resolved.profile);
-    }
+    let profile = aws_config::profile::ProfileFileCredentialsProvider::builder()
+        .configure(&conf)
+        .profile_files(resolved.profile_files.clone())
+        .profile_name(&resolved.profile);
     aws_config::meta::credentials::CredentialsProviderChain::first_try(
         "Environment",
         aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
@@ -1015,7 +1013,7 @@ mod tests {
     fn urls() {
         assert_eq!(
             parse_url("s3://clearml-artifacts/runs/").unwrap(),
-            Destination {
+            BucketPrefix {
                 bucket: "clearml-artifacts".into(),
                 prefix: "runs".into()
             }
@@ -1080,7 +1078,7 @@ mod tests {
             ..S3Config::default()
         };
         let env = |k: &str| (k == "AWS_PROFILE").then(|| "minio".to_string());
-        let resolved = aws::resolve_from(
+        let resolved = aws::resolve_texts(
             &config,
             &env,
             "[profile minio]\nendpoint_url = http://minio:9000\nregion = eu-west-3\n",
@@ -1101,7 +1099,7 @@ mod tests {
             endpoint: "http://minio:9000".into(),
             ..config
         };
-        let resolved = aws::resolve_from(&config, &|_| None, "", "");
+        let resolved = aws::resolve_texts(&config, &|_| None, "", "");
         let up = runtime.block_on(Uploader::with(&config, resolved)).unwrap();
         assert!(
             up.retry_command(Path::new("/f.json")).ends_with(

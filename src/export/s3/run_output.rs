@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::{S3Config, S3Error, Uploaded, Uploader};
+use super::{S3Config, S3Error, UploadedObject, Uploader};
 use crate::engine::Feed;
 use crate::export::clearml::outcome::{Artifact, TaskRef};
 use crate::export::finish::Deadline;
@@ -115,7 +115,7 @@ impl S3Output {
         end: &RunEnd<'_>,
         task: Option<TaskRef>,
         deadline: &Deadline,
-    ) -> Result<Uploaded, S3Error> {
+    ) -> Result<UploadedObject, S3Error> {
         let run = &end.store.run;
         let key = object_key(s3, run, task);
         let what = format!("the upload to {}", s3.endpoint);
@@ -158,7 +158,7 @@ impl S3Output {
         end: &RunEnd<'_>,
         task: Option<TaskRef>,
         deadline: &Deadline,
-    ) -> Option<Uploaded> {
+    ) -> Option<UploadedObject> {
         let key = page_key(&object_key(s3, &end.store.run, task));
         let what = format!("the report page's upload to {}", s3.endpoint);
         match end
@@ -249,7 +249,7 @@ impl Output for S3Output {
 }
 
 /// An upload as the artifact a tracker registers.
-fn artifact(u: Uploaded) -> Artifact {
+fn artifact(u: UploadedObject) -> Artifact {
     Artifact {
         uri: u.uri,
         size: u.size,

@@ -34,7 +34,7 @@ const OTHER_LANE: &str = "(other components)";
 
 /// A mark, as the page shows it on hover.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub(crate) struct Mark {
+pub(crate) struct PageMark {
     t: f64,
     component: String,
     operation: String,
@@ -49,7 +49,7 @@ pub(crate) struct Mark {
 /// A column's marks: the last one and how many; the last iteration seen.
 #[derive(Debug, Clone, Default)]
 struct MarkCell {
-    last: Option<Mark>,
+    last: Option<PageMark>,
     n: u64,
     iteration: Option<(f64, u64)>,
 }
@@ -261,7 +261,7 @@ impl Gather {
             if e.kind != EntryKind::Timer {
                 // A thinned entry stands for several.
                 cell.n += u64::from(e.samples.unwrap_or(1).max(1));
-                cell.last = Some(Mark {
+                cell.last = Some(PageMark {
                     t: e.timestamp,
                     component: clip(&e.component),
                     operation: clip(&e.operation),
@@ -357,7 +357,7 @@ pub(crate) struct RunPage {
     series: BTreeMap<&'static str, Vec<f64>>,
     /// The highest value of each series.
     series_peak: BTreeMap<&'static str, f64>,
-    marks: Vec<Mark>,
+    marks: Vec<PageMark>,
     marks_total: u64,
     /// `[t, iteration, …]`: the last iteration seen in each column.
     iterations: Vec<f64>,
@@ -394,7 +394,7 @@ impl RunPage {
         for cell in gather.marks.cells() {
             marks_total += cell.n;
             if let Some(m) = &cell.last {
-                marks.push(Mark {
+                marks.push(PageMark {
                     t: m.t - t0,
                     n: cell.n,
                     ..m.clone()

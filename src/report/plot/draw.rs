@@ -6,7 +6,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::frame::{DrawResult, Frame, Notes};
-use super::options::{Format, PlotOptions, PlotSummary};
+use super::options::{ImageFormat, PlotOptions, PlotSummary};
 use super::style::{bold, font, time_ticks, Scale, Swatch, MUTED};
 use super::timeline::Timeline;
 use super::{lanes, legend, panels};
@@ -100,7 +100,7 @@ fn split_panels<DB: DrawingBackend>(
 fn summary(m: &Timeline, opts: &PlotOptions, notes: Notes, gpu: bool) -> PlotSummary {
     PlotSummary {
         path: std::path::PathBuf::new(),
-        format: Format::Svg,
+        format: ImageFormat::Svg,
         width: opts.width,
         height: opts.height,
         legend: notes

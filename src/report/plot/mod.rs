@@ -46,7 +46,7 @@ mod timeline;
 use std::path::Path;
 
 pub use self::options::{
-    check_size, Format, PlotError, PlotOptions, PlotSummary, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH,
+    check_size, ImageFormat, PlotError, PlotOptions, PlotSummary, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH,
     TOP_TARGETS,
 };
 pub use self::overlay::{overlay, Align};
@@ -55,15 +55,15 @@ use crate::model::Document;
 
 /// Draws `doc` into `out` (SVG or PNG, from the extension).
 pub fn plot(doc: &Document, out: &Path, opts: &PlotOptions) -> Result<PlotSummary, PlotError> {
-    let format = Format::from_path(out).ok_or_else(|| PlotError::Format {
+    let format = ImageFormat::from_path(out).ok_or_else(|| PlotError::Format {
         path: out.to_path_buf(),
     })?;
     check_size(opts.width, opts.height)?;
     output::register_fonts()?;
     let model = Timeline::from_document(doc, opts.process_rss).ok_or(PlotError::Empty)?;
     let mut summary = match format {
-        Format::Svg => output::render_svg(out, &model, opts)?,
-        Format::Png => output::render_png(out, &model, opts)?,
+        ImageFormat::Svg => output::render_svg(out, &model, opts)?,
+        ImageFormat::Png => output::render_png(out, &model, opts)?,
     };
     summary.path = out.to_path_buf();
     summary.format = format;
@@ -76,10 +76,16 @@ mod tests {
 
     #[test]
     fn formats_come_from_the_extension() {
-        assert_eq!(Format::from_path(Path::new("a/b.SVG")), Some(Format::Svg));
-        assert_eq!(Format::from_path(Path::new("x.png")), Some(Format::Png));
-        assert_eq!(Format::from_path(Path::new("x.pdf")), None);
-        assert_eq!(Format::from_path(Path::new("x")), None);
+        assert_eq!(
+            ImageFormat::from_path(Path::new("a/b.SVG")),
+            Some(ImageFormat::Svg)
+        );
+        assert_eq!(
+            ImageFormat::from_path(Path::new("x.png")),
+            Some(ImageFormat::Png)
+        );
+        assert_eq!(ImageFormat::from_path(Path::new("x.pdf")), None);
+        assert_eq!(ImageFormat::from_path(Path::new("x")), None);
         let err = plot(
             &Document::default(),
             Path::new("x.jpg"),

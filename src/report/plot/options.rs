@@ -42,18 +42,18 @@ impl Default for PlotOptions {
 /// The output formats, from the file's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Format {
+pub enum ImageFormat {
     Svg,
     Png,
 }
 
-impl Format {
+impl ImageFormat {
     /// `.svg` or `.png`, any case.
-    pub(crate) fn from_path(path: &Path) -> Option<Format> {
+    pub(crate) fn from_path(path: &Path) -> Option<ImageFormat> {
         let ext = path.extension()?.to_str()?.to_ascii_lowercase();
         match ext.as_str() {
-            "svg" => Some(Format::Svg),
-            "png" => Some(Format::Png),
+            "svg" => Some(ImageFormat::Svg),
+            "png" => Some(ImageFormat::Png),
             _ => None,
         }
     }
@@ -63,7 +63,7 @@ impl Format {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlotSummary {
     pub path: PathBuf,
-    pub format: Format,
+    pub format: ImageFormat,
     pub width: u32,
     pub height: u32,
     /// Every legend entry, in order.

@@ -9,7 +9,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::frame::DrawResult;
-use super::options::{check_size, Format, PlotError, PlotOptions};
+use super::options::{check_size, ImageFormat, PlotError, PlotOptions};
 use super::stroke::{wide_line, Pattern};
 use super::style::{bold, font, format_axis, unit_for, Scale, GRID, MUTED, TARGET_COLOURS};
 use crate::model::{Document, Entry, GpuSource};
@@ -119,7 +119,7 @@ pub fn overlay(
     out: &Path,
     opts: &PlotOptions,
 ) -> Result<(), PlotError> {
-    let format = Format::from_path(out).ok_or_else(|| PlotError::Format {
+    let format = ImageFormat::from_path(out).ok_or_else(|| PlotError::Format {
         path: out.to_path_buf(),
     })?;
     check_size(opts.width, opts.height)?;
@@ -154,12 +154,12 @@ pub fn overlay(
         message: e,
     };
     match format {
-        Format::Svg => {
+        ImageFormat::Svg => {
             let root = SVGBackend::new(out, (opts.width, opts.height)).into_drawing_area();
             draw(&root, &picture, false).map_err(|e| err(e.to_string()))?;
             root.present().map_err(|e| err(e.to_string()))?;
         }
-        Format::Png => {
+        ImageFormat::Png => {
             let root = BitMapBackend::new(out, (opts.width, opts.height)).into_drawing_area();
             draw(&root, &picture, true).map_err(|e| err(e.to_string()))?;
             root.present().map_err(|e| err(e.to_string()))?;

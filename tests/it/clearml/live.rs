@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use memtrack::config::ClearmlConfig;
-use memtrack::export::clearml::{resolve, FinishReport, Reporter, RunEnd, Settings, SPOOL_FILE};
+use memtrack::export::clearml::{resolve, FinishReport, Reporter, Settings, TaskEnd, SPOOL_FILE};
 use memtrack::model::{Entry, EntryKind, Exit, RunInfo};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
@@ -103,7 +103,7 @@ impl Live {
 
     pub(super) fn finish(
         self,
-        outcome: RunEnd,
+        outcome: TaskEnd,
         timeout: Duration,
     ) -> (FinishReport, u64, tempfile::TempDir) {
         let Live {
@@ -119,8 +119,8 @@ impl Live {
     }
 }
 
-pub(super) fn exit(code: i32) -> RunEnd {
-    RunEnd {
+pub(super) fn exit(code: i32) -> TaskEnd {
+    TaskEnd {
         exit: Some(Exit::code(code)),
         artifact: None,
         page: None,

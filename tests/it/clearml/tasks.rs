@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use memtrack::export::clearml::{Artifact, RunEnd};
+use memtrack::export::clearml::{Artifact, TaskEnd};
 use memtrack::model::{Entry, EntryKind, Exit};
 use serde_json::json;
 
@@ -94,7 +94,7 @@ fn marks_and_timer_windows_arrive_exactly_once_into_a_created_task() {
         sha256: "ab".repeat(32),
     };
     let (report, errors, _dir) = live.finish(
-        RunEnd {
+        TaskEnd {
             exit: Some(Exit::code(0)),
             artifact: Some(artifact),
             page: None,
@@ -170,7 +170,7 @@ fn a_signal_or_unknown_exit_fails_the_created_task() {
         let live = Live::start(settings(&server.url(), SECRET), "sig");
         live.push(entry("model", "x", unix_now(), Some(1), 1.0));
         let (report, _, _dir) = live.finish(
-            RunEnd {
+            TaskEnd {
                 exit: outcome,
                 artifact: None,
                 page: None,
@@ -197,7 +197,7 @@ fn an_existing_task_gets_points_and_keeps_its_status() {
     let mut exp = Expected::new();
     steady_marks(&live, &mut exp, "model", 0..40);
     let (report, _, _dir) = live.finish(
-        RunEnd {
+        TaskEnd {
             exit: Some(Exit::code(1)),
             artifact: Some(Artifact {
                 uri: "s3://b/k/memory_usage.json".into(),
