@@ -17,7 +17,6 @@ pub mod advice;
 pub(crate) mod forecast;
 pub mod json;
 pub mod leak;
-pub(crate) mod number_keys;
 mod run;
 pub(crate) mod thin;
 
@@ -714,11 +713,7 @@ pub struct Target {
     #[serde(default)]
     pub last_gpu_mb: f64,
     /// Peak NVML used memory per GPU index.
-    #[serde(
-        default,
-        skip_serializing_if = "BTreeMap::is_empty",
-        deserialize_with = "number_keys::deserialize"
-    )]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub peak_gpu_mb_by_device: BTreeMap<u32, f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pss_mb: Option<f64>,

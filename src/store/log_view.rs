@@ -311,7 +311,8 @@ mod tests {
         st.keep_entries_in(&dir.path().join(entries::FILE)).unwrap();
         busy_run(&mut st, 100_000);
         assert_eq!(st.event_entries(), 100_000 + 1000 + 3);
-        let state = serde_json::to_vec(&st).unwrap();
+        let mut state = Vec::new();
+        super::super::checkpoint::write(&mut state, st.clone()).unwrap();
         assert!(state.len() < 3 << 20, "{} bytes", state.len());
         let mut n = 0u64;
         st.document_view()
