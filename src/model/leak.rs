@@ -482,9 +482,9 @@ impl LeakPoint {
         LeakPoint {
             t0: e.timestamp,
             t1: e.timestamp_end.unwrap_or(e.timestamp),
-            cpu: e.cpu_ram_used_mb,
-            gpu_process: e.gpu_process_used_mb,
-            gpu_used: e.gpu_ram_used_mb,
+            cpu: e.figures.cpu_ram_used_mb,
+            gpu_process: e.figures.gpu_process_used_mb,
+            gpu_used: e.figures.gpu_ram_used_mb,
         }
     }
 
@@ -1056,6 +1056,7 @@ fn num(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
     use crate::model::Target;
     use serde_json::json;
 
@@ -1430,9 +1431,12 @@ mod tests {
                 .into(),
             operation: "timer".into(),
             timestamp: t,
-            cpu_ram_used_mb: cpu,
-            gpu_process_used_mb: gpu,
-            gpu_ram_used_mb: gpu,
+            figures: Figures {
+                cpu_ram_used_mb: cpu,
+                gpu_process_used_mb: gpu,
+                gpu_ram_used_mb: gpu,
+                ..Figures::default()
+            },
             kind: EntryKind::Timer,
             span: span.map(String::from),
             ..Entry::default()
@@ -1521,8 +1525,11 @@ mod tests {
                 }
                 .into(),
                 timestamp: 1_700_000_000.0 + i as f64,
-                cpu_ram_used_mb: 1000.0,
-                gpu_ram_used_mb: 8000.0 + 50.0 * i as f64,
+                figures: Figures {
+                    cpu_ram_used_mb: 1000.0,
+                    gpu_ram_used_mb: 8000.0 + 50.0 * i as f64,
+                    ..Figures::default()
+                },
                 ..Entry::default()
             });
         }

@@ -373,7 +373,7 @@ mod tests {
             .entry("c0".into())
             .or_default()
             .insert("step".into(), (1 << 60) + 7);
-        st.peaks.run.cpu_ram_used_mb = 0.1 + 0.2;
+        st.peaks.run.figures.cpu_ram_used_mb = 0.1 + 0.2;
         st.host.since = 5e-324;
         st.gpu.devices.get_mut(&1).unwrap().peak_used_mb = f64::MAX;
         st.alerts.kept[0].used_ratio = 1.0 / 3.0;
@@ -385,7 +385,7 @@ mod tests {
         assert_eq!(back.host.memory.total, u64::MAX - 1);
         assert_eq!(back.marks.event_counts["c0"]["step"], (1 << 60) + 7);
         assert_eq!(
-            back.peaks.run.cpu_ram_used_mb.to_bits(),
+            back.peaks.run.figures.cpu_ram_used_mb.to_bits(),
             (0.1f64 + 0.2).to_bits()
         );
         assert_eq!(back.host.since.to_bits(), 5e-324f64.to_bits());

@@ -825,13 +825,17 @@ impl<'de> Deserialize<'de> for EntryLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
 
     fn entry(i: u64) -> Entry {
         Entry {
             component: format!("c{}", i % 3),
             operation: "step".into(),
             timestamp: 1_700_000_000.0 + i as f64 * 0.001_3,
-            cpu_ram_used_mb: 100.0 + (i % 17) as f64 / 3.0,
+            figures: Figures {
+                cpu_ram_used_mb: 100.0 + (i % 17) as f64 / 3.0,
+                ..Figures::default()
+            },
             iteration: Some(i),
             ..Entry::default()
         }
@@ -860,7 +864,7 @@ mod tests {
             .iter()
             .zip(&b)
             .all(|(x, y)| x.timestamp.to_bits() == y.timestamp.to_bits()
-                && x.cpu_ram_used_mb.to_bits() == y.cpu_ram_used_mb.to_bits()));
+                && x.figures.cpu_ram_used_mb.to_bits() == y.figures.cpu_ram_used_mb.to_bits()));
     }
 
     #[test]

@@ -791,7 +791,7 @@ mod tests {
             serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
         assert_eq!(doc.run.status, "recovered");
         assert_eq!(doc.detailed_log.len(), 10, "every journalled sample");
-        assert_eq!(doc.peak_usage.cpu_ram_used_mb, 109.0);
+        assert_eq!(doc.peak_usage.figures.cpu_ram_used_mb, 109.0);
         assert!(!dir.path().join(DIR).exists());
     }
 
@@ -832,7 +832,7 @@ mod tests {
         let doc: Document =
             serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
         assert_eq!(doc.detailed_log.len(), 10, "every journalled sample");
-        assert_eq!(doc.peak_usage.cpu_ram_used_mb, 109.0);
+        assert_eq!(doc.peak_usage.figures.cpu_ram_used_mb, 109.0);
     }
 
     fn mark(ts: f64, i: u64) -> Record {

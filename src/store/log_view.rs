@@ -262,10 +262,10 @@ mod tests {
                     .entry((e.component.clone(), e.operation.clone()))
                     .or_default();
                 for (slot, f) in x.iter_mut().zip([
-                    e.cpu_ram_used_mb,
-                    e.gpu_ram_used_mb,
-                    e.reserved_gpu_ram_mb,
-                    e.gpu_process_used_mb,
+                    e.figures.cpu_ram_used_mb,
+                    e.figures.gpu_ram_used_mb,
+                    e.figures.reserved_gpu_ram_mb,
+                    e.figures.gpu_process_used_mb,
                 ]) {
                     *slot = (*slot).max(f.to_bits());
                 }
