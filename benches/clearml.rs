@@ -27,7 +27,7 @@ use memtrack::config::ClearmlConfig;
 use memtrack::export::clearml::points::Converter;
 use memtrack::export::clearml::queue::Queue;
 use memtrack::export::clearml::{resolve, Reporter, TaskEnd};
-use memtrack::model::{Entry, EntryKind, Exit, RunInfo};
+use memtrack::model::{Entry, EntryKind, Exit, Figures, RunInfo};
 
 fn full_run() -> bool {
     std::env::args().any(|a| a == "--bench")
@@ -50,12 +50,14 @@ fn entry(i: u64) -> Entry {
         component: ["model", "data", "optimizer"][(i % 3) as usize].into(),
         operation: "step".into(),
         timestamp: ts,
-        cpu_ram_used_mb: v,
-        gpu_ram_used_mb: v * 2.0,
-        gpu_ram_peak_mb: v * 2.5,
-        reserved_gpu_ram_mb: v * 3.0,
-        gpu_process_used_mb: v * 2.0,
-        cpu_ram_hwm_mb: v * 1.1,
+        figures: Figures {
+            cpu_ram_used_mb: v,
+            gpu_ram_used_mb: v * 2.0,
+            gpu_ram_peak_mb: v * 2.5,
+            reserved_gpu_ram_mb: v * 3.0,
+            gpu_process_used_mb: v * 2.0,
+            cpu_ram_hwm_mb: v * 1.1,
+        },
         kind: EntryKind::Event,
         iteration: Some(i / 3),
         ..Entry::default()

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use ::prometheus::{Encoder, TextEncoder};
 use memtrack::export::{http, prometheus};
-use memtrack::model::{Gpu, Peaks};
+use memtrack::model::{Figures, Gpu, Peaks};
 use memtrack::store::snapshot::{ProcessNow, Snapshot};
 
 fn full_run() -> bool {
@@ -59,7 +59,10 @@ fn snapshot() -> Snapshot {
             (
                 format!("component_{c}"),
                 Peaks {
-                    cpu_ram_used_mb: 1000.0,
+                    figures: Figures {
+                        cpu_ram_used_mb: 1000.0,
+                        ..Figures::default()
+                    },
                     ..Peaks::default()
                 },
             )

@@ -492,7 +492,7 @@ fn too_large(cap: u64) -> io::Error {
 
 /// How [`read_line_bounded`] found a line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Line {
+pub(crate) enum LineEnd {
     /// Ended by a newline, within the cap.
     Whole,
     /// Cut short by the end of the input (a torn last line).
@@ -508,14 +508,18 @@ pub(crate) fn read_line_bounded(
     reader: &mut impl io::BufRead,
     buf: &mut Vec<u8>,
     cap: usize,
-) -> io::Result<Option<Line>> {
+) -> io::Result<Option<LineEnd>> {
     buf.clear();
     let mut long = false;
     let mut any = false;
     loop {
         let chunk = reader.fill_buf()?;
         if chunk.is_empty() {
-            return Ok(any.then_some(if long { Line::TooLong } else { Line::Torn }));
+            return Ok(any.then_some(if long {
+                LineEnd::TooLong
+            } else {
+                LineEnd::Torn
+            }));
         }
         any = true;
         let (part, done) = match chunk.iter().position(|&b| b == b'\n') {
@@ -532,7 +536,11 @@ pub(crate) fn read_line_bounded(
         let used = done.unwrap_or(chunk.len());
         reader.consume(used);
         if done.is_some() {
-            return Ok(Some(if long { Line::TooLong } else { Line::Whole }));
+            return Ok(Some(if long {
+                LineEnd::TooLong
+            } else {
+                LineEnd::Whole
+            }));
         }
     }
 }
@@ -839,10 +847,10 @@ mod tests {
             let l = read_line_bounded(&mut r, &mut buf, 4).unwrap();
             (l, String::from_utf8(buf.clone()).unwrap())
         };
-        assert_eq!(next(), (Some(Line::Whole), "abc".into()));
-        assert_eq!(next(), (Some(Line::TooLong), "abcd".into()));
-        assert_eq!(next(), (Some(Line::Whole), "abcd".into()));
-        assert_eq!(next(), (Some(Line::Torn), "ab".into()));
+        assert_eq!(next(), (Some(LineEnd::Whole), "abc".into()));
+        assert_eq!(next(), (Some(LineEnd::TooLong), "abcd".into()));
+        assert_eq!(next(), (Some(LineEnd::Whole), "abcd".into()));
+        assert_eq!(next(), (Some(LineEnd::Torn), "ab".into()));
         assert_eq!(next(), (None, "".into()));
         let mut r = io::Cursor::new(b"abcd\nabcdefgh\n".to_vec());
         assert!(read_line_capped(&mut r, &mut buf, 4).unwrap());

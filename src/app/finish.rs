@@ -217,9 +217,9 @@ pub(super) fn log_end(store: &Store, saved: &Saved, export_failed: bool) {
     tracing::info!(
         "run {} ended: peak host RAM {:.1} MiB sampled, {:.1} MiB between samples; peak GPU {:.1} MiB{whose}; {}; memtrack's own peak RSS {own_peak:.1} MiB",
         store.run.name,
-        peaks.cpu_ram_used_mb,
-        peaks.cpu_ram_used_mb.max(peaks.cpu_ram_hwm_mb),
-        peaks.gpu_process_used_mb.max(peaks.reserved_gpu_ram_mb),
+        peaks.figures.cpu_ram_used_mb,
+        peaks.figures.cpu_ram_used_mb.max(peaks.figures.cpu_ram_hwm_mb),
+        peaks.figures.gpu_process_used_mb.max(peaks.figures.reserved_gpu_ram_mb),
         match (written, export_failed) {
             (true, false) => format!("wrote {}", document.display()),
             (true, true) => format!("wrote {}; an export failed (see above)", document.display()),

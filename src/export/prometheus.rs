@@ -492,12 +492,12 @@ fn peaks(f: &mut Families, snap: &Snapshot) {
     let gpu = has_gpu(snap);
     let figures = |p: &crate::model::Peaks| {
         [
-            ("cpu_ram_used", p.cpu_ram_used_mb),
-            ("cpu_ram_hwm", p.cpu_ram_hwm_mb),
-            ("gpu_ram_used", p.gpu_ram_used_mb),
-            ("gpu_ram_peak", p.gpu_ram_peak_mb),
-            ("reserved_gpu_ram", p.reserved_gpu_ram_mb),
-            ("gpu_process_used", p.gpu_process_used_mb),
+            ("cpu_ram_used", p.figures.cpu_ram_used_mb),
+            ("cpu_ram_hwm", p.figures.cpu_ram_hwm_mb),
+            ("gpu_ram_used", p.figures.gpu_ram_used_mb),
+            ("gpu_ram_peak", p.figures.gpu_ram_peak_mb),
+            ("reserved_gpu_ram", p.figures.reserved_gpu_ram_mb),
+            ("gpu_process_used", p.figures.gpu_process_used_mb),
         ]
         .into_iter()
         .filter(move |(figure, _)| gpu || figure.starts_with("cpu_"))

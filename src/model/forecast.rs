@@ -82,7 +82,7 @@ struct Buckets {
 
 /// One resource's recent points.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Series {
+pub(crate) struct ForecastSeries {
     first: Option<f64>,
     last: f64,
     windows: [Buckets; WINDOWS_S.len()],
@@ -93,7 +93,7 @@ fn width(window_s: f64) -> f64 {
     window_s / BUCKETS as f64
 }
 
-impl Series {
+impl ForecastSeries {
     /// Adds a point (time order; an older point is ignored).
     pub(crate) fn push(&mut self, t: f64, mb: f64) {
         if !(t.is_finite() && mb.is_finite()) || (self.first.is_some() && t < self.last) {
@@ -244,7 +244,7 @@ mod tests {
         limit: f64,
         f: impl Fn(f64) -> f64,
     ) -> Vec<(f64, Outlook)> {
-        let mut s = Series::default();
+        let mut s = ForecastSeries::default();
         let mut out = Vec::new();
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut t = 0.0;

@@ -482,9 +482,9 @@ impl LeakPoint {
         LeakPoint {
             t0: e.timestamp,
             t1: e.timestamp_end.unwrap_or(e.timestamp),
-            cpu: e.cpu_ram_used_mb,
-            gpu_process: e.gpu_process_used_mb,
-            gpu_used: e.gpu_ram_used_mb,
+            cpu: e.figures.cpu_ram_used_mb,
+            gpu_process: e.figures.gpu_process_used_mb,
+            gpu_used: e.figures.gpu_ram_used_mb,
         }
     }
 
@@ -556,15 +556,15 @@ pub(crate) const SERIES_POINTS: usize = 16_384;
 /// timer samples, every entry, and the entries carrying PyTorch allocator
 /// figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Series {
+pub(crate) struct LeakSeries {
     timers: Thinned<TimerPoint>,
     all: Thinned<LeakPoint>,
     alloc: Thinned<LeakPoint>,
 }
 
-impl Default for Series {
+impl Default for LeakSeries {
     fn default() -> Self {
-        Series {
+        LeakSeries {
             timers: Thinned::new(SERIES_POINTS),
             all: Thinned::new(SERIES_POINTS),
             alloc: Thinned::new(SERIES_POINTS),
@@ -572,7 +572,7 @@ impl Default for Series {
     }
 }
 
-impl Series {
+impl LeakSeries {
     /// Folds in the next entry of a log.
     pub(crate) fn push(&mut self, e: &Entry) {
         if e.kind == EntryKind::Timer {
@@ -593,7 +593,7 @@ impl Series {
 
     /// The verdicts of a log whose timer samples are kept apart (the
     /// store's timer log, `timers`, in time order) and whose other
-    /// entries were folded here with [`Series::push_untimed`]; the two
+    /// entries were folded here with [`LeakSeries::push_untimed`]; the two
     /// are merged by time as the document's log merges them.
     pub(crate) fn analyze_beside(
         &self,
@@ -619,7 +619,7 @@ impl Series {
         analyze_parts(&points, &all, &alloc, targets, schema, cfg)
     }
 
-    /// The verdicts on a log folded here with [`Series::push`].
+    /// The verdicts on a log folded here with [`LeakSeries::push`].
     pub(crate) fn analyze(&self, targets: &[Target], schema: u32, cfg: &LeakConfig) -> LeakReport {
         let timers: Vec<TimerPoint> = self.timers.iter().cloned().collect();
         let alloc: Vec<LeakPoint> = self.alloc.iter().copied().collect();
@@ -640,7 +640,7 @@ impl Series {
 /// listed, the rest counted), and per component (timer samples taken
 /// inside that component's spans).
 pub fn analyze(doc: &Document, cfg: &LeakConfig) -> LeakReport {
-    let mut series = Series::default();
+    let mut series = LeakSeries::default();
     for e in &doc.detailed_log {
         series.push(e);
     }
@@ -1056,6 +1056,7 @@ fn num(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
     use crate::model::Target;
     use serde_json::json;
 
@@ -1430,9 +1431,12 @@ mod tests {
                 .into(),
             operation: "timer".into(),
             timestamp: t,
-            cpu_ram_used_mb: cpu,
-            gpu_process_used_mb: gpu,
-            gpu_ram_used_mb: gpu,
+            figures: Figures {
+                cpu_ram_used_mb: cpu,
+                gpu_process_used_mb: gpu,
+                gpu_ram_used_mb: gpu,
+                ..Figures::default()
+            },
             kind: EntryKind::Timer,
             span: span.map(String::from),
             ..Entry::default()
@@ -1521,8 +1525,11 @@ mod tests {
                 }
                 .into(),
                 timestamp: 1_700_000_000.0 + i as f64,
-                cpu_ram_used_mb: 1000.0,
-                gpu_ram_used_mb: 8000.0 + 50.0 * i as f64,
+                figures: Figures {
+                    cpu_ram_used_mb: 1000.0,
+                    gpu_ram_used_mb: 8000.0 + 50.0 * i as f64,
+                    ..Figures::default()
+                },
                 ..Entry::default()
             });
         }

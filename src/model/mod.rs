@@ -14,10 +14,10 @@
 //! status vocabularies.
 
 pub mod advice;
+mod entry_json;
 pub(crate) mod forecast;
 pub mod json;
 pub mod leak;
-pub(crate) mod number_keys;
 mod run;
 pub(crate) mod thin;
 
@@ -452,19 +452,56 @@ pub enum EntryKind {
     System,
 }
 
-/// One `detailed_log` element. The first eight fields are the base ones.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// One `detailed_log` element. Its keys, in the document's order, are
+/// `component`, `operation`, `timestamp`, the first four [`Figures`],
+/// `gpu_source`, the last two, then the rest as below: the order is kept
+/// by its JSON form (`entry_json`), which writes the figures in their
+/// places around `gpu_source`. The first eight keys are the base ones.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(from = "entry_json::EntryIn")]
 pub struct Entry {
     pub component: String,
     pub operation: String,
     /// Unix seconds.
     pub timestamp: f64,
+    /// The six memory figures.
+    pub figures: Figures,
+    pub gpu_source: GpuSource,
+    /// The charge of the job's memory cgroup less cold page cache (what
+    /// its limit is enforced on), MiB: only the pages charged to the job,
+    /// not library pages another cgroup loaded first. Absent without a
+    /// cgroup holding the job.
+    pub charge_mb: Option<f64>,
+    /// The highest `charge_mb` since the previous sample, as the kernel
+    /// saw it, MiB.
+    pub charge_hwm_mb: Option<f64>,
+    pub kind: EntryKind,
+    /// The sender of an event (`SO_PEERCRED`).
+    pub pid: Option<u32>,
+    pub iteration: Option<u64>,
+    pub labels: BTreeMap<String, String>,
+    /// The innermost open span a timer sample was attributed to.
+    pub span: Option<String>,
+    /// The stage open when the sample was taken.
+    pub stage: Option<String>,
+    /// Timer samples merged into this entry (absent = 1). A merged entry
+    /// carries the maximum of each figure over its samples, so no peak is
+    /// lost when a long run's log is thinned.
+    pub samples: Option<u32>,
+    /// The last merged sample's time, for merged entries.
+    pub timestamp_end: Option<f64>,
+}
+
+/// The six memory figures a log [`Entry`] and a set of [`Peaks`] share
+/// (MiB), under the same keys in both.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Figures {
     /// Host memory of the whole process tree, every page once (see
-    /// [`HostInfo`] for the source), MiB.
+    /// [`HostInfo`] for the source).
     #[serde(default)]
     pub cpu_ram_used_mb: f64,
     /// `memory_allocated` (allocator), per-process NVML used (nvml) or the
-    /// job's GPUs' used memory (device), MiB.
+    /// job's GPUs' used memory (device).
     #[serde(default)]
     pub gpu_ram_used_mb: f64,
     /// `max_memory_allocated` (allocator) or the highest NVML figure so far.
@@ -473,72 +510,46 @@ pub struct Entry {
     /// `memory_reserved` (allocator) or per-process NVML used (nvml).
     #[serde(default)]
     pub reserved_gpu_ram_mb: f64,
-    #[serde(default)]
-    pub gpu_source: GpuSource,
     /// NVML per-process used memory summed over the tree, all devices.
     #[serde(default)]
     pub gpu_process_used_mb: f64,
     /// The tree's highest host memory since the previous sample, as the
-    /// kernel saw it (the cgroup's peak, or processes' `VmHWM` rises), MiB;
+    /// kernel saw it (the cgroup's peak, or processes' `VmHWM` rises);
     /// with source `rss`, the sum of the processes' `VmHWM`.
     #[serde(default)]
     pub cpu_ram_hwm_mb: f64,
-    /// The charge of the job's memory cgroup less cold page cache (what
-    /// its limit is enforced on), MiB: only the pages charged to the job,
-    /// not library pages another cgroup loaded first. Absent without a
-    /// cgroup holding the job.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub charge_mb: Option<f64>,
-    /// The highest `charge_mb` since the previous sample, as the kernel
-    /// saw it, MiB.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub charge_hwm_mb: Option<f64>,
-    #[serde(default)]
-    pub kind: EntryKind,
-    /// The sender of an event (`SO_PEERCRED`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iteration: Option<u64>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    /// The innermost open span a timer sample was attributed to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub span: Option<String>,
-    /// The stage open when the sample was taken.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stage: Option<String>,
-    /// Timer samples merged into this entry (absent = 1). A merged entry
-    /// carries the maximum of each figure over its samples, so no peak is
-    /// lost when a long run's log is thinned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub samples: Option<u32>,
-    /// The last merged sample's time, for merged entries.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timestamp_end: Option<f64>,
 }
 
-/// The peak of each figure. The first four are the base `peak_usage`.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
-pub struct Peaks {
-    #[serde(default)]
-    pub cpu_ram_used_mb: f64,
-    #[serde(default)]
-    pub gpu_ram_used_mb: f64,
-    #[serde(default)]
-    pub gpu_ram_peak_mb: f64,
-    #[serde(default)]
-    pub reserved_gpu_ram_mb: f64,
-    #[serde(default)]
-    pub gpu_process_used_mb: f64,
-    #[serde(default)]
-    pub cpu_ram_hwm_mb: f64,
-    /// Samples folded in.
-    #[serde(default)]
-    pub samples: u64,
-}
+impl Figures {
+    /// The six figures in order: `cpu_ram_used`, `gpu_ram_used`,
+    /// `gpu_ram_peak`, `reserved_gpu_ram`, `gpu_process_used`,
+    /// `cpu_ram_hwm`.
+    pub(crate) fn as_array(&self) -> [f64; 6] {
+        [
+            self.cpu_ram_used_mb,
+            self.gpu_ram_used_mb,
+            self.gpu_ram_peak_mb,
+            self.reserved_gpu_ram_mb,
+            self.gpu_process_used_mb,
+            self.cpu_ram_hwm_mb,
+        ]
+    }
 
-impl Peaks {
+    /// Keeps in `self` the maximum of each figure of `self` and `other`.
+    pub(crate) fn keep_max(&mut self, other: &Figures) {
+        let into = [
+            &mut self.cpu_ram_used_mb,
+            &mut self.gpu_ram_used_mb,
+            &mut self.gpu_ram_peak_mb,
+            &mut self.reserved_gpu_ram_mb,
+            &mut self.gpu_process_used_mb,
+            &mut self.cpu_ram_hwm_mb,
+        ];
+        for (slot, f) in into.into_iter().zip(other.as_array()) {
+            *slot = slot.max(f);
+        }
+    }
+
     /// Whether any GPU figure is above 0 (PyTorch's allocator figures come
     /// without NVML too).
     pub(crate) fn any_gpu(&self) -> bool {
@@ -551,6 +562,23 @@ impl Peaks {
         .iter()
         .any(|v| *v > 0.0)
     }
+}
+
+/// The peak of each figure. The first four are the base `peak_usage`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Peaks {
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// Samples folded in.
+    #[serde(default)]
+    pub samples: u64,
+}
+
+impl Peaks {
+    /// Whether any GPU figure is above 0.
+    pub(crate) fn any_gpu(&self) -> bool {
+        self.figures.any_gpu()
+    }
 
     /// Folds one measurement in: the pure heart of "keep the peaks".
     pub fn observe(&mut self, e: &Entry) {
@@ -559,71 +587,23 @@ impl Peaks {
 
     /// As [`Peaks::observe`] for an entry standing for `n` samples.
     pub(crate) fn observe_weighted(&mut self, e: &Entry, n: u64) {
-        keep_max(self.figures_mut(), e.figures());
+        self.figures.keep_max(&e.figures);
         self.samples += n;
     }
 
     /// The element-wise maximum of two peak sets.
     pub(crate) fn merge(&mut self, other: &Peaks) {
-        keep_max(self.figures_mut(), other.figures());
+        self.figures.keep_max(&other.figures);
         self.samples += other.samples;
-    }
-
-    /// The six figures, in [`Entry::figures`] order.
-    pub(crate) fn figures(&self) -> [f64; 6] {
-        [
-            self.cpu_ram_used_mb,
-            self.gpu_ram_used_mb,
-            self.gpu_ram_peak_mb,
-            self.reserved_gpu_ram_mb,
-            self.gpu_process_used_mb,
-            self.cpu_ram_hwm_mb,
-        ]
-    }
-
-    fn figures_mut(&mut self) -> [&mut f64; 6] {
-        [
-            &mut self.cpu_ram_used_mb,
-            &mut self.gpu_ram_used_mb,
-            &mut self.gpu_ram_peak_mb,
-            &mut self.reserved_gpu_ram_mb,
-            &mut self.gpu_process_used_mb,
-            &mut self.cpu_ram_hwm_mb,
-        ]
     }
 }
 
 impl Entry {
-    /// The six memory figures an entry and a set of [`Peaks`] share:
-    /// `cpu_ram_used`, `gpu_ram_used`, `gpu_ram_peak`, `reserved_gpu_ram`,
-    /// `gpu_process_used`, `cpu_ram_hwm` (MiB).
-    pub(crate) fn figures(&self) -> [f64; 6] {
-        [
-            self.cpu_ram_used_mb,
-            self.gpu_ram_used_mb,
-            self.gpu_ram_peak_mb,
-            self.reserved_gpu_ram_mb,
-            self.gpu_process_used_mb,
-            self.cpu_ram_hwm_mb,
-        ]
-    }
-
-    fn figures_mut(&mut self) -> [&mut f64; 6] {
-        [
-            &mut self.cpu_ram_used_mb,
-            &mut self.gpu_ram_used_mb,
-            &mut self.gpu_ram_peak_mb,
-            &mut self.reserved_gpu_ram_mb,
-            &mut self.gpu_process_used_mb,
-            &mut self.cpu_ram_hwm_mb,
-        ]
-    }
-
     /// Keeps in `self` the maximum of each of the six figures of `self`
     /// and `other`; nothing else changes. One rule for thinning a log,
     /// folding a window of samples and keeping peaks.
     pub(crate) fn absorb_max(&mut self, other: &Entry) {
-        keep_max(self.figures_mut(), other.figures());
+        self.figures.keep_max(&other.figures);
         self.charge_mb = max_of(self.charge_mb, other.charge_mb);
         self.charge_hwm_mb = max_of(self.charge_hwm_mb, other.charge_hwm_mb);
     }
@@ -632,7 +612,10 @@ impl Entry {
     /// basis when it has one (the job's cgroup), else the headline's.
     pub(crate) fn charge_or_headline_peak(&self) -> f64 {
         match (self.charge_mb, self.charge_hwm_mb) {
-            (None, None) => self.cpu_ram_used_mb.max(self.cpu_ram_hwm_mb),
+            (None, None) => self
+                .figures
+                .cpu_ram_used_mb
+                .max(self.figures.cpu_ram_hwm_mb),
             (a, b) => a.unwrap_or(0.0).max(b.unwrap_or(0.0)),
         }
     }
@@ -644,14 +627,6 @@ fn max_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.max(b)),
         (a, b) => a.or(b),
-    }
-}
-
-/// Raises each figure to its counterpart in `from` (NaN-safe: `f64::max`
-/// ignores a NaN operand).
-fn keep_max(into: [&mut f64; 6], from: [f64; 6]) {
-    for (slot, f) in into.into_iter().zip(from) {
-        *slot = slot.max(f);
     }
 }
 
@@ -714,11 +689,7 @@ pub struct Target {
     #[serde(default)]
     pub last_gpu_mb: f64,
     /// Peak NVML used memory per GPU index.
-    #[serde(
-        default,
-        skip_serializing_if = "BTreeMap::is_empty",
-        deserialize_with = "number_keys::deserialize"
-    )]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub peak_gpu_mb_by_device: BTreeMap<u32, f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pss_mb: Option<f64>,
@@ -981,26 +952,36 @@ mod tests {
         assert_eq!(doc.schema, 0);
         assert_eq!(doc.detailed_log[0].component, "model");
         assert_eq!(doc.detailed_log[0].gpu_source, GpuSource::None);
-        assert_eq!(doc.peak_usage.gpu_ram_peak_mb, 12000.0);
+        assert_eq!(doc.peak_usage.figures.gpu_ram_peak_mb, 12000.0);
     }
 
     #[test]
     fn peaks_fold_is_an_elementwise_max() {
         let mut p = Peaks::default();
         let a = Entry {
-            cpu_ram_used_mb: 10.0,
-            gpu_ram_used_mb: 5.0,
+            figures: Figures {
+                cpu_ram_used_mb: 10.0,
+                gpu_ram_used_mb: 5.0,
+                ..Figures::default()
+            },
             ..Entry::default()
         };
         let b = Entry {
-            cpu_ram_used_mb: 3.0,
-            gpu_ram_used_mb: 9.0,
+            figures: Figures {
+                cpu_ram_used_mb: 3.0,
+                gpu_ram_used_mb: 9.0,
+                ..Figures::default()
+            },
             ..Entry::default()
         };
         p.observe(&a);
         p.observe(&b);
         assert_eq!(
-            (p.cpu_ram_used_mb, p.gpu_ram_used_mb, p.samples),
+            (
+                p.figures.cpu_ram_used_mb,
+                p.figures.gpu_ram_used_mb,
+                p.samples
+            ),
             (10.0, 9.0, 2)
         );
     }
@@ -1016,40 +997,46 @@ mod tests {
     fn absorb_max_keeps_each_figures_maximum_and_nothing_else() {
         let mut a = Entry {
             operation: "a".into(),
-            cpu_ram_used_mb: 10.0,
-            gpu_ram_used_mb: 5.0,
-            gpu_ram_peak_mb: f64::NAN,
-            reserved_gpu_ram_mb: 7.0,
-            gpu_process_used_mb: 1.0,
-            cpu_ram_hwm_mb: 30.0,
+            figures: Figures {
+                cpu_ram_used_mb: 10.0,
+                gpu_ram_used_mb: 5.0,
+                gpu_ram_peak_mb: f64::NAN,
+                reserved_gpu_ram_mb: 7.0,
+                gpu_process_used_mb: 1.0,
+                cpu_ram_hwm_mb: 30.0,
+            },
             ..Entry::default()
         };
         let b = Entry {
             operation: "b".into(),
             timestamp: 9.0,
-            cpu_ram_used_mb: 20.0,
-            gpu_ram_used_mb: 1.0,
-            gpu_ram_peak_mb: 3.0,
-            reserved_gpu_ram_mb: 7.0,
-            gpu_process_used_mb: 2.0,
-            cpu_ram_hwm_mb: 25.0,
+            figures: Figures {
+                cpu_ram_used_mb: 20.0,
+                gpu_ram_used_mb: 1.0,
+                gpu_ram_peak_mb: 3.0,
+                reserved_gpu_ram_mb: 7.0,
+                gpu_process_used_mb: 2.0,
+                cpu_ram_hwm_mb: 25.0,
+            },
             ..Entry::default()
         };
         a.absorb_max(&b);
-        assert_eq!(a.figures(), [20.0, 5.0, 3.0, 7.0, 2.0, 30.0]);
+        assert_eq!(a.figures.as_array(), [20.0, 5.0, 3.0, 7.0, 2.0, 30.0]);
         assert_eq!((a.operation.as_str(), a.timestamp), ("a", 0.0));
         let mut p = Peaks::default();
         p.observe(&a);
         p.observe_weighted(&b, 4);
-        assert_eq!(p.figures(), a.figures());
+        assert_eq!(p.figures, a.figures);
         assert_eq!(p.samples, 5);
         let mut q = Peaks {
-            cpu_ram_used_mb: 99.0,
+            figures: Figures {
+                cpu_ram_used_mb: 99.0,
+                ..Figures::default()
+            },
             samples: 1,
-            ..Peaks::default()
         };
         q.merge(&p);
-        assert_eq!(q.figures(), [99.0, 5.0, 3.0, 7.0, 2.0, 30.0]);
+        assert_eq!(q.figures.as_array(), [99.0, 5.0, 3.0, 7.0, 2.0, 30.0]);
         assert_eq!(q.samples, 6);
     }
 }

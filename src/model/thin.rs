@@ -37,7 +37,11 @@ pub(crate) trait Mergeable: Clone {
 impl Entry {
     /// How much memory the entry shows, to pick a merged entry's phase.
     fn weight(&self) -> f64 {
-        self.cpu_ram_used_mb + self.gpu_process_used_mb.max(self.gpu_ram_used_mb)
+        self.figures.cpu_ram_used_mb
+            + self
+                .figures
+                .gpu_process_used_mb
+                .max(self.figures.gpu_ram_used_mb)
     }
 }
 
@@ -177,12 +181,16 @@ impl<T: Mergeable> Thinned<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
 
     fn entry(t: f64, cpu: f64, gpu: f64) -> Entry {
         Entry {
             timestamp: t,
-            cpu_ram_used_mb: cpu,
-            gpu_ram_used_mb: gpu,
+            figures: Figures {
+                cpu_ram_used_mb: cpu,
+                gpu_ram_used_mb: gpu,
+                ..Figures::default()
+            },
             ..Entry::default()
         }
     }
@@ -210,8 +218,14 @@ mod tests {
             log.push(entry(i as f64, cpu, gpu));
             assert!(log.len() <= 65);
         }
-        let got_cpu = log.iter().map(|e| e.cpu_ram_used_mb).fold(0.0, f64::max);
-        let got_gpu = log.iter().map(|e| e.gpu_ram_used_mb).fold(0.0, f64::max);
+        let got_cpu = log
+            .iter()
+            .map(|e| e.figures.cpu_ram_used_mb)
+            .fold(0.0, f64::max);
+        let got_gpu = log
+            .iter()
+            .map(|e| e.figures.gpu_ram_used_mb)
+            .fold(0.0, f64::max);
         assert_eq!((got_cpu, got_gpu), (max_cpu, max_gpu));
         let samples: u64 = log.iter().map(|e| u64::from(e.samples.unwrap_or(1))).sum();
         assert_eq!(samples, 1_000_000, "every sample is accounted for");
@@ -259,10 +273,13 @@ mod tests {
             let expected = if e.component == "model" {
                 900.0
             } else {
-                e.cpu_ram_used_mb
+                e.figures.cpu_ram_used_mb
             };
-            assert_eq!(e.cpu_ram_used_mb, expected, "{e:?}");
-            assert!(e.component == "model" || e.cpu_ram_used_mb < 900.0, "{e:?}");
+            assert_eq!(e.figures.cpu_ram_used_mb, expected, "{e:?}");
+            assert!(
+                e.component == "model" || e.figures.cpu_ram_used_mb < 900.0,
+                "{e:?}"
+            );
         }
         let samples: u64 = log.iter().map(|e| u64::from(e.samples.unwrap_or(1))).sum();
         assert_eq!(samples, 1300);
@@ -283,7 +300,10 @@ mod tests {
             log.push(phased(f64::from(i), c, cpu + f64::from(i % 7)));
             assert!(log.len() <= 33);
         }
-        let max = log.iter().map(|e| e.cpu_ram_used_mb).fold(0.0, f64::max);
+        let max = log
+            .iter()
+            .map(|e| e.figures.cpu_ram_used_mb)
+            .fold(0.0, f64::max);
         assert_eq!(max, 26.0);
         // Forced merges take the heavier phase's label.
         assert!(log

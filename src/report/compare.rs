@@ -63,9 +63,9 @@ pub(crate) fn row(doc: &Document, name: &str) -> [String; 6] {
         label(doc, &["precision", "dtype", "quantization"])
             .unwrap_or("-")
             .to_string(),
-        format_gb_rounded(p.cpu_ram_used_mb.max(p.cpu_ram_hwm_mb)),
-        format_gb_rounded(p.gpu_ram_used_mb),
-        format_gb_rounded(p.gpu_ram_peak_mb.max(p.gpu_ram_used_mb)),
+        format_gb_rounded(p.figures.cpu_ram_used_mb.max(p.figures.cpu_ram_hwm_mb)),
+        format_gb_rounded(p.figures.gpu_ram_used_mb),
+        format_gb_rounded(p.figures.gpu_ram_peak_mb.max(p.figures.gpu_ram_used_mb)),
         label(doc, &["comment", "note"]).unwrap_or("").to_string(),
     ]
 }
@@ -168,12 +168,13 @@ pub(crate) struct Peak {
 impl Peak {
     fn of(p: &Peaks) -> Peak {
         Peak {
-            host_mib: p.cpu_ram_used_mb.max(p.cpu_ram_hwm_mb),
+            host_mib: p.figures.cpu_ram_used_mb.max(p.figures.cpu_ram_hwm_mb),
             gpu_mib: p
+                .figures
                 .gpu_process_used_mb
-                .max(p.reserved_gpu_ram_mb)
-                .max(p.gpu_ram_peak_mb)
-                .max(p.gpu_ram_used_mb),
+                .max(p.figures.reserved_gpu_ram_mb)
+                .max(p.figures.gpu_ram_peak_mb)
+                .max(p.figures.gpu_ram_used_mb),
         }
     }
 
@@ -498,9 +499,9 @@ mod tests {
         d.run.labels.insert("model".into(), model.into());
         d.run.labels.insert("precision".into(), precision.into());
         d.run.labels.insert("comment".into(), comment.into());
-        d.peak_usage.cpu_ram_used_mb = cpu;
-        d.peak_usage.gpu_ram_used_mb = gpu;
-        d.peak_usage.gpu_ram_peak_mb = peak;
+        d.peak_usage.figures.cpu_ram_used_mb = cpu;
+        d.peak_usage.figures.gpu_ram_used_mb = gpu;
+        d.peak_usage.figures.gpu_ram_peak_mb = peak;
         (model.into(), d)
     }
 

@@ -456,10 +456,13 @@ fn merge_hosts(ranks: &[(&str, Option<&HostInfo>)]) -> Option<HostInfo> {
 /// The figures whose worst rank is named.
 fn figures(p: &Peaks) -> [(&'static str, f64); 4] {
     [
-        ("host_ram", p.cpu_ram_used_mb.max(p.cpu_ram_hwm_mb)),
-        ("gpu_used", p.gpu_ram_used_mb),
-        ("gpu_peak", p.gpu_ram_peak_mb),
-        ("gpu_process", p.gpu_process_used_mb),
+        (
+            "host_ram",
+            p.figures.cpu_ram_used_mb.max(p.figures.cpu_ram_hwm_mb),
+        ),
+        ("gpu_used", p.figures.gpu_ram_used_mb),
+        ("gpu_peak", p.figures.gpu_ram_peak_mb),
+        ("gpu_process", p.figures.gpu_process_used_mb),
     ]
 }
 
@@ -489,7 +492,7 @@ pub fn merge_inputs(inputs: Vec<MergeSource>, accept: Accept) -> anyhow::Result<
     let mut len = 0usize;
     let mut docs = Vec::with_capacity(inputs.len());
     for (i, input) in inputs.into_iter().enumerate() {
-        let mut series = leak::Series::default();
+        let mut series = leak::LeakSeries::default();
         let mut sorter = Sorter {
             input: i,
             buf: Vec::new(),
@@ -744,6 +747,7 @@ fn natural(s: &str) -> (String, Option<u64>, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
 
     fn rank(r: &str, host_mb: f64, gpu_mb: f64) -> (String, Document) {
         let mut d = Document::default();
@@ -753,11 +757,14 @@ mod tests {
         d.run.labels.insert("slurm_job_id".into(), "42".into());
         d.run.start = 100.0;
         d.run.end = Some(200.0);
-        d.peak_usage.cpu_ram_used_mb = host_mb;
-        d.peak_usage.gpu_process_used_mb = gpu_mb;
+        d.peak_usage.figures.cpu_ram_used_mb = host_mb;
+        d.peak_usage.figures.gpu_process_used_mb = gpu_mb;
         d.detailed_log.push(crate::model::Entry {
             timestamp: 150.0,
-            cpu_ram_used_mb: host_mb,
+            figures: Figures {
+                cpu_ram_used_mb: host_mb,
+                ..Figures::default()
+            },
             ..Default::default()
         });
         (format!("rank{r}.json"), d)
@@ -774,8 +781,8 @@ mod tests {
             Accept::OneJob,
         )
         .unwrap();
-        assert_eq!(m.peak_usage.cpu_ram_used_mb, 400.0);
-        assert_eq!(m.peak_usage.gpu_process_used_mb, 9000.0);
+        assert_eq!(m.peak_usage.figures.cpu_ram_used_mb, 400.0);
+        assert_eq!(m.peak_usage.figures.gpu_process_used_mb, 9000.0);
         assert_eq!(m.worst_rank["host_ram"], "1");
         assert_eq!(m.worst_rank["gpu_process"], "0");
         let order: Vec<&str> = m.ranks.iter().map(|r| r.rank.as_str()).collect();
@@ -884,7 +891,10 @@ mod tests {
                     operation: "timer".into(),
                     kind: crate::model::EntryKind::Timer,
                     timestamp: t,
-                    cpu_ram_used_mb: f(t - 100.0),
+                    figures: Figures {
+                        cpu_ram_used_mb: f(t - 100.0),
+                        ..Figures::default()
+                    },
                     ..Default::default()
                 });
             }

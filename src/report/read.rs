@@ -136,7 +136,7 @@ pub(crate) fn for_report_with(
     path: &Path,
     mut each: impl FnMut(&Entry),
 ) -> anyhow::Result<Document> {
-    let mut series = leak::Series::default();
+    let mut series = leak::LeakSeries::default();
     let mut facts = Facts::default();
     let complete = path
         .parent()
@@ -149,7 +149,7 @@ pub(crate) fn for_report_with(
         }
     })?;
     if complete {
-        series = leak::Series::default();
+        series = leak::LeakSeries::default();
         read_complete(path, |e| {
             series.push(&e);
             facts.observe(&e);
@@ -267,6 +267,7 @@ impl<'de, F: FnMut(Entry)> Visitor<'de> for Log<'_, F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
 
     fn doc_with(n: usize) -> Document {
         let mut doc = Document {
@@ -279,11 +280,14 @@ mod tests {
                 component: format!("c{}", i % 3),
                 operation: "step".into(),
                 timestamp: 1_700_000_000.0 + i as f64,
-                cpu_ram_used_mb: 100.0 + (i % 7) as f64,
+                figures: Figures {
+                    cpu_ram_used_mb: 100.0 + (i % 7) as f64,
+                    ..Figures::default()
+                },
                 ..Entry::default()
             });
         }
-        doc.peak_usage.cpu_ram_used_mb = 106.0;
+        doc.peak_usage.figures.cpu_ram_used_mb = 106.0;
         doc
     }
 
@@ -322,14 +326,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.json");
         let mut doc = doc_with(PLOT_ENTRIES * 3);
-        doc.detailed_log[12_345].cpu_ram_used_mb = 9000.0;
+        doc.detailed_log[12_345].figures.cpu_ram_used_mb = 9000.0;
         std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
         let got = for_plot(&path).unwrap();
         assert!(got.detailed_log.len() <= PLOT_ENTRIES + 1);
         let max = got
             .detailed_log
             .iter()
-            .map(|e| e.cpu_ram_used_mb)
+            .map(|e| e.figures.cpu_ram_used_mb)
             .fold(0.0, f64::max);
         assert_eq!(max, 9000.0);
         // A short log is untouched.
@@ -363,6 +367,7 @@ mod tests {
             read_folded_from(&seed[..], |_| {})
                 .unwrap()
                 .peak_usage
+                .figures
                 .cpu_ram_used_mb,
             1.0
         );

@@ -130,8 +130,9 @@ pub(crate) fn gpu_class(mb: f64) -> Option<f64> {
 pub(crate) fn needs(doc: &Document) -> Needs {
     let p = &doc.peak_usage;
     let host_peak = p
+        .figures
         .cpu_ram_used_mb
-        .max(p.cpu_ram_hwm_mb)
+        .max(p.figures.cpu_ram_hwm_mb)
         .max(doc.summary.peak_host_ram_mb);
     let mut gpu_peak: BTreeMap<String, f64> = BTreeMap::new();
     for g in &doc.gpus {
@@ -147,9 +148,10 @@ pub(crate) fn needs(doc: &Document) -> Needs {
         // Bare or allocator-only files: PyTorch's reserved pool is
         // the closest figure (it leaves out the CUDA context).
         let alloc = p
+            .figures
             .reserved_gpu_ram_mb
-            .max(p.gpu_ram_peak_mb)
-            .max(p.gpu_process_used_mb);
+            .max(p.figures.gpu_ram_peak_mb)
+            .max(p.figures.gpu_process_used_mb);
         if alloc > 0.0 {
             gpu_peak.insert("0".into(), alloc);
         }
@@ -328,12 +330,12 @@ fn gpu_columns(doc: &Document) -> &'static [&'static str] {
 fn peaks_row(name: &str, p: &Peaks) -> Vec<String> {
     vec![
         name.to_string(),
-        format_mib_one_decimal(p.cpu_ram_used_mb),
-        format_mib_one_decimal(p.cpu_ram_used_mb.max(p.cpu_ram_hwm_mb)),
-        format_mib_one_decimal(p.gpu_ram_used_mb),
-        format_mib_one_decimal(p.gpu_ram_peak_mb),
-        format_mib_one_decimal(p.reserved_gpu_ram_mb),
-        format_mib_one_decimal(p.gpu_process_used_mb),
+        format_mib_one_decimal(p.figures.cpu_ram_used_mb),
+        format_mib_one_decimal(p.figures.cpu_ram_used_mb.max(p.figures.cpu_ram_hwm_mb)),
+        format_mib_one_decimal(p.figures.gpu_ram_used_mb),
+        format_mib_one_decimal(p.figures.gpu_ram_peak_mb),
+        format_mib_one_decimal(p.figures.reserved_gpu_ram_mb),
+        format_mib_one_decimal(p.figures.gpu_process_used_mb),
         p.samples.to_string(),
     ]
 }
@@ -549,8 +551,13 @@ fn write_stages(out: &mut String, doc: &Document) {
                     s.duration_s
                         .map(crate::units::format_seconds)
                         .unwrap_or_else(|| "-".into()),
-                    format_mib_one_decimal(s.peak.cpu_ram_used_mb),
-                    format_mib_one_decimal(s.peak.gpu_ram_peak_mb.max(s.peak.gpu_process_used_mb)),
+                    format_mib_one_decimal(s.peak.figures.cpu_ram_used_mb),
+                    format_mib_one_decimal(
+                        s.peak
+                            .figures
+                            .gpu_ram_peak_mb
+                            .max(s.peak.figures.gpu_process_used_mb),
+                    ),
                 ]
             })
             .collect();
@@ -588,13 +595,15 @@ fn write_ranks(out: &mut String, doc: &Document) {
                     k.host.clone(),
                     format_mib_one_decimal(
                         k.peak_usage
+                            .figures
                             .cpu_ram_used_mb
-                            .max(k.peak_usage.cpu_ram_hwm_mb),
+                            .max(k.peak_usage.figures.cpu_ram_hwm_mb),
                     ),
                     format_mib_one_decimal(
                         k.peak_usage
+                            .figures
                             .gpu_process_used_mb
-                            .max(k.peak_usage.gpu_ram_peak_mb),
+                            .max(k.peak_usage.figures.gpu_ram_peak_mb),
                     ),
                     k.exit
                         .map(|e| e.code.to_string())

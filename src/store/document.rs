@@ -111,8 +111,9 @@ impl Store {
         let peak_host = self
             .peaks
             .run
+            .figures
             .cpu_ram_used_mb
-            .max(self.peaks.run.cpu_ram_hwm_mb);
+            .max(self.peaks.run.figures.cpu_ram_hwm_mb);
         let mut by_device: BTreeMap<u32, f64> = self
             .gpu
             .devices
@@ -120,10 +121,10 @@ impl Store {
             .filter(|g| g.peak_tree_used_mb > 0.0)
             .map(|g| (g.index, g.peak_tree_used_mb))
             .collect();
-        if by_device.is_empty() && self.peaks.run.reserved_gpu_ram_mb > 0.0 {
+        if by_device.is_empty() && self.peaks.run.figures.reserved_gpu_ram_mb > 0.0 {
             // Allocator figures only (NVML unavailable): PyTorch's reserved
             // pool, which leaves out the CUDA context.
-            by_device.insert(0, self.peaks.run.reserved_gpu_ram_mb);
+            by_device.insert(0, self.peaks.run.figures.reserved_gpu_ram_mb);
         }
         let max_gpu = by_device.values().copied().fold(0.0, f64::max);
         let round_up = |mb: f64| (mb * (1.0 + HEADROOM)).ceil();

@@ -487,7 +487,8 @@ fn scan(file: &File, end: u64) -> io::Result<Scan> {
     let mut number = 0u64;
     while let Some(how) = crate::files::read_line_bounded(&mut reader, &mut line, MAX_LINE)? {
         number += 1;
-        let ok = how == crate::files::Line::Whole && serde_json::from_slice::<Entry>(&line).is_ok();
+        let ok =
+            how == crate::files::LineEnd::Whole && serde_json::from_slice::<Entry>(&line).is_ok();
         if ok {
             out.good += 1;
             out.good_bytes += line.len() as u64 + 1;
@@ -523,7 +524,8 @@ fn keep_good_lines(path: &Path, good_bytes: u64) -> io::Result<()> {
             else {
                 break;
             };
-            if how == crate::files::Line::Whole && serde_json::from_slice::<Entry>(&line).is_ok() {
+            if how == crate::files::LineEnd::Whole && serde_json::from_slice::<Entry>(&line).is_ok()
+            {
                 out.write_all(&line)?;
                 out.write_all(b"\n")?;
                 kept += line.len() as u64 + 1;
@@ -640,7 +642,7 @@ impl Tail {
         let mut found = Found::default();
         let mut line = Vec::new();
         while let Some(how) = crate::files::read_line_bounded(&mut reader, &mut line, MAX_LINE)? {
-            if how != crate::files::Line::Whole {
+            if how != crate::files::LineEnd::Whole {
                 continue;
             }
             let Ok(entry) = serde_json::from_slice::<Entry>(&line) else {
@@ -825,13 +827,17 @@ impl<'de> Deserialize<'de> for EntryLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
 
     fn entry(i: u64) -> Entry {
         Entry {
             component: format!("c{}", i % 3),
             operation: "step".into(),
             timestamp: 1_700_000_000.0 + i as f64 * 0.001_3,
-            cpu_ram_used_mb: 100.0 + (i % 17) as f64 / 3.0,
+            figures: Figures {
+                cpu_ram_used_mb: 100.0 + (i % 17) as f64 / 3.0,
+                ..Figures::default()
+            },
             iteration: Some(i),
             ..Entry::default()
         }
@@ -860,7 +866,7 @@ mod tests {
             .iter()
             .zip(&b)
             .all(|(x, y)| x.timestamp.to_bits() == y.timestamp.to_bits()
-                && x.cpu_ram_used_mb.to_bits() == y.cpu_ram_used_mb.to_bits()));
+                && x.figures.cpu_ram_used_mb.to_bits() == y.figures.cpu_ram_used_mb.to_bits()));
     }
 
     #[test]

@@ -84,7 +84,7 @@ impl Store {
     /// Folds what the host source saw into the run's [`HostInfo`].
     pub(super) fn observe_host(&mut self, sample: &Sample, used_mb: f64) {
         let rss_sum = mib(sample.host.tree_rss());
-        let new_peak = used_mb > self.peaks.run.cpu_ram_used_mb;
+        let new_peak = used_mb > self.peaks.run.figures.cpu_ram_used_mb;
         let Some(host) = &mut self.host.info else {
             return;
         };
@@ -175,7 +175,7 @@ mod tests {
         let c = st.current();
         assert_eq!((c.cpu_used_mb, c.cpu_hwm_mb), (120.0, 130.0));
         assert_eq!(c.host_source, HostSource::Pss);
-        assert_eq!(st.peaks().cpu_ram_used_mb, 120.0, "not the RSS sum");
+        assert_eq!(st.peaks().figures.cpu_ram_used_mb, 120.0, "not the RSS sum");
         let host = st.document().host.unwrap();
         assert_eq!(host.pss_reads, Some(4));
         assert_eq!(host.pss_age_at_peak_s, Some(0.5));

@@ -4,7 +4,8 @@
 //!
 //! Layout inside the run directory:
 //! - `.memtrack/state.json`: the whole [`Store`] at the last checkpoint
-//!   (written atomically, first at start);
+//!   (written atomically, first at start), in the checkpoint's own
+//!   versioned format (see `super::checkpoint`);
 //! - `.memtrack/journal.jsonl`: one `{"seq":N,"record":{…}}` line per
 //!   record applied;
 //! - `.memtrack/journal.old.jsonl`: the journal before the checkpoint being
@@ -125,8 +126,8 @@ impl Checkpointer {
             .name("memtrack-checkpoint".into())
             .spawn(move || {
                 for store in todo {
-                    let result = write_checkpoint(&run_dir, &store);
-                    drop(store);
+                    // The store is dropped once written.
+                    let result = write_checkpoint(&run_dir, store);
                     // A checkpoint allocates and frees the whole document;
                     // without this the daemon's RSS creeps from one to
                     // the next (bench/soak, phase 1).
@@ -151,6 +152,15 @@ pub enum JournalError {
     NoJournal(PathBuf),
     #[error("{path} is corrupt: {message}")]
     Corrupt { path: PathBuf, message: String },
+    #[error(
+        "{path} is a checkpoint of version {version}, later than this memtrack reads \
+         (up to {known}): recover it with the memtrack that wrote it; nothing was changed"
+    )]
+    LaterCheckpoint {
+        path: PathBuf,
+        version: u32,
+        known: u32,
+    },
     #[error(
         "cannot start a new journal {path} ({source}); records go on into {kept}, \
          which is kept; the checkpoint waits for the next rotation"
@@ -226,7 +236,7 @@ impl Journal {
             pending: false,
             writing_old: false,
         };
-        write_state(run_dir, store)?;
+        write_state(run_dir, store.clone())?;
         Ok(journal)
     }
 
@@ -446,17 +456,19 @@ fn read_tally(dir: &Path) -> Option<Tally> {
     serde_json::from_slice(bytes.trim_ascii()).ok()
 }
 
-fn write_state(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
+/// Writes the checkpoint of `store` (the checkpoint thread's clone, or one
+/// made for it) as `state.json`.
+fn write_state(run_dir: &Path, store: Store) -> Result<(), JournalError> {
     let path = run_dir.join(DIR).join("state.json");
     write_atomic_with(&path, |w| {
-        serde_json::to_writer(&mut *w, store).map_err(io::Error::other)
+        super::checkpoint::write(&mut *w, store).map_err(io::Error::other)
     })?;
     Ok(())
 }
 
 /// The checkpoint thread's work: the document, then the state; then the
 /// rotated journal, whose every record the state now holds, goes.
-fn write_checkpoint(run_dir: &Path, store: &Store) -> Result<(), JournalError> {
+fn write_checkpoint(run_dir: &Path, store: Store) -> Result<(), JournalError> {
     write_document(&run_dir.join(FILE_NAME), &store.document_view())?;
     // The state counts the entries file's bytes: they are on disk first.
     let entries = run_dir.join(DIR).join(super::entries::FILE);
@@ -511,7 +523,8 @@ pub fn has_journal(run_dir: &Path) -> bool {
 }
 
 /// Reads a checkpoint's state: at most [`MAX_STATE_BYTES`], parsed as it
-/// is read (never held whole as text).
+/// is read (never held whole as text); one of a later version than this
+/// memtrack knows is refused as such.
 fn read_state(path: &Path) -> Result<Store, JournalError> {
     let file = crate::files::open_input(path).map_err(io_err(path))?;
     let size = file.metadata().map_err(io_err(path))?.len();
@@ -525,10 +538,18 @@ fn read_state(path: &Path) -> Result<Store, JournalError> {
     if size > MAX_STATE_BYTES {
         return Err(too_large());
     }
-    let reader = BufReader::with_capacity(64 * 1024, io::Read::take(file, MAX_STATE_BYTES));
-    serde_json::from_reader(reader).map_err(|e| JournalError::Corrupt {
-        path: path.to_path_buf(),
-        message: e.to_string(),
+    use super::checkpoint::ReadError;
+    super::checkpoint::read(file, MAX_STATE_BYTES).map_err(|e| match e {
+        ReadError::Later(version) => JournalError::LaterCheckpoint {
+            path: path.to_path_buf(),
+            version,
+            known: super::checkpoint::VERSION,
+        },
+        ReadError::Io(source) => io_err(path)(source),
+        ReadError::Json(e) => JournalError::Corrupt {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        },
     })
 }
 
@@ -589,7 +610,7 @@ pub(crate) fn replay(run_dir: &Path) -> Result<(Store, Recovered, f64), JournalE
                 continue;
             }
             let parsed = match how {
-                crate::files::Line::TooLong => None,
+                crate::files::LineEnd::TooLong => None,
                 _ => super::wire::read_line(&line),
             };
             match parsed {
@@ -770,7 +791,7 @@ mod tests {
             serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
         assert_eq!(doc.run.status, "recovered");
         assert_eq!(doc.detailed_log.len(), 10, "every journalled sample");
-        assert_eq!(doc.peak_usage.cpu_ram_used_mb, 109.0);
+        assert_eq!(doc.peak_usage.figures.cpu_ram_used_mb, 109.0);
         assert!(!dir.path().join(DIR).exists());
     }
 
@@ -811,7 +832,7 @@ mod tests {
         let doc: Document =
             serde_json::from_slice(&fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
         assert_eq!(doc.detailed_log.len(), 10, "every journalled sample");
-        assert_eq!(doc.peak_usage.cpu_ram_used_mb, 109.0);
+        assert_eq!(doc.peak_usage.figures.cpu_ram_used_mb, 109.0);
     }
 
     fn mark(ts: f64, i: u64) -> Record {
@@ -1074,8 +1095,13 @@ mod tests {
     fn an_old_checkpoint_loads_with_every_value_it_held() {
         let bytes = old_checkpoint("state.json");
         let old: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        let store: Store = serde_json::from_slice(&bytes).unwrap();
-        let now = serde_json::to_value(&store).unwrap();
+        assert!(
+            old.get("v").is_none(),
+            "written before checkpoints had a version"
+        );
+        let store = super::super::checkpoint::read(io::Cursor::new(&bytes), MAX_STATE_BYTES)
+            .unwrap_or_else(|e| panic!("the old checkpoint does not load: {e}"));
+        let now = super::super::checkpoint::to_value(&store);
         if let Err(e) = holds(&now, &old, "state") {
             panic!("the old checkpoint does not come back whole: {e}");
         }
@@ -1166,7 +1192,7 @@ mod tests {
         live.sync_entries().unwrap();
         recovered.sync_entries().unwrap();
         let state = |s: &Store| {
-            let mut v = serde_json::to_value(s).unwrap();
+            let mut v = super::super::checkpoint::to_value(s);
             v.as_object_mut().unwrap().remove("events");
             without_added(v)
         };

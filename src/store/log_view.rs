@@ -262,10 +262,10 @@ mod tests {
                     .entry((e.component.clone(), e.operation.clone()))
                     .or_default();
                 for (slot, f) in x.iter_mut().zip([
-                    e.cpu_ram_used_mb,
-                    e.gpu_ram_used_mb,
-                    e.reserved_gpu_ram_mb,
-                    e.gpu_process_used_mb,
+                    e.figures.cpu_ram_used_mb,
+                    e.figures.gpu_ram_used_mb,
+                    e.figures.reserved_gpu_ram_mb,
+                    e.figures.gpu_process_used_mb,
                 ]) {
                     *slot = (*slot).max(f.to_bits());
                 }
@@ -311,7 +311,8 @@ mod tests {
         st.keep_entries_in(&dir.path().join(entries::FILE)).unwrap();
         busy_run(&mut st, 100_000);
         assert_eq!(st.event_entries(), 100_000 + 1000 + 3);
-        let state = serde_json::to_vec(&st).unwrap();
+        let mut state = Vec::new();
+        super::super::checkpoint::write(&mut state, st.clone()).unwrap();
         assert!(state.len() < 3 << 20, "{} bytes", state.len());
         let mut n = 0u64;
         st.document_view()

@@ -7,7 +7,7 @@ use super::limits::{admit, OTHER};
 use super::record::Mark;
 use super::snapshot::{AllocatorNow, Current};
 use super::state::Store;
-use crate::model::{Entry, EntryKind, GpuSource};
+use crate::model::{Entry, EntryKind, Figures, GpuSource};
 use crate::units::mib;
 
 impl Store {
@@ -15,13 +15,15 @@ impl Store {
     pub(super) fn entry_from(&self, c: &Current) -> Entry {
         Entry {
             timestamp: c.timestamp,
-            cpu_ram_used_mb: c.cpu_used_mb,
-            gpu_ram_used_mb: c.gpu_tree_mb,
-            gpu_ram_peak_mb: c.gpu_tree_peak_mb,
-            reserved_gpu_ram_mb: c.gpu_tree_mb,
+            figures: Figures {
+                cpu_ram_used_mb: c.cpu_used_mb,
+                gpu_ram_used_mb: c.gpu_tree_mb,
+                gpu_ram_peak_mb: c.gpu_tree_peak_mb,
+                reserved_gpu_ram_mb: c.gpu_tree_mb,
+                gpu_process_used_mb: c.gpu_tree_mb,
+                cpu_ram_hwm_mb: c.cpu_hwm_mb,
+            },
             gpu_source: c.gpu_source,
-            gpu_process_used_mb: c.gpu_tree_mb,
-            cpu_ram_hwm_mb: c.cpu_hwm_mb,
             charge_mb: c.charge_mb,
             charge_hwm_mb: c.charge_hwm_mb,
             ..Entry::default()
@@ -51,9 +53,9 @@ impl Store {
             ..self.entry_from(&self.current.clone())
         };
         if let Some(a) = mark.allocator {
-            entry.gpu_ram_used_mb = mib(a.allocated);
-            entry.reserved_gpu_ram_mb = mib(a.reserved);
-            entry.gpu_ram_peak_mb = mib(a.max_allocated);
+            entry.figures.gpu_ram_used_mb = mib(a.allocated);
+            entry.figures.reserved_gpu_ram_mb = mib(a.reserved);
+            entry.figures.gpu_ram_peak_mb = mib(a.max_allocated);
             entry.gpu_source = GpuSource::Allocator;
         }
         if mark.kind == EntryKind::Event {
@@ -140,11 +142,18 @@ mod tests {
         let e = out.entry.unwrap();
         assert_eq!(e.gpu_source, GpuSource::Allocator);
         assert_eq!(
-            (e.gpu_ram_used_mb, e.reserved_gpu_ram_mb, e.gpu_ram_peak_mb),
+            (
+                e.figures.gpu_ram_used_mb,
+                e.figures.reserved_gpu_ram_mb,
+                e.figures.gpu_ram_peak_mb
+            ),
             (1024.0, 2048.0, 1536.0)
         );
-        assert_eq!(e.gpu_process_used_mb, 3000.0, "NVML view kept beside");
-        assert_eq!(e.cpu_ram_used_mb, 100.0);
+        assert_eq!(
+            e.figures.gpu_process_used_mb, 3000.0,
+            "NVML view kept beside"
+        );
+        assert_eq!(e.figures.cpu_ram_used_mb, 100.0);
     }
 
     #[test]

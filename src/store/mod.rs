@@ -22,6 +22,7 @@
 //!   (records and checkpoints on disk); [`pressure`]: levels and thresholds.
 
 mod alerts;
+mod checkpoint;
 pub(crate) mod chunked;
 mod document;
 pub mod entries;

@@ -50,6 +50,7 @@ impl Store {
     /// A reaped process's peak RSS from `wait4`, exact even when it died
     /// before a tick read its `VmHWM`: the tree held at least that much.
     pub(super) fn exact_peak(&mut self, max_rss: u64) {
-        self.peaks.run.cpu_ram_hwm_mb = self.peaks.run.cpu_ram_hwm_mb.max(mib(max_rss));
+        self.peaks.run.figures.cpu_ram_hwm_mb =
+            self.peaks.run.figures.cpu_ram_hwm_mb.max(mib(max_rss));
     }
 }

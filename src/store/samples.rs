@@ -87,12 +87,15 @@ mod tests {
             sample(103.0, &[(10, 100), (11, 10)], &[(10, 1500)]),
         );
         let doc = st.document();
-        assert_eq!(doc.peak_usage.cpu_ram_used_mb, 350.0);
+        assert_eq!(doc.peak_usage.figures.cpu_ram_used_mb, 350.0);
         // pid 99 is not ours: its 500 MiB never counts.
-        assert_eq!(doc.peak_usage.gpu_process_used_mb, 2000.0);
+        assert_eq!(doc.peak_usage.figures.gpu_process_used_mb, 2000.0);
         assert_eq!(doc.detailed_log.len(), 3);
-        assert_eq!(doc.detailed_log[2].gpu_ram_peak_mb, 2000.0, "running max");
-        assert_eq!(doc.detailed_log[2].gpu_ram_used_mb, 1500.0);
+        assert_eq!(
+            doc.detailed_log[2].figures.gpu_ram_peak_mb, 2000.0,
+            "running max"
+        );
+        assert_eq!(doc.detailed_log[2].figures.gpu_ram_used_mb, 1500.0);
         assert_eq!(doc.detailed_log[2].gpu_source, GpuSource::Nvml);
         assert_eq!(doc.gpus[0].peak_tree_used_mb, 2000.0);
         assert_eq!(doc.targets.len(), 2);
@@ -122,12 +125,12 @@ mod tests {
             timer(&mut st, sample(i as f64, &[(10, rss)], &[]));
         }
         let doc = st.document();
-        assert_eq!(doc.peak_usage.cpu_ram_used_mb, peak as f64);
+        assert_eq!(doc.peak_usage.figures.cpu_ram_used_mb, peak as f64);
         assert!(doc.detailed_log.len() <= 257, "{}", doc.detailed_log.len());
         let log_max = doc
             .detailed_log
             .iter()
-            .map(|e| e.cpu_ram_used_mb)
+            .map(|e| e.figures.cpu_ram_used_mb)
             .fold(0.0, f64::max);
         assert_eq!(log_max, peak as f64, "the thinned log keeps the peak");
         assert!(doc.targets[0].series.len() <= 65);
@@ -156,6 +159,10 @@ mod tests {
         assert_eq!(st.counters().ticks, 0);
         assert_eq!(st.peaks().samples, 0, "no entry, no peak");
         let e = st.apply(&Record::Mark(mark(101.1, "data", "load")));
-        assert_eq!(e.entry.unwrap().cpu_ram_used_mb, 400.0, "the mark takes it");
+        assert_eq!(
+            e.entry.unwrap().figures.cpu_ram_used_mb,
+            400.0,
+            "the mark takes it"
+        );
     }
 }

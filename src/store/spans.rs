@@ -80,8 +80,14 @@ mod tests {
         }));
         timer(&mut st, sample(104.0, &[(10, 700)], &[]));
         let doc = st.document();
-        assert_eq!(doc.peaks_by_component["model"].cpu_ram_used_mb, 600.0);
-        assert_eq!(doc.peaks_by_component["system"].cpu_ram_used_mb, 700.0);
+        assert_eq!(
+            doc.peaks_by_component["model"].figures.cpu_ram_used_mb,
+            600.0
+        );
+        assert_eq!(
+            doc.peaks_by_component["system"].figures.cpu_ram_used_mb,
+            700.0
+        );
         let ops: Vec<&str> = doc
             .detailed_log
             .iter()
@@ -125,9 +131,18 @@ mod tests {
         span(&mut st, false, 103.5, "train", "epoch");
         timer(&mut st, sample(104.0, &[(10, 50)], &[]));
         let doc = st.document();
-        assert_eq!(doc.peaks_by_component["eval"].cpu_ram_used_mb, 900.0);
-        assert_eq!(doc.peaks_by_component["train"].cpu_ram_used_mb, 300.0);
-        assert_eq!(doc.peaks_by_component["system"].cpu_ram_used_mb, 50.0);
+        assert_eq!(
+            doc.peaks_by_component["eval"].figures.cpu_ram_used_mb,
+            900.0
+        );
+        assert_eq!(
+            doc.peaks_by_component["train"].figures.cpu_ram_used_mb,
+            300.0
+        );
+        assert_eq!(
+            doc.peaks_by_component["system"].figures.cpu_ram_used_mb,
+            50.0
+        );
         let timers: Vec<Option<&str>> = doc
             .detailed_log
             .iter()

@@ -78,7 +78,12 @@ impl Store {
             .enumerate()
             .filter(|(_, s)| s.end.is_some())
             .min_by(|a, b| {
-                let peak = |s: &Stage| s.peak.cpu_ram_used_mb.max(s.peak.gpu_ram_peak_mb);
+                let peak = |s: &Stage| {
+                    s.peak
+                        .figures
+                        .cpu_ram_used_mb
+                        .max(s.peak.figures.gpu_ram_peak_mb)
+                };
                 peak(a.1).total_cmp(&peak(b.1))
             })
             .map(|(i, _)| i);
@@ -131,7 +136,7 @@ mod tests {
                     s.name.as_str(),
                     s.status.as_str(),
                     s.duration_s.unwrap(),
-                    s.peak.cpu_ram_used_mb,
+                    s.peak.figures.cpu_ram_used_mb,
                 )
             })
             .collect();

@@ -266,7 +266,7 @@ mod tests {
         assert_eq!(t11.exit, Some(Exit::unknown()));
         assert_eq!(t11.hwm_mb, 400.0, "wait4's peak");
         assert_eq!(
-            doc.peak_usage.cpu_ram_hwm_mb, 400.0,
+            doc.peak_usage.figures.cpu_ram_hwm_mb, 400.0,
             "the tree held at least what one process did"
         );
         assert_eq!(doc.summary.peak_host_ram_mb, 400.0);
@@ -372,6 +372,6 @@ mod tests {
         let t11 = doc.targets.iter().find(|t| t.pid == 11).unwrap();
         assert_eq!(t11.exit, Some(Exit::code(3)));
         assert_eq!(t11.hwm_mb, 700.0);
-        assert_eq!(doc.peak_usage.cpu_ram_hwm_mb, 700.0);
+        assert_eq!(doc.peak_usage.figures.cpu_ram_hwm_mb, 700.0);
     }
 }

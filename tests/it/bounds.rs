@@ -435,7 +435,7 @@ print(f.readline().decode().strip())
     let file = dir.path().join("a/memory_usage.json");
     let doc = read_document(&file);
     assert_eq!(doc.counters.protocol_errors, 1);
-    assert_eq!(doc.peak_usage.reserved_gpu_ram_mb, 2048.0);
+    assert_eq!(doc.peak_usage.figures.reserved_gpu_ram_mb, 2048.0);
     let report = run_to_end(memtrack().arg("report").arg(&file), Duration::from_secs(10));
     let text = String::from_utf8_lossy(&report.stdout);
     assert!(text.contains("a 4 GB card fits"), "{text}");

@@ -129,7 +129,7 @@ fn busy_job(name: &str, job: &str, source: HostSource) -> Document {
     }
     check_windows(&doc, &windows, name);
     let most = windows.iter().map(|w| w.2).fold(0.0, f64::max);
-    let peak = doc.peak_usage.cpu_ram_used_mb;
+    let peak = doc.peak_usage.figures.cpu_ram_used_mb;
     assert!(
         (peak - most).abs() <= 0.05 * most,
         "{name}: peak {peak:.1} MiB vs {most:.1} MiB of distinct pages"

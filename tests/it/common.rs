@@ -477,7 +477,10 @@ pub fn fifty_mb_document(dir: &Path) -> (PathBuf, Vec<u8>) {
         component: "model".into(),
         operation: "step".into(),
         timestamp: 1_795_000_000.25,
-        cpu_ram_used_mb: 1024.5,
+        figures: memtrack::model::Figures {
+            cpu_ram_used_mb: 1024.5,
+            ..Default::default()
+        },
         ..Default::default()
     };
     doc.detailed_log = vec![entry; 170_000];

@@ -37,7 +37,7 @@ time.sleep(2)
         .parse()
         .unwrap();
     let expected = (base + 300.0 * MIB) / MIB;
-    let peak = doc.peak_usage.cpu_ram_used_mb;
+    let peak = doc.peak_usage.figures.cpu_ram_used_mb;
     assert!(
         (peak - expected).abs() / expected < 0.05,
         "peak {peak:.1} MiB, expected {expected:.1} MiB (baseline {:.1} + 300)",
@@ -74,9 +74,9 @@ fn a_20ms_spike_between_ticks_shows_through_vmhwm() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let (_, doc) = only_document(out_dir.path());
     assert!(
-        doc.peak_usage.cpu_ram_hwm_mb >= 400.0,
+        doc.peak_usage.figures.cpu_ram_hwm_mb >= 400.0,
         "hwm peak {:.1} MiB",
-        doc.peak_usage.cpu_ram_hwm_mb
+        doc.peak_usage.figures.cpu_ram_hwm_mb
     );
     assert!(doc.targets[0].hwm_mb >= 400.0);
     assert!(
@@ -115,9 +115,9 @@ time.sleep(1.0)
     assert_eq!(doc.targets.len(), 5, "{:#?}", doc.targets);
     assert_eq!(doc.targets.iter().filter(|t| t.root).count(), 1);
     assert!(
-        doc.peak_usage.cpu_ram_used_mb >= 400.0,
+        doc.peak_usage.figures.cpu_ram_used_mb >= 400.0,
         "tree peak {:.1} MiB covers all five",
-        doc.peak_usage.cpu_ram_used_mb
+        doc.peak_usage.figures.cpu_ram_used_mb
     );
     let children: Vec<_> = doc.targets.iter().filter(|t| !t.root).collect();
     for c in &children {
@@ -137,7 +137,7 @@ time.sleep(1.0)
         .detailed_log
         .iter()
         .filter(|e| e.kind == EntryKind::Timer && e.timestamp > last_child_exit)
-        .map(|e| e.cpu_ram_used_mb)
+        .map(|e| e.figures.cpu_ram_used_mb)
         .collect();
     assert!(!after.is_empty());
     // What led up to it, should it fail: the samples from a second before
@@ -146,7 +146,7 @@ time.sleep(1.0)
         .detailed_log
         .iter()
         .filter(|e| e.kind == EntryKind::Timer && e.timestamp > last_child_exit - 1.0)
-        .map(|e| (e.timestamp - last_child_exit, e.cpu_ram_used_mb))
+        .map(|e| (e.timestamp - last_child_exit, e.figures.cpu_ram_used_mb))
         .collect();
     let exits: Vec<f64> = children.iter().filter_map(|c| c.exited_at).collect();
     assert!(
@@ -523,7 +523,11 @@ fn without_a_gpu_the_run_is_host_only_with_one_notice() {
         for e in &doc.detailed_log {
             assert_eq!(e.gpu_source, GpuSource::None);
             assert_eq!(
-                (e.gpu_ram_used_mb, e.gpu_ram_peak_mb, e.reserved_gpu_ram_mb),
+                (
+                    e.figures.gpu_ram_used_mb,
+                    e.figures.gpu_ram_peak_mb,
+                    e.figures.reserved_gpu_ram_mb
+                ),
                 (0.0, 0.0, 0.0)
             );
         }
@@ -581,10 +585,10 @@ time.sleep(0.3)
     let (_, doc) = only_document(&out_dir.path().join("runs"));
     assert_eq!(doc.run.gpu_backend, "nvml");
     assert_eq!(
-        doc.peak_usage.gpu_process_used_mb, 2048.0,
+        doc.peak_usage.figures.gpu_process_used_mb, 2048.0,
         "ours only, compute+graphics once"
     );
-    assert_eq!(doc.peak_usage.gpu_ram_peak_mb, 2048.0);
+    assert_eq!(doc.peak_usage.figures.gpu_ram_peak_mb, 2048.0);
     assert_eq!(doc.gpus.len(), 1);
     assert_eq!(doc.gpus[0].name, "NVIDIA Fake H100");
     assert_eq!(doc.gpus[0].peak_tree_used_mb, 2048.0);
@@ -659,7 +663,7 @@ for i in range(40):
             .iter()
             .find(|e| e.component == "step" && e.operation == format!("s{i}"))
             .unwrap();
-        assert_eq!(e.gpu_process_used_mb, 100.0 + i as f64, "mark s{i}");
+        assert_eq!(e.figures.gpu_process_used_mb, 100.0 + i as f64, "mark s{i}");
     }
     let log = std::fs::read_to_string(&calls).unwrap();
     let count = |name: &str| log.lines().filter(|l| *l == name).count();

@@ -290,10 +290,10 @@ fn a_four_rank_job_merges_locally_and_from_s3() {
         merged.worst_rank
     );
     assert_eq!(
-        merged.peak_usage.cpu_ram_used_mb, rank2.peak_usage.cpu_ram_used_mb,
+        merged.peak_usage.figures.cpu_ram_used_mb, rank2.peak_usage.figures.cpu_ram_used_mb,
         "the job's peak is rank 2's"
     );
-    assert!(merged.peak_usage.cpu_ram_used_mb >= 400.0);
+    assert!(merged.peak_usage.figures.cpu_ram_used_mb >= 400.0);
     // How the ranks measured carries over: the report of the job says the
     // same source as each rank's.
     let source = |d: &memtrack::model::Document| d.host.as_ref().map(|h| h.source);

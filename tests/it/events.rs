@@ -335,9 +335,9 @@ call({"component": "embedder", "operation": "served", "ack": True})
     assert_eq!(doc.targets.len(), 1, "{:?}", doc.targets);
     assert!(doc.targets[0].root && doc.targets[0].name.starts_with("python"));
     assert!(
-        doc.peak_usage.cpu_ram_used_mb >= 200.0,
+        doc.peak_usage.figures.cpu_ram_used_mb >= 200.0,
         "{}",
-        doc.peak_usage.cpu_ram_used_mb
+        doc.peak_usage.figures.cpu_ram_used_mb
     );
 }
 

@@ -428,6 +428,33 @@ fn recover_reads_no_oversized_state() {
     assert_eq!(std::fs::metadata(&state).unwrap().len(), 1000 << 20);
 }
 
+/// A checkpoint a later memtrack wrote (a later version: here the state of
+/// a killed run with its version raised) is refused by its version, never
+/// read as this memtrack's own, and nothing in the run is changed.
+#[test]
+fn recover_refuses_a_checkpoint_of_a_later_version() {
+    let out = scratch();
+    let run = killed_after_marks(out.path(), 10);
+    let dot = run.join(".memtrack");
+    let state = dot.join("state.json");
+    let mut later: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    later["v"] = 99.into();
+    let bytes = serde_json::to_vec(&later).unwrap();
+    std::fs::write(&state, &bytes).unwrap();
+    let journal = std::fs::read(dot.join("journal.jsonl")).unwrap();
+    let res = recover(&run);
+    let log = stderr(&res);
+    assert_eq!(res.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("a checkpoint of version 99, later than this memtrack reads"),
+        "{log}"
+    );
+    assert!(!run.join("memory_usage.json").exists(), "{log}");
+    assert_eq!(std::fs::read(&state).unwrap(), bytes, "the state is kept");
+    assert_eq!(std::fs::read(dot.join("journal.jsonl")).unwrap(), journal);
+}
+
 /// Writes a rank's `memory_usage.json` in `dir` as a run with a thinned
 /// log leaves it: a small document whose complete event log of `n`
 /// entries lies beside it, gzip'd (`memory_usage.events.jsonl.gz`);

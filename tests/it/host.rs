@@ -128,7 +128,7 @@ fn run_fork_job(extra: &[&str]) -> (Document, f64, String) {
 /// The checks every mode shares: the headline peak and "what a re-run
 /// needs" follow Σ Pss, and every process is one row.
 fn check_fork_job(doc: &Document, truth_mb: f64) {
-    let peak = doc.peak_usage.cpu_ram_used_mb;
+    let peak = doc.peak_usage.figures.cpu_ram_used_mb;
     assert!(
         (peak - truth_mb).abs() / truth_mb < 0.10,
         "headline peak {peak:.1} MiB vs Σ Pss {truth_mb:.1} MiB"
@@ -219,9 +219,9 @@ fn a_20ms_spike_shows_through_the_cgroup_peak() {
         Some(HostSource::Cgroup)
     );
     assert!(
-        doc.peak_usage.cpu_ram_hwm_mb >= 400.0,
+        doc.peak_usage.figures.cpu_ram_hwm_mb >= 400.0,
         "the kernel's peak {:.1} MiB",
-        doc.peak_usage.cpu_ram_hwm_mb
+        doc.peak_usage.figures.cpu_ram_hwm_mb
     );
     assert!(doc.summary.peak_host_ram_mb >= 400.0);
     let host = doc.host.as_ref().expect("host");
@@ -231,7 +231,10 @@ fn a_20ms_spike_shows_through_the_cgroup_peak() {
     );
     // The spike is placed in time: an entry's interval peak holds it (the
     // job's wait4 peak alone would reach `peak_usage`, not the log).
-    assert!(doc.detailed_log.iter().any(|e| e.cpu_ram_hwm_mb >= 400.0));
+    assert!(doc
+        .detailed_log
+        .iter()
+        .any(|e| e.figures.cpu_ram_hwm_mb >= 400.0));
 }
 
 /// `GET /metrics`, or `None` when it is not answered.
@@ -349,7 +352,7 @@ fn attach_uses_the_jobs_own_cgroup_until_a_stranger_joins_it() {
     assert!(host.reason.contains("other process"), "{}", host.reason);
     assert_eq!(host.earlier.len(), 1, "{host:#?}");
     assert_eq!(host.earlier[0].source, HostSource::Cgroup);
-    assert!(doc.peak_usage.cpu_ram_used_mb >= 200.0);
+    assert!(doc.peak_usage.figures.cpu_ram_used_mb >= 200.0);
 }
 
 #[test]

@@ -370,7 +370,7 @@ fn the_demo_runs_page_shows_its_peak_lanes_and_hover_in_a_browser() {
     println!("demo page drawn in {ms:.0} ms");
     // The peak: the card shows the JSON's, the chart's marker the highest
     // point of the series drawn; both are the JSON's exactly.
-    let peak = doc.peak_usage.cpu_ram_used_mb;
+    let peak = doc.peak_usage.figures.cpu_ram_used_mb;
     assert!(peak > 100.0, "{peak}");
     assert_eq!(attr_f64(&mut b, "peak-host"), peak);
     assert_eq!(attr_f64(&mut b, "chart-host-peak"), peak);
@@ -625,7 +625,7 @@ fn compare_html_overlays_runs_aligned_by_time_iteration_or_stage() {
         .iter()
         .map(|d| {
             let doc = read_document(&d.join("memory_usage.json"));
-            (doc.run.name.clone(), doc.peak_usage.cpu_ram_used_mb)
+            (doc.run.name.clone(), doc.peak_usage.figures.cpu_ram_used_mb)
         })
         .collect();
     let mut b = Browser::start();
@@ -700,11 +700,11 @@ fn a_run_writes_its_page_beside_the_json_unless_turned_off() {
     assert_eq!(run["label"], "on");
     assert_eq!(
         run["series_peak"]["host"].as_f64(),
-        Some(doc.peak_usage.cpu_ram_used_mb)
+        Some(doc.peak_usage.figures.cpu_ram_used_mb)
     );
     assert_eq!(
         run["report"]["peak_usage"]["cpu_ram_used_mb"].as_f64(),
-        Some(doc.peak_usage.cpu_ram_used_mb)
+        Some(doc.peak_usage.figures.cpu_ram_used_mb)
     );
     assert_eq!(run["report"]["run"]["id"], json!(doc.run.id));
     assert_eq!(run["report"]["run"]["status"], json!("finished"));
@@ -742,7 +742,7 @@ fn a_run_writes_its_page_beside_the_json_unless_turned_off() {
     );
     assert_eq!(
         run["series_peak"]["host"].as_f64(),
-        Some(doc.peak_usage.cpu_ram_used_mb)
+        Some(doc.peak_usage.figures.cpu_ram_used_mb)
     );
 
     short_run(dir.path(), "flag", job, &["--no-html-report"], &[]);

@@ -553,7 +553,11 @@ fn expected_host(doc: &memtrack::model::Document) -> Vec<(i64, i64, f64)> {
             if let Some(i) = e.iteration {
                 step = i as i64;
             }
-            ((e.timestamp * 1000.0) as i64, step, e.cpu_ram_used_mb)
+            (
+                (e.timestamp * 1000.0) as i64,
+                step,
+                e.figures.cpu_ram_used_mb,
+            )
         })
         .collect();
     out.sort_by(|a, b| a.partial_cmp(b).unwrap());

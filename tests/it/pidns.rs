@@ -153,13 +153,14 @@ fn inside_a_pid_namespace_without_the_hosts_procfs_the_figures_are_device_level(
         "{err}"
     );
     // The job's use, from the device: labelled, never per-process.
-    assert_eq!(doc.peak_usage.gpu_process_used_mb, JOB_MIB as f64);
+    assert_eq!(doc.peak_usage.figures.gpu_process_used_mb, JOB_MIB as f64);
     assert_eq!(doc.gpus[0].peak_tree_used_mb, JOB_MIB as f64);
     assert_eq!(doc.summary.peak_gpu_mb_by_device[&0], JOB_MIB as f64);
     assert!(doc
         .detailed_log
         .iter()
-        .any(|e| e.gpu_source == GpuSource::Device && e.gpu_process_used_mb == JOB_MIB as f64));
+        .any(|e| e.gpu_source == GpuSource::Device
+            && e.figures.gpu_process_used_mb == JOB_MIB as f64));
     assert!(
         doc.detailed_log
             .iter()
@@ -201,7 +202,7 @@ fn a_device_level_figure_of_a_shared_gpu_includes_the_stranger_and_says_so() {
     let g = &doc.gpus[0];
     assert!(g.peak_tree_used_mb >= both as f64, "{g:?}");
     assert_eq!(g.peak_tree_used_mb, g.peak_used_mb, "{g:?}");
-    assert_eq!(doc.peak_usage.gpu_process_used_mb, g.peak_used_mb);
+    assert_eq!(doc.peak_usage.figures.gpu_process_used_mb, g.peak_used_mb);
     assert!(
         err.contains("(device-level: every process on the job's GPUs)"),
         "{err}"
@@ -238,7 +239,7 @@ fn inside_a_pid_namespace_the_hosts_procfs_maps_nvml_pids_to_the_job() {
         "said once: {err}"
     );
     // The job's own figure; the process outside the namespace is not the job's.
-    assert_eq!(doc.peak_usage.gpu_process_used_mb, JOB_MIB as f64);
+    assert_eq!(doc.peak_usage.figures.gpu_process_used_mb, JOB_MIB as f64);
     assert_eq!(doc.gpus[0].peak_tree_used_mb, JOB_MIB as f64);
     assert!(doc.gpus[0].peak_used_mb >= (JOB_MIB + FOREIGN_MIB) as f64);
     let root = doc.targets.iter().find(|t| t.root).unwrap();
@@ -264,7 +265,7 @@ fn a_job_in_a_child_pid_namespace_is_matched_by_its_host_pid() {
     assert_eq!(a.mode, AttributionMode::PerProcess, "{a:?}");
     assert_eq!(a.pid_namespace.init, Some(true), "{a:?}");
     assert!(!err.contains("device-level"), "{err}");
-    assert_eq!(doc.peak_usage.gpu_process_used_mb, JOB_MIB as f64);
+    assert_eq!(doc.peak_usage.figures.gpu_process_used_mb, JOB_MIB as f64);
     assert_eq!(doc.gpus[0].peak_tree_used_mb, JOB_MIB as f64);
     let text = report(&document_path(dir.path()));
     assert!(!text.contains("GPU attribution"), "nothing to say: {text}");

@@ -141,16 +141,19 @@ fn rich_document() -> Document {
     let tree = |t: f64| rss(t) + (500.0 * workers as f64 + 40.0 * 28.0) * f64::from(t > 40.0);
     let mut log = vec![];
     let mut start = entry(EntryKind::System, "system", "experiment_start", 0.2);
-    start.cpu_ram_used_mb = 300.0;
+    start.figures.cpu_ram_used_mb = 300.0;
     log.push(start);
     for i in 0..=600 {
         let t = i as f64;
         let mut e = entry(EntryKind::Timer, "system", "timer", t);
-        e.cpu_ram_used_mb = tree(t);
-        e.cpu_ram_hwm_mb = e.cpu_ram_used_mb.max(rss(t) + 2000.0 * f64::from(t > 90.0));
-        e.gpu_process_used_mb = gpu(t);
-        e.gpu_ram_used_mb = gpu(t);
-        e.reserved_gpu_ram_mb = gpu(t);
+        e.figures.cpu_ram_used_mb = tree(t);
+        e.figures.cpu_ram_hwm_mb = e
+            .figures
+            .cpu_ram_used_mb
+            .max(rss(t) + 2000.0 * f64::from(t > 90.0));
+        e.figures.gpu_process_used_mb = gpu(t);
+        e.figures.gpu_ram_used_mb = gpu(t);
+        e.figures.reserved_gpu_ram_mb = gpu(t);
         e.gpu_source = GpuSource::Nvml;
         log.push(e);
     }
@@ -158,12 +161,12 @@ fn rich_document() -> Document {
     let mut mark = |component: &str, op: &str, t: f64, alloc: f64| {
         let mut e = entry(EntryKind::Event, component, op, t);
         e.pid = Some(1000);
-        e.cpu_ram_used_mb = tree(t);
+        e.figures.cpu_ram_used_mb = tree(t);
         e.gpu_source = GpuSource::Allocator;
-        e.gpu_ram_used_mb = alloc;
-        e.gpu_ram_peak_mb = alloc * 1.2;
-        e.reserved_gpu_ram_mb = alloc * 1.25;
-        e.gpu_process_used_mb = gpu(t);
+        e.figures.gpu_ram_used_mb = alloc;
+        e.figures.gpu_ram_peak_mb = alloc * 1.2;
+        e.figures.reserved_gpu_ram_mb = alloc * 1.25;
+        e.figures.gpu_process_used_mb = gpu(t);
         log.push(e);
     };
     mark("model", "before_load", 2.0, 0.0);
@@ -179,8 +182,8 @@ fn rich_document() -> Document {
     mark("eval", "before_evaluate", 482.0, 9500.0);
     mark("eval", "after_evaluate", 590.0, 11_000.0);
     let mut end = entry(EntryKind::System, "system", "experiment_end", 599.5);
-    end.cpu_ram_used_mb = tree(599.0);
-    end.gpu_process_used_mb = gpu(599.0);
+    end.figures.cpu_ram_used_mb = tree(599.0);
+    end.figures.gpu_process_used_mb = gpu(599.0);
     log.push(end);
     log.sort_by(|a, b| a.timestamp.total_cmp(&b.timestamp));
     for e in &log {
@@ -338,7 +341,7 @@ fn plot_draws_series_phases_stages_peaks_and_alerts() {
     ] {
         assert_has(&texts, wanted);
     }
-    let host_peak = doc.peak_usage.cpu_ram_used_mb.round() as u64;
+    let host_peak = doc.peak_usage.figures.cpu_ram_used_mb.round() as u64;
     let grouped = format!("{},{:03}", host_peak / 1000, host_peak % 1000);
     assert_has(&texts, &format!("host peak {grouped} MiB"));
     assert!(summary
@@ -592,7 +595,7 @@ fn png_draws_no_spike_above_the_data() {
     };
     for i in 0..1500 {
         let mut e = entry(EntryKind::Timer, "system", "timer", i as f64 * 0.1);
-        e.cpu_ram_used_mb = if i % 2 == 1 {
+        e.figures.cpu_ram_used_mb = if i % 2 == 1 {
             peak - (i % 7) as f64
         } else {
             600.0 + (i % 5) as f64 * 20.0

@@ -431,7 +431,7 @@ fn the_readme_demo_marks_its_phases_through_the_client() {
     for phase in ["data", "model", "generate", "worker"] {
         let peak = doc.peaks_by_component.get(phase);
         assert!(
-            peak.is_some_and(|p| p.cpu_ram_used_mb > 0.0),
+            peak.is_some_and(|p| p.figures.cpu_ram_used_mb > 0.0),
             "no peak for `{phase}`: {:?}",
             doc.peaks_by_component.keys().collect::<Vec<_>>()
         );

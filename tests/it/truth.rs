@@ -183,7 +183,7 @@ pub(crate) fn check_windows(doc: &Document, windows: &[(f64, f64, f64)], what: &
             .detailed_log
             .iter()
             .filter(|e| e.kind == EntryKind::Timer && e.timestamp >= t0 && e.timestamp <= t1)
-            .map(|e| e.cpu_ram_used_mb)
+            .map(|e| e.figures.cpu_ram_used_mb)
             .collect();
         assert!(!inside.is_empty(), "{what}: no sample in [{t0}, {t1}]");
         for used in inside {
@@ -203,7 +203,7 @@ fn pages_job(name: &str, job: &str, args: &[&Path]) -> Document {
     // The run's peak is the largest count the job saw (each job holds its
     // most inside a window).
     let most = windows.iter().map(|w| w.2).fold(0.0, f64::max);
-    let peak = doc.peak_usage.cpu_ram_used_mb;
+    let peak = doc.peak_usage.figures.cpu_ram_used_mb;
     assert!(
         (peak - most).abs() <= 0.05 * most,
         "{name}: peak {peak:.1} MiB vs {most:.1} MiB of distinct pages"
@@ -219,7 +219,7 @@ fn fork_workers_headline_is_the_distinct_pages() {
     let doc = pages_job("fork", FORK, &[]);
     // The peak (while the workers live) is their count too, not Σ RSS.
     let host = doc.host.as_ref().expect("host");
-    assert!(host.rss_sum_peak_mb > 2.0 * doc.peak_usage.cpu_ram_used_mb);
+    assert!(host.rss_sum_peak_mb > 2.0 * doc.peak_usage.figures.cpu_ram_used_mb);
 }
 
 #[test]
@@ -231,9 +231,9 @@ fn copies_on_write_by_fork_workers_count_once_they_are_made() {
     // The copies doubled the tree's pages: 800 MiB and more, not the
     // parent's 400 that every process's resident figure still shows.
     assert!(
-        doc.peak_usage.cpu_ram_used_mb > 780.0,
+        doc.peak_usage.figures.cpu_ram_used_mb > 780.0,
         "{}",
-        doc.peak_usage.cpu_ram_used_mb
+        doc.peak_usage.figures.cpu_ram_used_mb
     );
 }
 
@@ -293,10 +293,10 @@ fn workers_restarting_each_epoch_neither_spike_nor_dip() {
     }
     let doc = pages_job("restart", RESTART, &[]);
     // Reruns agree within 3 %.
-    let mut peaks = vec![doc.peak_usage.cpu_ram_used_mb];
+    let mut peaks = vec![doc.peak_usage.figures.cpu_ram_used_mb];
     for _ in 0..2 {
         let (d, _) = run_job(RESTART, &[], &[]);
-        peaks.push(d.peak_usage.cpu_ram_used_mb);
+        peaks.push(d.peak_usage.figures.cpu_ram_used_mb);
     }
     let lo = peaks.iter().copied().fold(f64::MAX, f64::min);
     let hi = peaks.iter().copied().fold(0.0, f64::max);
@@ -397,8 +397,8 @@ fn the_end_line_report_plot_json_and_metrics_give_one_peak() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let (run_dir, doc) = only_document(&dir.path().join("runs"));
 
-    let sampled = doc.peak_usage.cpu_ram_used_mb;
-    let between = sampled.max(doc.peak_usage.cpu_ram_hwm_mb);
+    let sampled = doc.peak_usage.figures.cpu_ram_used_mb;
+    let between = sampled.max(doc.peak_usage.figures.cpu_ram_hwm_mb);
     let one = |v: f64| format!("{v:.1}");
     // The end line.
     let log = stderr(&out);

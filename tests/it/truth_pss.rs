@@ -151,7 +151,7 @@ fn run_pss(job: &str, user: Option<u32>) -> (Document, Vec<(f64, f64, f64)>) {
 fn check(name: &str, doc: &Document, windows: &[(f64, f64, f64)]) {
     check_windows(doc, windows, name);
     let most = windows.iter().map(|w| w.2).fold(0.0, f64::max);
-    let peak = doc.peak_usage.cpu_ram_used_mb;
+    let peak = doc.peak_usage.figures.cpu_ram_used_mb;
     assert!(
         (peak - most).abs() <= 0.05 * most,
         "{name}: peak {peak:.1} MiB vs {most:.1} MiB"
@@ -166,7 +166,7 @@ fn pss_fork_workers_count_their_parents_pages_once() {
     let (doc, w) = run_pss(FORK, None);
     check("fork", &doc, &w);
     let host = doc.host.as_ref().expect("host");
-    assert!(host.rss_sum_peak_mb > 2.0 * doc.peak_usage.cpu_ram_used_mb);
+    assert!(host.rss_sum_peak_mb > 2.0 * doc.peak_usage.figures.cpu_ram_used_mb);
 }
 
 #[test]

@@ -426,7 +426,12 @@ impl Converter {
             if self.taken.insert((title, op.saturating_add(1), iter)) {
                 Some(e.operation.as_str())
             } else {
-                let n = e.figures().iter().filter(|v| v.is_finite()).count() as u64;
+                let n = e
+                    .figures
+                    .as_array()
+                    .iter()
+                    .filter(|v| v.is_finite())
+                    .count() as u64;
                 self.dropped.duplicates += n;
                 if !self.duplicate_logged {
                     self.duplicate_logged = true;
@@ -456,9 +461,9 @@ impl Converter {
         };
         // No GPU figures at all (no GPU, no driver): no GPU series of
         // zeros beside the host's.
-        let no_gpu =
-            e.gpu_source == GpuSource::None && GPU_FIELDS.iter().all(|&i| e.figures()[i] == 0.0);
-        for (i, (field, value)) in FIELDS.iter().zip(e.figures()).enumerate() {
+        let no_gpu = e.gpu_source == GpuSource::None
+            && GPU_FIELDS.iter().all(|&i| e.figures.as_array()[i] == 0.0);
+        for (i, (field, value)) in FIELDS.iter().zip(e.figures.as_array()).enumerate() {
             if no_gpu && GPU_FIELDS.contains(&i) {
                 continue;
             }
@@ -491,14 +496,18 @@ pub(crate) fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
 
     fn mark(component: &str, op: &str, ts: f64, iteration: Option<u64>, v: f64) -> Entry {
         Entry {
             component: component.into(),
             operation: op.into(),
             timestamp: ts,
-            cpu_ram_used_mb: v,
-            gpu_ram_used_mb: v + 1.0,
+            figures: Figures {
+                cpu_ram_used_mb: v,
+                gpu_ram_used_mb: v + 1.0,
+                ..Figures::default()
+            },
             iteration,
             kind: EntryKind::Event,
             ..Entry::default()
@@ -591,7 +600,7 @@ mod tests {
     fn non_finite_values_are_skipped_and_counted() {
         let mut c = Converter::new(Duration::ZERO);
         let mut e = mark("m", "x", 1.0, Some(1), f64::NAN);
-        e.reserved_gpu_ram_mb = f64::INFINITY;
+        e.figures.reserved_gpu_ram_mb = f64::INFINITY;
         let pts = run(&mut c, vec![e]);
         assert_eq!(pts.len(), 3);
         assert_eq!(c.dropped.non_finite, 3);
@@ -876,16 +885,17 @@ mod tests {
     #[test]
     fn without_any_gpu_figure_only_the_host_series_are_sent() {
         let mut c = Converter::new(Duration::ZERO);
+        let loaded = mark("model", "load", 1_733_000_000.0, Some(1), 10.0);
         let host_only = Entry {
-            gpu_ram_used_mb: 0.0,
-            cpu_ram_hwm_mb: 12.0,
-            ..mark("model", "load", 1_733_000_000.0, Some(1), 10.0)
-        };
-        let host_only = Entry {
-            gpu_ram_peak_mb: 0.0,
-            reserved_gpu_ram_mb: 0.0,
-            gpu_process_used_mb: 0.0,
-            ..host_only
+            figures: Figures {
+                gpu_ram_used_mb: 0.0,
+                gpu_ram_peak_mb: 0.0,
+                reserved_gpu_ram_mb: 0.0,
+                gpu_process_used_mb: 0.0,
+                cpu_ram_hwm_mb: 12.0,
+                ..loaded.figures
+            },
+            ..loaded
         };
         let pts = run(&mut c, vec![host_only.clone()]);
         let series: Vec<&str> = pts.iter().map(|p| p.variant.as_str()).collect();

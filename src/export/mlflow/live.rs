@@ -695,6 +695,7 @@ pub(crate) async fn resend(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
 
     fn closed_port() -> u16 {
         std::net::TcpListener::bind("127.0.0.1:0")
@@ -718,7 +719,10 @@ mod tests {
             component: "train".into(),
             operation: "step".into(),
             iteration,
-            cpu_ram_used_mb: mb,
+            figures: Figures {
+                cpu_ram_used_mb: mb,
+                ..Figures::default()
+            },
             timestamp: 1_700_000_000.0 + mb,
             ..Default::default()
         }

@@ -86,8 +86,11 @@ impl Output for MlflowOutput {
             document: end.written.then(|| end.document.to_path_buf()),
             page: end.page.map(Path::to_path_buf),
             peaks: (
-                peaks.cpu_ram_used_mb.max(peaks.cpu_ram_hwm_mb),
-                peaks.gpu_ram_used_mb,
+                peaks
+                    .figures
+                    .cpu_ram_used_mb
+                    .max(peaks.figures.cpu_ram_hwm_mb),
+                peaks.figures.gpu_ram_used_mb,
             ),
             failed: end.job_failed,
         };

@@ -86,9 +86,9 @@ impl StepTracker {
             step,
         };
         let values = [
-            at(SAMPLE_KEYS[0], e.cpu_ram_used_mb),
-            at(SAMPLE_KEYS[1], e.gpu_ram_used_mb),
-            at(SAMPLE_KEYS[2], e.reserved_gpu_ram_mb),
+            at(SAMPLE_KEYS[0], e.figures.cpu_ram_used_mb),
+            at(SAMPLE_KEYS[1], e.figures.gpu_ram_used_mb),
+            at(SAMPLE_KEYS[2], e.figures.reserved_gpu_ram_mb),
         ];
         (values, from)
     }
@@ -234,13 +234,17 @@ impl Values {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
 
     fn entry(iteration: Option<u64>, mb: f64, t: f64) -> Entry {
         Entry {
             component: "train".into(),
             operation: "timer".into(),
             iteration,
-            cpu_ram_used_mb: mb,
+            figures: Figures {
+                cpu_ram_used_mb: mb,
+                ..Figures::default()
+            },
             timestamp: t,
             ..Default::default()
         }

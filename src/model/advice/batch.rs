@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use super::item::{size, Advice, Level};
+use super::item::{size, Advice, Severity};
 use crate::model::{DocumentOf, Entry, EntryKind, GpuSource};
 
 /// The label that carries a step's batch size.
@@ -115,10 +115,10 @@ fn gpu_of(e: &Entry) -> f64 {
     match e.gpu_source {
         // Device-level figures hold every process on the job's GPUs:
         // still what the card had to fit.
-        GpuSource::Nvml | GpuSource::Device => e.gpu_process_used_mb,
+        GpuSource::Nvml | GpuSource::Device => e.figures.gpu_process_used_mb,
         // The highest allocated since the client's reset at the step's
         // start (with an older client: since the process started).
-        GpuSource::Allocator => e.gpu_ram_peak_mb.max(e.gpu_ram_used_mb),
+        GpuSource::Allocator => e.figures.gpu_ram_peak_mb.max(e.figures.gpu_ram_used_mb),
         GpuSource::None => 0.0,
     }
 }
@@ -148,12 +148,12 @@ impl Steps {
             if self.open.len() < MAX_OPEN {
                 // At the start only the figure now: the high-water mark
                 // covers the time before the step.
-                let host = e.charge_mb.unwrap_or(e.cpu_ram_used_mb);
+                let host = e.charge_mb.unwrap_or(e.figures.cpu_ram_used_mb);
                 let mut peak = Peak::default();
                 // The allocator's figures at the start are the previous
                 // step's peak until the reset: only NVML's count.
                 let gpu = if e.gpu_source == GpuSource::Allocator {
-                    e.gpu_ram_used_mb
+                    e.figures.gpu_ram_used_mb
                 } else {
                     gpu_of(e)
                 };
@@ -187,11 +187,13 @@ impl Steps {
             self.file_ended(Some(batch));
             // PyTorch's pool there: without a span, no per-step reset.
             let gpu = match e.gpu_source {
-                GpuSource::Allocator => e.reserved_gpu_ram_mb.max(e.gpu_ram_peak_mb),
+                GpuSource::Allocator => {
+                    e.figures.reserved_gpu_ram_mb.max(e.figures.gpu_ram_peak_mb)
+                }
                 _ => gpu_of(e),
             };
             let mut peak = Peak::default();
-            peak.raise(e.charge_mb.unwrap_or(e.cpu_ram_used_mb), gpu);
+            peak.raise(e.charge_mb.unwrap_or(e.figures.cpu_ram_used_mb), gpu);
             self.ended = Some((batch, peak));
         }
     }
@@ -292,7 +294,7 @@ fn verdict(f: Fit) -> Advice {
     let (level, action) = if f.largest < 1.0 {
         finding.push_str("not even a batch of 1 fits");
         (
-            Level::Warning,
+            Severity::Warning,
             format!(
                 "the fixed part alone ({}) leaves no room: shrink the model's footprint \
                  (mixed precision, activation checkpointing) or use a larger device",
@@ -307,7 +309,7 @@ fn verdict(f: Fit) -> Advice {
             f.largest, f.used
         ));
         (
-            Level::Warning,
+            Severity::Warning,
             format!(
                 "use batch {micro:.0} with {steps:.0} gradient accumulation steps to keep the \
                  effective batch of {:.0}",
@@ -320,7 +322,7 @@ fn verdict(f: Fit) -> Advice {
             f.largest, f.used
         ));
         (
-            Level::Info,
+            Severity::Info,
             format!(
                 "batch sizes up to {:.0} fit; above {:.0} the device is full",
                 f.largest, f.at_limit
@@ -403,7 +405,7 @@ mod tests {
         let a = super::super::advise(&d);
         assert_eq!(a.len(), 1, "{a:#?}");
         assert_eq!(a[0].code, "batch-fit");
-        assert_eq!(a[0].level, Level::Info);
+        assert_eq!(a[0].level, Severity::Info);
         assert_eq!(a[0].figures["per_sample_mb"], 4.0);
         assert_eq!(a[0].figures["largest_batch"], 440.0);
         assert_eq!(a[0].figures["largest_batch_at_limit"], 487.0);
@@ -419,7 +421,7 @@ mod tests {
         let d = stepped(1024.0, &[64, 256], 100.0, 4.0);
         // (930.9 - 100) / 4 = 207 fits; 256 needs 2 steps of 128.
         let a = super::super::advise(&d);
-        assert_eq!(a[0].level, Level::Warning);
+        assert_eq!(a[0].level, Severity::Warning);
         assert_eq!(a[0].figures["largest_batch"], 207.0);
         assert_eq!(
             a[0].action,
@@ -440,7 +442,7 @@ mod tests {
         for (i, b) in [16u64, 32, 48].iter().enumerate() {
             let mut e = step(1000.0 + i as f64, *b, 3000.0);
             e.gpu_source = GpuSource::Allocator;
-            e.reserved_gpu_ram_mb = 2000.0 + 500.0 * *b as f64;
+            e.figures.reserved_gpu_ram_mb = 2000.0 + 500.0 * *b as f64;
             d.detailed_log.push(e);
         }
         let a = super::super::advise(&d);
@@ -460,7 +462,7 @@ mod tests {
         begin.charge_mb = Some(40.0);
         d.detailed_log.push(begin);
         let mut inside = timer(t + 0.2, 60.0);
-        inside.cpu_ram_hwm_mb = cpu;
+        inside.figures.cpu_ram_hwm_mb = cpu;
         inside.charge_mb = Some(45.0);
         inside.charge_hwm_mb = Some(charge);
         d.detailed_log.push(inside);
@@ -535,16 +537,16 @@ mod tests {
             let mut begin = step(t, *b, 3000.0);
             begin.operation = "before_step".into();
             begin.gpu_source = GpuSource::Allocator;
-            begin.gpu_ram_used_mb = 2000.0;
-            begin.gpu_ram_peak_mb = 30_000.0;
-            begin.reserved_gpu_ram_mb = 40_000.0;
+            begin.figures.gpu_ram_used_mb = 2000.0;
+            begin.figures.gpu_ram_peak_mb = 30_000.0;
+            begin.figures.reserved_gpu_ram_mb = 40_000.0;
             d.detailed_log.push(begin);
             let mut end = step(t + 0.5, *b, 3000.0);
             end.operation = "after_step".into();
             end.gpu_source = GpuSource::Allocator;
-            end.gpu_ram_used_mb = 2000.0;
-            end.gpu_ram_peak_mb = 2000.0 + 400.0 * *b as f64;
-            end.reserved_gpu_ram_mb = 40_000.0;
+            end.figures.gpu_ram_used_mb = 2000.0;
+            end.figures.gpu_ram_peak_mb = 2000.0 + 400.0 * *b as f64;
+            end.figures.reserved_gpu_ram_mb = 40_000.0;
             d.detailed_log.push(end);
         }
         let a = super::super::advise(&d);

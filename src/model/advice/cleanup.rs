@@ -6,7 +6,7 @@
 //! reserved pool for the GPU (what `torch.cuda.empty_cache()` gives
 //! back), the tree's host memory otherwise.
 
-use super::item::{size, Advice, Level};
+use super::item::{size, Advice, Severity};
 use crate::model::{Entry, EntryKind, GpuSource};
 
 /// Marks that announce a cleanup.
@@ -21,8 +21,8 @@ const HELPS_MIB: f64 = 64.0;
 /// An entry's GPU pool figure, where it has one.
 fn pool(e: &Entry) -> Option<f64> {
     match e.gpu_source {
-        GpuSource::Allocator => Some(e.reserved_gpu_ram_mb),
-        GpuSource::Nvml | GpuSource::Device => Some(e.gpu_process_used_mb),
+        GpuSource::Allocator => Some(e.figures.reserved_gpu_ram_mb),
+        GpuSource::Nvml | GpuSource::Device => Some(e.figures.gpu_process_used_mb),
         GpuSource::None => None,
     }
 }
@@ -72,7 +72,7 @@ impl Cleanups {
                     self.gpu_before += b;
                     self.gpu_after += a;
                 }
-                _ => self.host_freed.add(host - e.cpu_ram_used_mb),
+                _ => self.host_freed.add(host - e.figures.cpu_ram_used_mb),
             }
         }
         // What was held before the call: the highest figures since the
@@ -80,10 +80,10 @@ impl Cleanups {
         // frees, and must not hide what it freed).
         match (e.kind, &mut self.last) {
             (EntryKind::Event, _) | (EntryKind::Timer, None) => {
-                self.last = Some((e.cpu_ram_used_mb, e.gpu_source, pool(e)));
+                self.last = Some((e.figures.cpu_ram_used_mb, e.gpu_source, pool(e)));
             }
             (EntryKind::Timer, Some((host, source, gpu))) => {
-                *host = host.max(e.cpu_ram_used_mb);
+                *host = host.max(e.figures.cpu_ram_used_mb);
                 if *source == e.gpu_source {
                     *gpu = match (*gpu, pool(e)) {
                         (Some(a), Some(b)) => Some(a.max(b)),
@@ -113,7 +113,7 @@ impl Cleanups {
         let advice = if most < USELESS_MIB {
             Advice::new(
                 "cleanup-useless",
-                Level::Info,
+                Severity::Info,
                 format!(
                     "{calls} cleanup call{s} freed at most {} of {what} ({} on average)",
                     size(most.max(0.0)),
@@ -138,7 +138,7 @@ impl Cleanups {
             }
             Advice::new(
                 "cleanup-helps",
-                Level::Info,
+                Severity::Info,
                 finding,
                 "keep the calls where they are: the memory they free is what the next phase \
                  gets"
@@ -163,7 +163,7 @@ mod tests {
 
     fn gpu(mut e: Entry, reserved: f64) -> Entry {
         e.gpu_source = GpuSource::Allocator;
-        e.reserved_gpu_ram_mb = reserved;
+        e.figures.reserved_gpu_ram_mb = reserved;
         e
     }
 

@@ -2,7 +2,7 @@
 //! outside the followed tree (device used − the tree's use), which the
 //! job cannot have.
 
-use super::item::{size, Advice, Level};
+use super::item::{size, Advice, Severity};
 use crate::model::{AttributionMode, DocumentOf, Gpu};
 
 /// Less than this (MiB, and 5 % of the card) is not named: a card's used
@@ -45,7 +45,7 @@ pub(super) fn foreign<L>(doc: &DocumentOf<L>) -> Vec<Advice> {
             let f = foreign_on(g);
             Advice::new(
                 "foreign-gpu-memory",
-                Level::Warning,
+                Severity::Warning,
                 format!(
                     "GPU {} ({}) had {} used of {}, {} of it held outside this job by other \
                      processes and the driver (the job's own: {}, at most {})",

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 /// How much a finding matters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Level {
+pub enum Severity {
     /// Worth knowing; nothing is wrong.
     #[default]
     Info,
@@ -19,12 +19,12 @@ pub enum Level {
     Critical,
 }
 
-impl Level {
+impl Severity {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
-            Level::Info => "info",
-            Level::Warning => "warning",
-            Level::Critical => "critical",
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
         }
     }
 }
@@ -35,7 +35,7 @@ pub struct Advice {
     /// The rule's stable name (`worker-cost`, `batch-fit`, …).
     pub code: String,
     #[serde(default)]
-    pub level: Level,
+    pub level: Severity,
     /// What the figures show, in one line.
     pub finding: String,
     /// What to do about it.
@@ -48,7 +48,7 @@ pub struct Advice {
 }
 
 impl Advice {
-    pub fn new(code: &str, level: Level, finding: String, action: String) -> Advice {
+    pub fn new(code: &str, level: Severity, finding: String, action: String) -> Advice {
         Advice {
             code: code.to_string(),
             level,

@@ -1,7 +1,7 @@
 //! `leak`: the leak rule's verdicts (crate::model::leak) as advice, one
 //! per suspect — the tree's host or GPU memory, a process, a component.
 
-use super::item::{size, Advice, Level};
+use super::item::{size, Advice, Severity};
 use crate::model::leak::{LeakReport, Verdict};
 use crate::model::DocumentOf;
 use crate::units::duration_one_unit;
@@ -9,7 +9,7 @@ use crate::units::duration_one_unit;
 fn one(subject: String, v: &Verdict) -> Advice {
     Advice::new(
         "leak",
-        Level::Warning,
+        Severity::Warning,
         format!(
             "{subject} grew by {} over the last {} and is still growing ({} per hour, \
              99 % interval {} to {}), from {}",

@@ -101,14 +101,17 @@ pub(crate) fn render_found(advice: &[Advice]) -> String {
 
 #[cfg(test)]
 pub(crate) mod testkit {
-    use crate::model::{Document, Entry, EntryKind, Target};
+    use crate::model::{Document, Entry, EntryKind, Figures, Target};
 
     pub fn entry(t: f64, component: &str, operation: &str, cpu: f64) -> Entry {
         Entry {
             component: component.into(),
             operation: operation.into(),
             timestamp: t,
-            cpu_ram_used_mb: cpu,
+            figures: Figures {
+                cpu_ram_used_mb: cpu,
+                ..Figures::default()
+            },
             kind: EntryKind::Event,
             ..Entry::default()
         }
@@ -119,7 +122,10 @@ pub(crate) mod testkit {
             component: "memtrack".into(),
             operation: "sample".into(),
             timestamp: t,
-            cpu_ram_used_mb: cpu,
+            figures: Figures {
+                cpu_ram_used_mb: cpu,
+                ..Figures::default()
+            },
             kind: EntryKind::Timer,
             ..Entry::default()
         }
@@ -148,7 +154,7 @@ pub(crate) mod testkit {
 
 #[cfg(test)]
 mod tests {
-    use super::item::{size, Level};
+    use super::item::{size, Severity};
     use super::testkit::*;
     use super::*;
 
@@ -177,7 +183,7 @@ mod tests {
     fn render_puts_the_action_under_the_finding() {
         let a = Advice::new(
             "batch-fit",
-            Level::Info,
+            Severity::Info,
             "the finding".into(),
             "the action".into(),
         );

@@ -2,7 +2,7 @@
 //! `cuda-oom` (the job reported a CUDA out-of-memory error): why it ran
 //! out, in which phase, and what would fit.
 
-use super::item::{size, Advice, Level};
+use super::item::{size, Advice, Severity};
 use crate::model::{DocumentOf, Entry, EntryKind, FlightWindow};
 
 /// Phase changes kept; older ones are dropped in halves beyond this.
@@ -44,7 +44,7 @@ impl Phases {
             if self.points.len() >= MAX_POINTS {
                 self.points.pop_front();
             }
-            let figure = e.charge_mb.unwrap_or(e.cpu_ram_used_mb);
+            let figure = e.charge_mb.unwrap_or(e.figures.cpu_ram_used_mb);
             self.points
                 .push_back((e.timestamp_end.unwrap_or(e.timestamp), figure));
         }
@@ -166,9 +166,14 @@ pub(super) fn oom_killed<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<Advi
         .and_then(growth_rate)
         .or_else(|| phases.growth_before(at));
     let mut finding = format!("the kernel's OOM killer ended {who} during {phase}");
-    let mut a = Advice::new("oom-killed", Level::Critical, String::new(), String::new())
-        .figure("oom_kills", kills as f64)
-        .figure("peak_mb", peak);
+    let mut a = Advice::new(
+        "oom-killed",
+        Severity::Critical,
+        String::new(),
+        String::new(),
+    )
+    .figure("oom_kills", kills as f64)
+    .figure("peak_mb", peak);
     match doc.run.memory_limit_mb {
         Some(limit) => {
             finding.push_str(&format!(
@@ -267,8 +272,9 @@ fn charge_peak<L>(doc: &DocumentOf<L>, phases: &Phases) -> Option<f64> {
 /// The tree's highest host figure over the run, MiB.
 fn peak_host<L>(doc: &DocumentOf<L>) -> f64 {
     doc.peak_usage
+        .figures
         .cpu_ram_used_mb
-        .max(doc.peak_usage.cpu_ram_hwm_mb)
+        .max(doc.peak_usage.figures.cpu_ram_hwm_mb)
 }
 
 /// MiB per second over a flight window's last second of points.
@@ -303,7 +309,7 @@ pub(super) fn cuda_oom<L>(doc: &DocumentOf<L>, e: &Entry) -> Option<Advice> {
     let error = e.labels.get("error").map(String::as_str).unwrap_or("");
     let requested = size_after(error, "Tried to allocate ");
     let free = size_after(error, "of which ");
-    let (allocated, reserved) = (e.gpu_ram_used_mb, e.reserved_gpu_ram_mb);
+    let (allocated, reserved) = (e.figures.gpu_ram_used_mb, e.figures.reserved_gpu_ram_mb);
     let fragmented = (reserved - allocated).max(0.0);
     // Below the threshold it is the driver's own share, not a process's.
     let foreign = Some(super::gpu::foreign_mb(doc))
@@ -353,7 +359,7 @@ pub(super) fn cuda_oom<L>(doc: &DocumentOf<L>, e: &Entry) -> Option<Advice> {
          precision or activation checkpointing"
             .to_string()
     };
-    let mut a = Advice::new("cuda-oom", Level::Critical, finding, action)
+    let mut a = Advice::new("cuda-oom", Severity::Critical, finding, action)
         .figure("allocated_mb", allocated)
         .figure("reserved_mb", reserved)
         .figure("fragmentation_mb", fragmented)
@@ -385,7 +391,7 @@ mod tests {
         d.detailed_log.push(timer(1003.5, 5.0));
         // The headline counts library pages another cgroup was charged
         // for: the limit is compared with the charge.
-        d.peak_usage.cpu_ram_used_mb = 290.0;
+        d.peak_usage.figures.cpu_ram_used_mb = 290.0;
         d.host = Some(HostInfo {
             oom_kills: Some(1),
             kernel_peak_mb: Some(256.0),
@@ -397,7 +403,7 @@ mod tests {
         d.targets.push(t);
         let a = super::super::advise(&d);
         assert_eq!(a[0].code, "oom-killed");
-        assert_eq!(a[0].level, Level::Critical);
+        assert_eq!(a[0].level, Severity::Critical);
         assert_eq!(
             a[0].finding,
             "the kernel's OOM killer ended PID 42 (python3) during train/epoch: \
@@ -452,8 +458,8 @@ mod tests {
         let mut e = entry(1002.0, "cuda", "out_of_memory", 3000.0);
         e.pid = Some(9);
         e.gpu_source = GpuSource::Allocator;
-        e.gpu_ram_used_mb = 60_000.0;
-        e.reserved_gpu_ram_mb = 75_000.0;
+        e.figures.gpu_ram_used_mb = 60_000.0;
+        e.figures.reserved_gpu_ram_mb = 75_000.0;
         e.labels.insert(
             "error".into(),
             "OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total \
@@ -483,8 +489,8 @@ mod tests {
     fn a_tight_pool_is_a_real_need_not_fragmentation() {
         let mut d = doc();
         let mut e = entry(1002.0, "cuda", "out_of_memory", 3000.0);
-        e.gpu_ram_used_mb = 74_000.0;
-        e.reserved_gpu_ram_mb = 75_000.0;
+        e.figures.gpu_ram_used_mb = 74_000.0;
+        e.figures.reserved_gpu_ram_mb = 75_000.0;
         e.labels
             .insert("error".into(), "Tried to allocate 4.00 GiB.".into());
         d.detailed_log.push(e);

@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 
-use super::item::{size, Advice, Level};
+use super::item::{size, Advice, Severity};
 use crate::model::{DocumentOf, Target};
 
 /// Workers together costing less than this (MiB) are not worth a line.
@@ -197,7 +197,7 @@ pub(super) fn advise<L>(doc: &DocumentOf<L>) -> Vec<Advice> {
     } else {
         format!("the worker costs {} on top of the parent", size(mean))
     };
-    let mut cost = Advice::new("worker-cost", Level::Info, finding, action)
+    let mut cost = Advice::new("worker-cost", Severity::Info, finding, action)
         .figure("workers", n as f64)
         .figure("workers_at_once", most as f64)
         .figure("worker_sets", sets.len() as f64)
@@ -241,7 +241,7 @@ fn copy_advice(
         size(copies),
         size(each)
     );
-    let mut a = Advice::new("copy-on-read", Level::Warning, finding, action)
+    let mut a = Advice::new("copy-on-read", Severity::Warning, finding, action)
         .figure("workers", workers.len() as f64)
         .figure("copies_mb", copies)
         .figure("copies_per_worker_mb", each)
@@ -297,7 +297,7 @@ mod tests {
             a[0].finding
         );
         assert_eq!(a[1].code, "copy-on-read");
-        assert_eq!(a[1].level, Level::Warning);
+        assert_eq!(a[1].level, Severity::Warning);
         assert_eq!(a[1].figures["projected_saving_mb"], 8.0 * 306.0);
         assert!(a[1].action.contains("NumPy"), "{}", a[1].action);
     }

@@ -242,15 +242,15 @@ impl Gather {
         }
         let allocator = e.gpu_source == GpuSource::Allocator
             || (e.gpu_source == GpuSource::None
-                && (e.gpu_ram_used_mb > 0.0 || e.reserved_gpu_ram_mb > 0.0));
+                && (e.figures.gpu_ram_used_mb > 0.0 || e.figures.reserved_gpu_ram_mb > 0.0));
         self.series.push(
             t,
             [
-                Some(e.cpu_ram_used_mb),
-                (e.cpu_ram_hwm_mb > 0.0).then_some(e.cpu_ram_hwm_mb),
-                Some(e.gpu_process_used_mb),
-                allocator.then_some(e.gpu_ram_used_mb),
-                allocator.then_some(e.reserved_gpu_ram_mb),
+                Some(e.figures.cpu_ram_used_mb),
+                (e.figures.cpu_ram_hwm_mb > 0.0).then_some(e.figures.cpu_ram_hwm_mb),
+                Some(e.figures.gpu_process_used_mb),
+                allocator.then_some(e.figures.gpu_ram_used_mb),
+                allocator.then_some(e.figures.reserved_gpu_ram_mb),
                 e.charge_mb,
             ],
         );

@@ -38,12 +38,12 @@ fn samples(doc: &Document) -> Vec<(f64, f64, f64, Option<u64>)> {
     log.sort_by(|a, b| a.timestamp.total_cmp(&b.timestamp));
     log.iter()
         .map(|e| {
-            let gpu = if e.gpu_source == GpuSource::Nvml || e.gpu_process_used_mb > 0.0 {
-                e.gpu_process_used_mb
+            let gpu = if e.gpu_source == GpuSource::Nvml || e.figures.gpu_process_used_mb > 0.0 {
+                e.figures.gpu_process_used_mb
             } else {
-                e.gpu_ram_used_mb
+                e.figures.gpu_ram_used_mb
             };
-            (e.timestamp, e.cpu_ram_used_mb, gpu, e.iteration)
+            (e.timestamp, e.figures.cpu_ram_used_mb, gpu, e.iteration)
         })
         .filter(|s| s.0.is_finite())
         .collect()
@@ -323,6 +323,7 @@ fn panel<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Figures;
     use crate::model::{EntryKind, Stage};
 
     fn doc() -> Document {
@@ -331,7 +332,10 @@ mod tests {
         for (i, it) in [None, Some(0), None, Some(1), None].iter().enumerate() {
             d.detailed_log.push(Entry {
                 timestamp: 100.0 + i as f64,
-                cpu_ram_used_mb: 10.0 * (i + 1) as f64,
+                figures: Figures {
+                    cpu_ram_used_mb: 10.0 * (i + 1) as f64,
+                    ..Figures::default()
+                },
                 iteration: *it,
                 kind: EntryKind::Timer,
                 ..Entry::default()

@@ -122,13 +122,13 @@ impl Timeline {
     fn add_host(&mut self, log: &[&Entry]) {
         self.host = log
             .iter()
-            .map(|e| (self.rel(mid_time(e)), e.cpu_ram_used_mb))
+            .map(|e| (self.rel(mid_time(e)), e.figures.cpu_ram_used_mb))
             .collect();
-        if log.iter().any(|e| e.cpu_ram_hwm_mb > 0.0) {
+        if log.iter().any(|e| e.figures.cpu_ram_hwm_mb > 0.0) {
             self.hwm = log
                 .iter()
-                .filter(|e| e.cpu_ram_hwm_mb > 0.0)
-                .map(|e| (self.rel(mid_time(e)), e.cpu_ram_hwm_mb))
+                .filter(|e| e.figures.cpu_ram_hwm_mb > 0.0)
+                .map(|e| (self.rel(mid_time(e)), e.figures.cpu_ram_hwm_mb))
                 .collect();
         }
         self.host_peak = peak_of(&self.host);
@@ -136,10 +136,10 @@ impl Timeline {
 
     /// GPU: the tree's NVML figure, and PyTorch's (or a bare file's) figures.
     fn add_gpu(&mut self, doc: &Document, log: &[&Entry]) {
-        if log.iter().any(|e| e.gpu_process_used_mb > 0.0) {
+        if log.iter().any(|e| e.figures.gpu_process_used_mb > 0.0) {
             self.gpu_tree = log
                 .iter()
-                .map(|e| (self.rel(mid_time(e)), e.gpu_process_used_mb))
+                .map(|e| (self.rel(mid_time(e)), e.figures.gpu_process_used_mb))
                 .collect();
         }
         let allocator: Vec<&&Entry> = log
@@ -148,18 +148,21 @@ impl Timeline {
                 e.gpu_source == GpuSource::Allocator
                     || (doc.schema == 0
                         && e.gpu_source == GpuSource::None
-                        && (e.gpu_ram_used_mb > 0.0 || e.reserved_gpu_ram_mb > 0.0))
+                        && (e.figures.gpu_ram_used_mb > 0.0 || e.figures.reserved_gpu_ram_mb > 0.0))
             })
             .collect();
         if !allocator.is_empty() {
             self.alloc_used = allocator
                 .iter()
-                .map(|e| (self.rel(e.timestamp), e.gpu_ram_used_mb))
+                .map(|e| (self.rel(e.timestamp), e.figures.gpu_ram_used_mb))
                 .collect();
-            if allocator.iter().any(|e| e.reserved_gpu_ram_mb > 0.0) {
+            if allocator
+                .iter()
+                .any(|e| e.figures.reserved_gpu_ram_mb > 0.0)
+            {
                 self.alloc_reserved = allocator
                     .iter()
-                    .map(|e| (self.rel(e.timestamp), e.reserved_gpu_ram_mb))
+                    .map(|e| (self.rel(e.timestamp), e.figures.reserved_gpu_ram_mb))
                     .collect();
             }
         }
@@ -277,11 +280,23 @@ impl Timeline {
         let source: Vec<(f64, f64, f64)> = if timer.len() >= cfg.min_points {
             timer
                 .iter()
-                .map(|e| (mid_time(e), e.cpu_ram_used_mb, e.gpu_process_used_mb))
+                .map(|e| {
+                    (
+                        mid_time(e),
+                        e.figures.cpu_ram_used_mb,
+                        e.figures.gpu_process_used_mb,
+                    )
+                })
                 .collect()
         } else {
             log.iter()
-                .map(|e| (mid_time(e), e.cpu_ram_used_mb, e.gpu_process_used_mb))
+                .map(|e| {
+                    (
+                        mid_time(e),
+                        e.figures.cpu_ram_used_mb,
+                        e.figures.gpu_process_used_mb,
+                    )
+                })
                 .collect()
         };
         let ts: Vec<f64> = source.iter().map(|p| p.0).collect();
@@ -552,12 +567,12 @@ fn subtitle(doc: &Document, m: &Timeline) -> String {
     }
     // The run's peaks as the JSON holds them, named as everywhere else.
     let p = &doc.peak_usage;
-    let sampled = if p.cpu_ram_used_mb > 0.0 {
-        p.cpu_ram_used_mb
+    let sampled = if p.figures.cpu_ram_used_mb > 0.0 {
+        p.figures.cpu_ram_used_mb
     } else {
         m.host_peak.map_or(0.0, |p| p.1)
     };
-    let between = sampled.max(p.cpu_ram_hwm_mb);
+    let between = sampled.max(p.figures.cpu_ram_hwm_mb);
     parts.push(if between > sampled {
         format!(
             "host peak {} sampled, {} between samples",

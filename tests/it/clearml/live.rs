@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use memtrack::config::ClearmlConfig;
 use memtrack::export::clearml::{resolve, FinishReport, Reporter, Settings, TaskEnd, SPOOL_FILE};
-use memtrack::model::{Entry, EntryKind, Exit, RunInfo};
+use memtrack::model::{Entry, EntryKind, Exit, Figures, RunInfo};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -132,12 +132,14 @@ pub(super) fn entry(component: &str, op: &str, ts: f64, iteration: Option<u64>, 
         component: component.into(),
         operation: op.into(),
         timestamp: ts,
-        cpu_ram_used_mb: v,
-        gpu_ram_used_mb: v + 0.5,
-        gpu_ram_peak_mb: v + 1.0,
-        reserved_gpu_ram_mb: v + 2.0,
-        gpu_process_used_mb: v + 3.0,
-        cpu_ram_hwm_mb: v + 4.0,
+        figures: Figures {
+            cpu_ram_used_mb: v,
+            gpu_ram_used_mb: v + 0.5,
+            gpu_ram_peak_mb: v + 1.0,
+            reserved_gpu_ram_mb: v + 2.0,
+            gpu_process_used_mb: v + 3.0,
+            cpu_ram_hwm_mb: v + 4.0,
+        },
         kind: EntryKind::Event,
         iteration,
         ..Entry::default()
@@ -166,12 +168,12 @@ pub(super) type Expected = BTreeMap<(String, String, u64), (f64, i64)>;
 /// The six points of an entry, as the README documents them.
 pub(super) fn expect(exp: &mut Expected, e: &Entry, iter: u64, suffix: Option<&str>) {
     let values = [
-        e.cpu_ram_used_mb,
-        e.gpu_ram_used_mb,
-        e.gpu_ram_peak_mb,
-        e.reserved_gpu_ram_mb,
-        e.gpu_process_used_mb,
-        e.cpu_ram_hwm_mb,
+        e.figures.cpu_ram_used_mb,
+        e.figures.gpu_ram_used_mb,
+        e.figures.gpu_ram_peak_mb,
+        e.figures.reserved_gpu_ram_mb,
+        e.figures.gpu_process_used_mb,
+        e.figures.cpu_ram_hwm_mb,
     ];
     for (f, v) in FIELDS.iter().zip(values) {
         if !v.is_finite() {

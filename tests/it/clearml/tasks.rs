@@ -58,7 +58,7 @@ fn marks_and_timer_windows_arrive_exactly_once_into_a_created_task() {
     // A mark without an iteration takes the run counter (301 entries so
     // far: 0…300), and its NaN figure is skipped.
     let mut odd = entry("system", "checkpoint", t0 + 8.0, None, 5.0);
-    odd.gpu_ram_used_mb = f64::NAN;
+    odd.figures.gpu_ram_used_mb = f64::NAN;
     expect(&mut exp, &odd, 301, None);
     entries.push(odd);
     // Timer samples every 0.25 s for 5 s, windows of 2 s: three windows,
@@ -69,19 +69,28 @@ fn marks_and_timer_windows_arrive_exactly_once_into_a_created_task() {
         let v = 500.0 + ((k * 7) % 11) as f64;
         let mut e = entry("system", "timer", ts, None, v);
         e.kind = EntryKind::Timer;
-        e.cpu_ram_hwm_mb = 900.0 - k as f64;
+        e.figures.cpu_ram_hwm_mb = 900.0 - k as f64;
         windows[(k / 8) as usize].push(e.clone());
         entries.push(e);
     }
     for (w, iter) in windows.iter().zip(302u64..) {
         let mut max = w[0].clone();
         for e in &w[1..] {
-            max.cpu_ram_used_mb = max.cpu_ram_used_mb.max(e.cpu_ram_used_mb);
-            max.gpu_ram_used_mb = max.gpu_ram_used_mb.max(e.gpu_ram_used_mb);
-            max.gpu_ram_peak_mb = max.gpu_ram_peak_mb.max(e.gpu_ram_peak_mb);
-            max.reserved_gpu_ram_mb = max.reserved_gpu_ram_mb.max(e.reserved_gpu_ram_mb);
-            max.gpu_process_used_mb = max.gpu_process_used_mb.max(e.gpu_process_used_mb);
-            max.cpu_ram_hwm_mb = max.cpu_ram_hwm_mb.max(e.cpu_ram_hwm_mb);
+            max.figures.cpu_ram_used_mb =
+                max.figures.cpu_ram_used_mb.max(e.figures.cpu_ram_used_mb);
+            max.figures.gpu_ram_used_mb =
+                max.figures.gpu_ram_used_mb.max(e.figures.gpu_ram_used_mb);
+            max.figures.gpu_ram_peak_mb =
+                max.figures.gpu_ram_peak_mb.max(e.figures.gpu_ram_peak_mb);
+            max.figures.reserved_gpu_ram_mb = max
+                .figures
+                .reserved_gpu_ram_mb
+                .max(e.figures.reserved_gpu_ram_mb);
+            max.figures.gpu_process_used_mb = max
+                .figures
+                .gpu_process_used_mb
+                .max(e.figures.gpu_process_used_mb);
+            max.figures.cpu_ram_hwm_mb = max.figures.cpu_ram_hwm_mb.max(e.figures.cpu_ram_hwm_mb);
         }
         expect(&mut exp, &max, iter, None);
     }
