@@ -2,7 +2,7 @@
 """What memtrack's framework callbacks cost a training step.
 
     target/fw-venv/bin/python bench/framework_steps.py [--bin target/debug/memtrack]
-        [--steps 400] [--rounds 3] [--framework lightning,hf] [--hogs 0]
+        [--steps 400] [--rounds 5] [--framework lightning,hf] [--hogs 0]
         [--output docs/hook-cost.md]
 
 Runs the same tiny loop (Lightning: a 2-layer MLP, batch 4; Hugging Face: a
@@ -11,7 +11,8 @@ with the automatic hooks on and with ``--no-auto-hooks``, alternately,
 ``--rounds`` times each, so that a step is as short as a real loop's gets
 and the callback's share as large as it gets. Prints, per framework, the
 median time per step of the training call both ways, their ratio and the
-hooks' cost per step (the difference, against the goal), and, as checks
+hooks' cost per step (the median of the rounds' differences, each round
+running off then on back to back, against the goal), and, as checks
 that move less with the machine's other load, the job process's CPU time
 per step both ways and the time spent inside memtrack's step hooks (a
 step's two messages built and sent, or held back: steps less than 10 ms
@@ -165,7 +166,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", default=os.path.join(REPO, "target", "debug", "memtrack"))
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--framework", default="lightning,hf",
                         help="comma-separated: lightning, hf (default both)")
     parser.add_argument("--hogs", type=int, default=0,
@@ -222,8 +223,8 @@ def write(path, lines, load_before, load_after, elapsed, args):
             "",
             "A tiny loop on CPU (Lightning: a 2-layer MLP; Hugging Face: a 1-layer GPT-2; batch 4; one "
             "torch thread), run under `memtrack run` with the automatic hooks on and with "
-            "`--no-auto-hooks`. *Hooks' cost per step* is the difference of the medians of wall time per "
-            "step; *in the hooks* is the time spent inside memtrack's step hooks themselves."
+            "`--no-auto-hooks`, off then on in each round. *Hooks' cost per step* is the median over the "
+            "rounds of the difference in wall time per step; *in the hooks* is the time spent inside memtrack's step hooks themselves."
             "", ""] + lines + [""]
     with open(path, "w") as f:
         f.write("\n".join(text))
@@ -252,7 +253,10 @@ def table(args, frameworks):
             return statistics.median(r[name] for r in runs)
 
         off_s, on_s = median(off, "per_step_s"), median(on, "per_step_s")
-        cost = on_s - off_s
+        # Each round ran off then on, back to back: the median of the
+        # rounds' differences cancels the machine's load drifting between
+        # rounds, which the difference of the two medians does not.
+        cost = statistics.median(b["per_step_s"] - a["per_step_s"] for a, b in zip(off, on))
         out("| %s | %.1f µs | %.1f µs | %.3f | %.1f µs | %.1f → %.1f µs | %.1f µs | ≤ %d µs: %s |"
             % (framework, off_s * 1e6, on_s * 1e6, on_s / off_s, cost * 1e6,
                median(off, "cpu_per_step_s") * 1e6, median(on, "cpu_per_step_s") * 1e6,
