@@ -2,8 +2,8 @@
 //! and handles the tick, inputs and shutdown in one loop.
 //!
 //! Everything that changes run state passes through here as a
-//! [`Record`]: it is applied to the store and appended to the journal in
-//! the same step. Other threads (the job's waiter, signal handling, the
+//! [`Record`]: it is applied to the store, then appended to the journal in
+//! the same step, before any output hears of it. Other threads (the job's waiter, signal handling, the
 //! socket server, exporters) talk to the engine over a bounded channel and
 //! never touch its state, so nothing they do can block a tick for long.
 //!
@@ -136,18 +136,21 @@ impl Engine {
         }
     }
 
-    /// Applies a record and journals it; forwards its entry, announces the
-    /// pressure it crossed and keeps a flight window for a death.
+    /// Applies a record, journals it, then forwards its entry to the
+    /// outputs, announces the pressure it crossed and keeps a flight window
+    /// for a death. The order is the store's rule (see `store`): the
+    /// journal line carries the sequence number applying gave the record,
+    /// and no output hears of an entry the journal does not hold.
     fn commit(&mut self, record: Record) -> Applied {
         let death = self.flight.as_mut().and_then(|f| f.death(&record));
         let outcome = self.store.apply(&record);
+        self.journal_append(&record);
+        self.record_journal_errors();
         if let Some(entry) = &outcome.entry {
             for tx in self.outputs.feeds.iter().filter_map(|f| f.entries.as_ref()) {
                 let _ = tx.send(entry.clone());
             }
         }
-        self.journal_append(&record);
-        self.record_journal_errors();
         self.announce(&outcome);
         if let Some(death) = death {
             self.record_flight(death, None, None);

@@ -2,9 +2,13 @@
 //! by applying [`Record`]s.
 //!
 //! Records are the store's inputs: samples, marks, spans, stages, exits and
-//! the end of the run. The same records are written to the journal before
-//! they are applied, so a run rebuilt from its journal after `kill -9` goes
-//! through exactly the code that built it live. Peaks, per-component peaks,
+//! the end of the run. The one order, kept by the engine's `commit`: a
+//! record is applied (which gives it the next `Store::seq`), then written
+//! to the journal under that number, then forwarded to the outputs; an ack
+//! is answered only once its line is flushed. A run rebuilt from its
+//! journal after `kill -9` replays the lines after its checkpoint's number
+//! through the same [`Store::apply`], so it goes through exactly the code
+//! that built it live. Peaks, per-component peaks,
 //! stage peaks, pressure levels and the summary are all a pure fold over
 //! the records, tested here without I/O.
 //!
