@@ -40,6 +40,7 @@ pub(super) fn build(config: &Config) -> anyhow::Result<Registered> {
     list.add(S3Output::build(&config.s3)?);
     #[cfg(test)]
     list.add(counting::Counting::build(&config.output)?);
+    // Last, so it finishes first: the others' ends find the final files.
     list.add(Some(FilesOutput::build(config.html_report)));
     Ok(list)
 }
