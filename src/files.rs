@@ -701,6 +701,25 @@ impl HeldDir {
     }
 }
 
+/// 32 hex digits from `/dev/urandom` (the clock and the PID when it cannot
+/// be read): a run's id, and the part of a fallback file's name nobody can
+/// guess.
+pub(crate) fn random_id() -> String {
+    let mut bytes = [0u8; 16];
+    if File::open("/dev/urandom")
+        .and_then(|mut f| io::Read::read_exact(&mut f, &mut bytes))
+        .is_err()
+    {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+            ^ u128::from(std::process::id());
+        bytes = seed.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// `path` as a message shows it: a path through a [`HeldDir`]'s
 /// descriptor becomes one under the folder's name (log lines get the same
 /// rewriting from [`crate::logging`]).

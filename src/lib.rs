@@ -12,8 +12,9 @@
 //!   and exits into [`store::Record`]s;
 //! - [`store`]: all run state as a pure fold over records, with a journal
 //!   for crash recovery;
-//! - [`export`]: what leaves memtrack while it runs — metrics, ClearML,
-//!   S3; [`report`]: what reads a finished run's file.
+//! - [`export`]: what leaves memtrack while it runs and at its end —
+//!   metrics, ClearML, MLflow, S3, the final files; [`report`]: what reads
+//!   a finished run's file (and renders its page).
 //!
 //! [`model`] is `memory_usage.json`: its schema, reading and writing it,
 //! keeping its log bounded, and the leak rule. [`config`] embeds each
@@ -35,9 +36,10 @@
 //! | 3 | [`target`], [`sample`], [`event`] |
 //! | 4 | [`store`] |
 //! | 5 | [`engine`] |
-//! | 6 | [`export`], [`report`] |
-//! | 7 | [`config`], [`shutdown`] |
-//! | 8 | [`app`], [`cli`] (and the binary, `main.rs`) |
+//! | 6 | [`report`] |
+//! | 7 | [`export`] (its files output writes the report page) |
+//! | 8 | [`config`], [`shutdown`] |
+//! | 9 | [`app`], [`cli`] (and the binary, `main.rs`) |
 
 pub mod app;
 pub mod cli;

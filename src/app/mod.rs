@@ -4,9 +4,9 @@
 //! [`run_daemon`] is the sequence of a run's phases; each phase lives in
 //! the file named after it: `naming` (name and labels), `run_dir` (the run
 //! directory), `io` (the event socket), `outputs` (the one list of the
-//! run's outputs: HTTP, MLflow, ClearML, S3, …), `job` (what is followed),
-//! `recorder` (store, journal, engine) and `finish` (what happens once the
-//! engine stops). `resend` is `memtrack clearml-resend`, `mlflow` is
+//! run's outputs: HTTP, MLflow, ClearML, S3, the files, …), `job` (what is followed),
+//! `recorder` (store, journal, engine) and `finish` (the closing line and
+//! the exit code, once the outputs, the run's files among them, are done). `resend` is `memtrack clearml-resend`, `mlflow` is
 //! `memtrack mlflow-resend`.
 
 mod context;
@@ -28,6 +28,7 @@ use anyhow::Context;
 
 use crate::config::Config;
 use crate::event::inbox::Input;
+use crate::export::output::RunEnd;
 use crate::shutdown::SignalThread;
 use crate::sys;
 
@@ -134,17 +135,22 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     cleanup.disarm();
     let (ended, store) = engine.run(&rx);
 
-    let mut saved = finish::save_document(&ended, &store, document, &run_dir);
-    if config.html_report && !ended.urgent {
-        saved.page = finish::write_page(&saved, &store, &run_dir);
-    }
     let first_signal = signals.stop();
     let job_failed = finish::exit_code(&ended, first_signal, is_run, false) != 0;
-    let end = finish::run_end(&io.runtime, (&ended, &store), &run_dir, &saved, job_failed);
+    let links = outputs.links();
+    let end = RunEnd {
+        runtime: &io.runtime,
+        ended: &ended,
+        store: &store,
+        run_dir: &run_dir,
+        links: &links,
+        job_failed,
+    };
     let export_failed = outputs.finish(&end, config.finish_timeout);
+    let files = end.files();
     io.stop();
     drop(registration);
-    finish::log_end(&store, &saved, export_failed);
+    finish::log_end(&store, &files, export_failed);
     if !held.is_at(&run_path) {
         let now = std::fs::read_link(held.path()).ok();
         tracing::warn!(
@@ -156,7 +162,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     }
     Ok(RunOutcome {
         exit_code: finish::exit_code(&ended, first_signal, is_run, export_failed),
-        document: crate::files::shown(&saved.document),
+        document: crate::files::shown(&files.document),
     })
 }
 

@@ -3,8 +3,6 @@
 //! its directory, and the [`RunInfo`] the document starts from.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
 use super::context::Mode;
@@ -43,22 +41,6 @@ pub fn run_labels(
     }
     labels.extend(configured.iter().map(|(k, v)| (k.clone(), v.clone())));
     labels
-}
-
-pub(super) fn random_id() -> String {
-    let mut bytes = [0u8; 16];
-    if File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .is_err()
-    {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-            ^ u128::from(std::process::id());
-        bytes = seed.to_le_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn base_name(arg: &str) -> String {
@@ -252,7 +234,7 @@ pub(super) fn run_info(
     let name = name.name;
     let is_run = matches!(mode, Mode::Run { .. });
     RunInfo {
-        id: random_id(),
+        id: crate::files::random_id(),
         // A rank's run name is the job's, shared by all its ranks; otherwise
         // the directory's (an automatic name may have gained a `-2`).
         name: if labels.contains_key("rank") {

@@ -5,7 +5,9 @@
 //!
 //! The order of the list is the order outputs start in; they finish in
 //! the reverse order, so an output that tells another something at the end
-//! (S3's final upload, registered by ClearML) finishes before it.
+//! (S3's final upload, registered by ClearML) finishes before it. The
+//! run's files come last: they finish first, so every other output's end
+//! finds the final document and the report page written (`RunEnd::files`).
 
 use std::path::Path;
 use std::sync::mpsc::SyncSender;
@@ -18,10 +20,11 @@ use crate::config::Config;
 use crate::engine::Outputs;
 use crate::event::inbox::Input;
 use crate::export::clearml::run_output::ClearmlOutput;
+use crate::export::files::FilesOutput;
 use crate::export::finish::Deadline;
 use crate::export::http_output::HttpOutput;
 use crate::export::mlflow::run_output::MlflowOutput;
-use crate::export::output::{Output, RunEnd, Start};
+use crate::export::output::{Links, Output, RunEnd, Start};
 use crate::export::s3::run_output::S3Output;
 use crate::model::RunInfo;
 
@@ -37,6 +40,8 @@ pub(super) fn build(config: &Config) -> anyhow::Result<Registered> {
     list.add(S3Output::build(&config.s3)?);
     #[cfg(test)]
     list.add(counting::Counting::build(&config.output)?);
+    // Last, so it finishes first: the others' ends find the final files.
+    list.add(Some(FilesOutput::build(config.html_report)));
     Ok(list)
 }
 
@@ -47,6 +52,8 @@ pub(super) struct Registered {
     /// Why the output that takes the job's announcements of its task
     /// (ClearML's `Task.init`) is off: the socket's answer to them.
     pub(super) job_task_off: Option<String>,
+    /// The run's messages between outputs.
+    links: Arc<Links>,
 }
 
 impl Registered {
@@ -85,7 +92,7 @@ impl Registered {
             notices: io.link.as_ref().map(|l| l.notices.clone()),
             document_uploaded: self.outputs.iter().any(|o| o.uploads_document()),
             job_tasks: Mutex::new(io.job_tasks.take()),
-            links: Arc::default(),
+            links: Arc::clone(&self.links),
         };
         let mut out = Outputs {
             snapshots: Some(io.snapshots.clone()),
@@ -98,6 +105,11 @@ impl Registered {
             }
         }
         Ok(out)
+    }
+
+    /// The run's messages between outputs, for its end ([`RunEnd::links`]).
+    pub(super) fn links(&self) -> Arc<Links> {
+        Arc::clone(&self.links)
     }
 
     /// Where `/metrics` is served, when an output serves it.
@@ -119,3 +131,27 @@ impl Registered {
 
 #[cfg(test)]
 mod counting;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The run's files are an output like the others, and always one:
+    /// listed last, they finish first, so the outputs that upload the
+    /// final document find it written; turning the report page off
+    /// leaves the document's output in the list.
+    #[test]
+    fn the_files_output_is_always_registered_and_finishes_first() {
+        for html_report in [true, false] {
+            let config = Config {
+                listen: "off".into(),
+                html_report,
+                ..Default::default()
+            };
+            let list = build(&config).unwrap();
+            let names: Vec<&str> = list.outputs.iter().map(|o| o.name()).collect();
+            assert_eq!(names.last(), Some(&"files"), "{names:?}");
+            assert_eq!(names.iter().filter(|n| **n == "files").count(), 1);
+        }
+    }
+}

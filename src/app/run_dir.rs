@@ -93,22 +93,6 @@ pub(crate) fn recover_leftovers(output: &Path) {
     }
 }
 
-/// The complete document went to `fallback`: the partial journal left in
-/// the run directory must never be recovered over it.
-pub(super) fn supersede_journal(run_dir: &Path, fallback: &Path) {
-    match journal::supersede(run_dir, fallback) {
-        Ok(kept) => tracing::warn!(
-            "the journal in {} holds part of the run only: kept as {}, never recovered",
-            run_dir.display(),
-            kept.display()
-        ),
-        Err(e) => tracing::error!(
-            "the partial journal in {} may be recovered over nothing better: {e}",
-            run_dir.display()
-        ),
-    }
-}
-
 /// Removes what a run created when it fails before its engine starts, so
 /// a job that cannot start leaves no half-written run behind.
 pub(super) struct Cleanup<'a> {

@@ -2,6 +2,7 @@
 //! ever calls a sampler.
 
 pub mod clearml;
+pub(crate) mod files;
 pub(crate) mod finish;
 pub mod http;
 pub(crate) mod http_output;

@@ -1,5 +1,5 @@
-//! The seam every output goes through: S3, ClearML (and, next, the
-//! others) each implement [`Output`], built from their own settings and
+//! The seam every output goes through: HTTP, MLflow, ClearML, S3 and the
+//! run's files each implement [`Output`], built from their own settings and
 //! registered with one line in the app's list; the top of the program
 //! holds that list and names none of them.
 //!
@@ -15,9 +15,11 @@
 //!
 //! Outputs do not reach into each other: what one tells another goes
 //! through [`Links`], a board of explicit messages (the task documents
-//! are filed under; the uploads a tracker registers as artifacts).
+//! are filed under; the uploads a tracker registers as artifacts; the
+//! final files, which the files output, listed last and so finishing
+//! first, leaves for the outputs that upload them).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -94,14 +96,35 @@ pub(crate) struct RunEnd<'a> {
     pub(crate) ended: &'a Ended,
     pub(crate) store: &'a Store,
     pub(crate) run_dir: &'a Path,
-    /// Where the final document is (the run directory, or a fallback).
-    pub(crate) document: &'a Path,
+    /// The run's board of messages between outputs, where the files
+    /// output leaves the final files ([`RunEnd::files`]).
+    pub(crate) links: &'a Links,
+    /// The job failed (a run a tracker created ends as failed).
+    pub(crate) job_failed: bool,
+}
+
+impl RunEnd<'_> {
+    /// The run's final files, as the files output left them: it finishes
+    /// first. Before it has (or without it), the document counts as not
+    /// written, so nothing uploads a file nobody vouched for.
+    pub(crate) fn files(&self) -> FinalFiles {
+        self.links.files().unwrap_or_else(|| FinalFiles {
+            document: self.run_dir.join(crate::model::json::FILE_NAME),
+            written: false,
+            page: None,
+        })
+    }
+}
+
+/// Where the run's final files are (`export::files`' finish says).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FinalFiles {
+    /// The final document: the run directory's, or a fallback.
+    pub(crate) document: PathBuf,
     /// Whether the final document was written at all.
     pub(crate) written: bool,
     /// The report page written beside the document.
-    pub(crate) page: Option<&'a Path>,
-    /// The job failed (a run a tracker created ends as failed).
-    pub(crate) job_failed: bool,
+    pub(crate) page: Option<PathBuf>,
 }
 
 /// What an output's end came to.
@@ -123,6 +146,8 @@ pub(crate) struct Links {
     /// The final uploads: set by the uploader's finish, read by the
     /// tracker's, which runs after it.
     last: Mutex<Option<FinalUploads>>,
+    /// The final files: set by the files output's finish, the first.
+    files: OnceLock<FinalFiles>,
 }
 
 /// The tracker's task as it becomes known, for outputs that file under it.
@@ -181,6 +206,16 @@ impl Links {
         if let Ok(mut slot) = self.last.lock() {
             *slot = Some(last);
         }
+    }
+
+    /// The files output leaves the final files (once).
+    pub(crate) fn set_files(&self, files: FinalFiles) {
+        let _ = self.files.set(files);
+    }
+
+    /// The final files, once the files output has finished.
+    pub(crate) fn files(&self) -> Option<FinalFiles> {
+        self.files.get().cloned()
     }
 
     /// The final uploads, once (`None`: no uploader ran).

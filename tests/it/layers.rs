@@ -18,7 +18,8 @@ const LAYERS: &[&[&str]] = &[
     &["target", "sample", "event"],
     &["store"],
     &["engine"],
-    &["export", "report"],
+    &["report"],
+    &["export"],
     &["config", "shutdown"],
     &["app", "cli"],
 ];

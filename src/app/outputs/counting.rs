@@ -20,6 +20,8 @@ struct Counts {
     last_checkpoint: Option<(u64, PathBuf)>,
     finished: bool,
     written: bool,
+    /// The final document, as the files output handed it on.
+    document: PathBuf,
 }
 
 pub(super) struct Counting {
@@ -87,7 +89,11 @@ impl Output for Counting {
         }
         let mut counts = self.counts.lock().unwrap();
         counts.finished = true;
-        counts.written = end.written;
+        let files = end.files();
+        counts.written = files.written;
+        // As a message shows it: the run directory's path, not the
+        // descriptor memtrack reaches it through.
+        counts.document = crate::files::shown(&files.document);
         let json = serde_json::to_vec(&*counts).unwrap();
         std::fs::write(self.run_dir.join("counted.json"), json).unwrap();
         Finished::default()
@@ -161,4 +167,7 @@ fn a_registered_output_hears_the_runs_entries_checkpoints_and_end() {
         path.display()
     );
     assert!(counts.finished && counts.written);
+    // The files output is registered like any other: it finished first
+    // and handed the final document's path on through the seam.
+    assert_eq!(counts.document, run_dir.join(crate::model::json::FILE_NAME));
 }

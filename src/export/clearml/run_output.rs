@@ -216,7 +216,8 @@ impl ClearmlOutput {
         deadline: &Deadline,
         failed: &mut bool,
     ) -> Option<Artifact> {
-        let document = end.document;
+        let files = end.files();
+        let document = files.document.as_path();
         let mut output = TaskOutput::new(reporter.outputs()?, &self.s3, &end.store.run);
         // The job's task, else the one memtrack created (registered with
         // the end of the run, as an S3 upload is).
@@ -313,7 +314,7 @@ impl ClearmlOutput {
             .and_then(|u| u.document.clone())
             .and_then(Result::ok);
         let page = uploaded.and_then(|u| u.page);
-        if artifact.is_none() && end.written && !self.document_uploaded {
+        if artifact.is_none() && end.files().written && !self.document_uploaded {
             artifact = self.upload_to_files(&reporter, end, deadline, &mut upload_failed);
         }
         let last = TaskEnd {

@@ -78,13 +78,14 @@ impl Output for MlflowOutput {
         let Some(live) = self.live.take() else {
             return Finished::default();
         };
-        if !end.written {
+        let files = end.files();
+        if !files.written {
             tracing::error!("MLflow: memory_usage.json was not written; it is not attached");
         }
         let peaks = end.store.peaks();
         let last = End {
-            document: end.written.then(|| end.document.to_path_buf()),
-            page: end.page.map(Path::to_path_buf),
+            document: files.written.then_some(files.document),
+            page: files.page,
             peaks: (
                 peaks
                     .figures

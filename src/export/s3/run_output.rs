@@ -112,7 +112,7 @@ impl S3Output {
     fn upload(
         &self,
         s3: &Uploader,
-        end: &RunEnd<'_>,
+        (end, document): (&RunEnd<'_>, &Path),
         task: Option<TaskRef>,
         deadline: &Deadline,
     ) -> Result<UploadedObject, S3Error> {
@@ -121,7 +121,7 @@ impl S3Output {
         let what = format!("the upload to {}", s3.endpoint);
         let result = end
             .runtime
-            .block_on(deadline.bound(&what, s3.upload(end.document, &key)))
+            .block_on(deadline.bound(&what, s3.upload(document, &key)))
             .unwrap_or_else(|| {
                 Err(S3Error::Deadline {
                     endpoint: s3.endpoint.clone(),
@@ -142,8 +142,8 @@ impl S3Output {
             ),
             Err(e) => tracing::error!(
                 "upload failed: {e}; {} is intact; to upload it later, run: {}",
-                end.document.display(),
-                s3.retry_command(&absolute(&crate::files::shown(end.document)))
+                document.display(),
+                s3.retry_command(&absolute(&crate::files::shown(document)))
             ),
         }
         result
@@ -207,10 +207,11 @@ impl Output for S3Output {
         let Some(s3) = self.uploader.clone() else {
             return Finished::default();
         };
+        let files = end.files();
         if end.ended.urgent {
             tracing::warn!(
                 "stopping at once: the upload was skipped; to upload it later, run: {}",
-                s3.retry_command(&absolute(end.document))
+                s3.retry_command(&absolute(&files.document))
             );
             return Finished::default();
         }
@@ -224,7 +225,7 @@ impl Output for S3Output {
         if let Some(uploads) = self.checkpoint_uploads.take() {
             uploads.stop(end.runtime, deadline);
         }
-        if !end.written {
+        if !files.written {
             self.links.set_final(FinalUploads {
                 document: None,
                 page: None,
@@ -232,10 +233,10 @@ impl Output for S3Output {
             });
             return Finished::default();
         }
-        let uploaded = self.upload(&s3, end, task.clone(), deadline);
+        let uploaded = self.upload(&s3, (end, &files.document), task.clone(), deadline);
         let failed = uploaded.is_err();
         // The report page beside the document's object.
-        let page = match (&uploaded, end.page) {
+        let page = match (&uploaded, files.page.as_deref()) {
             (Ok(_), Some(page)) => Self::upload_page(&s3, page, end, task.clone(), deadline),
             _ => None,
         };
