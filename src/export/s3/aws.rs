@@ -320,66 +320,13 @@ pub(crate) async fn resolve_from(
         });
     let profile_defined = profiles.get_profile(&profile).is_some();
     let in_profile = |key: &str| profiles.get(key).filter(|v| !v.is_empty());
-    // The environment `aws-config` looks at, less blank values (unset, as
-    // for the CLI).
-    let aws_env = Env::from(
-        [
-            "AWS_ENDPOINT_URL_S3",
-            "AWS_ENDPOINT_URL",
-            "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
-        ]
-        .into_iter()
-        .filter_map(|k| Some((k.to_string(), var(k)?)))
-        .collect::<HashMap<_, _>>(),
-    );
-
+    let endpoint = resolve_endpoint(config, &var, &profiles, &profile);
     let truthy = |v: &str| v.trim().eq_ignore_ascii_case("true");
-    let ignore_configured = EnvConfigValue::new()
-        .env("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
-        .profile("ignore_configured_endpoint_urls")
-        .load(&aws_env, Some(&profiles))
-        .is_some_and(|(v, _)| truthy(&v));
     let from_env = |name: &str| {
         var(name).map(|v| Setting {
             value: v,
             source: name.to_string(),
         })
-    };
-    let endpoint = if !config.endpoint.is_empty() {
-        Some(Setting {
-            value: config.endpoint.clone(),
-            source: "s3.endpoint".into(),
-        })
-    } else if ignore_configured {
-        None
-    } else {
-        // `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the services section,
-        // `endpoint_url`: aws-config's order; the origin names the source.
-        let found = EnvConfigValue::new()
-            .env("AWS_ENDPOINT_URL")
-            .profile("endpoint_url")
-            .service_id("s3")
-            .load(&aws_env, Some(&profiles));
-        found
-            .filter(|(value, _)| !value.is_empty())
-            .map(|(value, from)| {
-                let origin: Origin = (&from).into();
-                let source = match origin {
-                    o if o == Origin::service_environment_variable() => {
-                        "AWS_ENDPOINT_URL_S3".into()
-                    }
-                    o if o == Origin::shared_environment_variable() => "AWS_ENDPOINT_URL".into(),
-                    o if o == Origin::service_profile_file() => format!(
-                        "`s3.endpoint_url` of services `{}` (profile `{profile}`)",
-                        profiles.get("services").unwrap_or_default()
-                    ),
-                    _ => format!("`endpoint_url` of profile `{profile}`"),
-                };
-                Setting {
-                    value: value.into_owned(),
-                    source,
-                }
-            })
     };
 
     // By hand: aws-config's region chain says nothing of where its answer
@@ -415,31 +362,11 @@ pub(crate) async fn resolve_from(
         },
     };
 
-    let has = |name: &str| var(name).is_some();
     // A custom endpoint is no EC2 service: its keys never come from the
     // instance-metadata service, which is then not asked (off EC2 the
     // SDK would wait on 169.254.169.254 and report its own failure).
     let imds = endpoint.is_none() && !env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| truthy(&v));
-    let credentials = match (has("AWS_ACCESS_KEY_ID"), has("AWS_SECRET_ACCESS_KEY")) {
-        (true, true) => CredentialSource::Environment,
-        (true, false) => CredentialSource::HalfEnvironment {
-            set: "AWS_ACCESS_KEY_ID",
-            missing: "AWS_SECRET_ACCESS_KEY",
-        },
-        (false, true) => CredentialSource::HalfEnvironment {
-            set: "AWS_SECRET_ACCESS_KEY",
-            missing: "AWS_ACCESS_KEY_ID",
-        },
-        _ if has_profile_keys(&profiles) => CredentialSource::Profile,
-        _ if has("AWS_WEB_IDENTITY_TOKEN_FILE")
-            || has("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
-            || has("AWS_CONTAINER_CREDENTIALS_FULL_URI")
-            || imds =>
-        {
-            CredentialSource::Elsewhere
-        }
-        _ => CredentialSource::None,
-    };
+    let credentials = credential_source(&var, &profiles, imds);
 
     Resolved {
         profile,
@@ -457,6 +384,101 @@ pub(crate) async fn resolve_from(
             .build(),
         config_file: texts.config_file,
         credentials_file: texts.credentials_file,
+    }
+}
+
+/// The S3 endpoint and where it came from: `s3.endpoint`, else (unless
+/// `ignore_configured_endpoint_urls`) `aws-config`'s order of the
+/// environment and the profile.
+fn resolve_endpoint(
+    config: &S3Config,
+    var: &dyn Fn(&str) -> Option<String>,
+    profiles: &ProfileSet,
+    profile: &str,
+) -> Option<Setting> {
+    // The environment `aws-config` looks at, less blank values (unset, as
+    // for the CLI).
+    let aws_env = Env::from(
+        [
+            "AWS_ENDPOINT_URL_S3",
+            "AWS_ENDPOINT_URL",
+            "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+        ]
+        .into_iter()
+        .filter_map(|k| Some((k.to_string(), var(k)?)))
+        .collect::<HashMap<_, _>>(),
+    );
+
+    let truthy = |v: &str| v.trim().eq_ignore_ascii_case("true");
+    let ignore_configured = EnvConfigValue::new()
+        .env("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+        .profile("ignore_configured_endpoint_urls")
+        .load(&aws_env, Some(profiles))
+        .is_some_and(|(v, _)| truthy(&v));
+    if !config.endpoint.is_empty() {
+        Some(Setting {
+            value: config.endpoint.clone(),
+            source: "s3.endpoint".into(),
+        })
+    } else if ignore_configured {
+        None
+    } else {
+        // `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the services section,
+        // `endpoint_url`: aws-config's order; the origin names the source.
+        let found = EnvConfigValue::new()
+            .env("AWS_ENDPOINT_URL")
+            .profile("endpoint_url")
+            .service_id("s3")
+            .load(&aws_env, Some(profiles));
+        found
+            .filter(|(value, _)| !value.is_empty())
+            .map(|(value, from)| {
+                let origin: Origin = (&from).into();
+                let source = match origin {
+                    o if o == Origin::service_environment_variable() => {
+                        "AWS_ENDPOINT_URL_S3".into()
+                    }
+                    o if o == Origin::shared_environment_variable() => "AWS_ENDPOINT_URL".into(),
+                    o if o == Origin::service_profile_file() => format!(
+                        "`s3.endpoint_url` of services `{}` (profile `{profile}`)",
+                        profiles.get("services").unwrap_or_default()
+                    ),
+                    _ => format!("`endpoint_url` of profile `{profile}`"),
+                };
+                Setting {
+                    value: value.into_owned(),
+                    source,
+                }
+            })
+    }
+}
+
+/// Where credentials would come from, or why none are configured.
+fn credential_source(
+    var: &dyn Fn(&str) -> Option<String>,
+    profiles: &ProfileSet,
+    imds: bool,
+) -> CredentialSource {
+    let has = |name: &str| var(name).is_some();
+    match (has("AWS_ACCESS_KEY_ID"), has("AWS_SECRET_ACCESS_KEY")) {
+        (true, true) => CredentialSource::Environment,
+        (true, false) => CredentialSource::HalfEnvironment {
+            set: "AWS_ACCESS_KEY_ID",
+            missing: "AWS_SECRET_ACCESS_KEY",
+        },
+        (false, true) => CredentialSource::HalfEnvironment {
+            set: "AWS_SECRET_ACCESS_KEY",
+            missing: "AWS_ACCESS_KEY_ID",
+        },
+        _ if has_profile_keys(profiles) => CredentialSource::Profile,
+        _ if has("AWS_WEB_IDENTITY_TOKEN_FILE")
+            || has("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+            || has("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+            || imds =>
+        {
+            CredentialSource::Elsewhere
+        }
+        _ => CredentialSource::None,
     }
 }
 
