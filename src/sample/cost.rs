@@ -113,6 +113,16 @@ pub(crate) struct Own {
     pub(crate) uss: Option<u64>,
     /// Read with this sample.
     pub(crate) fresh: bool,
+    /// `pss` and `uss` are an estimate ([`Own::estimate`]), not a read.
+    pub(crate) estimated: bool,
+    /// Its last read USS and Pss (`uss`, `pss` may hold an estimate).
+    read_uss: Option<u64>,
+    read_pss: Option<u64>,
+    /// Its anonymous bytes at its last own-cost reading (a fork's parent's
+    /// at the fork, before any): what it wrote since is its own.
+    anon_at_read: Option<u64>,
+    /// Its anonymous bytes when it was last estimated.
+    estimated_anon: Option<u64>,
     read_at: Option<Instant>,
     /// When it was first seen.
     born: Option<Instant>,
@@ -207,10 +217,59 @@ impl Own {
             .shared_share
             .unwrap_or(rest / processes.max(1) as u64)
             .min(rest);
-        self.uss = Some(uss);
-        self.pss = Some(uss + share);
-        self.fresh = true;
+        self.read(uss, uss + share, rss);
         self.rss_at_read = rss;
+    }
+
+    /// A read of its own cost (USS, Pss) when it mapped `rss` bytes.
+    fn read(&mut self, uss: u64, pss: u64, rss: u64) {
+        self.uss = Some(uss);
+        self.pss = Some(pss);
+        self.read_uss = Some(uss);
+        self.read_pss = Some(pss);
+        self.fresh = true;
+        self.estimated = false;
+        // Its anonymous bytes then: what it maps now less what it grew
+        // by since it was read.
+        self.anon_at_read = Some(self.anon.saturating_sub(self.rss.saturating_sub(rss)));
+        self.estimated_anon = None;
+    }
+
+    /// Its own cost when it grew since its last reading (or was never
+    /// read) and has held its size for [`HELD`] since, and no read has
+    /// come: its last read USS (none before the first) plus the anonymous
+    /// memory it wrote since, its Pss moved by as much (before any read,
+    /// its share of the rest split among the tree's `processes`). Pages
+    /// it wrote are its own; copies of pages it shared (a copy on write
+    /// turns a shared page private without moving `statm`) are not seen,
+    /// so the estimate is low by those. Once per size it holds; a read
+    /// replaces it.
+    fn estimate(&mut self, now: Instant, processes: usize) {
+        let Some(base) = self.anon_at_read else {
+            return;
+        };
+        let held = self
+            .rss_moved_at
+            .is_some_and(|t| now.saturating_duration_since(t) >= HELD);
+        let grew = self.anon > base + GREW;
+        let again = self
+            .estimated_anon
+            .is_none_or(|a| a.abs_diff(self.anon) > MOVED);
+        if !(held && grew && again) {
+            return;
+        }
+        let wrote = self.anon - base;
+        let uss = (self.read_uss.unwrap_or(0) + wrote).min(self.rss);
+        let pss = match self.read_pss {
+            Some(p) => p + wrote,
+            None => uss + self.rss.saturating_sub(uss) / processes.max(1) as u64,
+        }
+        .min(self.rss);
+        self.uss = Some(uss);
+        self.pss = Some(pss.max(uss));
+        self.fresh = true;
+        self.estimated = true;
+        self.estimated_anon = Some(self.anon);
     }
 
     /// Takes its anonymous bytes now. A fall below what it can take away
@@ -413,6 +472,7 @@ impl CostReader {
         for o in self.own.values_mut() {
             o.fresh = false;
         }
+        let processes = tree.iter().filter(|v| v.rss > 0).count();
         self.pages.changing = false;
         for pid in departed {
             self.leave(*pid, tree);
@@ -435,6 +495,10 @@ impl CostReader {
             }
             let o = self.own.entry(v.pid).or_default();
             o.born.get_or_insert(now);
+            // Before any read a fork's own memory is what it wrote beyond
+            // its parent's; any other process's, all of its own.
+            o.anon_at_read
+                .get_or_insert(v.parent_anon.map_or(0, |p| p.min(v.anon)));
             o.parent = v.parent;
             let shared_before = o.base.map(|_| o.rss.saturating_sub(o.anon));
             if o.rss_moved_at.is_none() || v.rss.abs_diff(o.rss) > MOVED {
@@ -467,6 +531,15 @@ impl CostReader {
             let cpu = self.cost().1.saturating_sub(cpu_before);
             self.charge(&found, cpu);
             self.found(now, found);
+        }
+        if self.opts.own_interval.is_some() {
+            for v in tree.iter().filter(|v| v.rss > 0) {
+                if let Some(o) = self.own.get_mut(&v.pid) {
+                    if !o.fresh {
+                        o.estimate(now, processes);
+                    }
+                }
+            }
         }
         if !self.reader.as_mut().is_some_and(|r| r.ready(now)) {
             return;
@@ -688,10 +761,8 @@ impl CostReader {
                     // What it mapped when read (it may have grown since).
                     o.rss_at_read = if r.rss > 0 { r.rss } else { o.rss };
                     if let Some((pss, uss)) = r.figures {
-                        o.pss = Some(pss);
-                        o.uss = Some(uss);
+                        o.read(uss, pss, o.rss_at_read);
                         o.shared_share = Some(pss.saturating_sub(uss));
-                        o.fresh = true;
                     }
                 }
             }
@@ -722,9 +793,7 @@ impl CostReader {
                     for s in p.seen.iter().filter(|s| slice.contains(&s.pid)) {
                         if let (Some(pss), Some(o)) = (s.pss, self.own.get_mut(&s.pid)) {
                             o.read_at = Some(now);
-                            o.pss = Some(pss);
-                            o.uss = Some(s.first_seen);
-                            o.fresh = true;
+                            o.read(s.first_seen, pss, s.rss);
                         }
                     }
                     if complete || self.pages.todo.is_empty() {
@@ -1271,5 +1340,57 @@ mod tests {
         );
         assert!(r.pages_figure(now).is_none());
         assert!(r.pages_failed().is_some_and(|w| w.contains("root")));
+    }
+
+    /// A worker that grew and held its size with no read since has an
+    /// estimate: its last read USS plus what it wrote since (before any
+    /// read, what it wrote beyond its parent), marked as such, once per
+    /// size it holds; a read replaces it.
+    #[test]
+    fn a_worker_grown_and_unread_is_estimated_and_marked_until_read() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut r = CostReader::new(
+            "/nonexistent".into(),
+            CostOptions {
+                own_interval: Some(Duration::from_secs(1)),
+                max_rss: u64::MAX,
+                share: 0.0,
+            },
+        );
+        let worker = |rss: u64, anon: u64| View {
+            pid: 2,
+            rss: rss * M,
+            anon: anon * M,
+            parent_anon: Some(480 * M),
+            parent: Some(1),
+        };
+        let parent = view(1, 500, 480, false);
+        r.update(at(0), &[parent, worker(500, 480)], &[]);
+        r.update(at(100), &[parent, worker(540, 520)], &[]);
+        assert!(r.own(2).is_some_and(|o| o.uss.is_none()), "not held yet");
+        r.update(at(500), &[parent, worker(540, 520)], &[]);
+        let o = *r.own(2).expect("seen");
+        assert!(o.fresh && o.estimated, "{o:?}");
+        assert_eq!(o.uss, Some(40 * M), "what it wrote beyond its parent");
+        r.update(at(600), &[parent, worker(540, 520)], &[]);
+        assert!(!r.own(2).expect("seen").fresh, "once per size it holds");
+        // A read: 50 MiB (it copied 10 MiB of its parent's pages too).
+        r.found(
+            at(700),
+            Found::Own(vec![super::super::own::OwnRead {
+                pid: 2,
+                figures: Some((60 * M, 50 * M)),
+                rss: 540 * M,
+            }]),
+        );
+        let o = *r.own(2).expect("seen");
+        assert!(o.fresh && !o.estimated && o.uss == Some(50 * M), "{o:?}");
+        // It grows 24 MiB more and holds: the read plus what it wrote.
+        r.update(at(800), &[parent, worker(564, 544)], &[]);
+        r.update(at(1200), &[parent, worker(564, 544)], &[]);
+        let o = *r.own(2).expect("seen");
+        assert!(o.fresh && o.estimated, "{o:?}");
+        assert_eq!((o.uss, o.pss), (Some(74 * M), Some(84 * M)));
     }
 }

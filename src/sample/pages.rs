@@ -50,9 +50,16 @@ pub(crate) struct Seen {
     pub(crate) pss: Option<u64>,
     /// Its resident pages mapped by it alone (bytes), in a page count's
     /// read: its USS, as exact as `smaps_rollup`'s, for the price of a bit
-    /// test per page the count reads anyway.
+    /// test per page the count reads anyway. `None` when its RSS moved
+    /// while it was read ([`MOVED_WHILE_READ`]): the mappings it made
+    /// meanwhile were not in the read, so its USS would be a step behind
+    /// (read again, it gets one).
     pub(crate) uss: Option<u64>,
 }
+
+/// A process whose RSS moved by more than this while its pages were read
+/// has no USS from that read.
+const MOVED_WHILE_READ: u64 = 1 << 20;
 
 /// A Σ Pss pass over the tree ([`super::pss`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -473,7 +480,8 @@ impl Rolling {
             anon,
             first_seen: 0,
             pss: None,
-            uss: Some(cur.exclusive * self.page_size),
+            uss: (rss.abs_diff(cur.statm.0) <= MOVED_WHILE_READ)
+                .then_some(cur.exclusive * self.page_size),
         })))
     }
 

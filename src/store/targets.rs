@@ -158,6 +158,10 @@ impl Store {
             if r.own_read {
                 if let (Some(uss), Some(pss)) = (r.uss, r.pss) {
                     let (uss, pss) = (mib(uss), mib(pss));
+                    t.own_estimated = r.own_estimated;
+                    if t.peak_uss_mb.is_none_or(|p| uss >= p) {
+                        t.peak_uss_estimated = r.own_estimated;
+                    }
                     t.peak_uss_mb = Some(t.peak_uss_mb.map_or(uss, |p| p.max(uss)));
                     t.peak_pss_mb = Some(t.peak_pss_mb.map_or(pss, |p| p.max(pss)));
                     live.own_series.push([ts, uss, pss]);
