@@ -497,8 +497,14 @@ impl CostReader {
             o.born.get_or_insert(now);
             // Before any read a fork's own memory is what it wrote beyond
             // its parent's; any other process's, all of its own.
-            o.anon_at_read
+            // A fork that execs drops its parent's pages: from its lowest
+            // point on, what it gains is its own.
+            let at_read = o
+                .anon_at_read
                 .get_or_insert(v.parent_anon.map_or(0, |p| p.min(v.anon)));
+            if o.read_uss.is_none() {
+                *at_read = (*at_read).min(v.anon);
+            }
             o.parent = v.parent;
             let shared_before = o.base.map(|_| o.rss.saturating_sub(o.anon));
             if o.rss_moved_at.is_none() || v.rss.abs_diff(o.rss) > MOVED {
