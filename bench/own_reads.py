@@ -12,7 +12,9 @@ birth, USS MiB), the reader thread's reads and CPU time, and how many
 workers have a peak own cost, and a figure at their end, within 10 % of
 their own USS (an estimate counts, and is counted apart: marked `~`).
 Defaults are the test's sizes; PARENT_MB=200 STEP_MB=8 HOLD_S=2 is the
-larger job of docs/host-figure.md.
+larger job of docs/host-figure.md. COPY=1 makes each step copy STEP_MB of
+the parent's pages (a write to each: copy on write, as Python's reference
+counts do on read) instead of allocating it: RSS does not move.
 """
 import json, os, subprocess, sys, tempfile, glob
 mt = sys.argv[1]
@@ -21,6 +23,12 @@ hogs = int(os.environ.get('HOGS', '4'))
 here = os.path.dirname(os.path.abspath(__file__))
 jobs = os.path.join(here, '..', 'tests', 'it', 'jobs')
 job = open(os.path.join(jobs, 'busy_epoch_own.py')).read()
+if os.environ.get('COPY') == '1':
+    step = int(os.environ.get('STEP_MB', '4'))
+    copy = job.replace('c = bytearray(4 << 20); touch(c); parts.append(c)',
+                      f'touch(memoryview(b)[step * ({step} << 20):(step + 1) * ({step} << 20)])')
+    assert copy != job, 'the job steps as this bench expects'
+    job = copy
 job = job.replace('bytearray(64 << 20)', f"bytearray({int(os.environ.get('PARENT_MB', '64'))} << 20)")
 job = job.replace('bytearray(4 << 20)', f"bytearray({int(os.environ.get('STEP_MB', '4'))} << 20)")
 job = job.replace('time.sleep(3.0)', f"time.sleep({float(os.environ.get('HOLD_S', '3'))})")
