@@ -121,8 +121,13 @@ pub(crate) struct Own {
     /// Its anonymous bytes at its last own-cost reading (a fork's parent's
     /// at the fork, before any): what it wrote since is its own.
     anon_at_read: Option<u64>,
-    /// Its anonymous bytes when it was last estimated.
-    estimated_anon: Option<u64>,
+    /// Its page faults as the page count last found them, and at its last
+    /// own-cost reading (a fork's start at 0).
+    faults: Option<u64>,
+    faults_at_read: Option<u64>,
+    /// What it was estimated to have written or copied since its last
+    /// read, when it was last estimated.
+    estimated_wrote: Option<u64>,
     read_at: Option<Instant>,
     /// When it was first seen.
     born: Option<Instant>,
@@ -211,18 +216,19 @@ impl Own {
     /// mapped by it alone), its Pss that USS plus the share of its other
     /// pages its last `smaps_rollup` read found (before any, those pages
     /// split evenly among the tree's `processes`).
-    fn counted(&mut self, rss: u64, uss: u64, processes: usize) {
+    fn counted(&mut self, rss: u64, uss: u64, processes: usize, faults: Option<u64>) {
         let rest = rss.saturating_sub(uss);
         let share = self
             .shared_share
             .unwrap_or(rest / processes.max(1) as u64)
             .min(rest);
-        self.read(uss, uss + share, rss);
+        self.read(uss, uss + share, rss, faults);
         self.rss_at_read = rss;
     }
 
-    /// A read of its own cost (USS, Pss) when it mapped `rss` bytes.
-    fn read(&mut self, uss: u64, pss: u64, rss: u64) {
+    /// A read of its own cost (USS, Pss) when it mapped `rss` bytes and
+    /// had taken `faults` page faults.
+    fn read(&mut self, uss: u64, pss: u64, rss: u64, faults: Option<u64>) {
         self.uss = Some(uss);
         self.pss = Some(pss);
         self.read_uss = Some(uss);
@@ -232,33 +238,41 @@ impl Own {
         // Its anonymous bytes then: what it maps now less what it grew
         // by since it was read.
         self.anon_at_read = Some(self.anon.saturating_sub(self.rss.saturating_sub(rss)));
-        self.estimated_anon = None;
+        self.faults_at_read = faults;
+        self.estimated_wrote = None;
     }
 
     /// Its own cost when it grew since its last reading (or was never
     /// read) and has held its size for [`HELD`] since, and no read has
-    /// come: its last read USS (none before the first) plus the anonymous
-    /// memory it wrote since, its Pss moved by as much (before any read,
-    /// its share of the rest split among the tree's `processes`). Pages
-    /// it wrote are its own; copies of pages it shared (a copy on write
-    /// turns a shared page private without moving `statm`) are not seen,
-    /// so the estimate is low by those. Once per size it holds; a read
-    /// replaces it.
-    fn estimate(&mut self, now: Instant, processes: usize) {
+    /// come: its last read USS (none before the first) plus what it
+    /// wrote since, its Pss moved by as much (before any read, its share
+    /// of the rest split among the tree's `processes`). What it wrote is
+    /// the larger of the anonymous memory it gained and, where the page
+    /// count reads its faults, a page per fault since its read: a copy on
+    /// write (a worker touching its parent's Python objects) turns a
+    /// shared page private without moving `statm`, but takes a fault. A
+    /// fault on a file page it had not mapped yet counts too, so that part
+    /// is high by those; a fresh huge page is one fault, which the
+    /// anonymous memory counts. Once per size it holds; a read replaces it.
+    fn estimate(&mut self, now: Instant, processes: usize, page_size: u64) {
         let Some(base) = self.anon_at_read else {
             return;
         };
         let held = self
             .rss_moved_at
             .is_some_and(|t| now.saturating_duration_since(t) >= HELD);
-        let grew = self.anon > base + GREW;
+        let copied = match (self.faults, self.faults_at_read) {
+            (Some(f), Some(at)) => f.saturating_sub(at).saturating_mul(page_size),
+            _ => 0,
+        };
+        let wrote = self.anon.saturating_sub(base).max(copied);
+        let grew = wrote > GREW;
         let again = self
-            .estimated_anon
-            .is_none_or(|a| a.abs_diff(self.anon) > MOVED);
+            .estimated_wrote
+            .is_none_or(|w| w.abs_diff(wrote) > MOVED);
         if !(held && grew && again) {
             return;
         }
-        let wrote = self.anon - base;
         let uss = (self.read_uss.unwrap_or(0) + wrote).min(self.rss);
         let pss = match self.read_pss {
             Some(p) => p + wrote,
@@ -269,7 +283,7 @@ impl Own {
         self.pss = Some(pss.max(uss));
         self.fresh = true;
         self.estimated = true;
-        self.estimated_anon = Some(self.anon);
+        self.estimated_wrote = Some(wrote);
     }
 
     /// Takes its anonymous bytes now. A fall below what it can take away
@@ -365,6 +379,7 @@ pub(crate) struct CostReader {
     own: HashMap<u32, Own>,
     pages: Pages,
     shares: Shares,
+    page_size: u64,
 }
 
 impl std::fmt::Debug for CostReader {
@@ -406,6 +421,7 @@ impl CostReader {
             own: HashMap::new(),
             pages: Pages::default(),
             shares: Shares::default(),
+            page_size: crate::sys::page_size(),
         }
     }
 
@@ -505,6 +521,10 @@ impl CostReader {
             if o.read_uss.is_none() {
                 *at_read = (*at_read).min(v.anon);
             }
+            if v.parent_anon.is_some() && o.read_uss.is_none() && o.faults_at_read.is_none() {
+                // A fork's fault count starts at 0.
+                o.faults_at_read = Some(0);
+            }
             o.parent = v.parent;
             let shared_before = o.base.map(|_| o.rss.saturating_sub(o.anon));
             if o.rss_moved_at.is_none() || v.rss.abs_diff(o.rss) > MOVED {
@@ -542,7 +562,7 @@ impl CostReader {
             for v in tree.iter().filter(|v| v.rss > 0) {
                 if let Some(o) = self.own.get_mut(&v.pid) {
                     if !o.fresh {
-                        o.estimate(now, processes);
+                        o.estimate(now, processes, self.page_size);
                     }
                 }
             }
@@ -767,7 +787,7 @@ impl CostReader {
                     // What it mapped when read (it may have grown since).
                     o.rss_at_read = if r.rss > 0 { r.rss } else { o.rss };
                     if let Some((pss, uss)) = r.figures {
-                        o.read(uss, pss, o.rss_at_read);
+                        o.read(uss, pss, o.rss_at_read, r.faults);
                         o.shared_share = Some(pss.saturating_sub(uss));
                     }
                 }
@@ -799,7 +819,7 @@ impl CostReader {
                     for s in p.seen.iter().filter(|s| slice.contains(&s.pid)) {
                         if let (Some(pss), Some(o)) = (s.pss, self.own.get_mut(&s.pid)) {
                             o.read_at = Some(now);
-                            o.read(s.first_seen, pss, s.rss);
+                            o.read(s.first_seen, pss, s.rss, None);
                         }
                     }
                     if complete || self.pages.todo.is_empty() {
@@ -832,12 +852,17 @@ impl CostReader {
     /// counted from then, and the departures it no longer holds done with.
     fn commit_slice(&mut self, now: Instant, s: &Slice) {
         self.rebase(&s.read);
+        for &(pid, faults) in &s.faults {
+            if let Some(o) = self.own.get_mut(&pid) {
+                o.faults = Some(faults);
+            }
+        }
         if self.own_interval().is_some() {
             // Each process read has its own cost read with it.
             let processes = s.alone.len();
             for r in &s.read {
                 if let (Some(o), Some(uss)) = (self.own.get_mut(&r.pid), r.uss) {
-                    o.counted(r.rss, uss, processes);
+                    o.counted(r.rss, uss, processes, r.faults);
                 }
             }
         }
@@ -914,9 +939,11 @@ mod tests {
                     first_seen: own * M,
                     pss: None,
                     uss: None,
+                    faults: None,
                 })
                 .collect(),
             alone: alone.iter().map(|&(pid, a)| (pid, a * M)).collect(),
+            faults: Vec::new(),
             shared_bytes: 0,
             whole: true,
             unreadable: false,
@@ -984,6 +1011,7 @@ mod tests {
                 pid: 2,
                 figures: Some((250 * M, 20 * M)),
                 rss: 520 * M,
+                faults: None,
             }]),
         );
         r.update(now, &[view(1, 500, 480, false)], &[2]);
@@ -1012,6 +1040,7 @@ mod tests {
                         first_seen: own * M,
                         pss: None,
                         uss: None,
+                        faults: None,
                     })
                     .collect(),
             }),
@@ -1165,6 +1194,7 @@ mod tests {
                     pid: v.pid,
                     figures: Some((v.rss, v.anon)),
                     rss: v.rss,
+                    faults: None,
                 })
                 .collect();
             let f = Found::Own(reads);
@@ -1249,7 +1279,7 @@ mod tests {
         );
         // The page count read it at that size: not grown since.
         o.rss = 100 * M;
-        o.counted(o.rss, 60 * M, 5);
+        o.counted(o.rss, 60 * M, 5, None);
         assert_eq!(o.rank(t0 + s(40), every), Some(3));
         assert!(o.fresh);
         assert_eq!(
@@ -1258,7 +1288,7 @@ mod tests {
             "before any smaps_rollup read its other 40 MiB split among 5"
         );
         o.shared_share = Some(10 * M);
-        o.counted(o.rss, 70 * M, 5);
+        o.counted(o.rss, 70 * M, 5, None);
         assert_eq!(
             (o.uss, o.pss),
             (Some(70 * M), Some(80 * M)),
@@ -1388,6 +1418,7 @@ mod tests {
                 pid: 2,
                 figures: Some((60 * M, 50 * M)),
                 rss: 540 * M,
+                faults: None,
             }]),
         );
         let o = *r.own(2).expect("seen");
@@ -1398,5 +1429,31 @@ mod tests {
         let o = *r.own(2).expect("seen");
         assert!(o.fresh && o.estimated, "{o:?}");
         assert_eq!((o.uss, o.pss), (Some(74 * M), Some(84 * M)));
+        // Read again at 74 MiB, 1,000 faults in; then it copies 16 MiB of
+        // its parent's pages (statm does not move) and the page count
+        // finds its faults: the read plus a page per fault.
+        r.found(
+            at(1300),
+            Found::Own(vec![super::super::own::OwnRead {
+                pid: 2,
+                figures: Some((84 * M, 74 * M)),
+                rss: 564 * M,
+                faults: Some(1000),
+            }]),
+        );
+        assert!(!r.own(2).expect("seen").estimated);
+        let Found::Roll(Ok(mut s)) = slice(&[], &[(1, 400), (2, 74)], 474) else {
+            unreachable!()
+        };
+        s.faults = vec![(2, 1000 + 16 * M / r.page_size)];
+        r.found(at(1400), Found::Roll(Ok(s)));
+        r.update(at(1500), &[parent, worker(564, 544)], &[]);
+        let o = *r.own(2).expect("seen");
+        assert!(o.fresh && o.estimated, "{o:?}");
+        assert_eq!(
+            o.uss,
+            Some(90 * M),
+            "copies on write are counted from faults"
+        );
     }
 }
