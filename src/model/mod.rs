@@ -732,8 +732,8 @@ pub struct Target {
     pub peak_pss_mb: Option<f64>,
     /// `uss_mb` and `pss_mb` are an estimate, not a read: the process grew
     /// and held its size with no own-cost read since (its last read USS
-    /// plus the anonymous memory it wrote since; copies on write of pages
-    /// it shared are not in it).
+    /// plus what it wrote since: the anonymous memory it gained or, as
+    /// root, a page per page fault, whichever is larger).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_estimated: bool,
     /// `peak_uss_mb` is such an estimate.

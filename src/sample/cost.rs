@@ -52,6 +52,11 @@
 //! lasts ([`Own::rank`]): a young worker once it holds what it grew to.
 //! Each page count's read of a process is an own-cost reading too
 //! ([`Own::counted`]).
+//!
+//! The budget does not always stretch to a read of every short-lived
+//! worker once it holds its size: one that grew (in anonymous memory, or
+//! in page faults, which copies on write take) and held it with no read
+//! since is estimated instead, and marked so ([`Own::estimate`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -23,7 +23,7 @@
 //! reader's budget spent on a busy machine) has an estimate instead: its
 //! last read plus what it wrote since. The advice says how many are
 //! estimated (`workers_estimated`, and `worker_PID_uss_estimated` for
-//! each), since an estimate does not see copies made after the read.
+//! each): an estimate is not a read.
 
 use std::collections::BTreeMap;
 
@@ -204,7 +204,7 @@ pub(super) fn advise<L>(doc: &DocumentOf<L>) -> Vec<Advice> {
     if estimated > 0 {
         finding.push_str(&format!(
             "; {estimated} of the {n} estimated from what they wrote since their last read \
-             (no read came while they held their size; copies made since are not in it)"
+             (no read came while they held their size)"
         ));
     }
     let action = if most > 1 {
