@@ -60,6 +60,9 @@ pub(crate) struct Seen {
     pub(crate) faults: Option<u64>,
 }
 
+/// Processes and their page fault counts.
+type Faults = Vec<(u32, u64)>;
+
 /// A process whose RSS moved by more than this while its pages were read
 /// has no USS from that read.
 const MOVED_WHILE_READ: u64 = 1 << 20;
@@ -317,13 +320,7 @@ impl Rolling {
     /// the second half of its life, whenever it ends); the most faulted;
     /// the stale.
     /// Also every live process's fault count.
-    #[allow(clippy::type_complexity)]
-    fn due(
-        &mut self,
-        root: &Path,
-        alive: &[u32],
-        now: Instant,
-    ) -> (Vec<(u32, u64)>, Vec<(u32, u64)>) {
+    fn due(&mut self, root: &Path, alive: &[u32], now: Instant) -> (Faults, Faults) {
         self.born.retain(|pid, _| alive.contains(pid));
         let mut all = Vec::with_capacity(alive.len());
         // (class, after its parent, -faults since, pid, faults now, ppid)
