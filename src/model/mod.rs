@@ -701,6 +701,15 @@ pub struct Target {
     /// The run's peak of `pss_mb`: this process's proportional share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_pss_mb: Option<f64>,
+    /// `uss_mb` and `pss_mb` are an estimate, not a read: the process grew
+    /// and held its size with no own-cost read since (its last read USS
+    /// plus what it wrote since: the anonymous memory it gained or, as
+    /// root, a page per page fault, whichever is larger).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_estimated: bool,
+    /// `peak_uss_mb` is such an estimate.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub peak_uss_estimated: bool,
     /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read, thinned like `series`
     /// (maxima kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

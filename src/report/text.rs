@@ -648,7 +648,10 @@ fn write_processes(out: &mut String, doc: &Document) {
                         t.display_name(),
                         if t.root { " (root)" } else { "" }
                     ),
-                    own(t.peak_uss_mb),
+                    match t.peak_uss_mb {
+                        Some(v) if t.peak_uss_estimated => format!("~{}", own(Some(v))),
+                        v => own(v),
+                    },
                     own(t.peak_pss_mb),
                     format_mib_one_decimal(t.peak_rss_mb),
                     format_mib_one_decimal(t.hwm_mb),
@@ -670,6 +673,13 @@ fn write_processes(out: &mut String, doc: &Document) {
                 out,
                 "  … and {} more (memtrack report --json lists all)",
                 targets.len() - shown
+            );
+        }
+        if targets.iter().take(shown).any(|t| t.peak_uss_estimated) {
+            let _ = writeln!(
+                out,
+                "  ~ estimated: no own-cost read came while it held its size (its last read \
+                 plus what it wrote since)"
             );
         }
     }
@@ -993,5 +1003,38 @@ mod tests {
         // A 12 GB peak needs, with headroom, a 16 GB card.
         assert!(text.contains("a 16 GB card fits"), "{text}");
         assert_eq!(needs(&doc).host_needed_mb, 2253.0);
+    }
+
+    #[test]
+    fn an_estimated_own_cost_is_marked_in_the_process_table() {
+        let mut doc = Document {
+            schema: crate::model::SCHEMA_VERSION,
+            ..Document::default()
+        };
+        for (pid, estimated) in [(10, false), (11, true)] {
+            doc.targets.push(crate::model::Target {
+                pid,
+                name: "python3".into(),
+                peak_rss_mb: 250.0,
+                peak_uss_mb: Some(48.8),
+                peak_uss_estimated: estimated,
+                ..Default::default()
+            });
+        }
+        let text = render(&doc);
+        let row = |pid: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(pid))
+                .unwrap_or_else(|| panic!("no row {pid} in {text}"))
+                .to_string()
+        };
+        assert!(row("11").contains("~48.8"), "{text}");
+        assert!(!row("10").contains('~'), "{text}");
+        assert!(
+            text.contains("~ estimated: no own-cost read came"),
+            "{text}"
+        );
+        doc.targets[1].peak_uss_estimated = false;
+        assert!(!render(&doc).contains("~ estimated"));
     }
 }

@@ -52,6 +52,11 @@
 //! lasts ([`Own::rank`]): a young worker once it holds what it grew to.
 //! Each page count's read of a process is an own-cost reading too
 //! ([`Own::counted`]).
+//!
+//! The budget does not always stretch to a read of every short-lived
+//! worker once it holds its size: one that grew (in anonymous memory, or
+//! in page faults, which copies on write take) and held it with no read
+//! since is estimated instead, and marked so ([`Own::estimate`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -113,6 +118,21 @@ pub(crate) struct Own {
     pub(crate) uss: Option<u64>,
     /// Read with this sample.
     pub(crate) fresh: bool,
+    /// `pss` and `uss` are an estimate ([`Own::estimate`]), not a read.
+    pub(crate) estimated: bool,
+    /// Its last read USS and Pss (`uss`, `pss` may hold an estimate).
+    read_uss: Option<u64>,
+    read_pss: Option<u64>,
+    /// Its anonymous bytes at its last own-cost reading (a fork's parent's
+    /// at the fork, before any): what it wrote since is its own.
+    anon_at_read: Option<u64>,
+    /// Its page faults as the page count last found them, and at its last
+    /// own-cost reading (a fork's start at 0).
+    faults: Option<u64>,
+    faults_at_read: Option<u64>,
+    /// What it was estimated to have written or copied since its last
+    /// read, when it was last estimated.
+    estimated_wrote: Option<u64>,
     read_at: Option<Instant>,
     /// When it was first seen.
     born: Option<Instant>,
@@ -201,16 +221,74 @@ impl Own {
     /// mapped by it alone), its Pss that USS plus the share of its other
     /// pages its last `smaps_rollup` read found (before any, those pages
     /// split evenly among the tree's `processes`).
-    fn counted(&mut self, rss: u64, uss: u64, processes: usize) {
+    fn counted(&mut self, rss: u64, uss: u64, processes: usize, faults: Option<u64>) {
         let rest = rss.saturating_sub(uss);
         let share = self
             .shared_share
             .unwrap_or(rest / processes.max(1) as u64)
             .min(rest);
-        self.uss = Some(uss);
-        self.pss = Some(uss + share);
-        self.fresh = true;
+        self.read(uss, uss + share, rss, faults);
         self.rss_at_read = rss;
+    }
+
+    /// A read of its own cost (USS, Pss) when it mapped `rss` bytes and
+    /// had taken `faults` page faults.
+    fn read(&mut self, uss: u64, pss: u64, rss: u64, faults: Option<u64>) {
+        self.uss = Some(uss);
+        self.pss = Some(pss);
+        self.read_uss = Some(uss);
+        self.read_pss = Some(pss);
+        self.fresh = true;
+        self.estimated = false;
+        // Its anonymous bytes then: what it maps now less what it grew
+        // by since it was read.
+        self.anon_at_read = Some(self.anon.saturating_sub(self.rss.saturating_sub(rss)));
+        self.faults_at_read = faults;
+        self.estimated_wrote = None;
+    }
+
+    /// Its own cost when it grew since its last reading (or was never
+    /// read) and has held its size for [`HELD`] since, and no read has
+    /// come: its last read USS (none before the first) plus what it
+    /// wrote since, its Pss moved by as much (before any read, its share
+    /// of the rest split among the tree's `processes`). What it wrote is
+    /// the larger of the anonymous memory it gained and, where the page
+    /// count reads its faults, a page per fault since its read: a copy on
+    /// write (a worker touching its parent's Python objects) turns a
+    /// shared page private without moving `statm`, but takes a fault. A
+    /// fault on a file page it had not mapped yet counts too, so that part
+    /// is high by those; a fresh huge page is one fault, which the
+    /// anonymous memory counts. Once per size it holds; a read replaces it.
+    fn estimate(&mut self, now: Instant, processes: usize, page_size: u64) {
+        let Some(base) = self.anon_at_read else {
+            return;
+        };
+        let held = self
+            .rss_moved_at
+            .is_some_and(|t| now.saturating_duration_since(t) >= HELD);
+        let copied = match (self.faults, self.faults_at_read) {
+            (Some(f), Some(at)) => f.saturating_sub(at).saturating_mul(page_size),
+            _ => 0,
+        };
+        let wrote = self.anon.saturating_sub(base).max(copied);
+        let grew = wrote > GREW;
+        let again = self
+            .estimated_wrote
+            .is_none_or(|w| w.abs_diff(wrote) > MOVED);
+        if !(held && grew && again) {
+            return;
+        }
+        let uss = (self.read_uss.unwrap_or(0) + wrote).min(self.rss);
+        let pss = match self.read_pss {
+            Some(p) => p + wrote,
+            None => uss + self.rss.saturating_sub(uss) / processes.max(1) as u64,
+        }
+        .min(self.rss);
+        self.uss = Some(uss);
+        self.pss = Some(pss.max(uss));
+        self.fresh = true;
+        self.estimated = true;
+        self.estimated_wrote = Some(wrote);
     }
 
     /// Takes its anonymous bytes now. A fall below what it can take away
@@ -306,6 +384,7 @@ pub(crate) struct CostReader {
     own: HashMap<u32, Own>,
     pages: Pages,
     shares: Shares,
+    page_size: u64,
 }
 
 impl std::fmt::Debug for CostReader {
@@ -347,6 +426,7 @@ impl CostReader {
             own: HashMap::new(),
             pages: Pages::default(),
             shares: Shares::default(),
+            page_size: crate::sys::page_size(),
         }
     }
 
@@ -413,6 +493,7 @@ impl CostReader {
         for o in self.own.values_mut() {
             o.fresh = false;
         }
+        let processes = tree.iter().filter(|v| v.rss > 0).count();
         self.pages.changing = false;
         for pid in departed {
             self.leave(*pid, tree);
@@ -435,6 +516,20 @@ impl CostReader {
             }
             let o = self.own.entry(v.pid).or_default();
             o.born.get_or_insert(now);
+            // Before any read a fork's own memory is what it wrote beyond
+            // its parent's; any other process's, all of its own.
+            // A fork that execs drops its parent's pages: from its lowest
+            // point on, what it gains is its own.
+            let at_read = o
+                .anon_at_read
+                .get_or_insert(v.parent_anon.map_or(0, |p| p.min(v.anon)));
+            if o.read_uss.is_none() {
+                *at_read = (*at_read).min(v.anon);
+            }
+            if v.parent_anon.is_some() && o.read_uss.is_none() && o.faults_at_read.is_none() {
+                // A fork's fault count starts at 0.
+                o.faults_at_read = Some(0);
+            }
             o.parent = v.parent;
             let shared_before = o.base.map(|_| o.rss.saturating_sub(o.anon));
             if o.rss_moved_at.is_none() || v.rss.abs_diff(o.rss) > MOVED {
@@ -467,6 +562,15 @@ impl CostReader {
             let cpu = self.cost().1.saturating_sub(cpu_before);
             self.charge(&found, cpu);
             self.found(now, found);
+        }
+        if self.opts.own_interval.is_some() {
+            for v in tree.iter().filter(|v| v.rss > 0) {
+                if let Some(o) = self.own.get_mut(&v.pid) {
+                    if !o.fresh {
+                        o.estimate(now, processes, self.page_size);
+                    }
+                }
+            }
         }
         if !self.reader.as_mut().is_some_and(|r| r.ready(now)) {
             return;
@@ -688,10 +792,8 @@ impl CostReader {
                     // What it mapped when read (it may have grown since).
                     o.rss_at_read = if r.rss > 0 { r.rss } else { o.rss };
                     if let Some((pss, uss)) = r.figures {
-                        o.pss = Some(pss);
-                        o.uss = Some(uss);
+                        o.read(uss, pss, o.rss_at_read, r.faults);
                         o.shared_share = Some(pss.saturating_sub(uss));
-                        o.fresh = true;
                     }
                 }
             }
@@ -722,9 +824,7 @@ impl CostReader {
                     for s in p.seen.iter().filter(|s| slice.contains(&s.pid)) {
                         if let (Some(pss), Some(o)) = (s.pss, self.own.get_mut(&s.pid)) {
                             o.read_at = Some(now);
-                            o.pss = Some(pss);
-                            o.uss = Some(s.first_seen);
-                            o.fresh = true;
+                            o.read(s.first_seen, pss, s.rss, None);
                         }
                     }
                     if complete || self.pages.todo.is_empty() {
@@ -757,12 +857,17 @@ impl CostReader {
     /// counted from then, and the departures it no longer holds done with.
     fn commit_slice(&mut self, now: Instant, s: &Slice) {
         self.rebase(&s.read);
+        for &(pid, faults) in &s.faults {
+            if let Some(o) = self.own.get_mut(&pid) {
+                o.faults = Some(faults);
+            }
+        }
         if self.own_interval().is_some() {
             // Each process read has its own cost read with it.
             let processes = s.alone.len();
             for r in &s.read {
                 if let (Some(o), Some(uss)) = (self.own.get_mut(&r.pid), r.uss) {
-                    o.counted(r.rss, uss, processes);
+                    o.counted(r.rss, uss, processes, r.faults);
                 }
             }
         }
@@ -839,9 +944,11 @@ mod tests {
                     first_seen: own * M,
                     pss: None,
                     uss: None,
+                    faults: None,
                 })
                 .collect(),
             alone: alone.iter().map(|&(pid, a)| (pid, a * M)).collect(),
+            faults: Vec::new(),
             shared_bytes: 0,
             whole: true,
             unreadable: false,
@@ -909,6 +1016,7 @@ mod tests {
                 pid: 2,
                 figures: Some((250 * M, 20 * M)),
                 rss: 520 * M,
+                faults: None,
             }]),
         );
         r.update(now, &[view(1, 500, 480, false)], &[2]);
@@ -937,6 +1045,7 @@ mod tests {
                         first_seen: own * M,
                         pss: None,
                         uss: None,
+                        faults: None,
                     })
                     .collect(),
             }),
@@ -1090,6 +1199,7 @@ mod tests {
                     pid: v.pid,
                     figures: Some((v.rss, v.anon)),
                     rss: v.rss,
+                    faults: None,
                 })
                 .collect();
             let f = Found::Own(reads);
@@ -1174,7 +1284,7 @@ mod tests {
         );
         // The page count read it at that size: not grown since.
         o.rss = 100 * M;
-        o.counted(o.rss, 60 * M, 5);
+        o.counted(o.rss, 60 * M, 5, None);
         assert_eq!(o.rank(t0 + s(40), every), Some(3));
         assert!(o.fresh);
         assert_eq!(
@@ -1183,7 +1293,7 @@ mod tests {
             "before any smaps_rollup read its other 40 MiB split among 5"
         );
         o.shared_share = Some(10 * M);
-        o.counted(o.rss, 70 * M, 5);
+        o.counted(o.rss, 70 * M, 5, None);
         assert_eq!(
             (o.uss, o.pss),
             (Some(70 * M), Some(80 * M)),
@@ -1271,5 +1381,84 @@ mod tests {
         );
         assert!(r.pages_figure(now).is_none());
         assert!(r.pages_failed().is_some_and(|w| w.contains("root")));
+    }
+
+    /// A worker that grew and held its size with no read since has an
+    /// estimate: its last read USS plus what it wrote since (before any
+    /// read, what it wrote beyond its parent), marked as such, once per
+    /// size it holds; a read replaces it.
+    #[test]
+    fn a_worker_grown_and_unread_is_estimated_and_marked_until_read() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut r = CostReader::new(
+            "/nonexistent".into(),
+            CostOptions {
+                own_interval: Some(Duration::from_secs(1)),
+                max_rss: u64::MAX,
+                share: 0.0,
+            },
+        );
+        let worker = |rss: u64, anon: u64| View {
+            pid: 2,
+            rss: rss * M,
+            anon: anon * M,
+            parent_anon: Some(480 * M),
+            parent: Some(1),
+        };
+        let parent = view(1, 500, 480, false);
+        r.update(at(0), &[parent, worker(500, 480)], &[]);
+        r.update(at(100), &[parent, worker(540, 520)], &[]);
+        assert!(r.own(2).is_some_and(|o| o.uss.is_none()), "not held yet");
+        r.update(at(500), &[parent, worker(540, 520)], &[]);
+        let o = *r.own(2).expect("seen");
+        assert!(o.fresh && o.estimated, "{o:?}");
+        assert_eq!(o.uss, Some(40 * M), "what it wrote beyond its parent");
+        r.update(at(600), &[parent, worker(540, 520)], &[]);
+        assert!(!r.own(2).expect("seen").fresh, "once per size it holds");
+        // A read: 50 MiB (it copied 10 MiB of its parent's pages too).
+        r.found(
+            at(700),
+            Found::Own(vec![super::super::own::OwnRead {
+                pid: 2,
+                figures: Some((60 * M, 50 * M)),
+                rss: 540 * M,
+                faults: None,
+            }]),
+        );
+        let o = *r.own(2).expect("seen");
+        assert!(o.fresh && !o.estimated && o.uss == Some(50 * M), "{o:?}");
+        // It grows 24 MiB more and holds: the read plus what it wrote.
+        r.update(at(800), &[parent, worker(564, 544)], &[]);
+        r.update(at(1200), &[parent, worker(564, 544)], &[]);
+        let o = *r.own(2).expect("seen");
+        assert!(o.fresh && o.estimated, "{o:?}");
+        assert_eq!((o.uss, o.pss), (Some(74 * M), Some(84 * M)));
+        // Read again at 74 MiB, 1,000 faults in; then it copies 16 MiB of
+        // its parent's pages (statm does not move) and the page count
+        // finds its faults: the read plus a page per fault.
+        r.found(
+            at(1300),
+            Found::Own(vec![super::super::own::OwnRead {
+                pid: 2,
+                figures: Some((84 * M, 74 * M)),
+                rss: 564 * M,
+                faults: Some(1000),
+            }]),
+        );
+        assert!(!r.own(2).expect("seen").estimated);
+        let Found::Roll(Ok(mut s)) = slice(&[], &[(1, 400), (2, 74)], 474) else {
+            unreachable!()
+        };
+        s.faults = vec![(2, 1000 + 16 * M / r.page_size)];
+        r.found(at(1400), Found::Roll(Ok(s)));
+        r.update(at(1500), &[parent, worker(564, 544)], &[]);
+        let o = *r.own(2).expect("seen");
+        assert!(o.fresh && o.estimated, "{o:?}");
+        assert_eq!(
+            o.uss,
+            Some(90 * M),
+            "copies on write are counted from faults"
+        );
     }
 }

@@ -59,6 +59,10 @@ pub(crate) struct HostProcessReading {
     /// earlier one): a point of the process's own-cost series.
     #[serde(default, skip_serializing_if = "is_false")]
     pub(crate) own_read: bool,
+    /// That reading is an estimate (its growth since its last read), not
+    /// a read: no read came while it held its size.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub(crate) own_estimated: bool,
     /// How far `VmHWM` rose above what was known since the last read: a
     /// peak this process reached between two samples.
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -31,6 +31,8 @@ pub(crate) struct OwnRead {
     pub(crate) pid: u32,
     pub(crate) figures: Option<(u64, u64)>,
     pub(crate) rss: u64,
+    /// Its page faults (`minflt + majflt`) just after the read.
+    pub(crate) faults: Option<u64>,
 }
 
 /// What a finished batch found.
@@ -120,6 +122,7 @@ impl OwnReader {
                 let mut worker = ReaderThread {
                     root,
                     buf: Vec::with_capacity(4096),
+                    text: String::new(),
                     roll: pages::Rolling::new(crate::sys::page_size()),
                     pss: Pass::default(),
                     page_size: crate::sys::page_size(),
@@ -247,6 +250,7 @@ impl Drop for OwnReader {
 struct ReaderThread {
     root: PathBuf,
     buf: Vec<u8>,
+    text: String,
     /// The rolling page count.
     roll: pages::Rolling,
     /// The Σ Pss pass under way.
@@ -274,10 +278,13 @@ impl ReaderThread {
                         .and_then(|mut f| f.read_to_end(&mut self.buf))
                         .ok()
                         .and_then(|_| std::str::from_utf8(&self.buf).ok());
+                    let figures = text.and_then(|t| parse_smaps_rollup(t).ok());
+                    let rss = text.map_or(0, smaps_rollup_rss);
                     reads.push(OwnRead {
                         pid,
-                        figures: text.and_then(|t| parse_smaps_rollup(t).ok()),
-                        rss: text.map_or(0, smaps_rollup_rss),
+                        figures,
+                        rss,
+                        faults: pages::faults(&self.root, pid, &mut self.text).map(|f| f.0),
                     });
                 }
                 Found::Own(reads)

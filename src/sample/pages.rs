@@ -50,9 +50,22 @@ pub(crate) struct Seen {
     pub(crate) pss: Option<u64>,
     /// Its resident pages mapped by it alone (bytes), in a page count's
     /// read: its USS, as exact as `smaps_rollup`'s, for the price of a bit
-    /// test per page the count reads anyway.
+    /// test per page the count reads anyway. `None` when its RSS, or its
+    /// faults, moved while it was read ([`MOVED_WHILE_READ`]): the
+    /// mappings it made meanwhile were not in the read, and pages it
+    /// copied may or may not be, so its USS would be a step behind (read
+    /// again, it gets one).
     pub(crate) uss: Option<u64>,
+    /// Its page faults just after it was read (a page count's read).
+    pub(crate) faults: Option<u64>,
 }
+
+/// Processes and their page fault counts.
+type Faults = Vec<(u32, u64)>;
+
+/// A process whose RSS moved by more than this while its pages were read
+/// has no USS from that read.
+const MOVED_WHILE_READ: u64 = 1 << 20;
 
 /// A Σ Pss pass over the tree ([`super::pss`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,7 +123,7 @@ fn coalesced(
 /// so one whose count has not moved since its pages were read holds the
 /// same pages, but for the kernel's own moves (compaction, huge-page
 /// collapse), which a re-read every [`STALE`] covers.
-fn faults(root: &Path, pid: u32, buf: &mut String) -> Option<(u64, u32)> {
+pub(crate) fn faults(root: &Path, pid: u32, buf: &mut String) -> Option<(u64, u32)> {
     use std::io::Read;
     buf.clear();
     File::open(root.join(pid.to_string()).join("stat"))
@@ -189,6 +202,9 @@ pub(crate) struct Slice {
     pub(crate) whole: bool,
     /// Some present page came without its PFN: no permission to count.
     pub(crate) unreadable: bool,
+    /// Each live process's page faults (`minflt + majflt`) as this slice
+    /// found them.
+    pub(crate) faults: Vec<(u32, u64)>,
 }
 
 /// The tree's distinct pages, counted by re-reading one process at a time.
@@ -254,7 +270,7 @@ impl Rolling {
         {
             self.current = None;
         }
-        let order = self.due(root, alive, now);
+        let (order, all_faults) = self.due(root, alive, now);
         let mut read = Vec::new();
         let mut whole = true;
         for (i, &(pid, faults)) in order.iter().enumerate() {
@@ -288,6 +304,7 @@ impl Rolling {
         Ok(Slice {
             read,
             whole,
+            faults: all_faults,
             ..self.counted.clone()
         })
     }
@@ -302,14 +319,17 @@ impl Rolling {
     /// read (a worker living 4 s is read at about 0.5, 1 and 2 s: once in
     /// the second half of its life, whenever it ends); the most faulted;
     /// the stale.
-    fn due(&mut self, root: &Path, alive: &[u32], now: Instant) -> Vec<(u32, u64)> {
+    /// Also every live process's fault count.
+    fn due(&mut self, root: &Path, alive: &[u32], now: Instant) -> (Faults, Faults) {
         self.born.retain(|pid, _| alive.contains(pid));
+        let mut all = Vec::with_capacity(alive.len());
         // (class, after its parent, -faults since, pid, faults now, ppid)
         let mut order: Vec<(u8, u8, i128, u32, u64, u32)> = Vec::new();
         for &pid in alive {
             let Some((now_faults, ppid)) = faults(root, pid, &mut self.text) else {
                 continue;
             };
+            all.push((pid, now_faults));
             let born = *self.born.entry(pid).or_insert(now);
             let resuming = self.current.as_ref().is_some_and(|c| c.pid == pid);
             let young = |read_at: Instant| {
@@ -344,7 +364,7 @@ impl Rolling {
             }
         }
         order.sort_unstable();
-        order.into_iter().map(|o| (o.3, o.4)).collect()
+        (order.into_iter().map(|o| (o.3, o.4)).collect(), all)
     }
 
     /// Counts the union of every process's pages, and the pages each
@@ -460,6 +480,11 @@ impl Rolling {
             .and_then(|t| parse_statm_anon(&t, self.page_size).ok())
             .filter(|s| s.0 > 0);
         let (rss, anon) = after.unwrap_or(cur.statm);
+        // Its faults after the read: copies on write taken while it was
+        // read (no RSS moves) may be in it or not.
+        let faults_after = self::faults(root, pid, &mut self.text).map_or(cur.faults, |f| f.0);
+        let still = rss.abs_diff(cur.statm.0) <= MOVED_WHILE_READ
+            && faults_after.saturating_sub(cur.faults) * self.page_size <= MOVED_WHILE_READ;
         let held = Held {
             anon: std::mem::take(&mut cur.anon).finish(&mut self.blocks),
             shared: std::mem::take(&mut cur.shared).finish(&mut self.blocks),
@@ -473,7 +498,8 @@ impl Rolling {
             anon,
             first_seen: 0,
             pss: None,
-            uss: Some(cur.exclusive * self.page_size),
+            uss: still.then_some(cur.exclusive * self.page_size),
+            faults: Some(faults_after),
         })))
     }
 

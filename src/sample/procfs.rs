@@ -299,6 +299,7 @@ impl ProcTree {
                 pss: own.and_then(|o| o.pss),
                 uss: own.and_then(|o| o.uss),
                 own_read: own.is_some_and(|o| o.fresh),
+                own_estimated: own.is_some_and(|o| o.fresh && o.estimated),
                 hwm_rise: m.hwm_rise,
             });
         }

@@ -56,6 +56,7 @@ pub(crate) fn add(
                 first_seen: uss,
                 pss: Some(pss),
                 uss: None,
+                faults: None,
             });
             Ok(())
         }

@@ -158,6 +158,15 @@ impl Store {
             if r.own_read {
                 if let (Some(uss), Some(pss)) = (r.uss, r.pss) {
                     let (uss, pss) = (mib(uss), mib(pss));
+                    t.own_estimated = r.own_estimated;
+                    // An estimate above the peak makes it an estimate; a read
+                    // near it (within 2 % or 1 MiB) or above confirms it.
+                    let peak = t.peak_uss_mb;
+                    if r.own_estimated {
+                        t.peak_uss_estimated |= peak.is_none_or(|p| uss > p);
+                    } else if peak.is_none_or(|p| uss >= p - (0.02 * p).max(1.0)) {
+                        t.peak_uss_estimated = false;
+                    }
                     t.peak_uss_mb = Some(t.peak_uss_mb.map_or(uss, |p| p.max(uss)));
                     t.peak_pss_mb = Some(t.peak_pss_mb.map_or(pss, |p| p.max(pss)));
                     live.own_series.push([ts, uss, pss]);

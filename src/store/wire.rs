@@ -3,7 +3,8 @@
 //! Every line is `{"v":2,"seq":N,"record":{…}}`. A sample record — the
 //! bulk of a journal, one per tick — is written through [`SampleLine`]:
 //! each process's figures as one array, `[pid, rss, hwm, pss, uss,
-//! own_read, hwm_rise]` (bytes; `pss`/`uss` `null` when not read), instead
+//! own_read, hwm_rise]` (bytes; `pss`/`uss` `null` when not read;
+//! `own_read` 1 for a read, 2 for an estimate), instead
 //! of an object whose keys would be repeated for every process at every
 //! tick. The other records keep the form of [`Record`] (tagged by
 //! `record`). Renaming a field of [`Sample`] or [`HostProcessReading`]
@@ -246,7 +247,7 @@ impl Serialize for ReadingOut<'_> {
         t.serialize_element(&r.hwm)?;
         t.serialize_element(&r.pss)?;
         t.serialize_element(&r.uss)?;
-        t.serialize_element(&u8::from(r.own_read))?;
+        t.serialize_element(&(u8::from(r.own_read) + u8::from(r.own_read && r.own_estimated)))?;
         t.serialize_element(&r.hwm_rise)?;
         t.end()
     }
@@ -268,15 +269,20 @@ impl<'de> Deserialize<'de> for Reading {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Reading, A::Error> {
                 let missing = |i| de::Error::invalid_length(i, &self);
-                let r = HostProcessReading {
+                let mut r = HostProcessReading {
                     pid: a.next_element()?.ok_or_else(|| missing(0))?,
                     rss: a.next_element()?.ok_or_else(|| missing(1))?,
                     hwm: a.next_element()?.ok_or_else(|| missing(2))?,
                     pss: a.next_element()?.ok_or_else(|| missing(3))?,
                     uss: a.next_element()?.ok_or_else(|| missing(4))?,
-                    own_read: a.next_element::<u8>()?.ok_or_else(|| missing(5))? != 0,
-                    hwm_rise: a.next_element()?.ok_or_else(|| missing(6))?,
+                    own_read: false,
+                    own_estimated: false,
+                    hwm_rise: 0,
                 };
+                let own = a.next_element::<u8>()?.ok_or_else(|| missing(5))?;
+                r.own_read = own != 0;
+                r.own_estimated = own == 2;
+                r.hwm_rise = a.next_element()?.ok_or_else(|| missing(6))?;
                 if a.next_element::<de::IgnoredAny>()?.is_some() {
                     return Err(de::Error::invalid_length(READING_FIELDS + 1, &self));
                 }
@@ -304,6 +310,7 @@ mod tests {
                 pss: Some(150 << 20),
                 uss: Some(120 << 20),
                 own_read: true,
+                own_estimated: true,
                 hwm_rise: 4096,
             },
             HostProcessReading {
@@ -334,7 +341,7 @@ mod tests {
         let text = line(&record);
         assert!(text.starts_with(r#"{"v":2,"seq":7,"record":{"record":"sample","kind":"timer""#));
         assert!(
-            text.contains(r#""processes":[[10,209715200,220200960,157286400,125829120,1,4096],[11,52428800,52428800,null,null,0,0]]"#),
+            text.contains(r#""processes":[[10,209715200,220200960,157286400,125829120,2,4096],[11,52428800,52428800,null,null,0,0]]"#),
             "{text}"
         );
         let (seq, back) = read_line(text.as_bytes()).unwrap();

@@ -211,10 +211,83 @@ fn busy_short_lived_workers_each_have_their_own_cost_read_at_their_size() {
     if !root_or_explained() {
         return;
     }
+    let short = epoch_own(EPOCH_OWN, false);
+    assert!(
+        short.is_empty(),
+        "{} of 12 workers have no own-cost reading near their size:\n{}",
+        short.len(),
+        short.join("\n")
+    );
+}
+
+/// The same with workers the default budget cannot read in time: a 200 MiB
+/// parent, workers growing to 48 MiB in 8 MiB steps and holding it 2 s. A
+/// `smaps_rollup` read of such a fork costs 7–11 ms of CPU on this busy
+/// machine, so some are read only on their way up, or never. Each worker's
+/// figure at its end (the one the worker-cost advice and the report show)
+/// and its peak are within 10 % of its own USS all the same — read, or
+/// estimated from what it wrote since its last read and marked so.
+#[test]
+fn busy_large_short_lived_workers_end_at_their_size_read_or_marked_estimated() {
+    if !root_or_explained() {
+        return;
+    }
+    let job = EPOCH_OWN
+        .replace("bytearray(64 << 20)", "bytearray(200 << 20)")
+        .replace("bytearray(4 << 20)", "bytearray(8 << 20)")
+        .replace("time.sleep(3.0)", "time.sleep(2.0)");
+    assert_ne!(
+        job, EPOCH_OWN,
+        "the job's sizes are where this test expects"
+    );
+    let short = epoch_own(&job, true);
+    assert!(
+        short.is_empty(),
+        "{} of 12 workers end with an own-cost figure off their size:\n{}",
+        short.len(),
+        short.join("\n")
+    );
+}
+
+/// The same large job with workers that copy their parent's pages instead
+/// of allocating (a write to each page of 8 MiB of the parent's 200 MiB
+/// per step: copies on write, as Python's reference counts make on read,
+/// the DataLoader "copy-on-read"). Their RSS does not move; their USS
+/// grows to 48 MiB all the same, and so must their figure, read or
+/// estimated (from their page faults).
+#[test]
+fn busy_large_copying_workers_end_at_their_size_read_or_marked_estimated() {
+    if !root_or_explained() {
+        return;
+    }
+    let job = EPOCH_OWN
+        .replace(
+            "c = bytearray(4 << 20); touch(c); parts.append(c)",
+            "touch(memoryview(b)[step * (8 << 20):(step + 1) * (8 << 20)])",
+        )
+        .replace("bytearray(64 << 20)", "bytearray(200 << 20)")
+        .replace("time.sleep(3.0)", "time.sleep(2.0)");
+    assert!(
+        !job.contains("bytearray(4 << 20)") && job.contains("200 << 20"),
+        "the job's steps are where this test expects"
+    );
+    let short = epoch_own(&job, true);
+    assert!(
+        short.is_empty(),
+        "{} of 12 copying workers end with an own-cost figure off their size:\n{}",
+        short.len(),
+        short.join("\n")
+    );
+}
+
+/// Runs `job` (one of [`EPOCH_OWN`]'s shape) beside the CPU hogs and
+/// returns the workers whose own cost was not near their USS: their peak
+/// USS, and (`last`) their figure at their end too.
+fn epoch_own(job: &str, last: bool) -> Vec<String> {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out_dir = scratch();
     let workers = out_dir.path().join("workers");
-    let script = format!("{PRELUDE}\n{EPOCH_OWN}");
+    let script = format!("{PRELUDE}\n{job}");
     let hogs = Hogs::start();
     let out = run_to_end(
         memtrack()
@@ -242,21 +315,24 @@ fn busy_short_lived_workers_each_have_their_own_cost_read_at_their_size() {
             .iter()
             .find(|t| t.pid == pid)
             .unwrap_or_else(|| panic!("no row for worker {pid}"));
-        let read = t.peak_uss_mb.unwrap_or(0.0);
-        if (read - uss).abs() > 0.1 * uss {
+        let peak = t.peak_uss_mb.unwrap_or(0.0);
+        let at_end = t.uss_mb.unwrap_or(0.0);
+        let near = |x: f64| (x - uss).abs() <= 0.1 * uss;
+        if !near(peak) || (last && !near(at_end)) {
             let reads: Vec<(f64, f64)> = t.own_series.iter().map(|p| (p[0] - born, p[1])).collect();
             short.push(format!(
-                "worker {pid} (lived {:.1} s, USS {uss:.1} MiB): peak USS read {read:.1}, \
-                 reads (s after its birth, MiB) {reads:.1?}",
-                end - born
+                "worker {pid} (lived {:.1} s, USS {uss:.1} MiB): peak USS {peak:.1}{}, \
+                 at its end {at_end:.1}{}, reads (s after its birth, MiB) {reads:.1?}",
+                end - born,
+                if t.peak_uss_estimated {
+                    " (estimated)"
+                } else {
+                    ""
+                },
+                if t.own_estimated { " (estimated)" } else { "" },
             ));
         }
     }
     assert_eq!(n, 12, "every worker wrote its USS:\n{text}");
-    assert!(
-        short.is_empty(),
-        "{} of {n} workers have no own-cost reading near their size:\n{}",
-        short.len(),
-        short.join("\n")
-    );
+    short
 }

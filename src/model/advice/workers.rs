@@ -18,6 +18,12 @@
 //! Workers re-forked each epoch are counted once each, and "together"
 //! is the most alive at once (the workers of one epoch), not the sum
 //! over the run.
+//!
+//! A worker whose own cost no read reached once it held its size (the
+//! reader's budget spent on a busy machine) has an estimate instead: its
+//! last read plus what it wrote since. The advice says how many are
+//! estimated (`workers_estimated`, and `worker_PID_uss_estimated` for
+//! each): an estimate is not a read.
 
 use std::collections::BTreeMap;
 
@@ -48,11 +54,16 @@ struct Worker {
     /// When it was first and last seen alive.
     start: f64,
     end: f64,
+    /// `own` is an estimate, not a read.
+    estimated: bool,
 }
 
 impl Worker {
     fn of(t: &Target, parent: &Target) -> Option<Worker> {
-        let own = t.peak_uss_mb.or(t.uss_mb)?;
+        let (own, estimated) = match t.peak_uss_mb {
+            Some(p) => (p, t.peak_uss_estimated),
+            None => (t.uss_mb?, t.own_estimated),
+        };
         let rss = t.peak_rss_mb.max(t.last_rss_mb);
         let parent_rss = rss_at(parent, t.first_seen).unwrap_or(parent.peak_rss_mb);
         let first_rss = t.series.first().map_or(rss, |p| p[1]);
@@ -63,6 +74,7 @@ impl Worker {
             forked_rss: parent_rss.min(first_rss),
             start: t.first_seen,
             end: t.last_seen.max(t.first_seen),
+            estimated,
         })
     }
 
@@ -188,6 +200,13 @@ pub(super) fn advise<L>(doc: &DocumentOf<L>) -> Vec<Advice> {
     if let Some(p) = parent_own {
         finding.push_str(&format!(" (the parent alone: {})", size(p)));
     }
+    let estimated = workers.iter().filter(|w| w.estimated).count();
+    if estimated > 0 {
+        finding.push_str(&format!(
+            "; {estimated} of the {n} estimated from what they wrote since their last read \
+             (no read came while they held their size)"
+        ));
+    }
     let action = if most > 1 {
         format!(
             "each worker fewer saves about {}; size the machine for the parent plus {} per worker",
@@ -204,12 +223,16 @@ pub(super) fn advise<L>(doc: &DocumentOf<L>) -> Vec<Advice> {
         .figure("workers_uss_mb", total)
         .figure("worker_uss_mean_mb", mean)
         .figure("worker_shared_mean_mb", shared)
-        .figure("copies_mb", copies);
+        .figure("copies_mb", copies)
+        .figure("workers_estimated", estimated as f64);
     if let Some(p) = parent_own {
         cost = cost.figure("parent_uss_mb", p);
     }
     for w in &workers {
         cost = cost.figure(&format!("worker_{}_uss_mb", w.pid), w.own);
+        if w.estimated {
+            cost = cost.figure(&format!("worker_{}_uss_estimated", w.pid), 1.0);
+        }
     }
     let mut out = vec![cost];
     if copy_on_read {
@@ -246,7 +269,11 @@ fn copy_advice(
         .figure("copies_mb", copies)
         .figure("copies_per_worker_mb", each)
         .figure("rss_growth_mb", fresh)
-        .figure("projected_saving_mb", copies);
+        .figure("projected_saving_mb", copies)
+        .figure(
+            "workers_estimated",
+            workers.iter().filter(|w| w.estimated).count() as f64,
+        );
     for w in workers {
         a = a.figure(&format!("worker_{}_growth_mb", w.pid), w.copies());
     }
@@ -353,6 +380,32 @@ mod tests {
         assert_eq!(a.len(), 1);
         assert_eq!(a[0].code, "worker-cost");
         assert!(!a[0].finding.contains("copies"), "{}", a[0].finding);
+    }
+
+    #[test]
+    fn workers_whose_cost_was_estimated_are_named_as_such() {
+        let mut d = forked(4, 6.0, 306.0, 2048.0);
+        for w in d.targets.iter_mut().filter(|t| t.pid >= 202) {
+            w.peak_uss_estimated = true;
+        }
+        let a = advise(&d);
+        assert_eq!(a[0].figures["workers_estimated"], 2.0);
+        assert_eq!(a[0].figures["worker_202_uss_estimated"], 1.0);
+        assert!(!a[0].figures.contains_key("worker_201_uss_estimated"));
+        assert!(
+            a[0].finding
+                .contains("2 of the 4 estimated from what they wrote since"),
+            "{}",
+            a[0].finding
+        );
+        assert_eq!(a[1].figures["workers_estimated"], 2.0);
+        let read = advise(&forked(4, 6.0, 306.0, 2048.0));
+        assert_eq!(read[0].figures["workers_estimated"], 0.0);
+        assert!(
+            !read[0].finding.contains("estimated"),
+            "{}",
+            read[0].finding
+        );
     }
 
     #[test]
