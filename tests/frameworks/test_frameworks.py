@@ -331,3 +331,38 @@ def test_an_autolog_run_gets_the_memory_without_memtrack_code(tmp_path, mlflow_s
     assert [r["info"]["run_id"] for r in runs] == [line[0].split()[1]], runs
     keys = {m["key"] for m in runs[0]["data"]["metrics"]}
     assert {"training_score", "memtrack/host_mb", "memtrack/peak_host_mb"} <= keys, keys
+
+
+def test_the_lightning_callback_costs_the_loop_only_the_hooks_it_uses(tmp_path):
+    """Lightning calls every callback's hook at every step, each inside a
+    profiler context, unless the hook is not callable: memtrack's callback
+    is dispatched for its own two per-step hooks only. Lightning's simple
+    profiler records each dispatch it makes."""
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import json, sys, torch\n"
+        "import lightning.pytorch as pl\n"
+        "class Tiny(pl.LightningModule):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.net = torch.nn.Linear(4, 1)\n"
+        "    def training_step(self, batch, idx):\n"
+        "        return self.net(batch[0]).pow(2).mean()\n"
+        "    def configure_optimizers(self):\n"
+        "        return torch.optim.SGD(self.parameters(), lr=0.01)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(20, 4))\n"
+        "trainer = pl.Trainer(max_steps=5, accelerator='cpu', logger=False, profiler='simple',\n"
+        "                     enable_progress_bar=False, enable_model_summary=False,\n"
+        "                     enable_checkpointing=False, default_root_dir=sys.argv[1])\n"
+        "trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))\n"
+        "names = [n for n in trainer.profiler.recorded_durations if 'Memtrack' in n]\n"
+        "print('DISPATCHED ' + json.dumps(names))\n")
+    doc, proc = run_memtrack(tmp_path, [str(job), str(tmp_path / "root")])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("DISPATCHED ")]
+    assert line, proc.stdout[-2000:]
+    hooks = {name.rsplit(".", 1)[1] for name in json.loads(line[0][len("DISPATCHED "):])}
+    assert {"on_train_batch_start", "on_train_batch_end"} <= hooks, hooks
+    assert not hooks & {"on_before_backward", "on_after_backward", "on_before_optimizer_step",
+                        "on_before_zero_grad"}, hooks
+    assert [i for i, _ in step_spans(doc)] == [1, 2, 3, 4, 5]
