@@ -2,7 +2,7 @@
 """What memtrack's framework callbacks cost a training step.
 
     target/fw-venv/bin/python bench/framework_steps.py [--bin target/debug/memtrack]
-        [--steps 400] [--rounds 5] [--framework lightning,hf] [--hogs 0]
+        [--steps 2000] [--rounds 7] [--framework lightning,hf] [--hogs 0]
         [--output docs/hook-cost.md]
 
 Runs the same tiny loop (Lightning: a 2-layer MLP, batch 4; Hugging Face: a
@@ -165,8 +165,8 @@ def measure(binary, framework, steps, hooks):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", default=os.path.join(REPO, "target", "debug", "memtrack"))
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--framework", default="lightning,hf",
                         help="comma-separated: lightning, hf (default both)")
     parser.add_argument("--hogs", type=int, default=0,
