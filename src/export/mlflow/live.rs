@@ -9,7 +9,9 @@
 //! `runs/log-batch` request is out at a time, polled in the same
 //! `select!` as the channel, so a slow or absent server delays only the
 //! values, never their intake. A request is sent when a full batch
-//! ([`BATCH`]) waits or [`LIVE_EVERY`] after the last one; a failed one
+//! ([`BATCH`]) waits or [`LIVE_EVERY`] after the last one, with the values
+//! at least [`SETTLE_MS`] old (a younger one may still take the step of a
+//! mark the job held back); a failed one
 //! (no answer, 5xx, 429) goes back to the front and is tried again after
 //! a backoff ([`BACKOFF_MIN`] doubling to [`BACKOFF_MAX`]); one the server
 //! refuses (4xx) is counted and dropped, never tried forever.
@@ -37,10 +39,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::api::{Api, Metric, MlflowError};
+use super::api::{now_ms, Api, Metric, MlflowError};
 use super::settings::{Experiment, Settings, ANNOUNCE, BATCH};
 use super::spool::{self, Header, SpoolError, SPOOL_FILE};
-use super::values::{StepTracker, Values};
+use super::values::{StepTracker, Values, SETTLE_MS};
 use crate::logging::RateLimited;
 use crate::model::Entry;
 
@@ -272,13 +274,15 @@ impl Delivery {
                     if due {
                         retry_at = None;
                         last_send = now;
-                        let batch = self.queue.take(BATCH);
-                        let api = self.api.clone();
-                        let body = batch.clone();
-                        out = Some((
-                            batch,
-                            Box::pin(async move { api.log_batch(&run, &body).await }),
-                        ));
+                        let batch = self.queue.take_settled(BATCH, now_ms() - SETTLE_MS);
+                        if !batch.is_empty() {
+                            let api = self.api.clone();
+                            let body = batch.clone();
+                            out = Some((
+                                batch,
+                                Box::pin(async move { api.log_batch(&run, &body).await }),
+                            ));
+                        }
                     }
                 }
             }

@@ -7,7 +7,10 @@
 //! after a timer sample taken meanwhile, though they came before it: a
 //! timer value still waiting in the queue takes such a mark's iteration
 //! when the mark is the latest before it ([`Values::push_entry`]), so the
-//! values agree with the order of the run's log. Its timestamp is the
+//! values agree with the order of the run's log. While the run goes on a
+//! value is sent only once it is [`SETTLE_MS`] old
+//! ([`Values::take_settled`]): the job sends held steps at most 50 ms
+//! after the first of them, and at its next message of any other kind. Its timestamp is the
 //! entry's. The queue holds at most a fixed number of values: while the
 //! server is away (or the run is not known yet) the oldest are dropped,
 //! counted, and said, so a long outage costs the oldest values, never
@@ -18,6 +21,11 @@ use std::collections::VecDeque;
 use super::api::Metric;
 use crate::logging::RateLimited;
 use crate::model::Entry;
+
+/// How old a value must be before it is sent while the run goes on, in
+/// milliseconds: ten times the longest the job holds a step back while
+/// steps keep coming.
+pub(crate) const SETTLE_MS: i64 = 500;
 
 /// The host figure's metric.
 pub(crate) const HOST: &str = "memtrack/host_mb";
@@ -40,8 +48,9 @@ pub(crate) fn known_key(name: &str) -> Option<&'static str> {
 #[derive(Debug)]
 pub(crate) struct StepTracker {
     step: i64,
-    /// When the mark `step` came from was (ms).
-    step_ms: i64,
+    /// When the mark `step` came from was (µs: marks of one millisecond
+    /// keep their order).
+    step_us: i64,
     last_ms: i64,
 }
 
@@ -49,7 +58,7 @@ impl Default for StepTracker {
     fn default() -> StepTracker {
         StepTracker {
             step: 0,
-            step_ms: i64::MIN,
+            step_us: i64::MIN,
             last_ms: 0,
         }
     }
@@ -62,21 +71,28 @@ impl StepTracker {
         self.tagged(e).0
     }
 
-    /// The entry's three values (host, GPU, GPU reserved), and for a timer
-    /// sample the time of the mark its step came from.
+    /// An entry's time in microseconds.
+    fn micros(e: &Entry) -> i64 {
+        (e.timestamp * 1e6) as i64
+    }
+
+    /// The entry's three values (host, GPU, GPU reserved), and for an
+    /// entry without an iteration the time (µs) of the mark its step came
+    /// from.
     fn tagged(&mut self, e: &Entry) -> ([Metric; 3], Option<i64>) {
         let timestamp = (e.timestamp * 1000.0) as i64;
+        let us = Self::micros(e);
         let (step, from) = match e.iteration {
             Some(i) => {
                 let i = i64::try_from(i).unwrap_or(i64::MAX);
                 // A mark held back by the job that came before the one
                 // the step came from leaves the step as it is.
-                if timestamp >= self.step_ms {
-                    (self.step, self.step_ms) = (i, timestamp);
+                if us >= self.step_us {
+                    (self.step, self.step_us) = (i, us);
                 }
                 (i, None)
             }
-            None => (self.step, Some(self.step_ms)),
+            None => (self.step, Some(self.step_us)),
         };
         self.last_ms = self.last_ms.max(timestamp);
         let at = |key, value| Metric {
@@ -118,6 +134,8 @@ impl StepTracker {
 struct Queued {
     metric: Metric,
     from: Option<i64>,
+    /// The entry's time (µs).
+    at: i64,
 }
 
 /// The values waiting for the server, oldest first, at most `max` (plus
@@ -145,11 +163,11 @@ impl Values {
     /// already bounded by its size).
     pub(crate) fn holding(values: Vec<Metric>) -> Values {
         let mut v = Values::new(values.len());
-        v.queue.extend(
-            values
-                .into_iter()
-                .map(|metric| Queued { metric, from: None }),
-        );
+        v.queue.extend(values.into_iter().map(|metric| Queued {
+            at: metric.timestamp.saturating_mul(1000),
+            metric,
+            from: None,
+        }));
         v
     }
 
@@ -167,32 +185,42 @@ impl Values {
     /// them; values already sent keep theirs.
     pub(crate) fn push_entry(&mut self, steps: &mut StepTracker, e: &Entry) {
         let (values, from) = steps.tagged(e);
+        let at = StepTracker::micros(e);
         if from.is_none() {
-            let (mark_ms, step) = (values[0].timestamp, values[0].step);
-            // Timer samples are queued in time order: back from the
-            // newest until one before the mark.
+            let step = values[0].step;
+            // Entries without an iteration are queued in time order: back
+            // from the newest until one from before the mark, or from its
+            // very instant (which the run's log puts before it).
             for q in self.queue.iter_mut().rev() {
                 let Some(used) = q.from else {
                     continue;
                 };
-                if q.metric.timestamp < mark_ms {
+                if q.at <= at {
                     break;
                 }
-                if mark_ms > used {
-                    (q.metric.step, q.from) = (step, Some(mark_ms));
+                if at > used {
+                    (q.metric.step, q.from) = (step, Some(at));
                 }
             }
         }
-        self.push_tagged(values, from);
+        self.push_tagged(values, from, at);
     }
 
     /// Appends values; a full queue drops its oldest, says so (at a
     /// limited rate) and counts them.
     pub(crate) fn push(&mut self, values: impl IntoIterator<Item = Metric>) {
-        self.push_tagged(values, None);
+        for metric in values {
+            let at = metric.timestamp.saturating_mul(1000);
+            self.push_tagged([metric], None, at);
+        }
     }
 
-    fn push_tagged(&mut self, values: impl IntoIterator<Item = Metric>, from: Option<i64>) {
+    fn push_tagged(
+        &mut self,
+        values: impl IntoIterator<Item = Metric>,
+        from: Option<i64>,
+        at: i64,
+    ) {
         for metric in values {
             if self.queue.len() >= self.max {
                 self.queue.pop_front();
@@ -206,8 +234,22 @@ impl Values {
                     );
                 }
             }
-            self.queue.push_back(Queued { metric, from });
+            self.queue.push_back(Queued { metric, from, at });
         }
+    }
+
+    /// Takes up to `n` values from the front whose time is at most
+    /// `settled` (milliseconds since the epoch), for one request while the
+    /// run goes on: a value younger than that may still take the step of a
+    /// mark the job held back, so it waits for the next request.
+    pub(crate) fn take_settled(&mut self, n: usize, settled: i64) -> Vec<Metric> {
+        let k = self
+            .queue
+            .iter()
+            .take(n)
+            .take_while(|q| q.metric.timestamp <= settled)
+            .count();
+        self.queue.drain(..k).map(|q| q.metric).collect()
     }
 
     /// Takes up to `n` values from the front, for one request.
@@ -221,7 +263,11 @@ impl Values {
     pub(crate) fn put_back(&mut self, batch: Vec<Metric>) {
         // Sent or not, their steps stay as they went out.
         for metric in batch.into_iter().rev() {
-            self.queue.push_front(Queued { metric, from: None });
+            self.queue.push_front(Queued {
+                at: metric.timestamp.saturating_mul(1000),
+                metric,
+                from: None,
+            });
         }
     }
 
@@ -305,6 +351,46 @@ mod tests {
         q.put_back(sent);
         q.push_entry(&mut steps, &entry(Some(9), 7.0, 12.5));
         assert_eq!(host(&q)[5], (13_000, 4));
+    }
+
+    /// A stage mark and the next step's begin in the same millisecond:
+    /// the stage mark came first, so it keeps the step before.
+    #[test]
+    fn an_entry_just_before_a_mark_of_the_same_millisecond_keeps_its_step() {
+        let mut q = Values::new(100);
+        let mut steps = StepTracker::default();
+        q.push_entry(&mut steps, &entry(Some(10), 1.0, 10.0));
+        q.push_entry(&mut steps, &entry(None, 2.0, 11.0552));
+        q.push_entry(&mut steps, &entry(Some(11), 2.0, 11.0558));
+        let host: Vec<(i64, i64)> = q
+            .iter()
+            .filter(|m| m.key == HOST)
+            .map(|m| (m.timestamp, m.step))
+            .collect();
+        assert_eq!(host, vec![(10_000, 10), (11_055, 10), (11_055, 11)]);
+    }
+
+    #[test]
+    fn only_settled_values_go_while_the_run_goes_on() {
+        let mut steps = StepTracker::default();
+        let mut q = Values::new(100);
+        q.push_entry(&mut steps, &entry(None, 100.0, 10.0));
+        q.push_entry(&mut steps, &entry(None, 110.0, 10.4));
+        // At 10.55 s, with 500 ms to settle: only the first is old enough.
+        let batch = q.take_settled(1000, 10_550 - SETTLE_MS);
+        assert_eq!(
+            batch.iter().map(|m| m.timestamp).collect::<Vec<_>>(),
+            [10_000; 3]
+        );
+        // A step the job held back, from before the second sample, still
+        // gives it its iteration.
+        q.push_entry(&mut steps, &entry(Some(4), 105.0, 10.2));
+        let rest = q.take_settled(1000, 11_000 - SETTLE_MS);
+        let second: Vec<_> = rest.iter().filter(|m| m.timestamp == 10_400).collect();
+        assert!(
+            !second.is_empty() && second.iter().all(|m| m.step == 4),
+            "{rest:?}"
+        );
     }
 
     #[test]
