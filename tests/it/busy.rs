@@ -249,37 +249,6 @@ fn busy_large_short_lived_workers_end_at_their_size_read_or_marked_estimated() {
     );
 }
 
-/// The same large job with workers that copy their parent's pages instead
-/// of allocating (a write to each page of 8 MiB of the parent's 200 MiB
-/// per step: copies on write, as Python's reference counts make on read,
-/// the DataLoader "copy-on-read"). Their RSS does not move; their USS
-/// grows to 48 MiB all the same, and so must their figure, read or
-/// estimated (from their page faults).
-#[test]
-fn busy_large_copying_workers_end_at_their_size_read_or_marked_estimated() {
-    if !root_or_explained() {
-        return;
-    }
-    let job = EPOCH_OWN
-        .replace(
-            "c = bytearray(4 << 20); touch(c); parts.append(c)",
-            "touch(memoryview(b)[step * (8 << 20):(step + 1) * (8 << 20)])",
-        )
-        .replace("bytearray(64 << 20)", "bytearray(200 << 20)")
-        .replace("time.sleep(3.0)", "time.sleep(2.0)");
-    assert!(
-        !job.contains("bytearray(4 << 20)") && job.contains("200 << 20"),
-        "the job's steps are where this test expects"
-    );
-    let short = epoch_own(&job, true);
-    assert!(
-        short.is_empty(),
-        "{} of 12 copying workers end with an own-cost figure off their size:\n{}",
-        short.len(),
-        short.join("\n")
-    );
-}
-
 /// Runs `job` (one of [`EPOCH_OWN`]'s shape) beside the CPU hogs and
 /// returns the workers whose own cost was not near their USS: their peak
 /// USS, and (`last`) their figure at their end too.
