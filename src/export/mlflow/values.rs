@@ -2,7 +2,9 @@
 //! bounded queue they wait in for the server.
 //!
 //! A value's `step` is the entry's iteration; a timer sample, which has
-//! none, takes the iteration of the last mark before it in time. Marks the
+//! none, takes the iteration of the last mark before it in time, looked up
+//! among the latest marks ([`StepTracker`]): a sample whose reading
+//! overlapped a mark reaches the output after it. Marks the
 //! job held back and sent together (steps less than 10 ms apart) arrive
 //! after a timer sample taken meanwhile, though they came before it: a
 //! timer value still waiting in the queue takes such a mark's iteration
@@ -44,21 +46,29 @@ pub(crate) fn known_key(name: &str) -> Option<&'static str> {
         .copied()
 }
 
-/// Turns entries into values, following the job's iteration.
+/// How many of the latest marks the step tracker keeps: an entry that
+/// reaches the output after later marks (a sample whose reading overlapped
+/// them) looks its step up among these.
+const MARKS_KEPT: usize = 256;
+
+/// Turns entries into values, following the job's iteration: an entry
+/// without one takes the iteration of the latest mark before it in time,
+/// as the run's log orders them, whatever order they arrive in.
 #[derive(Debug)]
 pub(crate) struct StepTracker {
-    step: i64,
-    /// When the mark `step` came from was (µs: marks of one millisecond
-    /// keep their order).
-    step_us: i64,
+    /// The latest marks, `(µs, iteration)`, in time order (marks of one
+    /// millisecond keep their order).
+    marks: VecDeque<(i64, i64)>,
+    /// The iteration before the oldest mark kept, and its mark's time (µs).
+    before: (i64, i64),
     last_ms: i64,
 }
 
 impl Default for StepTracker {
     fn default() -> StepTracker {
         StepTracker {
-            step: 0,
-            step_us: i64::MIN,
+            marks: VecDeque::new(),
+            before: (0, i64::MIN),
             last_ms: 0,
         }
     }
@@ -76,6 +86,35 @@ impl StepTracker {
         (e.timestamp * 1e6) as i64
     }
 
+    /// The iteration at `us`, and the time (µs) of the mark it came from:
+    /// the latest mark strictly before (an entry of the mark's very instant
+    /// comes before it in the run's log).
+    fn at(&self, us: i64) -> (i64, i64) {
+        self.marks
+            .iter()
+            .rev()
+            .find(|(at, _)| *at < us)
+            .map_or(self.before, |&(at, step)| (step, at))
+    }
+
+    /// The latest iteration, and its mark's time (µs).
+    fn latest(&self) -> (i64, i64) {
+        self.marks
+            .back()
+            .map_or(self.before, |&(at, step)| (step, at))
+    }
+
+    /// Keeps a mark, in time order.
+    fn keep(&mut self, us: i64, step: i64) {
+        let i = self.marks.partition_point(|(at, _)| *at <= us);
+        self.marks.insert(i, (us, step));
+        if self.marks.len() > MARKS_KEPT {
+            if let Some((at, step)) = self.marks.pop_front() {
+                self.before = (step, at);
+            }
+        }
+    }
+
     /// The entry's three values (host, GPU, GPU reserved), and for an
     /// entry without an iteration the time (µs) of the mark its step came
     /// from.
@@ -85,14 +124,13 @@ impl StepTracker {
         let (step, from) = match e.iteration {
             Some(i) => {
                 let i = i64::try_from(i).unwrap_or(i64::MAX);
-                // A mark held back by the job that came before the one
-                // the step came from leaves the step as it is.
-                if us >= self.step_us {
-                    (self.step, self.step_us) = (i, us);
-                }
+                self.keep(us, i);
                 (i, None)
             }
-            None => (self.step, Some(self.step_us)),
+            None => {
+                let (step, from) = self.at(us);
+                (step, Some(from))
+            }
         };
         self.last_ms = self.last_ms.max(timestamp);
         let at = |key, value| Metric {
@@ -116,13 +154,13 @@ impl StepTracker {
                 key: PEAK_KEYS[0],
                 value: host,
                 timestamp: self.last_ms,
-                step: self.step,
+                step: self.latest().0,
             },
             Metric {
                 key: PEAK_KEYS[1],
                 value: gpu,
                 timestamp: self.last_ms,
-                step: self.step,
+                step: self.latest().0,
             },
         ]
     }
@@ -368,6 +406,30 @@ mod tests {
             .map(|m| (m.timestamp, m.step))
             .collect();
         assert_eq!(host, vec![(10_000, 10), (11_055, 10), (11_055, 11)]);
+    }
+
+    /// What once went wrong under load: a timer sample whose reading
+    /// overlapped the next step's mark reached the output after the mark,
+    /// and went out with the mark's step though the run's log puts it
+    /// before the mark.
+    #[test]
+    fn a_sample_that_arrives_after_a_later_mark_keeps_the_step_before_it() {
+        let mut steps = StepTracker::default();
+        let step = |steps: &mut StepTracker, it, t| steps.values(&entry(it, 1.0, t))[0].step;
+        assert_eq!(step(&mut steps, Some(3), 10.0), 3);
+        assert_eq!(step(&mut steps, Some(4), 11.0), 4);
+        assert_eq!(step(&mut steps, None, 10.9), 3);
+        assert_eq!(step(&mut steps, None, 11.0), 3, "the mark's own instant");
+        assert_eq!(step(&mut steps, None, 11.1), 4);
+        assert_eq!(step(&mut steps, None, 9.0), 0, "before any mark");
+        // Far more marks than are kept: an entry older than all of them
+        // takes the step before the oldest kept.
+        for i in 0..(MARKS_KEPT as u64 + 10) {
+            step(&mut steps, Some(100 + i), 20.0 + i as f64);
+        }
+        assert_eq!(step(&mut steps, None, 29.5), 109);
+        assert_eq!(step(&mut steps, None, 12.0), 109);
+        assert_eq!(steps.peaks(1.0, 0.0)[0].step, 100 + MARKS_KEPT as i64 + 9);
     }
 
     #[test]
