@@ -56,7 +56,9 @@
 //! The budget does not always stretch to a read of every short-lived
 //! worker once it holds its size: one that grew (in anonymous memory, or
 //! in page faults, which copies on write take) and held it with no read
-//! since is estimated instead, and marked so ([`Own::estimate`]).
+//! since is estimated instead, and marked so ([`Own::estimate`]). Young
+//! processes' faults are read on the tick every [`FAULTS_EVERY`], so an
+//! estimate does not wait for the page count to reach them.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -72,6 +74,12 @@ const PAGES_EVERY: Duration = Duration::from_secs(2);
 /// How often the page count looks for processes to read again (their
 /// fault counts) when nothing calls for it sooner.
 const ROLL_EVERY: Duration = Duration::from_millis(500);
+
+/// How often the sampler reads the page faults of young processes itself
+/// (one small `/proc/PID/stat` read each), so that a worker copying its
+/// parent's pages is estimated even when the page count, which reads them
+/// too, cannot keep up.
+const FAULTS_EVERY: Duration = Duration::from_millis(500);
 
 /// A process this young is read for its own cost, before the longest
 /// unread, once its age has doubled since its last read (at least
@@ -380,6 +388,11 @@ struct Shares {
 /// The reader of costs and its bookkeeping.
 pub(crate) struct CostReader {
     opts: CostOptions,
+    /// The procfs the processes are read from.
+    root: PathBuf,
+    /// When young processes' page faults were last read ([`FAULTS_EVERY`]).
+    faults_read_at: Option<Instant>,
+    text: String,
     reader: Option<OwnReader>,
     own: HashMap<u32, Own>,
     pages: Pages,
@@ -421,7 +434,10 @@ pub(crate) struct PagesFigure {
 impl CostReader {
     pub(crate) fn new(root: PathBuf, opts: CostOptions) -> CostReader {
         CostReader {
-            reader: OwnReader::start(root, opts.share),
+            reader: OwnReader::start(root.clone(), opts.share),
+            root,
+            faults_read_at: None,
+            text: String::new(),
             opts,
             own: HashMap::new(),
             pages: Pages::default(),
@@ -564,6 +580,7 @@ impl CostReader {
             self.found(now, found);
         }
         if self.opts.own_interval.is_some() {
+            self.read_young_faults(now, tree);
             for v in tree.iter().filter(|v| v.rss > 0) {
                 if let Some(o) = self.own.get_mut(&v.pid) {
                     if !o.fresh {
@@ -580,6 +597,35 @@ impl CostReader {
             Turn::Pss => self.pss_slice(now, tree),
             Turn::Own => self.own_batch(now, tree),
             Turn::Nothing => {}
+        }
+    }
+
+    /// Every [`FAULTS_EVERY`], the page faults of the processes still
+    /// [`YOUNG`] that an estimate can use (those with a fault count at
+    /// their last reading, or forks). Copies on write move no `statm`
+    /// figure, only the faults; the page count reads them too, but only
+    /// when the reader's budget allows a slice, and on a busy machine a
+    /// short-lived worker could copy its last pages and exit unseen.
+    fn read_young_faults(&mut self, now: Instant, tree: &[View]) {
+        if self
+            .faults_read_at
+            .is_some_and(|t| now.saturating_duration_since(t) < FAULTS_EVERY)
+        {
+            return;
+        }
+        self.faults_read_at = Some(now);
+        for v in tree.iter().filter(|v| v.rss > 0) {
+            let Some(o) = self.own.get_mut(&v.pid) else {
+                continue;
+            };
+            let young = o
+                .born
+                .is_some_and(|b| now.saturating_duration_since(b) < YOUNG);
+            if young && o.faults_at_read.is_some() {
+                if let Some((faults, _)) = super::pages::faults(&self.root, v.pid, &mut self.text) {
+                    o.faults = Some(o.faults.map_or(faults, |f| f.max(faults)));
+                }
+            }
         }
     }
 
@@ -824,7 +870,7 @@ impl CostReader {
                     for s in p.seen.iter().filter(|s| slice.contains(&s.pid)) {
                         if let (Some(pss), Some(o)) = (s.pss, self.own.get_mut(&s.pid)) {
                             o.read_at = Some(now);
-                            o.read(s.first_seen, pss, s.rss, None);
+                            o.read(s.first_seen, pss, s.rss, s.faults);
                         }
                     }
                     if complete || self.pages.todo.is_empty() {
@@ -1460,5 +1506,55 @@ mod tests {
             Some(90 * M),
             "copies on write are counted from faults"
         );
+    }
+
+    /// With no page count at all (its budget spent elsewhere), a young
+    /// worker's faults are still read by the sampler: a fork that copies
+    /// 16 MiB of its parent's pages (4,096 faults, no `statm` move) is
+    /// estimated from them. The procfs is a folder holding its `stat`.
+    #[test]
+    fn a_young_workers_faults_are_read_without_a_page_count() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let proc = tempfile::tempdir().expect("a folder");
+        std::fs::create_dir(proc.path().join("2")).expect("its folder");
+        let faults = |n: u64| {
+            // proc(5): pid (comm) state ppid … minflt (10) cminflt majflt (12)
+            let stat = format!("2 (python (worker)) S 1 2 2 0 -1 0 {n} 0 0 0 1 1 0 0 20 0\n");
+            std::fs::write(proc.path().join("2/stat"), stat).expect("stat");
+        };
+        let mut r = CostReader::new(
+            proc.path().into(),
+            CostOptions {
+                own_interval: Some(Duration::from_secs(1)),
+                max_rss: u64::MAX,
+                share: 0.0,
+            },
+        );
+        let parent = view(1, 500, 480, false);
+        let worker = View {
+            pid: 2,
+            rss: 500 * M,
+            anon: 480 * M,
+            parent_anon: Some(480 * M),
+            parent: Some(1),
+        };
+        faults(100);
+        r.update(at(0), &[parent, worker], &[]);
+        r.update(at(400), &[parent, worker], &[]);
+        assert!(
+            r.own(2).is_some_and(|o| o.uss.is_none()),
+            "nothing copied yet"
+        );
+        faults(100 + 16 * M / r.page_size);
+        r.update(at(450), &[parent, worker], &[]);
+        assert!(
+            r.own(2).is_some_and(|o| o.uss.is_none()),
+            "read every 500 ms"
+        );
+        r.update(at(600), &[parent, worker], &[]);
+        let o = *r.own(2).expect("seen");
+        assert!(o.fresh && o.estimated, "{o:?}");
+        assert_eq!(o.uss, Some(16 * M + 100 * r.page_size), "{o:?}");
     }
 }

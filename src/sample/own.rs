@@ -31,7 +31,7 @@ pub(crate) struct OwnRead {
     pub(crate) pid: u32,
     pub(crate) figures: Option<(u64, u64)>,
     pub(crate) rss: u64,
-    /// Its page faults (`minflt + majflt`) just after the read.
+    /// Its page faults (`minflt + majflt`) at the read ([`pages::midway`]).
     pub(crate) faults: Option<u64>,
 }
 
@@ -273,6 +273,7 @@ impl ReaderThread {
                         break;
                     }
                     let path = self.root.join(pid.to_string()).join("smaps_rollup");
+                    let before = pages::faults(&self.root, pid, &mut self.text).map(|f| f.0);
                     self.buf.clear();
                     let text = std::fs::File::open(&path)
                         .and_then(|mut f| f.read_to_end(&mut self.buf))
@@ -284,7 +285,10 @@ impl ReaderThread {
                         pid,
                         figures,
                         rss,
-                        faults: pages::faults(&self.root, pid, &mut self.text).map(|f| f.0),
+                        faults: pages::midway(
+                            before,
+                            pages::faults(&self.root, pid, &mut self.text).map(|f| f.0),
+                        ),
                     });
                 }
                 Found::Own(reads)

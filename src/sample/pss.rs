@@ -45,10 +45,16 @@ pub(crate) fn add(
     buf: &mut Vec<u8>,
 ) -> io::Result<()> {
     let dir = root.join(pid.to_string());
+    let mut text = String::with_capacity(512);
+    let before = super::pages::faults(root, pid, &mut text).map(|f| f.0);
     match read_process(&dir, page_size, buf) {
         Ok(Some((rss, anon, pss, uss))) => {
             out.bytes += pss;
             out.shared += std::str::from_utf8(buf).map_or(0, smaps_rollup_pss_shared);
+            // Its faults at the read: what it copies from here on is
+            // estimated from them (see `cost`).
+            let after = super::pages::faults(root, pid, &mut text).map(|f| f.0);
+            let faults = super::pages::midway(before, after);
             out.seen.push(Seen {
                 pid,
                 rss,
@@ -56,7 +62,7 @@ pub(crate) fn add(
                 first_seen: uss,
                 pss: Some(pss),
                 uss: None,
-                faults: None,
+                faults,
             });
             Ok(())
         }
@@ -116,6 +122,10 @@ mod tests {
         let seen = pass.seen.first().copied().expect("seen");
         assert!(pass.bytes > 0 && pass.bytes <= seen.rss, "{pass:?}");
         assert!(seen.first_seen <= pass.bytes, "USS ≤ Pss: {pass:?}");
+        assert!(
+            seen.faults.is_some_and(|f| f > 0),
+            "its faults, for estimates: {seen:?}"
+        );
         // A process that does not exist is left out, not an error.
         add(Path::new("/proc"), u32::MAX - 1, page, &mut pass, &mut buf).expect("gone");
         assert_eq!(pass.seen.len(), 1);
