@@ -323,6 +323,7 @@ pub(crate) fn memory_info(snap: &Snapshot) -> serde_json::Value {
                 "gpu_mb": p.gpu_bytes.values().sum::<u64>() as f64 / MIB,
                 "uss_mb": p.uss_bytes.map(|b| b as f64 / MIB),
                 "pss_mb": p.pss_bytes.map(|b| b as f64 / MIB),
+                "own_estimated": p.own_estimated,
             })
         })
         .collect();
@@ -669,18 +670,27 @@ mod tests {
     #[test]
     fn memory_info_gives_each_process_its_own_cost() {
         let mut snap = Snapshot::default();
-        for (pid, own) in [(10, Some((64u64 << 20, 48u64 << 20))), (11, None)] {
+        let own = [
+            (10, Some((64u64 << 20, 48u64 << 20)), false),
+            (11, None, false),
+            (12, Some((70 << 20, 60 << 20)), true),
+        ];
+        for (pid, own, estimated) in own {
             snap.processes.push(crate::store::snapshot::ProcessNow {
                 pid,
                 rss_bytes: 100 << 20,
                 pss_bytes: own.map(|o| o.0),
                 uss_bytes: own.map(|o| o.1),
+                own_estimated: estimated,
                 ..Default::default()
             });
         }
         let v = memory_info(&snap);
         assert_eq!(v["processes"][0]["pss_mb"], 64.0);
         assert_eq!(v["processes"][0]["uss_mb"], 48.0);
+        assert_eq!(v["processes"][0]["own_estimated"], false);
         assert!(v["processes"][1]["uss_mb"].is_null(), "not read yet");
+        assert_eq!(v["processes"][2]["uss_mb"], 60.0);
+        assert_eq!(v["processes"][2]["own_estimated"], true, "said, not hidden");
     }
 }

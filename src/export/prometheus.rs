@@ -78,6 +78,12 @@ pub const METRICS: &[Def] = &[
     def("memtrack_process_gpu_memory_bytes", G, &["pid", "name", "gpu", "gpu_uuid"], "NVML used GPU memory of a followed process on one device."),
     def("memtrack_process_proportional_memory_bytes", G, PROC, "PSS of a followed process: its share of the pages it maps."),
     def("memtrack_process_unique_memory_bytes", G, PROC, "USS of a followed process: the memory it alone holds."),
+    def(
+        "memtrack_process_own_memory_estimated",
+        G,
+        PROC,
+        "1 when a process's PSS and USS are an estimate (no read reached it since it grew: its last read plus what it wrote since), 0 when read.",
+    ),
     def("memtrack_tree_resident_memory_bytes", G, &[], "Host memory of the followed process tree, every page once (see memtrack_tree_memory_source)."),
     def("memtrack_tree_resident_memory_high_water_bytes", G, &[], "The tree's highest host memory since the previous sample, as the kernel saw it."),
     def("memtrack_tree_memory_source", G, &["source"], "1 for the source of the tree's host figure: pages, cgroup, pss or rss (rss counts shared pages once per process)."),
@@ -346,6 +352,15 @@ fn processes(f: &mut Families, snap: &Snapshot) {
                 "memtrack_process_unique_memory_bytes",
                 &proc_labels(p),
                 uss as f64,
+            );
+        }
+    }
+    for p in &snap.processes {
+        if p.uss_bytes.is_some() {
+            f.gauge(
+                "memtrack_process_own_memory_estimated",
+                &proc_labels(p),
+                f64::from(u8::from(p.own_estimated)),
             );
         }
     }
@@ -855,8 +870,23 @@ mod tests {
             rss_bytes: 1024,
             ..ProcessNow::default()
         });
+        snap.processes.push(ProcessNow {
+            pid: 8,
+            name: "python3".into(),
+            rss_bytes: 1024,
+            uss_bytes: Some(512),
+            pss_bytes: Some(768),
+            own_estimated: true,
+            ..ProcessNow::default()
+        });
         let text = String::from_utf8(render(&snap, None)).unwrap();
         assert!(text.contains("memtrack_process_resident_memory_bytes{run=\"r\",host=\"\",pid=\"7\",name=\"python3\"} 1024"), "{text}");
+        // An own cost is marked read or estimated; none, no mark.
+        assert!(text.contains("memtrack_process_own_memory_estimated{run=\"r\",host=\"\",pid=\"8\",name=\"python3\"} 1"), "{text}");
+        assert!(
+            !text.contains("memtrack_process_own_memory_estimated{run=\"r\",host=\"\",pid=\"7\""),
+            "{text}"
+        );
         snap.processes.clear();
         let text = String::from_utf8(render(&snap, None)).unwrap();
         assert!(!text.contains("pid=\"7\""), "{text}");

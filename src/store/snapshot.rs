@@ -72,6 +72,9 @@ pub struct ProcessNow {
     pub pss_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uss_bytes: Option<u64>,
+    /// `pss_bytes` and `uss_bytes` are an estimate (no read reached it
+    /// since it grew: its last read plus what it wrote since), not a read.
+    pub own_estimated: bool,
 }
 
 /// The latest allocator figures a process sent.

@@ -25,8 +25,10 @@ impl Store {
                     "rss_mb": t.last_rss_mb, "peak_rss_mb": t.peak_rss_mb, "hwm_mb": t.hwm_mb,
                     "gpu_mb": t.last_gpu_mb, "peak_gpu_mb": t.peak_gpu_mb,
                     // Its own cost as last read (null until read): the
-                    // pages it alone maps, and its proportional share.
+                    // pages it alone maps, and its proportional share;
+                    // `own_estimated` when no read reached it since it grew.
                     "uss_mb": mib(l.uss), "pss_mb": mib(l.pss),
+                    "own_estimated": t.own_estimated,
                 })
             })
             .collect();
@@ -113,6 +115,7 @@ impl Store {
                     gpu_bytes: l.gpu.clone(),
                     pss_bytes: l.pss,
                     uss_bytes: l.uss,
+                    own_estimated: l.target.own_estimated,
                 })
                 .collect(),
             gpus: self.gpu.devices.values().cloned().collect(),

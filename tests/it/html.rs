@@ -465,6 +465,39 @@ fn the_demo_runs_page_shows_its_peak_lanes_and_hover_in_a_browser() {
     keep(&shot);
     keep(&page);
     assert!(b.errors.is_empty(), "the page threw: {:?}", b.errors);
+
+    // An estimated peak USS is marked `~` in the process table, and a line
+    // says what that means; with none estimated, no mark and no line.
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let targets = v["targets"].as_array_mut().unwrap();
+    let owned = targets
+        .iter()
+        .position(|t| t["peak_uss_mb"].is_number())
+        .expect("a process with an own cost");
+    let pid = targets[owned]["pid"].as_u64().unwrap();
+    for (estimated, name) in [(false, "read.html"), (true, "estimated.html")] {
+        for (i, t) in v["targets"].as_array_mut().unwrap().iter_mut().enumerate() {
+            t["peak_uss_estimated"] = json!(estimated && i == owned);
+        }
+        let file = dir.path().join(format!("{name}.json"));
+        std::fs::write(&file, serde_json::to_vec(&v).unwrap()).unwrap();
+        let page = dir.path().join(name);
+        write_page(&file, &page);
+        b.open(&page);
+        let cells = b.eval(&format!(
+            "Array.from(document.querySelectorAll('#processes tr')).filter(r => \
+             r.cells[0] && r.cells[0].textContent.startsWith('{pid} ')).map(r => r.cells[2].textContent)"
+        ));
+        let cell = cells[0]
+            .as_str()
+            .unwrap_or_else(|| panic!("no row for {pid}: {cells}"));
+        assert_eq!(cell.starts_with('~'), estimated, "{cell}");
+        assert_eq!(
+            b.eval("document.getElementById('own-estimated') !== null"),
+            json!(estimated)
+        );
+    }
+    assert!(b.errors.is_empty(), "the page threw: {:?}", b.errors);
 }
 
 /// A memory_usage.json of `n` marks written directly: spans of one step

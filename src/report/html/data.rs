@@ -299,6 +299,9 @@ pub(crate) struct Process {
     peak_rss_mb: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     peak_uss_mb: Option<f64>,
+    /// `peak_uss_mb` is an estimate, not a read.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    peak_uss_estimated: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     peak_pss_mb: Option<f64>,
     peak_gpu_mb: f64,
@@ -331,6 +334,7 @@ fn process(t: &Target, t0: f64) -> Process {
         root: t.root,
         peak_rss_mb: t.peak_rss_mb,
         peak_uss_mb: t.peak_uss_mb,
+        peak_uss_estimated: t.peak_uss_estimated,
         peak_pss_mb: t.peak_pss_mb,
         peak_gpu_mb: t.peak_gpu_mb,
         rss: main.line(0, t0),

@@ -497,10 +497,14 @@
     const s = section("processes", "Processes");
     const own = {};
     for (const p of run.processes || []) own[p.pid] = p;
+    const peakOwn = (p) => p && p.peak_uss_mb !== undefined ? (p.peak_uss_estimated ? "~" : "") + mib(p.peak_uss_mb) : "–";
     const rows = targets.map((t) => [t.pid + " " + t.name + (t.root ? " (root)" : ""), mib(t.peak_rss_mb),
-      own[t.pid] && own[t.pid].peak_uss_mb !== undefined ? mib(own[t.pid].peak_uss_mb) : "–", mib(t.hwm_mb), mib(t.peak_gpu_mb),
+      peakOwn(own[t.pid]), mib(t.hwm_mb), mib(t.peak_gpu_mb),
       t.exit ? (t.exit.signal ? "signal " + t.exit.signal : String(t.exit.code)) : "–"]);
     s.append(rows.length ? table(["process", "peak RSS", "peak own (USS)", "VmHWM", "peak GPU", "exit"], rows) : el("p", { class: "muted" }, "No processes recorded."));
+    if (targets.some((t) => own[t.pid] && own[t.pid].peak_uss_estimated)) {
+      s.append(el("p", { class: "muted", id: "own-estimated" }, "~ estimated: no own-cost read came while it held its size (its last read plus what it wrote since)."));
+    }
   }
 
   function alertsSection(alerts, run) {
