@@ -57,7 +57,7 @@
 //! worker once it holds its size: one that grew (in anonymous memory, or
 //! in page faults, which copies on write take) and held it with no read
 //! since is estimated instead, and marked so ([`Own::estimate`]). Young
-//! processes' faults are read on the tick every [`FAULTS_EVERY`], so an
+//! forks' faults are read on the tick every [`FAULTS_EVERY`], so an
 //! estimate does not wait for the page count to reach them.
 
 use std::collections::HashMap;
@@ -600,9 +600,9 @@ impl CostReader {
         }
     }
 
-    /// Every [`FAULTS_EVERY`], the page faults of the processes still
-    /// [`YOUNG`] that an estimate can use (those with a fault count at
-    /// their last reading, or forks). Copies on write move no `statm`
+    /// Every [`FAULTS_EVERY`], the page faults of the forks (without exec)
+    /// still [`YOUNG`] whose fault count an estimate can start from: only
+    /// a fork copies its parent's pages. Copies on write move no `statm`
     /// figure, only the faults; the page count reads them too, but only
     /// when the reader's budget allows a slice, and on a busy machine a
     /// short-lived worker could copy its last pages and exit unseen.
@@ -614,7 +614,7 @@ impl CostReader {
             return;
         }
         self.faults_read_at = Some(now);
-        for v in tree.iter().filter(|v| v.rss > 0) {
+        for v in tree.iter().filter(|v| v.rss > 0 && v.parent_anon.is_some()) {
             let Some(o) = self.own.get_mut(&v.pid) else {
                 continue;
             };
