@@ -1003,6 +1003,19 @@ mod tests {
 
     const M: u64 = 1 << 20;
 
+    /// A reader with own-cost reads on (every second) and no budget, on
+    /// the procfs at `root`: the test plays the reader thread's part.
+    fn own_reader(root: &std::path::Path) -> CostReader {
+        CostReader::new(
+            root.into(),
+            CostOptions {
+                own_interval: Some(Duration::from_secs(1)),
+                max_rss: u64::MAX,
+                share: 0.0,
+            },
+        )
+    }
+
     fn reader() -> CostReader {
         // No budget: no batch is ever handed over, the test plays the
         // reader's part.
@@ -1193,14 +1206,7 @@ mod tests {
 
     #[test]
     fn own_cost_reads_and_the_count_each_have_a_share_and_lend_what_they_leave() {
-        let mut r = CostReader::new(
-            "/nonexistent".into(),
-            CostOptions {
-                own_interval: Some(Duration::from_secs(1)),
-                max_rss: u64::MAX,
-                share: 0.0,
-            },
-        );
+        let mut r = own_reader(std::path::Path::new("/nonexistent"));
         r.count_pages();
         let ms = Duration::from_millis;
         let t0 = Instant::now();
@@ -1437,14 +1443,7 @@ mod tests {
     fn a_worker_grown_and_unread_is_estimated_and_marked_until_read() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut r = CostReader::new(
-            "/nonexistent".into(),
-            CostOptions {
-                own_interval: Some(Duration::from_secs(1)),
-                max_rss: u64::MAX,
-                share: 0.0,
-            },
-        );
+        let mut r = own_reader(std::path::Path::new("/nonexistent"));
         let worker = |rss: u64, anon: u64| View {
             pid: 2,
             rss: rss * M,
@@ -1523,14 +1522,7 @@ mod tests {
             let stat = format!("2 (python (worker)) S 1 2 2 0 -1 0 {n} 0 0 0 1 1 0 0 20 0\n");
             std::fs::write(proc.path().join("2/stat"), stat).expect("stat");
         };
-        let mut r = CostReader::new(
-            proc.path().into(),
-            CostOptions {
-                own_interval: Some(Duration::from_secs(1)),
-                max_rss: u64::MAX,
-                share: 0.0,
-            },
-        );
+        let mut r = own_reader(proc.path());
         let parent = view(1, 500, 480, false);
         let worker = View {
             pid: 2,

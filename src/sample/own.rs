@@ -331,6 +331,7 @@ impl ReaderThread {
                 self.page_size,
                 &mut self.pss,
                 &mut self.buf,
+                &mut self.text,
             ) {
                 return Found::Pages {
                     pass: Err(e),

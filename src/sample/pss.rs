@@ -43,17 +43,17 @@ pub(crate) fn add(
     page_size: u64,
     out: &mut Pass,
     buf: &mut Vec<u8>,
+    text: &mut String,
 ) -> io::Result<()> {
     let dir = root.join(pid.to_string());
-    let mut text = String::with_capacity(512);
-    let before = super::pages::faults(root, pid, &mut text).map(|f| f.0);
+    let before = super::pages::faults(root, pid, text).map(|f| f.0);
     match read_process(&dir, page_size, buf) {
         Ok(Some((rss, anon, pss, uss))) => {
             out.bytes += pss;
             out.shared += std::str::from_utf8(buf).map_or(0, smaps_rollup_pss_shared);
             // Its faults at the read: what it copies from here on is
             // estimated from them (see `cost`).
-            let after = super::pages::faults(root, pid, &mut text).map(|f| f.0);
+            let after = super::pages::faults(root, pid, text).map(|f| f.0);
             let faults = super::pages::midway(before, after);
             out.seen.push(Seen {
                 pid,
@@ -117,8 +117,9 @@ mod tests {
         let page = crate::sys::page_size();
         let me = std::process::id();
         let mut pass = Pass::default();
-        let mut buf = Vec::new();
-        add(Path::new("/proc"), me, page, &mut pass, &mut buf).expect("own smaps_rollup");
+        let (mut buf, mut text) = (Vec::new(), String::new());
+        add(Path::new("/proc"), me, page, &mut pass, &mut buf, &mut text)
+            .expect("own smaps_rollup");
         let seen = pass.seen.first().copied().expect("seen");
         assert!(pass.bytes > 0 && pass.bytes <= seen.rss, "{pass:?}");
         assert!(seen.first_seen <= pass.bytes, "USS ≤ Pss: {pass:?}");
@@ -127,7 +128,15 @@ mod tests {
             "its faults, for estimates: {seen:?}"
         );
         // A process that does not exist is left out, not an error.
-        add(Path::new("/proc"), u32::MAX - 1, page, &mut pass, &mut buf).expect("gone");
+        add(
+            Path::new("/proc"),
+            u32::MAX - 1,
+            page,
+            &mut pass,
+            &mut buf,
+            &mut text,
+        )
+        .expect("gone");
         assert_eq!(pass.seen.len(), 1);
     }
 }

@@ -232,21 +232,8 @@ fn busy_large_short_lived_workers_end_at_their_size_read_or_marked_estimated() {
     if !root_or_explained() {
         return;
     }
-    let job = EPOCH_OWN
-        .replace("bytearray(64 << 20)", "bytearray(200 << 20)")
-        .replace("bytearray(4 << 20)", "bytearray(8 << 20)")
-        .replace("time.sleep(3.0)", "time.sleep(2.0)");
-    assert_ne!(
-        job, EPOCH_OWN,
-        "the job's sizes are where this test expects"
-    );
-    let short = epoch_own(&job, true, &[]);
-    assert!(
-        short.is_empty(),
-        "{} of 12 workers end with an own-cost figure off their size:\n{}",
-        short.len(),
-        short.join("\n")
-    );
+    let job = large_epoch_job("c = bytearray(8 << 20); touch(c); parts.append(c)");
+    all_at_their_size(epoch_own(&job, true, &[]), "workers");
 }
 
 /// The same large job with workers that copy their parent's pages instead
@@ -276,21 +263,30 @@ fn busy_large_copying_workers_in_pss_mode_end_at_their_size() {
 }
 
 fn copying_workers(extra: &[&str]) {
+    let job = large_epoch_job("touch(memoryview(b)[step * (8 << 20):(step + 1) * (8 << 20)])");
+    all_at_their_size(epoch_own(&job, true, extra), "copying workers");
+}
+
+/// [`EPOCH_OWN`] made large: a 200 MiB parent whose workers take 6 steps
+/// of `step` (Python, growing them by 8 MiB each) and hold 2 s.
+fn large_epoch_job(step: &str) -> String {
     let job = EPOCH_OWN
-        .replace(
-            "c = bytearray(4 << 20); touch(c); parts.append(c)",
-            "touch(memoryview(b)[step * (8 << 20):(step + 1) * (8 << 20)])",
-        )
+        .replace("c = bytearray(4 << 20); touch(c); parts.append(c)", step)
         .replace("bytearray(64 << 20)", "bytearray(200 << 20)")
         .replace("time.sleep(3.0)", "time.sleep(2.0)");
     assert!(
-        !job.contains("bytearray(4 << 20)") && job.contains("200 << 20"),
-        "the job's steps are where this test expects"
+        job.contains(step) && job.contains("200 << 20") && job.contains("sleep(2.0)"),
+        "the job's steps and sizes are where this test expects"
     );
-    let short = epoch_own(&job, true, extra);
+    job
+}
+
+/// Fails naming the workers of [`epoch_own`]'s list (`what`) that ended
+/// off their size.
+fn all_at_their_size(short: Vec<String>, what: &str) {
     assert!(
         short.is_empty(),
-        "{} of 12 copying workers end with an own-cost figure off their size:\n{}",
+        "{} of 12 {what} end with an own-cost figure off their size:\n{}",
         short.len(),
         short.join("\n")
     );

@@ -351,6 +351,14 @@ mod tests {
         assert_eq!((peaks[0].step, peaks[0].timestamp), (7, 12_000));
     }
 
+    /// The host values waiting, as (timestamp ms, step).
+    fn host(q: &Values) -> Vec<(i64, i64)> {
+        q.iter()
+            .filter(|m| m.key == HOST)
+            .map(|m| (m.timestamp, m.step))
+            .collect()
+    }
+
     /// Steps 3 and 4 held back by the job arrive after a timer sample
     /// taken at 12 s: the waiting sample takes step 4 (the latest mark
     /// before it), as the run's log orders them; a mark from before an
@@ -365,12 +373,6 @@ mod tests {
         q.push_entry(&mut steps, &entry(Some(3), 3.0, 11.0));
         q.push_entry(&mut steps, &entry(Some(4), 4.0, 11.5));
         q.push_entry(&mut steps, &entry(Some(1), 5.0, 10.5));
-        let host = |q: &Values| -> Vec<(i64, i64)> {
-            q.iter()
-                .filter(|m| m.key == HOST)
-                .map(|m| (m.timestamp, m.step))
-                .collect()
-        };
         assert_eq!(
             host(&q),
             vec![
@@ -400,12 +402,7 @@ mod tests {
         q.push_entry(&mut steps, &entry(Some(10), 1.0, 10.0));
         q.push_entry(&mut steps, &entry(None, 2.0, 11.0552));
         q.push_entry(&mut steps, &entry(Some(11), 2.0, 11.0558));
-        let host: Vec<(i64, i64)> = q
-            .iter()
-            .filter(|m| m.key == HOST)
-            .map(|m| (m.timestamp, m.step))
-            .collect();
-        assert_eq!(host, vec![(10_000, 10), (11_055, 10), (11_055, 11)]);
+        assert_eq!(host(&q), vec![(10_000, 10), (11_055, 10), (11_055, 11)]);
     }
 
     /// What once went wrong under load: a timer sample whose reading
