@@ -40,8 +40,8 @@ def test_fast_steps_are_held_back_and_sent_together_with_their_times(fake, monke
     d = fake()
     monkeypatch.setenv("MEMTRACK_SOCKET", d.path)
     monkeypatch.setattr(client_mod, "_default", None)
-    monkeypatch.setattr(client_mod, "_HOLD_S", 3600.0)
-    monkeypatch.setattr(frameworks, "_FAST_S", 3600.0)
+    monkeypatch.setattr(client_mod, "_HOLD_NS", 3600 * 10**9)
+    monkeypatch.setattr(frameworks, "_FAST_NS", 3600 * 10**9)
     steps = frameworks._Steps()
     steps.labels = {"batch_size": "4"}
     came = []
@@ -62,7 +62,7 @@ def test_fast_steps_are_held_back_and_sent_together_with_their_times(fake, monke
     assert kinds == [(k, i) for i in range(1, 41) for k in ("span_begin", "span_end")] + [("mark", None)]
     assert "at" not in objs[0] and "at" not in objs[1] and "at" not in objs[-1]
     for n, o in enumerate(objs[2:-1], start=2):
-        assert came[n] - 1e-6 <= o["at"] <= came[n + 1] + 1e-6, (n, o, came[n:n + 2])  # sent to the µs
+        assert came[n] - 1e-6 <= o["at"] <= came[n + 1] + 1e-6, (n, o, came[n:n + 2])  # to the µs
         assert (o["component"], o["operation"], o["labels"]) == ("train", "step", {"batch_size": "4"})
     assert get_dropped() == 0 and not d.garbled
     # Every message counted once as sent: the 14 held and the mark after them.

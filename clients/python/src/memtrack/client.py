@@ -79,13 +79,16 @@ _SNDBUF = 1 << 20
 # unread replies.
 _DRAIN_MASK = 63
 _SUBSCRIBE_LINE = b'{"type":"subscribe"}\n'
-# Step messages that come faster than _FAST_S apart are held back and sent
+# Step messages that come faster than _FAST_NS apart are held back and sent
 # together (each saying when it happened), once the first of them is
-# _HOLD_S old or _HOLD_MAX wait: the daemon, which would otherwise wake (and
+# _HOLD_NS old or _HOLD_MAX wait: the daemon, which would otherwise wake (and
 # on a busy node take the job's core) at every message, wakes at most twenty
 # times a second for them. Slower steps are sent at once.
-_FAST_S = 0.01
-_HOLD_S = 0.05
+# In nanoseconds (``time.time_ns()``): a held message says when it came as
+# an integer and an exponent, ``"at":1795796798467141528e-9``, which
+# formats three times faster than a float and is the same JSON number.
+_FAST_NS = 10_000_000
+_HOLD_NS = 50_000_000
 _HOLD_MAX = 64
 
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
@@ -511,7 +514,7 @@ class Client:
         (from another thread) waits for the next send."""
         held = self._held
         pop = held.popleft
-        lines = [b'%s%d,"at":%.6f}\n' % pop() for _ in range(len(held))]
+        lines = [b'%s%d,"at":%de-9}\n' % pop() for _ in range(len(held))]
         return b"".join(lines), len(lines)
 
     def _send(self, data):
@@ -804,11 +807,11 @@ class Client:
         """The step hooks' hot path: a span message prebuilt up to its
         iteration (``head``, from :func:`_prebuilt_head`) is finished with
         the iteration and sent, or held back when ``hold`` (steps less than
-        :data:`_FAST_S` apart; it then says when it came, ``at``,
-        ``time.time()``), with no dict, no JSON encoding and no check
+        :data:`_FAST_NS` apart; it then says when it came, ``at``,
+        ``time.time_ns()``), with no dict, no JSON encoding and no check
         repeated. A held step costs an append: the checks (a daemon to send
         to, the job's ClearML task, CUDA) are made when the held steps are
-        sent, once the first is :data:`_HOLD_S` old or :data:`_HOLD_MAX`
+        sent, once the first is :data:`_HOLD_NS` old or :data:`_HOLD_MAX`
         wait. A job that uses CUDA takes the general path instead
         (``fields_of(iteration)`` gives its fields), so its allocator
         figures go with the message."""
@@ -818,7 +821,7 @@ class Client:
             held = self._held
             held.append((head, iteration, at))
             try:
-                if len(held) < _HOLD_MAX and at - held[0][2] < _HOLD_S:
+                if len(held) < _HOLD_MAX and at - held[0][2] < _HOLD_NS:
                     return
             except IndexError:  # taken meanwhile by another thread's send
                 return

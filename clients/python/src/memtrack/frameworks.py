@@ -21,9 +21,9 @@ Neither library is imported here until a callback is asked for; this
 module imports with the standard library alone.
 """
 
-from time import time as _time
+from time import time_ns as _time_ns
 
-from .client import _FAST_S, Stage, _check_labels, _prebuilt_head, get_client
+from .client import _FAST_NS, Stage, _check_labels, _prebuilt_head, get_client
 
 __all__ = ["hf_callback", "lightning_callback", "attach_hf", "attach_lightning", "batch_labels",
            "announce_mlflow"]
@@ -47,13 +47,14 @@ class _Steps(object):
     """One open ``train``/``step`` span at most. Its two messages are
     prebuilt when the labels are set, so a step costs no JSON encoding
     (``Client._prebuilt``); steps that come less than 10 ms apart are sent
-    in batches, each saying when it came."""
+    in batches, each saying when it came. ``begin`` and ``end`` run at
+    every step, so each is a handful of attribute reads and one call."""
 
-    __slots__ = ("_labels", "_heads", "_last", "open_at")
+    __slots__ = ("_labels", "_heads", "_began", "_ended", "open_at")
 
     def __init__(self):
         self.open_at = None
-        self._last = [-1.0, -1.0]  # when the last begin and end came
+        self._began = self._ended = -1  # when the last begin and end came (ns)
         self.labels = {}
 
     @property
@@ -63,7 +64,7 @@ class _Steps(object):
     @labels.setter
     def labels(self, labels):
         self._labels = labels
-        self._heads = tuple(_prebuilt_head(kind, self._fields()) for kind in ("span_begin", "span_end"))
+        self._heads = tuple(_prebuilt_head(kind, self._fields()) for kind in _KINDS)
 
     def _fields(self, iteration=None):
         fields = {"component": _COMPONENT, "operation": _OPERATION}
@@ -73,25 +74,24 @@ class _Steps(object):
             fields["iteration"] = iteration
         return fields
 
-    def _send(self, which, iteration):
-        now = _time()
-        last = self._last[which]
-        self._last[which] = now
-        get_client()._prebuilt(self._heads[which], iteration, _KINDS[which], self._fields, now,
-                               0.0 <= now - last < _FAST_S)
-
     def begin(self, iteration):
         if self.open_at is not None:
             return
         self.open_at = iteration
-        self._send(0, iteration)
+        now = _time_ns()
+        last, self._began = self._began, now
+        get_client()._prebuilt(self._heads[0], iteration, "span_begin", self._fields, now,
+                               0 <= now - last < _FAST_NS)
 
     def end(self):
         iteration = self.open_at
         if iteration is None:
             return
         self.open_at = None
-        self._send(1, iteration)
+        now = _time_ns()
+        last, self._ended = self._ended, now
+        get_client()._prebuilt(self._heads[1], iteration, "span_end", self._fields, now,
+                               0 <= now - last < _FAST_NS)
 
 
 class _Stages(object):
@@ -293,6 +293,27 @@ def _lightning_step(trainer):
     return trainer.global_step
 
 
+def _lightning_step_counter(trainer):
+    """The progress counter behind ``trainer.global_step`` (its
+    ``completed`` is the step), so that a step reads one attribute instead
+    of a chain of properties; None, and ``trainer.global_step`` is read
+    instead, when this Lightning keeps it elsewhere or the two disagree.
+    Lightning updates the counter in place, also when it restores a
+    checkpoint; it is looked up again at each epoch's start."""
+    try:
+        loop = trainer.fit_loop.epoch_loop
+        module = trainer.lightning_module
+        if module is None or module.automatic_optimization:
+            counter = loop.automatic_optimization.optim_progress.optimizer.step.total
+        else:
+            counter = loop.manual_optimization.optim_step_progress.total
+        if counter.completed.__class__ is int and counter.completed == trainer.global_step:
+            return counter
+    except Exception:
+        pass
+    return None
+
+
 def _make_lightning_class(module):
     callback_base = module.Callback
 
@@ -306,6 +327,7 @@ def _make_lightning_class(module):
             self._stages = _Stages()
             self._labelled = False
             self._step_at = 0
+            self._done = None  # see _lightning_step_counter
 
         def on_fit_start(self, trainer, pl_module):
             self._stages.begin("fit", trainer.global_step)
@@ -319,23 +341,33 @@ def _make_lightning_class(module):
             self._steps.end()
             self._stages.end_all(exception)
 
+        def on_train_epoch_start(self, trainer, pl_module):
+            self._done = _lightning_step_counter(trainer)
+
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if not self._labelled:
-                self._labelled = True
-                self._steps.labels = batch_labels(
-                    _lightning_batch_size(trainer, batch),
-                    getattr(trainer, "accumulate_grad_batches", None),
-                    getattr(trainer, "world_size", None),
-                    getattr(trainer, "global_rank", None))
-            if self._steps.open_at is None:
-                self._step_at = trainer.global_step
-                self._steps.begin(self._step_at + 1)
+            steps = self._steps
+            if steps.open_at is None:
+                if not self._labelled:
+                    self._label(trainer, batch)
+                done = self._done
+                step = self._step_at = done.completed if done is not None else trainer.global_step
+                steps.begin(step + 1)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             # Under gradient accumulation a step spans several batches: it
             # ends when the optimizer stepped.
-            if trainer.global_step != self._step_at:
+            done = self._done
+            if (done.completed if done is not None else trainer.global_step) != self._step_at:
                 self._steps.end()
+
+        def _label(self, trainer, batch):
+            self._labelled = True
+            self._steps.labels = batch_labels(
+                _lightning_batch_size(trainer, batch),
+                getattr(trainer, "accumulate_grad_batches", None),
+                getattr(trainer, "world_size", None),
+                getattr(trainer, "global_rank", None))
+            self._done = _lightning_step_counter(trainer)
 
         def on_train_epoch_end(self, trainer, pl_module):
             self._steps.end()
@@ -363,6 +395,8 @@ def _make_lightning_class(module):
         def setup(self, trainer, pl_module, stage):
             _wrap_method(trainer, "save_checkpoint", "save", _lightning_step)
 
+    # Read by Lightning at every hook it calls (a property on its base class).
+    MemtrackLightningCallback.state_key = MemtrackLightningCallback.__qualname__
     if _skips_hooks_set_to_none(module):
         for name in _UNUSED_BATCH_HOOKS:
             setattr(MemtrackLightningCallback, name, None)
