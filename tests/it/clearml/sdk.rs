@@ -93,7 +93,18 @@ pub(super) fn memory_in_the_scripts_task(server: &Server, id: &str, log: &str) -
         .filter(|p| p["variant"].as_str().unwrap().contains(':'))
         .map(|p| format!("{} {} @{}", p["metric"], p["variant"], p["iter"]))
         .collect();
-    assert!(suffixed.is_empty(), "series per operation: {suffixed:?}");
+    assert!(
+        suffixed.is_empty(),
+        "series per operation: {suffixed:?}\nall of memtrack's points: {}\n{log}",
+        memory
+            .iter()
+            .map(|p| format!(
+                "{} {} @{} {}",
+                p["metric"], p["variant"], p["iter"], p["value"]
+            ))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     // No GPU here: no series of zeros beside the host's.
     if !Path::new("/dev/nvidiactl").exists() {
         let gpu: Vec<&Value> = memory
