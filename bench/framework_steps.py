@@ -296,9 +296,13 @@ def write(path, lines, load_before, load_after, elapsed, args):
             % (load_before, load_after),
             "",
             "A tiny loop on CPU (Lightning: a 2-layer MLP; Hugging Face: a 1-layer GPT-2; batch 4; one "
-            "torch thread), run under `memtrack run` with the automatic hooks on and with "
-            "`--no-auto-hooks`, off then on in each round. *Hooks' cost per step* is the median over the "
-            "rounds of the difference in wall time per step; *in the hooks* is the time spent inside memtrack's step hooks themselves."
+            "torch thread), run under `memtrack run`: with the automatic hooks on and with "
+            "`--no-auto-hooks` in separate runs (*on − off, per round*: the median of the rounds' "
+            "differences), and in one process with memtrack's callback taken out of the trainer's "
+            "callback list and put back every %d steps (*hooks' cost*: the median difference between "
+            "neighbouring blocks, with a 95 %% confidence interval; the goal is met when all of the "
+            "interval is within it). *In the hooks* is the time spent inside memtrack's step hooks "
+            "themselves." % args.blocks,
             "", ""] + lines + [""]
     with open(path, "w") as f:
         f.write("\n".join(text))
