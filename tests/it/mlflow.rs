@@ -561,6 +561,10 @@ fn expected_host(doc: &memtrack::model::Document) -> Vec<(i64, i64, f64)> {
         })
         .collect();
     out.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    // MLflow keeps one row per (key, timestamp, step, value): a mark and
+    // a sample of the same millisecond with the same figure are one value
+    // on the server.
+    out.dedup();
     out
 }
 
@@ -667,8 +671,8 @@ fn a_script_inside_start_run_sees_its_memory_live_on_its_steps() {
     );
     // Every sample, on the job's steps, once.
     let doc = read_document(&out.path().join("r/memory_usage.json"));
+    same_host(&held, &doc, &log);
     let host = server_host(&held);
-    assert_eq!(host, expected_host(&doc), "{log}");
     for step in 1..=5 {
         assert!(host.iter().any(|h| h.1 == step), "step {step}: {host:?}");
     }
