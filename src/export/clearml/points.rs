@@ -198,23 +198,35 @@ impl Converter {
     /// The task's `last_iteration` on the server is `iter`. On the time
     /// axis only a value beyond memtrack's own points is the job's.
     pub(crate) fn raise_axis(&mut self, iter: u64) {
-        if self.on_time_axis() {
-            if iter <= self.time_max {
-                return;
-            }
-            self.time_from = None;
+        if self.on_time_axis() && iter <= self.time_max {
+            return;
         }
         if iter > 0 {
             self.time_pending = None;
         }
         self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
+        self.leave_time_axis();
     }
 
     /// A job's entry carried `iter`: the job has an iteration axis.
     fn job_reached(&mut self, iter: u64) {
-        self.time_from = None;
         self.time_pending = None;
         self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
+        self.leave_time_axis();
+    }
+
+    /// The job has an iteration axis after all: the windows the time axis
+    /// left open go where the job is now, and close once it moves on, like
+    /// every window of the job's axis. (Closed by time instead, such a
+    /// window's point went out with no iteration to remember it by, and
+    /// every later entry at that iteration became a `:<operation>` point.)
+    fn leave_time_axis(&mut self) {
+        if self.time_from.take().is_none() {
+            return;
+        }
+        for w in self.windows.values_mut() {
+            w.acc.iteration.get_or_insert(self.job_iter);
+        }
     }
 
     #[cfg(test)]
@@ -663,6 +675,39 @@ mod tests {
         let mut c = Converter::new(Duration::ZERO);
         let pts = run(&mut c, vec![mark("m", "x", 1.0, Some(u64::MAX), 1.0)]);
         assert!(pts.iter().all(|p| p.iter == MAX_ITER), "{pts:?}");
+    }
+
+    #[test]
+    fn a_window_the_time_axis_left_open_goes_where_the_job_is() {
+        // The job reported no iteration by `after`: the time axis. Its
+        // first iteration (7, read from the server) comes while a window
+        // of the time axis is open; the entries after it are at 7 too.
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(Some(TimeAxis {
+            from: 0.0,
+            after: 1.0,
+        }));
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        c.push(timer("system", 1.5, 100.0), t0, &mut out);
+        assert!(c.on_time_axis());
+        c.raise_axis(7);
+        assert!(!c.on_time_axis());
+        // Time passes; the job is still at 7, so its window stays open.
+        c.close_passed(10.0, t0 + Duration::from_secs(5), &mut out);
+        c.push(timer("system", 10.0, 130.0), t0, &mut out);
+        c.push(
+            mark("system", "experiment_end", 10.5, None, 90.0),
+            t0,
+            &mut out,
+        );
+        c.close_all(&mut out);
+        let host: Vec<(&str, u64, f64)> = out
+            .iter()
+            .filter(|p| p.variant.starts_with("cpu_ram_used_mb"))
+            .map(|p| (p.variant.as_str(), p.iter, p.value))
+            .collect();
+        assert_eq!(host, vec![("cpu_ram_used_mb", 7, 130.0)], "{out:?}");
     }
 
     #[test]
