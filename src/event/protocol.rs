@@ -696,6 +696,11 @@ mod tests {
             panic!()
         };
         assert_eq!(m.at, Some(1_700_000_000.25));
+        // The Python client's form: integer nanoseconds and an exponent.
+        let Message::SpanEnd(m) = ok(&line("1700000000250000000e-9")).message.clone() else {
+            panic!()
+        };
+        assert_eq!(m.at, Some(1_700_000_000.25));
         let held = ok(&line("1700000000")).message;
         assert!(held.is_recorded() && !held.needs_sample());
         assert!(ok(&line("null")).message.needs_sample());
