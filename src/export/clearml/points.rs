@@ -23,16 +23,18 @@
 //! ClearML SDK made, its points must not move that task's iteration axis
 //! (a scalar's `iter` raises the task's `last_iteration`). There the
 //! converter runs on the job's axis only (`Converter::use_job_axis`): an
-//! entry without an iteration is placed at the latest iteration the job
-//! reached (its marks, and the task's `last_iteration` the reporter reads
-//! from the server), and every entry of a component at one iteration — its
+//! entry without an iteration is placed at the iteration the job had
+//! reached when it was taken (its marks before it in time, and the task's
+//! `last_iteration` the reporter reads from the server; a sample arriving
+//! after its iteration's point went out is left out when that point covers
+//! it, else goes where the job is now), and every entry of a component at one iteration — its
 //! marks and the timer samples taken while the job is there — goes into
 //! one window, so each iteration gets one point per figure and component,
 //! holding the maxima: one series per figure, with no `:<operation>` or
 //! `:timer` series beside it (only a mark arriving after its iteration's
 //! point went out takes the collision rule above).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -114,6 +116,12 @@ pub struct Converter {
     job_axis: bool,
     /// The latest iteration the job reached (job axis).
     job_iter: u64,
+    /// The job's latest entries with an iteration, `(time, iteration)` in
+    /// time order (see [`Converter::iteration_at`]).
+    reached: VecDeque<(f64, u64)>,
+    /// The largest iteration no longer in `reached`, and the task's
+    /// `last_iteration` read from the server.
+    reached_floor: u64,
     /// The run's start (Unix seconds) while the job axis falls back to
     /// time: the job has reported no iteration yet (see the module doc).
     time_from: Option<f64>,
@@ -139,6 +147,10 @@ pub(crate) struct TimeAxis {
     pub(crate) after: f64,
 }
 
+/// How many of the job's latest iterations are kept with their times: an
+/// entry later than that many marks takes the largest of the rest.
+const REACHED_KEPT: usize = 256;
+
 /// The largest `iter` a ClearML server stores (a signed 64-bit integer).
 pub(crate) const MAX_ITER: u64 = i64::MAX as u64;
 
@@ -155,6 +167,8 @@ impl Converter {
             duplicate_logged: false,
             job_axis: false,
             job_iter: 0,
+            reached: VecDeque::new(),
+            reached_floor: 0,
             time_from: None,
             time_pending: None,
             time_max: 0,
@@ -205,14 +219,74 @@ impl Converter {
             self.time_pending = None;
         }
         self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
+        self.reached_floor = self.reached_floor.max(iter.min(MAX_ITER));
         self.leave_time_axis();
     }
 
-    /// A job's entry carried `iter`: the job has an iteration axis.
-    fn job_reached(&mut self, iter: u64) {
+    /// A job's entry of time `ts` carried `iter`: the job has an iteration
+    /// axis.
+    fn job_reached(&mut self, iter: u64, ts: f64) {
         self.time_pending = None;
-        self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
+        let iter = iter.min(MAX_ITER);
+        self.job_iter = self.job_iter.max(iter);
         self.leave_time_axis();
+        if !ts.is_finite() {
+            self.reached_floor = self.reached_floor.max(iter);
+            return;
+        }
+        let i = self.reached.partition_point(|(t, _)| *t <= ts);
+        self.reached.insert(i, (ts, iter));
+        if self.reached.len() > REACHED_KEPT {
+            if let Some((_, old)) = self.reached.pop_front() {
+                self.reached_floor = self.reached_floor.max(old);
+            }
+        }
+    }
+
+    /// The iteration the job had reached at `ts`: the largest among its
+    /// entries strictly before `ts` (an entry of that very instant comes
+    /// after it in the run's log), whatever order they arrived in. A timer
+    /// sample is stamped when its read begins, and the read can end after
+    /// a later mark reached memtrack.
+    fn iteration_at(&self, ts: f64) -> u64 {
+        if !ts.is_finite() {
+            return self.job_iter;
+        }
+        self.reached
+            .iter()
+            .take_while(|(t, _)| *t < ts)
+            .fold(self.reached_floor, |acc, (_, i)| acc.max(*i))
+    }
+
+    /// The iteration an entry without one goes to: the one the job was at
+    /// when the entry was taken, unless that iteration's point already went
+    /// out. The server would only take the entry as a second point then, so
+    /// one that raises none of that point's figures is left out (None), and
+    /// one that raises a figure goes where the job is now, so that no peak
+    /// is lost.
+    fn iteration_for(&self, e: &Entry) -> Option<u64> {
+        let at = self.iteration_at(e.timestamp);
+        if at >= self.job_iter || !self.sent_at(&e.component, at) {
+            return Some(at);
+        }
+        let covered = self
+            .last_sent
+            .get(&e.component)
+            .filter(|l| l.iteration == Some(at))
+            .is_some_and(|l| {
+                let sent = l.figures.as_array();
+                // A figure that is not a number raises nothing.
+                e.figures
+                    .as_array()
+                    .iter()
+                    .zip(sent)
+                    .all(|(v, s)| v.partial_cmp(&s) != Some(std::cmp::Ordering::Greater))
+            });
+        if covered {
+            None
+        } else {
+            Some(self.job_iter)
+        }
     }
 
     /// The job has an iteration axis after all: the windows the time axis
@@ -246,7 +320,7 @@ impl Converter {
     /// `timer_every` of wall time, so a quiet component is not held back).
     pub fn push(&mut self, e: Entry, now: Instant, out: &mut Vec<Point>) {
         if let Some(i) = e.iteration {
-            self.job_reached(i);
+            self.job_reached(i, e.timestamp);
         }
         self.time_axis_due(e.timestamp, false);
         // Any entry's time closes the windows it has passed.
@@ -288,7 +362,14 @@ impl Converter {
     /// for an iteration whose point was already sent goes out on its own
     /// (under `<field>:<operation>`, see the module).
     fn fold_at_iteration(&mut self, e: Entry, now: Instant, out: &mut Vec<Point>) {
-        let iter = e.iteration.unwrap_or(self.job_iter).min(MAX_ITER);
+        let iter = match e.iteration {
+            Some(i) => i,
+            None => match self.iteration_for(&e) {
+                Some(i) => i,
+                None => return,
+            },
+        }
+        .min(MAX_ITER);
         if let Some(w) = self.windows.get_mut(&e.component) {
             match w.acc.iteration {
                 Some(i) if i < iter => self.close(vec![e.component.clone()], out),
@@ -301,8 +382,13 @@ impl Converter {
         let sent = self.sent_at(&e.component, iter);
         match self.windows.get_mut(&e.component) {
             Some(w) if w.acc.iteration == Some(iter) => fold_max(&mut w.acc, &e),
-            // A late mark, for an iteration already closed.
-            Some(_) => self.forward(&e, out),
+            // A late mark (or a sample taken before the component's window
+            // moved on), for an iteration already closed: on its own.
+            Some(_) => {
+                let mut e = e;
+                e.iteration = Some(iter);
+                self.forward(&e, out);
+            }
             None if sent => {
                 // The iteration's point went out (the run's end closed it
                 // while its last entries were on their way): open it again
@@ -708,6 +794,82 @@ mod tests {
             .map(|p| (p.variant.as_str(), p.iter, p.value))
             .collect();
         assert_eq!(host, vec![("cpu_ram_used_mb", 7, 130.0)], "{out:?}");
+    }
+
+    #[test]
+    fn a_sample_read_before_the_jobs_next_step_stays_with_the_step_before() {
+        // Timer samples are stamped when their read begins and can reach
+        // the converter after a later mark: the job held 200 MiB at
+        // iteration 1 and 120 at iteration 2.
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(None);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        c.push(timer("system", 9.9, 60.0), t0, &mut out);
+        c.push(
+            mark("train", "before_step", 10.0, Some(1), 200.0),
+            t0,
+            &mut out,
+        );
+        c.push(
+            mark("train", "before_step", 11.0, Some(2), 120.0),
+            t0,
+            &mut out,
+        );
+        // Read at 10.5 (iteration 1), arrived after iteration 2's mark:
+        // iteration 1's point of `train` went out at 200, which covers it.
+        c.push(timer("train", 10.5, 180.0), t0, &mut out);
+        // `system` has no point at iteration 1 yet: it goes there.
+        c.push(timer("system", 10.6, 70.0), t0, &mut out);
+        c.push(timer("system", 11.5, 65.0), t0, &mut out);
+        c.push(
+            mark("train", "before_step", 12.0, Some(3), 110.0),
+            t0,
+            &mut out,
+        );
+        c.close_all(&mut out);
+        let host = |title: &str| -> Vec<(u64, f64)> {
+            out.iter()
+                .filter(|p| p.metric == title && p.variant == "cpu_ram_used_mb")
+                .map(|p| (p.iter, p.value))
+                .collect()
+        };
+        // Iteration 2 shows what the job held there, not iteration 1's
+        // sample (it showed 180 before).
+        assert_eq!(
+            host("memory/train"),
+            vec![(1, 200.0), (2, 120.0), (3, 110.0)]
+        );
+        assert_eq!(host("memory/system"), vec![(0, 60.0), (1, 70.0), (2, 65.0)]);
+        assert!(out.iter().all(|p| !p.variant.contains(':')), "{out:?}");
+    }
+
+    #[test]
+    fn a_late_sample_above_its_steps_point_goes_where_the_job_is() {
+        // Its own iteration's point went out, and the server keeps one
+        // point per iteration: the peak goes to the job's iteration now.
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(None);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        c.push(
+            mark("train", "before_step", 10.0, Some(1), 100.0),
+            t0,
+            &mut out,
+        );
+        c.push(
+            mark("train", "before_step", 11.0, Some(2), 120.0),
+            t0,
+            &mut out,
+        );
+        c.push(timer("train", 10.5, 150.0), t0, &mut out);
+        c.close_all(&mut out);
+        let host: Vec<(u64, f64)> = out
+            .iter()
+            .filter(|p| p.variant == "cpu_ram_used_mb")
+            .map(|p| (p.iter, p.value))
+            .collect();
+        assert_eq!(host, vec![(1, 100.0), (2, 150.0)]);
     }
 
     #[test]
