@@ -620,6 +620,23 @@ mod tests {
         }
     }
 
+    /// The points of `entries` on the job's axis, to the end of the run.
+    fn on_the_job_axis(entries: Vec<Entry>) -> Vec<Point> {
+        let mut c = Converter::new(Duration::from_secs(1));
+        c.use_job_axis(None);
+        let mut out = run(&mut c, entries);
+        c.close_all(&mut out);
+        out
+    }
+
+    /// A title's `cpu_ram_used_mb` points, as (iteration, MiB).
+    fn host_of(out: &[Point], title: &str) -> Vec<(u64, f64)> {
+        out.iter()
+            .filter(|p| p.metric == title && p.variant == "cpu_ram_used_mb")
+            .map(|p| (p.iter, p.value))
+            .collect()
+    }
+
     fn run(c: &mut Converter, entries: Vec<Entry>) -> Vec<Point> {
         let now = Instant::now();
         let mut out = Vec::new();
@@ -801,46 +818,28 @@ mod tests {
         // Timer samples are stamped when their read begins and can reach
         // the converter after a later mark: the job held 200 MiB at
         // iteration 1 and 120 at iteration 2.
-        let mut c = Converter::new(Duration::from_secs(1));
-        c.use_job_axis(None);
-        let t0 = Instant::now();
-        let mut out = Vec::new();
-        c.push(timer("system", 9.9, 60.0), t0, &mut out);
-        c.push(
+        let out = on_the_job_axis(vec![
+            timer("system", 9.9, 60.0),
             mark("train", "before_step", 10.0, Some(1), 200.0),
-            t0,
-            &mut out,
-        );
-        c.push(
             mark("train", "before_step", 11.0, Some(2), 120.0),
-            t0,
-            &mut out,
-        );
-        // Read at 10.5 (iteration 1), arrived after iteration 2's mark:
-        // iteration 1's point of `train` went out at 200, which covers it.
-        c.push(timer("train", 10.5, 180.0), t0, &mut out);
-        // `system` has no point at iteration 1 yet: it goes there.
-        c.push(timer("system", 10.6, 70.0), t0, &mut out);
-        c.push(timer("system", 11.5, 65.0), t0, &mut out);
-        c.push(
+            // Read at 10.5 (iteration 1), arrived after iteration 2's mark:
+            // iteration 1's point of `train` went out at 200, which covers it.
+            timer("train", 10.5, 180.0),
+            // `system` has no point at iteration 1 yet: it goes there.
+            timer("system", 10.6, 70.0),
+            timer("system", 11.5, 65.0),
             mark("train", "before_step", 12.0, Some(3), 110.0),
-            t0,
-            &mut out,
-        );
-        c.close_all(&mut out);
-        let host = |title: &str| -> Vec<(u64, f64)> {
-            out.iter()
-                .filter(|p| p.metric == title && p.variant == "cpu_ram_used_mb")
-                .map(|p| (p.iter, p.value))
-                .collect()
-        };
+        ]);
         // Iteration 2 shows what the job held there, not iteration 1's
         // sample (it showed 180 before).
         assert_eq!(
-            host("memory/train"),
+            host_of(&out, "memory/train"),
             vec![(1, 200.0), (2, 120.0), (3, 110.0)]
         );
-        assert_eq!(host("memory/system"), vec![(0, 60.0), (1, 70.0), (2, 65.0)]);
+        assert_eq!(
+            host_of(&out, "memory/system"),
+            vec![(0, 60.0), (1, 70.0), (2, 65.0)]
+        );
         assert!(out.iter().all(|p| !p.variant.contains(':')), "{out:?}");
     }
 
@@ -848,28 +847,12 @@ mod tests {
     fn a_late_sample_above_its_steps_point_goes_where_the_job_is() {
         // Its own iteration's point went out, and the server keeps one
         // point per iteration: the peak goes to the job's iteration now.
-        let mut c = Converter::new(Duration::from_secs(1));
-        c.use_job_axis(None);
-        let t0 = Instant::now();
-        let mut out = Vec::new();
-        c.push(
+        let out = on_the_job_axis(vec![
             mark("train", "before_step", 10.0, Some(1), 100.0),
-            t0,
-            &mut out,
-        );
-        c.push(
             mark("train", "before_step", 11.0, Some(2), 120.0),
-            t0,
-            &mut out,
-        );
-        c.push(timer("train", 10.5, 150.0), t0, &mut out);
-        c.close_all(&mut out);
-        let host: Vec<(u64, f64)> = out
-            .iter()
-            .filter(|p| p.variant == "cpu_ram_used_mb")
-            .map(|p| (p.iter, p.value))
-            .collect();
-        assert_eq!(host, vec![(1, 100.0), (2, 150.0)]);
+            timer("train", 10.5, 150.0),
+        ]);
+        assert_eq!(host_of(&out, "memory/train"), vec![(1, 100.0), (2, 150.0)]);
     }
 
     #[test]
