@@ -48,9 +48,10 @@ def smaps(pid):
     return rss, dirty
 
 
-def measure(memtrack, gpu, seconds):
+def measure(memtrack, gpu, seconds, extra_env=None):
     work = tempfile.mkdtemp(prefix="gpu-rss-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMTRACK_")}
+    env.update(extra_env or {})
     cmd = [memtrack, "run", "--interval", "100ms", "--name", "rss", "--output", work, "--listen", "off"]
     if not gpu:
         cmd.append("--no-gpu")
@@ -68,9 +69,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--memtrack", default=os.path.join(REPO, "target", "release", "memtrack"))
     ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--nvml-rss", help="bench/nvml_rss.c built: NVML's own cost in a bare process")
     args = ap.parse_args()
     host = measure(args.memtrack, False, args.seconds)
     nvml = measure(args.memtrack, True, args.seconds)
+    # glibc gives each thread that allocates its own arena: is that where
+    # the difference goes?
+    one_arena = measure(args.memtrack, True, args.seconds, {"MALLOC_ARENA_MAX": "1"})
     lines = ["# memtrack's RSS with NVML and without", "",
              "`python3 bench/gpu_rss.py --memtrack BIN --seconds %g`: the same job (1 GiB of CUDA memory) under "
              "`memtrack run --interval 100ms`, read after %g s." % (args.seconds, args.seconds), "",
@@ -87,6 +92,14 @@ def main():
     for n in diff[:12]:
         lines.append("| %s | %d (%d) | %d (%d) | %+d |" % (n, host[1][n], host[2][n], nvml[1][n], nvml[2][n],
                                                           nvml[1][n] - host[1][n]))
+    lines += ["", "With NVML and `MALLOC_ARENA_MAX=1` (one malloc arena for every thread): VmRSS %.1f MiB, "
+              "RssAnon %.1f MiB (%+.1f MiB against host-only)." % (
+                  one_arena[0]["VmRSS"] / 1024, one_arena[0]["RssAnon"] / 1024,
+                  (one_arena[0]["RssAnon"] - host[0]["RssAnon"]) / 1024)]
+    if args.nvml_rss:
+        floor = subprocess.run([args.nvml_rss, str(int(args.seconds * 10))], capture_output=True, text=True)
+        lines += ["", "NVML's own cost in a bare C process (`bench/nvml_rss.c`, %d samples):" % int(args.seconds * 10),
+                  "", "```", (floor.stdout + floor.stderr).strip(), "```"]
     text = "\n".join(lines) + "\n"
     print(text)
 
