@@ -10,5 +10,6 @@ pub(crate) mod mlflow;
 pub(crate) mod output;
 pub(crate) mod peer;
 pub mod prometheus;
+pub(crate) mod reached;
 pub mod s3;
 pub mod task_note;

@@ -34,11 +34,12 @@
 //! `:timer` series beside it (only a mark arriving after its iteration's
 //! point went out takes the collision rule above).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::export::reached::{self, Reached};
 use crate::model::{Entry, EntryKind, GpuSource};
 
 /// The series reported for every entry: the four base figures, then
@@ -116,12 +117,10 @@ pub struct Converter {
     job_axis: bool,
     /// The latest iteration the job reached (job axis).
     job_iter: u64,
-    /// The job's latest entries with an iteration, `(time, iteration)` in
-    /// time order (see [`Converter::iteration_at`]).
-    reached: VecDeque<(f64, u64)>,
-    /// The largest iteration no longer in `reached`, and the task's
-    /// `last_iteration` read from the server.
-    reached_floor: u64,
+    /// The job's latest entries with an iteration, by time, and (as the
+    /// floor) the task's `last_iteration` read from the server (see
+    /// [`Converter::iteration_at`]).
+    reached: Reached,
     /// The run's start (Unix seconds) while the job axis falls back to
     /// time: the job has reported no iteration yet (see the module doc).
     time_from: Option<f64>,
@@ -147,10 +146,6 @@ pub(crate) struct TimeAxis {
     pub(crate) after: f64,
 }
 
-/// How many of the job's latest iterations are kept with their times: an
-/// entry later than that many marks takes the largest of the rest.
-const REACHED_KEPT: usize = 256;
-
 /// The largest `iter` a ClearML server stores (a signed 64-bit integer).
 pub(crate) const MAX_ITER: u64 = i64::MAX as u64;
 
@@ -167,8 +162,7 @@ impl Converter {
             duplicate_logged: false,
             job_axis: false,
             job_iter: 0,
-            reached: VecDeque::new(),
-            reached_floor: 0,
+            reached: Reached::default(),
             time_from: None,
             time_pending: None,
             time_max: 0,
@@ -219,7 +213,7 @@ impl Converter {
             self.time_pending = None;
         }
         self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
-        self.reached_floor = self.reached_floor.max(iter.min(MAX_ITER));
+        self.reached.raise_floor(iter.min(MAX_ITER));
         self.leave_time_axis();
     }
 
@@ -230,16 +224,10 @@ impl Converter {
         let iter = iter.min(MAX_ITER);
         self.job_iter = self.job_iter.max(iter);
         self.leave_time_axis();
-        if !ts.is_finite() {
-            self.reached_floor = self.reached_floor.max(iter);
-            return;
-        }
-        let i = self.reached.partition_point(|(t, _)| *t <= ts);
-        self.reached.insert(i, (ts, iter));
-        if self.reached.len() > REACHED_KEPT {
-            if let Some((_, old)) = self.reached.pop_front() {
-                self.reached_floor = self.reached_floor.max(old);
-            }
+        if ts.is_finite() {
+            self.reached.keep(reached::micros(ts), iter);
+        } else {
+            self.reached.raise_floor(iter);
         }
     }
 
@@ -252,10 +240,7 @@ impl Converter {
         if !ts.is_finite() {
             return self.job_iter;
         }
-        self.reached
-            .iter()
-            .take_while(|(t, _)| *t < ts)
-            .fold(self.reached_floor, |acc, (_, i)| acc.max(*i))
+        self.reached.largest_before(reached::micros(ts))
     }
 
     /// The iteration an entry without one goes to: the one the job was at

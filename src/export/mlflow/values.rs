@@ -3,7 +3,8 @@
 //!
 //! A value's `step` is the entry's iteration; a timer sample, which has
 //! none, takes the iteration of the last mark before it in time, looked up
-//! among the latest marks ([`StepTracker`]): a sample whose reading
+//! among the latest marks ([`StepTracker`], over
+//! [`Reached`](crate::export::reached::Reached)): a sample whose reading
 //! overlapped a mark reaches the output after it. Marks the
 //! job held back and sent together (steps less than 10 ms apart) arrive
 //! after a timer sample taken meanwhile, though they came before it: a
@@ -21,6 +22,7 @@
 use std::collections::VecDeque;
 
 use super::api::Metric;
+use crate::export::reached::{self, Mark, Reached};
 use crate::logging::RateLimited;
 use crate::model::Entry;
 
@@ -46,32 +48,13 @@ pub(crate) fn known_key(name: &str) -> Option<&'static str> {
         .copied()
 }
 
-/// How many of the latest marks the step tracker keeps: an entry that
-/// reaches the output after later marks (a sample whose reading overlapped
-/// them) looks its step up among these.
-const MARKS_KEPT: usize = 256;
-
 /// Turns entries into values, following the job's iteration: an entry
 /// without one takes the iteration of the latest mark before it in time,
 /// as the run's log orders them, whatever order they arrive in.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct StepTracker {
-    /// The latest marks, `(µs, iteration)`, in time order (marks of one
-    /// millisecond keep their order).
-    marks: VecDeque<(i64, i64)>,
-    /// The iteration before the oldest mark kept, and its mark's time (µs).
-    before: (i64, i64),
+    marks: Reached,
     last_ms: i64,
-}
-
-impl Default for StepTracker {
-    fn default() -> StepTracker {
-        StepTracker {
-            marks: VecDeque::new(),
-            before: (0, i64::MIN),
-            last_ms: 0,
-        }
-    }
 }
 
 impl StepTracker {
@@ -83,36 +66,20 @@ impl StepTracker {
 
     /// An entry's time in microseconds.
     fn micros(e: &Entry) -> i64 {
-        (e.timestamp * 1e6) as i64
+        reached::micros(e.timestamp)
     }
 
-    /// The iteration at `us`, and the time (µs) of the mark it came from:
-    /// the latest mark strictly before (an entry of the mark's very instant
-    /// comes before it in the run's log).
-    fn at(&self, us: i64) -> (i64, i64) {
-        self.marks
-            .iter()
-            .rev()
-            .find(|(at, _)| *at < us)
-            .map_or(self.before, |&(at, step)| (step, at))
+    /// A mark's step and time (µs); before any mark, step 0 from the
+    /// beginning of time.
+    fn step_of(mark: Option<Mark>) -> (i64, i64) {
+        mark.map_or((0, i64::MIN), |m| {
+            (i64::try_from(m.iteration).unwrap_or(i64::MAX), m.at_us)
+        })
     }
 
     /// The latest iteration, and its mark's time (µs).
     fn latest(&self) -> (i64, i64) {
-        self.marks
-            .back()
-            .map_or(self.before, |&(at, step)| (step, at))
-    }
-
-    /// Keeps a mark, in time order.
-    fn keep(&mut self, us: i64, step: i64) {
-        let i = self.marks.partition_point(|(at, _)| *at <= us);
-        self.marks.insert(i, (us, step));
-        if self.marks.len() > MARKS_KEPT {
-            if let Some((at, step)) = self.marks.pop_front() {
-                self.before = (step, at);
-            }
-        }
+        Self::step_of(self.marks.latest())
     }
 
     /// The entry's three values (host, GPU, GPU reserved), and for an
@@ -123,12 +90,13 @@ impl StepTracker {
         let us = Self::micros(e);
         let (step, from) = match e.iteration {
             Some(i) => {
-                let i = i64::try_from(i).unwrap_or(i64::MAX);
-                self.keep(us, i);
-                (i, None)
+                self.marks.keep(us, i);
+                (i64::try_from(i).unwrap_or(i64::MAX), None)
             }
             None => {
-                let (step, from) = self.at(us);
+                // The latest mark strictly before: an entry of a mark's
+                // very instant comes before it in the run's log.
+                let (step, from) = Self::step_of(self.marks.latest_before(us));
                 (step, Some(from))
             }
         };
@@ -318,6 +286,7 @@ impl Values {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::reached::MARKS_KEPT;
     use crate::model::Figures;
 
     fn entry(iteration: Option<u64>, mb: f64, t: f64) -> Entry {
