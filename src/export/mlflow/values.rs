@@ -144,6 +144,17 @@ struct Queued {
     at: i64,
 }
 
+impl Queued {
+    /// A value whose step is settled: from a file, or one that went out.
+    fn settled(metric: Metric) -> Queued {
+        Queued {
+            at: metric.timestamp.saturating_mul(1000),
+            metric,
+            from: None,
+        }
+    }
+}
+
 /// The values waiting for the server, oldest first, at most `max` (plus
 /// the one batch that was out and came back).
 #[derive(Debug)]
@@ -169,11 +180,7 @@ impl Values {
     /// already bounded by its size).
     pub(crate) fn holding(values: Vec<Metric>) -> Values {
         let mut v = Values::new(values.len());
-        v.queue.extend(values.into_iter().map(|metric| Queued {
-            at: metric.timestamp.saturating_mul(1000),
-            metric,
-            from: None,
-        }));
+        v.queue.extend(values.into_iter().map(Queued::settled));
         v
     }
 
@@ -269,11 +276,7 @@ impl Values {
     pub(crate) fn put_back(&mut self, batch: Vec<Metric>) {
         // Sent or not, their steps stay as they went out.
         for metric in batch.into_iter().rev() {
-            self.queue.push_front(Queued {
-                at: metric.timestamp.saturating_mul(1000),
-                metric,
-                from: None,
-            });
+            self.queue.push_front(Queued::settled(metric));
         }
     }
 
