@@ -608,6 +608,14 @@ impl Entry {
         self.charge_hwm_mb = max_of(self.charge_hwm_mb, other.charge_hwm_mb);
     }
 
+    /// Whether the entry's figures repeat an earlier reading rather than
+    /// being read at its time: `experiment_end` carries the last sample
+    /// taken while the tree was alive, stamped with the end. A line drawn
+    /// through it would jump back up after the job had freed its memory.
+    pub(crate) fn repeats_a_reading(&self) -> bool {
+        self.kind == EntryKind::System && self.operation == "experiment_end"
+    }
+
     /// The highest host figure the entry saw, on the kernel's charge
     /// basis when it has one (the job's cgroup), else the headline's.
     pub(crate) fn charge_or_headline_peak(&self) -> f64 {

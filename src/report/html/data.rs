@@ -240,20 +240,23 @@ impl Gather {
             let end = e.timestamp_end.unwrap_or(e.timestamp).max(e.timestamp);
             self.last = Some(self.last.map_or(end, |l| l.max(end)));
         }
-        let allocator = e.gpu_source == GpuSource::Allocator
-            || (e.gpu_source == GpuSource::None
-                && (e.figures.gpu_ram_used_mb > 0.0 || e.figures.reserved_gpu_ram_mb > 0.0));
-        self.series.push(
-            t,
-            [
-                Some(e.figures.cpu_ram_used_mb),
-                (e.figures.cpu_ram_hwm_mb > 0.0).then_some(e.figures.cpu_ram_hwm_mb),
-                Some(e.figures.gpu_process_used_mb),
-                allocator.then_some(e.figures.gpu_ram_used_mb),
-                allocator.then_some(e.figures.reserved_gpu_ram_mb),
-                e.charge_mb,
-            ],
-        );
+        // The lines go through the readings; `experiment_end` repeats one.
+        if !e.repeats_a_reading() {
+            let allocator = e.gpu_source == GpuSource::Allocator
+                || (e.gpu_source == GpuSource::None
+                    && (e.figures.gpu_ram_used_mb > 0.0 || e.figures.reserved_gpu_ram_mb > 0.0));
+            self.series.push(
+                t,
+                [
+                    Some(e.figures.cpu_ram_used_mb),
+                    (e.figures.cpu_ram_hwm_mb > 0.0).then_some(e.figures.cpu_ram_hwm_mb),
+                    Some(e.figures.gpu_process_used_mb),
+                    allocator.then_some(e.figures.gpu_ram_used_mb),
+                    allocator.then_some(e.figures.reserved_gpu_ram_mb),
+                    e.charge_mb,
+                ],
+            );
+        }
         if let Some(cell) = self.marks.at(e.timestamp) {
             if let Some(i) = e.iteration {
                 cell.iteration = Some((e.timestamp, i));

@@ -103,8 +103,14 @@ impl Timeline {
             duration,
             ..Timeline::default()
         };
-        m.add_host(&log);
-        m.add_gpu(doc, &log);
+        // The lines go through the readings; `experiment_end` repeats one.
+        let readings: Vec<&Entry> = log
+            .iter()
+            .copied()
+            .filter(|e| !e.repeats_a_reading())
+            .collect();
+        m.add_host(&readings);
+        m.add_gpu(doc, &readings);
         m.add_targets(doc, process_rss);
         m.add_trends(&log);
         m.add_gpu_capacity(doc);
@@ -656,6 +662,31 @@ mod tests {
                 ("data", "load", 2.0, 20.0, true),
             ]
         );
+    }
+
+    #[test]
+    fn the_lines_end_at_the_last_reading_not_at_experiment_ends_repeat() {
+        // The job freed its memory before it exited; `experiment_end`
+        // carries the last sample taken while it was alive (500 MiB).
+        let mut doc = Document::default();
+        doc.run.start = 100.0;
+        for (t, host, gpu, kind, op) in [
+            (100.0, 10.0, 0.0, EntryKind::System, "experiment_start"),
+            (101.0, 500.0, 4000.0, EntryKind::Timer, "timer"),
+            (102.0, 30.0, 0.0, EntryKind::Timer, "timer"),
+            (102.5, 500.0, 4000.0, EntryKind::System, "experiment_end"),
+        ] {
+            let mut e = event("system", op, t, None);
+            e.kind = kind;
+            e.figures.cpu_ram_used_mb = host;
+            e.figures.gpu_process_used_mb = gpu;
+            doc.detailed_log.push(e);
+        }
+        let m = Timeline::from_document(&doc, false).unwrap();
+        assert_eq!(m.host.last(), Some(&(2.0, 30.0)), "{:?}", m.host);
+        assert_eq!(m.gpu_tree.last(), Some(&(2.0, 0.0)), "{:?}", m.gpu_tree);
+        assert_eq!(m.host_peak.map(|p| p.1), Some(500.0));
+        assert_eq!(m.experiment_end, Some(2.5));
     }
 
     #[test]
