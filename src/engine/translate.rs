@@ -101,7 +101,10 @@ fn action(message: Message, pid: Option<u32>, received: f64, floor: f64) -> Acti
             )),
             summary,
         },
-        Message::Subscribe | Message::Cleanup | Message::ClearmlTask { .. } => Action::Nothing,
+        Message::Subscribe
+        | Message::Cleanup
+        | Message::ClearmlTask { .. }
+        | Message::ClearmlClose { .. } => Action::Nothing,
     }
 }
 

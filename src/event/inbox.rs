@@ -6,7 +6,7 @@
 
 use tokio::sync::oneshot;
 
-use super::protocol::Request;
+use super::protocol::{Request, TaskStatus};
 use crate::sys;
 
 /// Messages to the engine.
@@ -42,13 +42,23 @@ pub(crate) struct ClientRequest {
 /// buffer fills) instead of growing memtrack's memory.
 pub(crate) const JOB_TASK_QUEUE: usize = 64;
 
-/// The job's announcement of its own ClearML task.
+/// The job's announcement of its own ClearML task, or of its closing.
 #[derive(Debug)]
 pub struct JobTask {
     pub(crate) id: String,
+    /// The job's SDK is closing the task: memtrack may set this status
+    /// itself once the final artifact is registered.
+    pub(crate) close: Option<TaskClose>,
     /// Answered once the task is taken up (and the artifact registered,
-    /// when one is expected) or turned down.
+    /// when one is expected) or turned down; for a close, at once.
     pub(crate) reply: Option<oneshot::Sender<JobTaskReply>>,
+}
+
+/// The status a job's SDK was about to give its task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskClose {
+    pub(crate) status: TaskStatus,
+    pub(crate) reason: Option<String>,
 }
 
 /// What became of a [`JobTask`].
@@ -58,6 +68,8 @@ pub struct JobTaskReply {
     pub(crate) reporting: bool,
     /// The `memory_usage` artifact is registered on it.
     pub(crate) artifact: bool,
+    /// memtrack sets the task's final status (a close it took over).
+    pub(crate) deferred: bool,
     /// In words, for the job's log.
     pub(crate) message: String,
 }

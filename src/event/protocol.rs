@@ -83,6 +83,33 @@ pub enum Message {
     ClearmlTask {
         task: String,
     },
+    /// The job's ClearML SDK is closing that task with `status` (at the
+    /// job's exit, or `task.close()`): memtrack may set it instead, after
+    /// the final `memory_usage` artifact, so the record is the final file's.
+    ClearmlClose {
+        task: String,
+        status: TaskStatus,
+        /// Why, as the SDK says it (a failed task's exception).
+        reason: Option<String>,
+    },
+}
+
+/// A ClearML task's final status, as a job's SDK sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskStatus {
+    Completed,
+    Failed,
+    Stopped,
+}
+
+impl TaskStatus {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Stopped => "stopped",
+        }
+    }
 }
 
 impl Message {
@@ -411,11 +438,27 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
         "clearml_task" => Message::ClearmlTask {
             task: task_id(raw.task)?,
         },
+        "clearml_close" => Message::ClearmlClose {
+            task: task_id(raw.task)?,
+            status: match raw.status.as_deref() {
+                Some("completed") => TaskStatus::Completed,
+                Some("failed") => TaskStatus::Failed,
+                Some("stopped") => TaskStatus::Stopped,
+                _ => return Err(invalid("status", "must be completed, failed or stopped")),
+            },
+            reason: match raw.message {
+                Some(m) => {
+                    check_text("message", &m, MAX_MESSAGE)?;
+                    Some(m)
+                }
+                None => None,
+            },
+        },
         other => {
             return Err(ProtocolError::new(
                 ErrorCode::UnknownType,
                 format!(
-                    "unknown type {:?}; known: mark, span_begin, span_end, stage_begin, stage_end, subscribe, status, cleanup, register, oom, clearml_task",
+                    "unknown type {:?}; known: mark, span_begin, span_end, stage_begin, stage_end, subscribe, status, cleanup, register, oom, clearml_task, clearml_close",
                     truncated(other)
                 ),
             ))
@@ -737,6 +780,63 @@ mod tests {
         }
         let long = format!(r#"{{"type":"clearml_task","task":"{}"}}"#, "a".repeat(65));
         assert!(err(&long).message.contains("task id"));
+    }
+
+    #[test]
+    fn clearml_closes_name_the_task_and_a_status() {
+        let r = ok(
+            r#"{"type":"clearml_close","task":"0123abcd","status":"failed","message":"Exception boom","ack":true}"#,
+        );
+        assert_eq!(
+            r.message,
+            Message::ClearmlClose {
+                task: "0123abcd".into(),
+                status: TaskStatus::Failed,
+                reason: Some("Exception boom".into()),
+            }
+        );
+        assert!(!r.message.needs_sample() && !r.message.is_recorded());
+        let plain = ok(r#"{"type":"clearml_close","task":"t-1","status":"completed"}"#);
+        assert!(matches!(
+            plain.message,
+            Message::ClearmlClose {
+                status: TaskStatus::Completed,
+                reason: None,
+                ..
+            }
+        ));
+        let long = format!(
+            r#"{{"type":"clearml_close","task":"t","status":"failed","message":"{}"}}"#,
+            "x".repeat(MAX_MESSAGE + 1)
+        );
+        for (line, why) in [
+            (
+                r#"{"type":"clearml_close","status":"completed"}"#.to_string(),
+                "required",
+            ),
+            (
+                r#"{"type":"clearml_close","task":"../x","status":"completed"}"#.into(),
+                "task id",
+            ),
+            (
+                r#"{"type":"clearml_close","task":"t"}"#.into(),
+                "completed, failed or stopped",
+            ),
+            (
+                r#"{"type":"clearml_close","task":"t","status":"published"}"#.into(),
+                "completed, failed or stopped",
+            ),
+            (
+                r#"{"type":"clearml_close","task":"t","status":"failed","message":"a\u0000b"}"#
+                    .into(),
+                "control",
+            ),
+            (long, "1024 bytes"),
+        ] {
+            let e = err(&line);
+            assert_eq!(e.code, ErrorCode::Invalid, "{line}: {e:?}");
+            assert!(e.message.contains(why), "{line}: {}", e.message);
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::inbox::{ClientRequest, Input};
+use super::inbox::{ClientRequest, Input, TaskClose};
 use super::protocol::{self, ErrorCode, Message, Notice, ProtocolError, MAX_LINE};
 use crate::units::unix_now;
 
@@ -516,7 +516,19 @@ impl Session<'_> {
                 self.reply(protocol::ok_line("cleanup", &id, fields));
             }
             Message::ClearmlTask { task } => {
-                if let Some(line) = announce_task(self.shared, task, &id, request.ack).await {
+                if let Some(line) = announce_task(self.shared, task, None, &id, request.ack).await {
+                    self.reply(line);
+                }
+            }
+            Message::ClearmlClose {
+                task,
+                status,
+                reason,
+            } => {
+                let close = TaskClose { status, reason };
+                if let Some(line) =
+                    announce_task(self.shared, task, Some(close), &id, request.ack).await
+                {
                     self.reply(line);
                 }
             }
@@ -569,21 +581,29 @@ impl Session<'_> {
     }
 }
 
-/// Hands the job's ClearML task to the reporter. With `ack`, the reply
-/// comes once the reporter has taken the task up (and registered the
-/// artifact, when there is one to register) or turned it down, at most
-/// [`ENGINE_TIMEOUT`] later; `"clearml":false` when this run does not report
-/// to ClearML.
+/// Hands the job's ClearML task to the reporter, or (`close`) its SDK's
+/// closing of it. With `ack`, the reply comes once the reporter has taken
+/// the task up (and registered the artifact, when there is one to
+/// register) or turned it down, or has taken the close over or not, at
+/// most [`ENGINE_TIMEOUT`] later; `"clearml":false` when this run does not
+/// report to ClearML.
 async fn announce_task(
     shared: &Shared,
     task: String,
+    close: Option<TaskClose>,
     id: &Option<protocol::Id>,
     ack: bool,
 ) -> Option<Vec<u8>> {
     use super::inbox::{JobTask, JobTaskReply};
+    let kind = if close.is_some() {
+        "clearml_close"
+    } else {
+        "clearml_task"
+    };
     let (tx, rx) = oneshot::channel();
     let announcement = JobTask {
         id: task.clone(),
+        close,
         reply: ack.then_some(tx),
     };
     // A full queue holds this connection back, as the engine's does.
@@ -621,6 +641,7 @@ async fn announce_task(
             _ => JobTaskReply {
                 reporting: false,
                 artifact: false,
+                deferred: false,
                 message: "the ClearML reporter did not answer in time".into(),
             },
         }
@@ -628,6 +649,7 @@ async fn announce_task(
         JobTaskReply {
             reporting: false,
             artifact: false,
+            deferred: false,
             message: off_message(shared),
         }
     };
@@ -636,8 +658,9 @@ async fn announce_task(
     fields.insert("task".into(), task.into());
     fields.insert("reporting".into(), reply.reporting.into());
     fields.insert("artifact".into(), reply.artifact.into());
+    fields.insert("deferred".into(), reply.deferred.into());
     fields.insert("message".into(), reply.message.into());
-    Some(protocol::ok_line("clearml_task", id, fields))
+    Some(protocol::ok_line(kind, id, fields))
 }
 
 /// Why a `clearml_task` announcement is not taken up.

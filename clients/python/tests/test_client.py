@@ -717,6 +717,7 @@ def fake_clearml(monkeypatch):
 
     class Task(object):
         _Task__main_task = None
+        failure = None   # the exception the job's exit hook saw
 
         def __init__(self, tid):
             self.id = tid
@@ -732,12 +733,29 @@ def fake_clearml(monkeypatch):
 
         def close(self):
             events.append(("close", time.monotonic()))
+            self._Task__shutdown()
+
+        # The SDK's shutdown sets the final status with these.
+        def _Task__shutdown(self):
+            if self.failure:
+                self.mark_failed(status_reason=self.failure)
+            else:
+                self.mark_completed()
+
+        def mark_completed(self, ignore_errors=True, status_message=None, force=False):
+            events.append(("completed", None))
+
+        def mark_failed(self, ignore_errors=True, status_reason=None, status_message=None, force=False):
+            events.append(("failed", status_reason))
+
+        def stopped(self, ignore_errors=True, force=False, status_reason=None, status_message=None):
+            events.append(("stopped", status_reason))
 
     module = types.ModuleType("clearml")
     module.Task = Task
     monkeypatch.setitem(sys.modules, "clearml", module)
     fresh = {"next": 0.0, "retry_at": 0.0, "task": None, "done": None, "reply": None,
-             "patched": False}
+             "patched": False, "closing": None, "path": None}
     monkeypatch.setattr(client_mod, "_clearml_state", dict(fresh))
     yield Task, events
     client_mod._clearml_wait(5)
@@ -753,6 +771,9 @@ def test_the_sdks_task_is_announced_once_on_its_own_connection(fake, fake_clearm
             answered.append(time.monotonic())
             return {"ok": True, "type": "clearml_task", "id": obj["id"], "clearml": True,
                     "task": obj["task"], "reporting": True, "artifact": True, "message": "ok"}
+        if obj.get("type") == "clearml_close":
+            return {"ok": True, "type": "clearml_close", "id": obj["id"], "deferred": False,
+                    "message": "the SDK sets its status"}
         return None
 
     d = fake(responder=responder)
@@ -775,6 +796,59 @@ def test_the_sdks_task_is_announced_once_on_its_own_connection(fake, fake_clearm
     assert announced[0]["_conn"] not in {o["_conn"] for o in marks}
     assert client_mod._clearml_state["reply"]["reporting"] is True
     assert memtrack.clearml_announce(client=c, wait=True)["artifact"] is True   # the same answer
+    # The daemon did not take the close over: the SDK completed the task.
+    assert [e[0] for e in events] == ["close", "completed"]
+
+
+def test_the_sdks_close_is_left_to_a_daemon_that_takes_it_over(fake, fake_clearml):
+    Task, events = fake_clearml
+    offered = []
+
+    def responder(obj, pid):
+        if obj.get("type") == "clearml_task":
+            return {"ok": True, "type": "clearml_task", "id": obj["id"], "clearml": True,
+                    "task": obj["task"], "reporting": True, "artifact": True, "message": "ok"}
+        if obj.get("type") == "clearml_close":
+            offered.append(obj)
+            return {"ok": True, "type": "clearml_close", "id": obj["id"], "clearml": True,
+                    "deferred": True, "message": "memtrack marks it"}
+        return None
+
+    d = fake(responder=responder)
+    c = memtrack.Client(d.path)
+    task = Task.init("t-1")
+    task.failure = "Exception boom\nat step 5\x00"
+    c.mark("model", "step", iteration=0)
+    assert memtrack.clearml_announce(client=c, wait=True)["artifact"] is True
+    # A status set outside the SDK's shutdown is the job's own: not offered.
+    task.stopped(status_reason="by hand")
+    task.close()
+    assert [e[0] for e in events] == ["stopped", "close"], events   # the SDK left it
+    assert len(offered) == 1, offered
+    assert offered[0]["task"] == "t-1" and offered[0]["status"] == "failed"
+    assert offered[0]["message"] == "Exception boom at step 5", offered[0]
+    assert offered[0]["ack"] is True
+    assert client_mod._clearml_state["closing"] is None
+
+
+@pytest.mark.filterwarnings("ignore::memtrack.MemtrackWarning")
+def test_without_an_artifact_the_sdk_keeps_its_close(fake, fake_clearml):
+    Task, events = fake_clearml
+
+    def responder(obj, pid):
+        if obj.get("type") == "clearml_task":
+            return {"ok": True, "type": "clearml_task", "id": obj["id"], "clearml": True,
+                    "task": obj["task"], "reporting": True, "artifact": False, "message": "ok"}
+        return None
+
+    d = fake(responder=responder)
+    c = memtrack.Client(d.path)
+    task = Task.init("t-2")
+    assert memtrack.clearml_announce(client=c, wait=True)["reporting"] is True
+    task.close()
+    assert [e[0] for e in events] == ["close", "completed"]
+    d.settle()
+    assert not [o for o in d.objects() if o.get("type") == "clearml_close"]
 
 
 @pytest.mark.filterwarnings("ignore::memtrack.MemtrackWarning")  # "no memtrack daemon"

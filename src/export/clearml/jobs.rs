@@ -12,6 +12,7 @@ use super::outcome::{Artifact, TaskEnd};
 use super::points;
 use super::state::{JobKind, JobOutput, ReporterState, Running};
 use super::tasks;
+use crate::event::inbox::TaskClose;
 
 /// Largest `events.add_batch` body (the SDK caps at 15 MiB).
 const MAX_BATCH_BYTES: usize = 4 << 20;
@@ -169,14 +170,21 @@ impl ReporterState {
         }
     }
 
-    pub(crate) fn status_job(&self, task: &str, outcome: &TaskEnd) -> Running {
+    /// Sets the task's final status: from the job's exit for a task
+    /// memtrack created, or the one the job's SDK left to memtrack.
+    pub(crate) fn status_job(
+        &self,
+        task: &str,
+        outcome: &TaskEnd,
+        close: Option<TaskClose>,
+    ) -> Running {
         let api = self.api.clone();
         let task = task.to_string();
         let exit = outcome.exit;
         Running {
             kind: JobKind::Status,
             fut: Box::pin(async move {
-                JobOutput::Status(tasks::final_status(&api, &task, exit).await)
+                JobOutput::Status(tasks::final_status(&api, &task, exit, close).await)
             }),
         }
     }

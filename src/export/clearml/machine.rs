@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::api::CallError;
 use super::tasks::{ArtifactRegistered, TaskCtx};
-use crate::event::inbox::JobTaskReply;
+use crate::event::inbox::{JobTaskReply, TaskClose};
 
 /// Distinct problems kept for the final report.
 pub(crate) const MAX_ERRORS: usize = 32;
@@ -164,7 +164,8 @@ pub(crate) enum EndStep {
     StartArtifact { task: String, check_status: bool },
     /// Send the next batch.
     StartBatch,
-    /// Set the final status of the task memtrack created.
+    /// Set the final status of the task memtrack created, or of the
+    /// job's task whose close the job left to memtrack.
     StartStatus { task: String },
 }
 
@@ -189,6 +190,9 @@ pub(crate) struct Machine {
     pub(crate) refused: u64,
     pub(crate) problems: Vec<String>,
     pub(crate) final_status: Option<String>,
+    /// The job's SDK left its task's final status to memtrack, to be set
+    /// once the final artifact is registered.
+    pub(crate) deferred_close: Option<TaskClose>,
 }
 
 impl Machine {
@@ -210,6 +214,7 @@ impl Machine {
             refused: 0,
             problems: Vec::new(),
             final_status: None,
+            deferred_close: None,
         }
     }
 
@@ -250,6 +255,7 @@ impl Machine {
             reply: JobTaskReply {
                 reporting: false,
                 artifact: false,
+                deferred: false,
                 message,
             },
             warn,
@@ -265,6 +271,7 @@ impl Machine {
                         reply: JobTaskReply {
                             reporting: true,
                             artifact: self.artifact_registered,
+                            deferred: self.deferred_close.is_some(),
                             message: format!("memtrack reports into task {id}"),
                         },
                         warn: false,
@@ -303,6 +310,47 @@ impl Machine {
                 true,
             ),
             Phase::Disabled => refuse(self.off_message(), false),
+        }
+    }
+
+    /// The job's SDK is closing its task `id` with `close`. memtrack takes
+    /// the status over when it reports into that task and will register
+    /// the final `memory_usage` artifact there: a completed task refuses
+    /// the registration, so the record would keep the last checkpoint's
+    /// size and hash. Otherwise the SDK sets it, as without memtrack.
+    pub(crate) fn close_requested(&mut self, id: &str, close: TaskClose) -> JobTaskReply {
+        let refused = |message: String| JobTaskReply {
+            reporting: false,
+            artifact: false,
+            deferred: false,
+            message,
+        };
+        let Phase::Ready(ctx) = &self.phase else {
+            return refused(format!(
+                "memtrack does not report into task {id}; its SDK sets its status"
+            ));
+        };
+        if ctx.task.id != id || ctx.created {
+            return refused(format!(
+                "memtrack reports into task {}, not {id}; the SDK sets its status",
+                ctx.task.id
+            ));
+        }
+        if !self.artifact_expected || !self.artifact_open {
+            return refused(format!(
+                "no memory_usage artifact to register on task {id}; the SDK sets its status"
+            ));
+        }
+        let status = close.status.as_str();
+        self.deferred_close = Some(close);
+        JobTaskReply {
+            reporting: true,
+            artifact: self.artifact_registered,
+            deferred: true,
+            message: format!(
+                "memtrack marks task {id} {status} once the final memory_usage artifact is \
+                 registered"
+            ),
         }
     }
 
@@ -346,6 +394,7 @@ impl Machine {
         Some(JobTaskReply {
             reporting,
             artifact: self.artifact_registered,
+            deferred: self.deferred_close.is_some(),
             message,
         })
     }
@@ -461,7 +510,7 @@ impl Machine {
         match &self.phase {
             Phase::Waiting => true,
             Phase::Starting => self.given_task.is_none() && self.adopt.is_none(),
-            Phase::Ready(t) => t.created,
+            Phase::Ready(t) => t.created || self.deferred_close.is_some(),
             Phase::Disabled => false,
         }
     }
@@ -521,10 +570,12 @@ impl Machine {
                     }
                 } else {
                     match &self.phase {
-                        Phase::Ready(t) if t.created && !f.job_running => EndStep::StartStatus {
-                            task: t.task.id.clone(),
-                        },
-                        Phase::Ready(t) if t.created => EndStep::Stay,
+                        Phase::Ready(t) if self.owns_status() && !f.job_running => {
+                            EndStep::StartStatus {
+                                task: t.task.id.clone(),
+                            }
+                        }
+                        Phase::Ready(_) if self.owns_status() => EndStep::Stay,
                         _ => EndStep::Move(EndStage::Done),
                     }
                 }
@@ -536,6 +587,7 @@ impl Machine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::protocol::TaskStatus;
     use crate::export::clearml::outcome::TaskRef;
     use serde_json::json;
 
@@ -840,6 +892,82 @@ mod tests {
         end.stage = EndStage::Status;
         assert_eq!(m.end_step(&end, facts()), EndStep::Move(EndStage::Done));
         assert!(!m.owns_status());
+    }
+
+    #[test]
+    fn the_jobs_close_is_taken_over_only_for_its_task_with_an_artifact_coming() {
+        let close = |status| TaskClose {
+            status,
+            reason: None,
+        };
+        // No artifact to register: the SDK keeps its close.
+        let mut m = ready(false, true);
+        let r = m.close_requested("t1", close(TaskStatus::Completed));
+        assert!(
+            !r.deferred && r.message.contains("no memory_usage artifact"),
+            "{r:?}"
+        );
+        // Another task, or one memtrack created: the SDK keeps it too.
+        let mut m = Machine::new(None, true, false);
+        m.setup_done(ctx("t1", false, true));
+        assert!(
+            !m.close_requested("t2", close(TaskStatus::Completed))
+                .deferred
+        );
+        let mut own = Machine::new(None, true, false);
+        own.setup_done(ctx("t1", true, false));
+        assert!(
+            !own.close_requested("t1", close(TaskStatus::Completed))
+                .deferred
+        );
+        // A task that refused artifacts already (closed by its owner).
+        let mut shut = Machine::new(None, true, false);
+        shut.setup_done(ctx("t1", false, true));
+        shut.artifact_open = false;
+        assert!(
+            !shut
+                .close_requested("t1", close(TaskStatus::Completed))
+                .deferred
+        );
+        assert!(!m.owns_status());
+
+        let r = m.close_requested(
+            "t1",
+            TaskClose {
+                status: TaskStatus::Failed,
+                reason: Some("Exception boom".into()),
+            },
+        );
+        assert!(r.deferred && r.reporting, "{r:?}");
+        assert!(r.message.contains("marks task t1 failed"), "{}", r.message);
+        assert!(m.owns_status());
+        // The end registers the final artifact (the task is still open),
+        // flushes, then sets the status the SDK left.
+        let with = EndFacts {
+            has_artifact: true,
+            ..facts()
+        };
+        let mut end = EndProgress {
+            stage: EndStage::Artifact,
+            ..EndProgress::new()
+        };
+        assert_eq!(
+            m.end_step(&end, with),
+            EndStep::StartArtifact {
+                task: "t1".into(),
+                check_status: true
+            }
+        );
+        end.stage = EndStage::Status;
+        let running = EndFacts {
+            job_running: true,
+            ..facts()
+        };
+        assert_eq!(m.end_step(&end, running), EndStep::Stay);
+        assert_eq!(
+            m.end_step(&end, facts()),
+            EndStep::StartStatus { task: "t1".into() }
+        );
     }
 
     #[test]

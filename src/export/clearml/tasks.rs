@@ -9,6 +9,8 @@ use serde_json::{json, Value};
 use super::api::{Api, Body, CallError};
 use super::outcome::TaskRef;
 use super::settings::Settings;
+use crate::event::inbox::TaskClose;
+use crate::event::protocol::TaskStatus;
 use crate::model::RunInfo;
 
 /// The task memtrack reports into, as the setup found or made it.
@@ -349,12 +351,14 @@ fn created_id(data: &Value, call: &str) -> Result<String, CallError> {
         })
 }
 
-/// Marks a task memtrack created completed or failed, if it is still
-/// `in_progress` (someone may have stopped it from the UI).
+/// Marks a task memtrack created completed or failed by the job's exit,
+/// or the job's task with the status its SDK left to memtrack (`close`),
+/// if it is still `in_progress` (someone may have stopped it from the UI).
 pub(crate) async fn final_status(
     api: &Api,
     task: &str,
     exit: Option<crate::model::Exit>,
+    close: Option<TaskClose>,
 ) -> Result<String, StatusError> {
     let current = api
         .call_retrying("tasks.get_by_id", &Body::Json(json!({"task": task})))
@@ -374,7 +378,48 @@ pub(crate) async fn final_status(
         );
         return Ok(status);
     }
-    let (endpoint, new, reason, message) = match exit {
+    let (endpoint, new, reason, message) = match (close, exit) {
+        (Some(close), _) => {
+            let new = close.status.as_str();
+            let message = "set by memtrack for the job's ClearML SDK, after the final \
+                           memory_usage artifact"
+                .to_string();
+            match close.status {
+                TaskStatus::Completed => ("tasks.completed", new, new.to_string(), message),
+                TaskStatus::Failed => (
+                    "tasks.failed",
+                    new,
+                    close.reason.unwrap_or_else(|| new.to_string()),
+                    message,
+                ),
+                TaskStatus::Stopped => (
+                    "tasks.stopped",
+                    new,
+                    close.reason.unwrap_or_else(|| new.to_string()),
+                    message,
+                ),
+            }
+        }
+        (None, exit) => exit_status(exit),
+    };
+    api.call_retrying(
+        endpoint,
+        &Body::Json(json!({"task": task, "status_reason": reason, "status_message": message})),
+    )
+    .await
+    .map_err(|source| StatusError::Mark {
+        task: task.to_string(),
+        status: new,
+        source,
+    })?;
+    tracing::info!("ClearML: task {task} marked {new}");
+    Ok(new.to_string())
+}
+
+/// The endpoint, status, reason and message for a task memtrack created,
+/// by how the job ended.
+fn exit_status(exit: Option<crate::model::Exit>) -> (&'static str, &'static str, String, String) {
+    match exit {
         Some(x) if x.known && x.code == 0 && x.signal.is_none() => (
             "tasks.completed",
             "completed",
@@ -404,19 +449,7 @@ pub(crate) async fn final_status(
             "exit status unknown".to_string(),
             "memtrack could not learn how the job ended".to_string(),
         ),
-    };
-    api.call_retrying(
-        endpoint,
-        &Body::Json(json!({"task": task, "status_reason": reason, "status_message": message})),
-    )
-    .await
-    .map_err(|source| StatusError::Mark {
-        task: task.to_string(),
-        status: new,
-        source,
-    })?;
-    tracing::info!("ClearML: task {task} marked {new}");
-    Ok(new.to_string())
+    }
 }
 
 #[cfg(test)]

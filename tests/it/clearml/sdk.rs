@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use super::{bare_sdk_env, clearml_env, Server, SECRET};
 use crate::common::*;
@@ -16,6 +17,11 @@ use crate::common::*;
 /// then `task.close()`. With `wait_socket`, it first waits for memtrack's
 /// socket (`attach` starts after the job).
 pub(super) fn sdk_job(wait_socket: bool) -> String {
+    sdk_job_ending(wait_socket, "task.close()")
+}
+
+/// The same job, ending with `ending` (a line of Python).
+fn sdk_job_ending(wait_socket: bool, ending: &str) -> String {
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/src");
     format!(
         r#"import os, sys, time
@@ -35,7 +41,7 @@ for i in range(5):
         keep.append(bytearray(8 << 20))
     log.report_scalar("loss", "train", value=1.0 / (i + 1), iteration=i)
 print("TASK", task.id, flush=True)
-task.close()
+{ending}
 "#,
         client = client.display().to_string(),
         wait_socket = if wait_socket { "True" } else { "False" },
@@ -137,9 +143,11 @@ pub(super) fn assert_on_the_jobs_axis(memory: &[&Value], task: &Value) {
 }
 
 /// Checks the outcome of an SDK job run under memtrack: one task, the
-/// script's; only the SDK changed its status; every memory point in it, on
-/// the job's iteration axis; the SDK's scalars too; the artifact registered
-/// while the task was open, pointing at the uploaded object.
+/// script's; the SDK started it, and memtrack completed it for the SDK
+/// after the final artifact; every memory point in it, on the job's
+/// iteration axis; the SDK's scalars too; the artifact registered while
+/// the task was open, pointing at the uploaded object, with the final
+/// file's size and hash.
 fn check_sdk_task(server: &Server, s3: &S3Server, document: &Path, log: &str) {
     let state = server.state();
     let tasks = state["tasks"].as_object().unwrap();
@@ -163,9 +171,9 @@ fn check_sdk_task(server: &Server, s3: &S3Server, document: &Path, log: &str) {
         changes,
         vec![
             ("in_progress".to_string(), "sdk".to_string()),
-            ("completed".to_string(), "sdk".to_string())
+            ("completed".to_string(), "memtrack".to_string())
         ],
-        "only the SDK changes the task's status"
+        "the SDK starts the task; its close is left to memtrack\n{log}"
     );
 
     let all = server.admin("GET", "/points", None)["points"]
@@ -188,19 +196,32 @@ fn check_sdk_task(server: &Server, s3: &S3Server, document: &Path, log: &str) {
 
     let key = format!("runs/memtrack-it/sdk job.{id}/artifacts/memory_usage/memory_usage.json");
     let uri = format!("s3://{}/{key}", s3.bucket);
+    // The memory_usage file, and the page registered beside it at the end
+    // (the task is still open then).
     let artifacts = task["artifacts"].as_array().unwrap();
-    assert_eq!(artifacts.len(), 1, "{task:#}\n{log}");
-    assert_eq!(artifacts[0]["key"], "memory_usage");
-    assert_eq!(artifacts[0]["uri"], uri.as_str());
+    let mut keys: Vec<&str> = artifacts
+        .iter()
+        .map(|a| a["key"].as_str().unwrap())
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["memory_report", "memory_usage"], "{task:#}\n{log}");
+    let artifact = artifact_of(task, "memory_usage");
+    assert_eq!(artifact["uri"], uri.as_str());
     let registered = state["artifact_log"].as_array().unwrap();
     assert!(!registered.is_empty());
     for a in registered {
         assert_eq!(a["task_status"], "in_progress", "{a}");
         assert_eq!(a["by"], "memtrack", "{a}");
     }
-    // The object is the final document.
+    // The object is the final document, and the record says so.
     let local = std::fs::read(document).unwrap();
     assert_eq!(s3.object(&key).as_deref(), Some(local.as_slice()), "{log}");
+    assert_eq!(artifact["content_size"], local.len(), "{task:#}");
+    let sha256: String = Sha256::digest(&local)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(artifact["hash"], sha256.as_str(), "{task:#}");
     server.assert_exactly_once();
 }
 
@@ -287,4 +308,77 @@ fn a_task_init_job_followed_by_attach_gets_the_points_and_the_artifact_in_its_ow
         &out.path().join("sdk-attach/memory_usage.json"),
         &log,
     );
+}
+
+/// The task's artifact of `key`.
+fn artifact_of<'a>(task: &'a Value, key: &str) -> &'a Value {
+    task["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["key"] == key)
+        .unwrap_or_else(|| panic!("no {key} artifact: {task:#}"))
+}
+
+/// A job whose script fails after `Task.init`: the SDK's exit hook marks
+/// its task failed with the exception; memtrack takes that over, registers
+/// the final artifact first, and marks the task failed with the SDK's
+/// reason.
+#[test]
+fn a_failing_task_init_job_gets_its_final_artifact_then_the_sdks_failed_status() {
+    require_clearml_sdk();
+    let server = Server::start();
+    let s3 = S3Server::start();
+    let out = scratch();
+    let mut cmd = memtrack();
+    cmd.args([
+        "run",
+        "--listen",
+        "off",
+        "--name",
+        "sdk-fail",
+        "--interval",
+        "50ms",
+    ])
+    .args(["--checkpoint-interval", "1s", "--output"])
+    .arg(out.path())
+    .args(["--s3-url", &format!("s3://{}/runs", s3.bucket)])
+    .args(["--s3-endpoint", &s3.endpoint()])
+    .args([
+        "--",
+        "python3",
+        "-c",
+        &sdk_job_ending(false, "raise RuntimeError('boom\\nat step 5')"),
+    ]);
+    sdk_env(&mut cmd, &server, &s3, out.path());
+    let res = run_to_end(&mut cmd, Duration::from_secs(180));
+    let log = format!("{}\n{}", String::from_utf8_lossy(&res.stdout), stderr(&res));
+    assert_eq!(res.status.code(), Some(1), "the job's exit status: {log}");
+    let state = server.state();
+    let (id, task) = state["tasks"].as_object().unwrap().iter().next().unwrap();
+    let changes: Vec<(&str, &str)> = state["status_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["to"].as_str().unwrap(), c["by"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        changes,
+        [("in_progress", "sdk"), ("failed", "memtrack")],
+        "{log}"
+    );
+    let reason = task["status_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("boom at step 5"),
+        "the SDK's reason: {reason:?}"
+    );
+    let local = std::fs::read(out.path().join("sdk-fail/memory_usage.json")).unwrap();
+    let key = format!("runs/memtrack-it/sdk job.{id}/artifacts/memory_usage/memory_usage.json");
+    assert_eq!(s3.object(&key).as_deref(), Some(local.as_slice()), "{log}");
+    assert_eq!(
+        artifact_of(task, "memory_usage")["content_size"],
+        local.len(),
+        "{task:#}"
+    );
+    server.assert_exactly_once();
 }

@@ -1273,10 +1273,15 @@ def _after_fork_in_child():
 # into the task and has registered the memory_usage artifact there; the
 # SDK's close (task.close() and its exit hook) first waits for that answer,
 # up to 30 s, so the artifact is on the task before the task is completed.
+# When the SDK's close then sets the task's final status, it asks the
+# daemon first (``clearml_close``): a daemon that will register the final
+# memory_usage file there takes the status over and sets it afterwards (a
+# completed task refuses the registration); otherwise, or with no answer,
+# the SDK sets it as it would without memtrack.
 
 _clearml_lock = threading.Lock()
 _clearml_state = {"next": 0.0, "retry_at": 0.0, "task": None, "done": None, "reply": None,
-                  "patched": False}
+                  "patched": False, "closing": None, "path": None}
 
 
 def _clearml_task_id():
@@ -1337,7 +1342,7 @@ def clearml_announce(task_id=None, *, client=None, wait=False):
             done = state["done"]
         else:
             done = threading.Event()
-            state.update(task=task_id, done=done, reply=None)
+            state.update(task=task_id, done=done, reply=None, path=client.path)
             _clearml_hook_close()
             # Registered after Task.init: runs before the SDK's own exit hook.
             atexit.register(_clearml_wait, _CLEARML_TIMEOUT)
@@ -1385,7 +1390,8 @@ def _clearml_wait(timeout=_CLEARML_TIMEOUT):
 
 
 def _clearml_hook_close():
-    """Make the SDK's Task.close wait for the announcement's answer first."""
+    """Make the SDK's Task.close wait for the announcement's answer first,
+    and offer the daemon the final status its shutdown sets."""
     if _clearml_state["patched"]:
         return
     task_cls = getattr(_modules.get("clearml"), "Task", None)
@@ -1402,7 +1408,75 @@ def _clearml_hook_close():
         task_cls.close = close
         _clearml_state["patched"] = True
     except Exception:
+        return
+    # The SDK's shutdown (task.close() and its exit hook) sets the status
+    # with mark_completed, mark_failed or stopped; only those calls, made
+    # inside it on the announced task, are offered to the daemon.
+    shutdown = getattr(task_cls, "_Task__shutdown", None)
+    if shutdown is None:
+        return
+
+    @functools.wraps(shutdown)
+    def shutting_down(self, *args, **kwargs):
+        _clearml_state["closing"] = getattr(self, "id", None)
+        try:
+            return shutdown(self, *args, **kwargs)
+        finally:
+            _clearml_state["closing"] = None
+
+    def offered(name, status):
+        method = getattr(task_cls, name, None)
+        if method is None:
+            return None
+
+        @functools.wraps(method)
+        def offer(self, *args, **kwargs):
+            reason = kwargs.get("status_reason") if status != "completed" else None
+            if _clearml_defer_close(getattr(self, "id", None), status, reason):
+                return None
+            return method(self, *args, **kwargs)
+        return offer
+
+    try:
+        wrapped = {name: offered(name, status) for name, status in
+                   (("mark_completed", "completed"), ("mark_failed", "failed"), ("stopped", "stopped"))}
+        if all(wrapped.values()):
+            for name, method in wrapped.items():
+                setattr(task_cls, name, method)
+            task_cls._Task__shutdown = shutting_down
+    except Exception:
         pass
+
+
+def _clearml_defer_close(task_id, status, reason):
+    """Inside the SDK's shutdown of the task memtrack reports into: ask the
+    daemon to set ``status`` itself after the final artifact. True when it
+    took it over (the SDK then leaves the status alone)."""
+    state = _clearml_state
+    reply = state["reply"]
+    if (task_id is None or state["closing"] != task_id or state["task"] != task_id
+            or not (reply and reply.get("reporting") and reply.get("artifact"))):
+        return False
+    msg = {"type": "clearml_close", "task": task_id, "status": status, "ack": True}
+    # The protocol takes 1 to 1024 bytes without control characters.
+    text = "".join(c if c.isprintable() else " " for c in reason).strip() \
+        if isinstance(reason, str) else ""
+    if text:
+        msg["message"] = text.encode("utf-8")[:1024].decode("utf-8", "ignore")
+    try:
+        own = Client(state["path"], timeout=_CLEARML_TIMEOUT)
+        try:
+            answer = own._request(msg)
+        finally:
+            own.close()
+            _clients.discard(own)
+    except Exception as exc:  # never let this hurt the job's own close
+        _log.debug("memtrack: offering the ClearML task's status failed: %s", _describe(exc))
+        return False
+    deferred = bool(answer and answer.get("ok") and answer.get("deferred"))
+    if deferred:
+        _log.info("memtrack: %s", answer.get("message", ""))
+    return deferred
 
 
 def _flush_at_exit():
