@@ -225,30 +225,43 @@ fn check_sdk_task(server: &Server, s3: &S3Server, document: &Path, log: &str) {
     server.assert_exactly_once();
 }
 
-#[test]
-fn a_task_init_job_under_run_gets_the_points_and_the_artifact_in_its_own_task() {
-    require_clearml_sdk();
-    let server = Server::start();
-    let s3 = S3Server::start();
-    let out = scratch();
+/// `memtrack run --name NAME` of the Python `job`, uploading to `s3`, in
+/// the SDK's environment: its output, and its stdout and stderr together.
+fn run_sdk_job(
+    server: &Server,
+    s3: &S3Server,
+    out: &Path,
+    name: &str,
+    job: &str,
+) -> (std::process::Output, String) {
     let mut cmd = memtrack();
     cmd.args([
         "run",
         "--listen",
         "off",
         "--name",
-        "sdk-run",
+        name,
         "--interval",
         "50ms",
     ])
     .args(["--checkpoint-interval", "1s", "--output"])
-    .arg(out.path())
+    .arg(out)
     .args(["--s3-url", &format!("s3://{}/runs", s3.bucket)])
     .args(["--s3-endpoint", &s3.endpoint()])
-    .args(["--", "python3", "-c", &sdk_job(false)]);
-    sdk_env(&mut cmd, &server, &s3, out.path());
+    .args(["--", "python3", "-c", job]);
+    sdk_env(&mut cmd, server, s3, out);
     let res = run_to_end(&mut cmd, Duration::from_secs(180));
     let log = format!("{}\n{}", String::from_utf8_lossy(&res.stdout), stderr(&res));
+    (res, log)
+}
+
+#[test]
+fn a_task_init_job_under_run_gets_the_points_and_the_artifact_in_its_own_task() {
+    require_clearml_sdk();
+    let server = Server::start();
+    let s3 = S3Server::start();
+    let out = scratch();
+    let (res, log) = run_sdk_job(&server, &s3, out.path(), "sdk-run", &sdk_job(false));
     assert_eq!(res.status.code(), Some(0), "{log}");
     check_sdk_task(
         &server,
@@ -330,29 +343,8 @@ fn a_failing_task_init_job_gets_its_final_artifact_then_the_sdks_failed_status()
     let server = Server::start();
     let s3 = S3Server::start();
     let out = scratch();
-    let mut cmd = memtrack();
-    cmd.args([
-        "run",
-        "--listen",
-        "off",
-        "--name",
-        "sdk-fail",
-        "--interval",
-        "50ms",
-    ])
-    .args(["--checkpoint-interval", "1s", "--output"])
-    .arg(out.path())
-    .args(["--s3-url", &format!("s3://{}/runs", s3.bucket)])
-    .args(["--s3-endpoint", &s3.endpoint()])
-    .args([
-        "--",
-        "python3",
-        "-c",
-        &sdk_job_ending(false, "raise RuntimeError('boom\\nat step 5')"),
-    ]);
-    sdk_env(&mut cmd, &server, &s3, out.path());
-    let res = run_to_end(&mut cmd, Duration::from_secs(180));
-    let log = format!("{}\n{}", String::from_utf8_lossy(&res.stdout), stderr(&res));
+    let job = sdk_job_ending(false, "raise RuntimeError('boom\\nat step 5')");
+    let (res, log) = run_sdk_job(&server, &s3, out.path(), "sdk-fail", &job);
     assert_eq!(res.status.code(), Some(1), "the job's exit status: {log}");
     let state = server.state();
     let (id, task) = state["tasks"].as_object().unwrap().iter().next().unwrap();
