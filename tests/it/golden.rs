@@ -1396,6 +1396,10 @@ fn the_daemon_answers_a_scripted_conversation_as_its_golden() {
                 replies: false,
             },
             step(r#"{"type":"clearml_task","task":"0123abcd","ack":true,"id":"9a"}"#),
+            // The SDK's close offered: not taken over, the SDK keeps it.
+            step(
+                r#"{"type":"clearml_close","task":"0123abcd","status":"completed","ack":true,"id":"9b"}"#,
+            ),
             step(r#"{"type":"register","id":10}"#),
         ],
         &mut t,

@@ -33,6 +33,7 @@
 
 pub(crate) mod advice;
 pub(crate) mod api;
+mod close;
 pub(crate) mod files;
 pub mod hocon;
 mod jobs;

@@ -625,21 +625,7 @@ impl ReporterState {
     /// The job announced its own task.
     fn announced(&mut self, t: JobTask, pending: &mut Vec<Point>) {
         if let Some(close) = t.close {
-            let status = close.status.as_str();
-            let reply = self.machine.close_requested(&t.id, close);
-            if reply.deferred {
-                tracing::info!(
-                    "ClearML: the job's SDK closes task {} as {status}; memtrack sets that \
-                     status after the final memory_usage artifact",
-                    t.id
-                );
-            } else {
-                tracing::debug!("ClearML: {}", reply.message);
-            }
-            if let Some(r) = t.reply {
-                let _ = r.send(reply);
-            }
-            return;
+            return self.close_offered(&t.id, close, t.reply);
         }
         match self.machine.announced(&t.id) {
             Announce::Adopt => {
@@ -1029,18 +1015,7 @@ impl ReporterState {
             Phase::Ready(t) => Some(t.task.clone()),
             _ => None,
         };
-        if let (Some(close), None) = (&self.machine.deferred_close, &self.machine.final_status) {
-            let m = format!(
-                "the job's task{} stays in_progress: its SDK left the status ({}) to memtrack, \
-                 which could not set it; set it in the ClearML web UI (the server stops a task \
-                 silent for 2 hours)",
-                task.as_ref()
-                    .map_or(String::new(), |t| format!(" {}", t.id)),
-                close.status.as_str()
-            );
-            tracing::error!("ClearML: {m}");
-            self.machine.problem(m);
-        }
+        self.say_close_left_undone(task.as_ref());
         FinishReport {
             stood_down: self.stood_down.clone(),
             sent: self.machine.sent,
