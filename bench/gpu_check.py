@@ -208,8 +208,12 @@ def single(args):
             a["memtrack_reserved_gpu_ram_mb"], a["torch_max_allocated_mib"], a["memtrack_gpu_ram_peak_mb"],
             a["gpu_source"], a["memtrack_gpu_process_used_mb"]))
     nv = report["nvml"]
-    lines += ["", "## NVML cost per sample (%d device%s)" % (nv["devices"], "s" if nv["devices"] > 1 else ""), "",
-              "| floor: raw pynvml calls of one sample (median) | memtrack mean sample (procfs + NVML, %d samples) | ratio |" % nv["samples"],
+    lines += ["", "## memtrack's whole tick against NVML's calls alone (%d device%s)" % (
+                  nv["devices"], "s" if nv["devices"] > 1 else ""), "",
+              "The tick is everything a default sample reads (procfs, the VmHWM and Pss passes as they fall "
+              "due, NVML): an upper bound, not NVML's share. `cargo bench --bench tick` times the NVML "
+              "sample alone against one process-list query.", "",
+              "| raw pynvml calls of one sample (median) | memtrack mean tick (procfs + NVML, %d ticks) | ratio |" % nv["samples"],
               "|---|---|---|",
               "| %.3f ms | %.3f ms | %.2fx |" % (nv["floor_ms_per_sample"], nv["memtrack_mean_sample_ms"],
                                               nv["memtrack_mean_sample_ms"] / nv["floor_ms_per_sample"]),
