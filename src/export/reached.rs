@@ -41,6 +41,8 @@ pub(crate) struct Reached {
     let_go: Option<Mark>,
     /// The largest iteration let go, or one known without a time.
     floor: u64,
+    /// The largest iteration reached at any time: kept, let go or floor.
+    largest: u64,
 }
 
 impl Reached {
@@ -48,6 +50,7 @@ impl Reached {
     pub(crate) fn keep(&mut self, at_us: i64, iteration: u64) {
         let i = self.marks.partition_point(|m| m.at_us <= at_us);
         self.marks.insert(i, Mark { at_us, iteration });
+        self.largest = self.largest.max(iteration);
         if self.marks.len() > MARKS_KEPT {
             if let Some(old) = self.marks.pop_front() {
                 self.floor = self.floor.max(old.iteration);
@@ -61,6 +64,12 @@ impl Reached {
     /// at any time.
     pub(crate) fn raise_floor(&mut self, iteration: u64) {
         self.floor = self.floor.max(iteration);
+        self.largest = self.largest.max(iteration);
+    }
+
+    /// The largest iteration reached, at any time.
+    pub(crate) fn largest(&self) -> u64 {
+        self.largest
     }
 
     /// The latest mark strictly before `at_us` (an entry of a mark's very
@@ -107,6 +116,7 @@ mod tests {
         assert_eq!(r.latest_before(10), None);
         assert_eq!(r.largest_before(10), 0);
         assert_eq!(r.latest().map(|m| m.at_us), Some(30));
+        assert_eq!(r.largest(), 5);
     }
 
     #[test]
@@ -124,7 +134,9 @@ mod tests {
                 iteration: 999
             })
         );
+        assert_eq!(r.largest(), 1000);
         r.raise_floor(2000);
         assert_eq!(r.largest_before(0), 2000);
+        assert_eq!(r.largest(), 2000);
     }
 }

@@ -115,8 +115,6 @@ pub struct Converter {
     duplicate_logged: bool,
     /// Report on the job's iteration axis only (see the module doc).
     job_axis: bool,
-    /// The latest iteration the job reached (job axis).
-    job_iter: u64,
     /// The job's latest entries with an iteration, by time, and (as the
     /// floor) the task's `last_iteration` read from the server (see
     /// [`Converter::iteration_at`]).
@@ -161,7 +159,6 @@ impl Converter {
             dropped: Dropped::default(),
             duplicate_logged: false,
             job_axis: false,
-            job_iter: 0,
             reached: Reached::default(),
             time_from: None,
             time_pending: None,
@@ -186,7 +183,7 @@ impl Converter {
         let Some(t) = self.time_pending else {
             return;
         };
-        if self.job_iter > 0 || !(force || ts >= t.after) {
+        if self.job_iter() > 0 || !(force || ts >= t.after) {
             return;
         }
         self.time_pending = None;
@@ -212,7 +209,6 @@ impl Converter {
         if iter > 0 {
             self.time_pending = None;
         }
-        self.job_iter = self.job_iter.max(iter.min(MAX_ITER));
         self.reached.raise_floor(iter.min(MAX_ITER));
         self.leave_time_axis();
     }
@@ -222,13 +218,12 @@ impl Converter {
     fn job_reached(&mut self, iter: u64, ts: f64) {
         self.time_pending = None;
         let iter = iter.min(MAX_ITER);
-        self.job_iter = self.job_iter.max(iter);
-        self.leave_time_axis();
         if ts.is_finite() {
             self.reached.keep(reached::micros(ts), iter);
         } else {
             self.reached.raise_floor(iter);
         }
+        self.leave_time_axis();
     }
 
     /// The iteration the job had reached at `ts`: the largest among its
@@ -238,7 +233,7 @@ impl Converter {
     /// a later mark reached memtrack.
     fn iteration_at(&self, ts: f64) -> u64 {
         if !ts.is_finite() {
-            return self.job_iter;
+            return self.job_iter();
         }
         self.reached.largest_before(reached::micros(ts))
     }
@@ -251,7 +246,7 @@ impl Converter {
     /// is lost.
     fn iteration_for(&self, e: &Entry) -> Option<u64> {
         let at = self.iteration_at(e.timestamp);
-        if at >= self.job_iter || !self.sent_at(&e.component, at) {
+        if at >= self.job_iter() || !self.sent_at(&e.component, at) {
             return Some(at);
         }
         let covered = self
@@ -270,7 +265,7 @@ impl Converter {
         if covered {
             None
         } else {
-            Some(self.job_iter)
+            Some(self.job_iter())
         }
     }
 
@@ -283,15 +278,16 @@ impl Converter {
         if self.time_from.take().is_none() {
             return;
         }
+        let now = self.job_iter();
         for w in self.windows.values_mut() {
-            w.acc.iteration.get_or_insert(self.job_iter);
+            w.acc.iteration.get_or_insert(now);
         }
     }
 
-    #[cfg(test)]
-    /// The latest iteration the job reached, on the job axis.
+    /// The latest iteration the job reached, on the job axis (at any
+    /// time: the largest its entries and the server's task carried).
     pub(crate) fn job_iter(&self) -> u64 {
-        self.job_iter
+        self.reached.largest()
     }
 
     #[cfg(test)]
@@ -438,7 +434,7 @@ impl Converter {
                 // On the job axis a window closes only once the job has
                 // moved past its iteration (a window of the time axis has
                 // none and closes with time).
-                passed && (!self.job_axis || w.acc.iteration.is_none_or(|i| self.job_iter > i))
+                passed && (!self.job_axis || w.acc.iteration.is_none_or(|i| self.job_iter() > i))
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -462,7 +458,12 @@ impl Converter {
         for k in keys {
             if let Some(w) = self.windows.remove(&k) {
                 if w.again {
-                    self.points(&w.acc, w.acc.iteration.unwrap_or(self.job_iter), None, out);
+                    self.points(
+                        &w.acc,
+                        w.acc.iteration.unwrap_or(self.job_iter()),
+                        None,
+                        out,
+                    );
                 } else {
                     self.forward(&w.acc, out);
                 }
@@ -495,7 +496,7 @@ impl Converter {
                 self.time_max = self.time_max.max(t);
                 t
             } else if self.job_axis {
-                e.iteration.unwrap_or(self.job_iter)
+                e.iteration.unwrap_or(self.job_iter())
             } else {
                 e.iteration.unwrap_or(self.counter)
             }
