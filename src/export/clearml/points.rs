@@ -31,8 +31,11 @@
 //! marks and the timer samples taken while the job is there — goes into
 //! one window, so each iteration gets one point per figure and component,
 //! holding the maxima: one series per figure, with no `:<operation>` or
-//! `:timer` series beside it (only a mark arriving after its iteration's
-//! point went out takes the collision rule above).
+//! `:timer` series beside it. An entry arriving after its iteration's
+//! point went out (a mark with that iteration, or a sample when the job
+//! is still there: the run's end closed the window while it was on its
+//! way) is left out when the point sent holds its figures, else takes the
+//! collision rule above: no key is sent twice.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -87,10 +90,6 @@ struct Window {
     /// When it was opened, on this machine's clock.
     opened: Instant,
     acc: Entry,
-    /// Its point went out before (the window was opened again for a late
-    /// entry): closing it sends the same keys again, which the server
-    /// overwrites with the new maxima.
-    again: bool,
 }
 
 /// What the converter dropped, for the final report.
@@ -128,8 +127,8 @@ pub struct Converter {
     /// The largest iteration sent on the time axis: the task's
     /// `last_iteration` up to it is memtrack's own, not the job's.
     time_max: u64,
-    /// On the job axis, each component's last window sent: an entry that
-    /// comes after it for the same iteration opens it again.
+    /// On the job axis, each component's last window sent: a later entry
+    /// for the same iteration that it covers adds nothing.
     last_sent: HashMap<String, Entry>,
 }
 
@@ -249,24 +248,28 @@ impl Converter {
         if at >= self.job_iter() || !self.sent_at(&e.component, at) {
             return Some(at);
         }
-        let covered = self
-            .last_sent
+        if self.covers_late(e, at) {
+            None
+        } else {
+            Some(self.job_iter())
+        }
+    }
+
+    /// Whether the last point sent for `e`'s component is at `iter` and
+    /// holds every figure of `e` already (a figure that is not a number
+    /// raises nothing): `e` came late and adds nothing.
+    fn covers_late(&self, e: &Entry, iter: u64) -> bool {
+        self.last_sent
             .get(&e.component)
-            .filter(|l| l.iteration == Some(at))
+            .filter(|l| l.iteration == Some(iter))
             .is_some_and(|l| {
                 let sent = l.figures.as_array();
-                // A figure that is not a number raises nothing.
                 e.figures
                     .as_array()
                     .iter()
                     .zip(sent)
                     .all(|(v, s)| v.partial_cmp(&s) != Some(std::cmp::Ordering::Greater))
-            });
-        if covered {
-            None
-        } else {
-            Some(self.job_iter())
-        }
+            })
     }
 
     /// The job has an iteration axis after all: the windows the time axis
@@ -327,7 +330,6 @@ impl Converter {
                         start: e.timestamp,
                         opened: now,
                         acc: e,
-                        again: false,
                     },
                 );
             }
@@ -370,29 +372,16 @@ impl Converter {
                 e.iteration = Some(iter);
                 self.forward(&e, out);
             }
+            // The iteration's point went out already (the end of the run
+            // closed it while this entry was on its way, or the job moved
+            // on): ClearML keeps one point per key, so the entry is left out
+            // when that point holds its figures, else it goes apart under
+            // the collision rule; a point is never sent twice.
             None if sent => {
-                // The iteration's point went out (the run's end closed it
-                // while its last entries were on their way): open it again
-                // when it is the component's last, else send this entry
-                // apart.
-                let last = self
-                    .last_sent
-                    .remove(&e.component)
-                    .filter(|l| l.iteration == Some(iter));
-                match last {
-                    Some(mut acc) => {
-                        fold_max(&mut acc, &e);
-                        self.windows.insert(
-                            acc.component.clone(),
-                            Window {
-                                start: acc.timestamp,
-                                opened: now,
-                                acc,
-                                again: true,
-                            },
-                        );
-                    }
-                    None => self.forward(&e, out),
+                if !self.covers_late(&e, iter) {
+                    let mut e = e;
+                    e.iteration = Some(iter);
+                    self.forward(&e, out);
                 }
             }
             None => {
@@ -404,7 +393,6 @@ impl Converter {
                         start: acc.timestamp,
                         opened: now,
                         acc,
-                        again: false,
                     },
                 );
             }
@@ -457,16 +445,7 @@ impl Converter {
         });
         for k in keys {
             if let Some(w) = self.windows.remove(&k) {
-                if w.again {
-                    self.points(
-                        &w.acc,
-                        w.acc.iteration.unwrap_or(self.job_iter()),
-                        None,
-                        out,
-                    );
-                } else {
-                    self.forward(&w.acc, out);
-                }
+                self.forward(&w.acc, out);
                 if self.job_axis && w.acc.iteration.is_some() {
                     self.last_sent.insert(k, w.acc);
                 }
@@ -919,9 +898,11 @@ mod tests {
     }
 
     #[test]
-    fn an_entry_after_its_iterations_point_went_out_sends_that_point_again() {
+    fn an_entry_after_its_iterations_point_went_out_never_sends_that_point_twice() {
         // The run's end closed the windows while the last sample and
-        // `experiment_end` were on their way.
+        // `experiment_end` were on their way: the sample raises the host
+        // figure and goes apart, `experiment_end` adds nothing and is left
+        // out; no key is sent twice (the server would overwrite the first).
         let mut c = Converter::new(Duration::from_secs(10));
         c.use_job_axis(None);
         let t0 = Instant::now();
@@ -941,13 +922,18 @@ mod tests {
             &mut out,
         );
         c.close_all(&mut out);
-        let again: Vec<(&str, &str, u64, f64)> = out[sent..]
+        let late: Vec<(&str, &str, u64, f64)> = out[sent..]
             .iter()
             .map(|p| (p.metric.as_str(), p.variant.as_str(), p.iter, p.value))
-            .filter(|p| p.1 == "cpu_ram_used_mb")
+            .filter(|p| p.1.starts_with("cpu_ram_used_mb"))
             .collect();
-        assert_eq!(again, [("memory/system", "cpu_ram_used_mb", 7, 150.0)]);
-        assert!(out.iter().all(|p| !p.variant.contains(':')), "{out:?}");
+        assert_eq!(late, [("memory/system", "cpu_ram_used_mb:timer", 7, 150.0)]);
+        let mut keys = HashSet::new();
+        assert!(
+            out.iter()
+                .all(|p| keys.insert((&p.metric, &p.variant, p.iter))),
+            "{out:?}"
+        );
         assert_eq!(c.dropped.duplicates, 0);
     }
 
