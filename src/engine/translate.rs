@@ -25,6 +25,9 @@ const OOM_MESSAGE_MAX: usize = 256;
 enum Action {
     /// Commit the record; an `ack` is answered with its entry.
     Commit(Record),
+    /// A held-back step in one line: commit its begin, then its end (the
+    /// `ack`'s entry).
+    Step { begin: Record, end: Record },
     /// A CUDA OOM: commit its `cuda/out_of_memory` mark and keep a flight
     /// window with the allocator's summary.
     Oom {
@@ -57,11 +60,12 @@ fn action(message: Message, pid: Option<u32>, received: f64, floor: f64) -> Acti
         allocator,
         kind: EntryKind::Event,
     };
+    let held = |at: f64| {
+        at.clamp(received - protocol::MAX_HELD_S, received)
+            .max(floor.min(received))
+    };
     let event = |m: MarkBody| Mark {
-        timestamp: m.at.map_or(received, |at| {
-            at.clamp(received - protocol::MAX_HELD_S, received)
-                .max(floor.min(received))
-        }),
+        timestamp: m.at.map_or(received, held),
         ..mark(m.component, m.operation, m.iteration, m.labels, m.allocator)
     };
     let boundary = |mark| Boundary {
@@ -72,7 +76,22 @@ fn action(message: Message, pid: Option<u32>, received: f64, floor: f64) -> Acti
     match message {
         Message::Mark(m) => Action::Commit(Record::Mark(event(m))),
         Message::SpanBegin(m) => Action::Commit(Record::SpanBegin(boundary(event(m)))),
-        Message::SpanEnd(m) => Action::Commit(Record::SpanEnd(boundary(event(m)))),
+        Message::SpanEnd(m) => match m.began {
+            None => Action::Commit(Record::SpanEnd(boundary(event(m)))),
+            Some(began) => {
+                let end = event(m);
+                // The allocator's figures are the end's.
+                let begin = Mark {
+                    timestamp: held(began).min(end.timestamp),
+                    allocator: None,
+                    ..end.clone()
+                };
+                Action::Step {
+                    begin: Record::SpanBegin(boundary(begin)),
+                    end: Record::SpanEnd(boundary(end)),
+                }
+            }
+        },
         Message::StageBegin(s) => Action::Commit(Record::StageBegin(boundary(mark(
             "stage".into(),
             s.name,
@@ -236,6 +255,10 @@ impl Engine {
         };
         let record = match action(c.request.message, c.pid, c.received, floor) {
             Action::Commit(record) => record,
+            Action::Step { begin, end } => {
+                self.commit(begin);
+                end
+            }
             Action::Oom { mark, summary } => {
                 let outcome = self.commit(mark);
                 self.unflushed_event = true;
@@ -359,6 +382,39 @@ mod tests {
             panic!("{a:?}")
         };
         assert_eq!(b.mark.timestamp, 1000.3);
+    }
+
+    #[test]
+    fn a_held_back_step_in_one_line_is_its_begin_and_its_end() {
+        let line = r#"{"type":"span_end","component":"train","operation":"step","iteration":9,"labels":{"batch_size":"4"},"at":1000.496,"began":1000.4}"#;
+        let a = act(line);
+        let Action::Step {
+            begin: Record::SpanBegin(b),
+            end: Record::SpanEnd(e),
+        } = a
+        else {
+            panic!("{a:?}")
+        };
+        assert_eq!((b.mark.timestamp, e.mark.timestamp), (1000.4, 1000.496));
+        for m in [&b.mark, &e.mark] {
+            assert_eq!(
+                (m.component.as_str(), m.operation.as_str(), m.iteration),
+                ("train", "step", Some(9))
+            );
+            assert_eq!(m.labels.get("batch_size").map(String::as_str), Some("4"));
+        }
+        // Both stay within what a held-back event may say, and the begin
+        // never after the end: here the sender's previous event is later
+        // than both.
+        let a = action(message(line), Some(42), 1000.5, 1000.45);
+        let Action::Step {
+            begin: Record::SpanBegin(b),
+            end: Record::SpanEnd(e),
+        } = a
+        else {
+            panic!("{a:?}")
+        };
+        assert_eq!((b.mark.timestamp, e.mark.timestamp), (1000.45, 1000.496));
     }
 
     #[test]

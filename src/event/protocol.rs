@@ -46,6 +46,10 @@ pub struct MarkBody {
     /// held back: a client that sends fast steps in batches says when each
     /// happened.
     pub at: Option<f64>,
+    /// When the span began (`began`, Unix seconds), on a held-back
+    /// `span_end` whose `span_begin` was held with it: the one line stands
+    /// for both, so a fast step costs its client one line instead of two.
+    pub began: Option<f64>,
 }
 
 /// A stage begin or end.
@@ -196,6 +200,7 @@ struct Raw {
     summary: Option<String>,
     task: Option<String>,
     at: Option<serde_json::Value>,
+    began: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -251,6 +256,18 @@ fn labels(
         }
     }
     Ok(labels)
+}
+
+/// A time in Unix seconds (`at`, `began`): a positive finite number.
+fn time(field: &str, raw: Option<serde_json::Value>) -> Result<Option<f64>, ProtocolError> {
+    match raw {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .map(Some)
+            .ok_or_else(|| invalid(field, "must be a time in Unix seconds")),
+    }
 }
 
 fn truncated(s: &str) -> String {
@@ -366,14 +383,16 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
             }
         }
     }
-    let at = match raw.at {
-        None | Some(serde_json::Value::Null) => None,
-        Some(v) => Some(
-            v.as_f64()
-                .filter(|t| t.is_finite() && *t > 0.0)
-                .ok_or_else(|| invalid("at", "must be a time in Unix seconds"))?,
-        ),
-    };
+    let at = time("at", raw.at)?;
+    let began = time("began", raw.began)?;
+    if let Some(b) = began {
+        if kind != "span_end" || at.is_none_or(|at| b > at) {
+            return Err(invalid(
+                "began",
+                "goes only on a `span_end` with `at`, and no later than `at`",
+            ));
+        }
+    }
     let allocator = raw.allocator.map(|a| Allocator {
         allocated: a.allocated,
         reserved: a.reserved,
@@ -388,6 +407,7 @@ fn body(raw: Raw) -> Result<Message, ProtocolError> {
             labels: labels(raw_labels)?,
             allocator,
             at,
+            began,
         })
     };
     let stage = |raw_name, raw_status: Option<String>, raw_message: Option<String>, raw_labels| {
@@ -751,6 +771,40 @@ mod tests {
             let e = err(&line(bad));
             assert_eq!(e.code, ErrorCode::Invalid, "{bad}: {e:?}");
             assert!(e.message.contains("`at`"), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_held_back_span_end_may_say_when_its_span_began() {
+        let line = |kind: &str, rest: &str| {
+            format!(
+                r#"{{"type":"{kind}","component":"train","operation":"step","iteration":3{rest}}}"#
+            )
+        };
+        let both = line("span_end", r#","at":1700000000.25,"began":1700000000.125"#);
+        let Message::SpanEnd(m) = ok(&both).message else {
+            panic!()
+        };
+        assert_eq!(
+            (m.began, m.at),
+            (Some(1_700_000_000.125), Some(1_700_000_000.25))
+        );
+        // One instant is a span of no length.
+        let Message::SpanEnd(m) = ok(&line("span_end", r#","at":5,"began":5"#)).message else {
+            panic!()
+        };
+        assert_eq!(m.began, Some(5.0));
+        for bad in [
+            line("span_end", r#","began":1700000000"#),
+            line("span_end", r#","at":1700000000,"began":1700000001"#),
+            line("span_begin", r#","at":1700000001,"began":1700000000"#),
+            line("mark", r#","at":1700000001,"began":1700000000"#),
+            line("span_end", r#","at":1700000001,"began":-1"#),
+            line("span_end", r#","at":1700000001,"began":"1""#),
+        ] {
+            let e = err(&bad);
+            assert_eq!(e.code, ErrorCode::Invalid, "{bad}: {e:?}");
+            assert!(e.message.contains("`began`"), "{bad}: {}", e.message);
         }
     }
 

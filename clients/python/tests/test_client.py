@@ -33,8 +33,9 @@ def test_fire_and_forget_marks_are_lines(fake):
 
 def test_fast_steps_are_held_back_and_sent_together_with_their_times(fake, monkeypatch):
     # The framework hooks' steps: held back (here until 64 wait, whatever
-    # the machine's pace), then sent in one write, each line saying when its
-    # step came; any other message sends the held ones first.
+    # the machine's pace), then sent in one write, each step as one
+    # span_end line saying when it began and ended; any other message
+    # sends the held ones first.
     from memtrack import frameworks
 
     d = fake()
@@ -45,28 +46,58 @@ def test_fast_steps_are_held_back_and_sent_together_with_their_times(fake, monke
     steps = frameworks._Steps()
     steps.labels = {"batch_size": "4"}
     came = []
-    for i in range(1, 41):
+    for i in range(1, 81):
         came.append(time.time())
         steps.begin(i)
         came.append(time.time())
         steps.end()
     came.append(time.time())
-    # The first begin and end go at once (nothing came before them); 64 of
-    # the 78 held go together when the 64th is held; 14 wait.
+    # The first begin and end go at once (nothing came before them); steps
+    # 2 to 65 go together when the 64th of them ends; 15 wait.
     assert d.wait_lines(66)
     assert d.settle() == 66
     memtrack.mark("eval", "start")
-    assert d.wait_lines(81)
+    assert d.wait_lines(82)
     objs = d.objects()
     kinds = [(o["type"], o.get("iteration")) for o in objs]
-    assert kinds == [(k, i) for i in range(1, 41) for k in ("span_begin", "span_end")] + [("mark", None)]
-    assert "at" not in objs[0] and "at" not in objs[1] and "at" not in objs[-1]
-    for n, o in enumerate(objs[2:-1], start=2):
-        assert came[n] - 1e-6 <= o["at"] <= came[n + 1] + 1e-6, (n, o, came[n:n + 2])  # to the µs
+    assert kinds == ([("span_begin", 1), ("span_end", 1)] + [("span_end", i) for i in range(2, 81)]
+                     + [("mark", None)])
+    assert not {"at", "began"} & (set(objs[0]) | set(objs[1]) | set(objs[-1]))
+    for i, o in enumerate(objs[2:-1], start=2):
+        # to the µs
+        assert came[2 * i - 2] - 1e-6 <= o["began"] <= came[2 * i - 1] + 1e-6, (i, o)
+        assert came[2 * i - 1] - 1e-6 <= o["at"] <= came[2 * i] + 1e-6, (i, o)
         assert (o["component"], o["operation"], o["labels"]) == ("train", "step", {"batch_size": "4"})
     assert get_dropped() == 0 and not d.garbled
-    # Every message counted once as sent: the 14 held and the mark after them.
-    assert client_mod.get_client()._sent == 81
+    # Every message counted once as sent: two for each held step's line.
+    assert client_mod.get_client()._sent == 161
+
+
+def test_a_message_inside_a_held_step_sends_its_begin_first(fake, monkeypatch):
+    # A mark made while a held step is open goes after that step's begin:
+    # the begin leaves alone, and the step's end follows on its own.
+    from memtrack import frameworks
+
+    d = fake()
+    monkeypatch.setenv("MEMTRACK_SOCKET", d.path)
+    monkeypatch.setattr(client_mod, "_default", None)
+    monkeypatch.setattr(client_mod, "_HOLD_NS", 3600 * 10**9)
+    monkeypatch.setattr(frameworks, "_FAST_NS", 3600 * 10**9)
+    steps = frameworks._Steps()
+    for i in range(1, 4):
+        steps.begin(i)
+        if i == 3:
+            memtrack.mark("model", "inside")
+        steps.end()
+    assert d.wait_lines(5)
+    client_mod.get_client().flush()
+    assert d.wait_lines(6)
+    objs = d.objects()
+    kinds = [(o["type"], o.get("iteration"), "began" in o) for o in objs]
+    assert kinds == [("span_begin", 1, False), ("span_end", 1, False), ("span_end", 2, True),
+                     ("span_begin", 3, False), ("mark", None, False), ("span_end", 3, False)]
+    assert "at" in objs[3] and "at" in objs[5]
+    assert get_dropped() == 0 and client_mod.get_client()._sent == 7
 
 
 def get_dropped():

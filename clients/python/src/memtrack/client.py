@@ -510,12 +510,36 @@ class Client:
 
     def _take_held(self):
         """The held step messages as lines, each saying when it happened,
-        and how many; the caller holds the lock. One appended meanwhile
-        (from another thread) waits for the next send."""
+        and how many messages they stand for; the caller holds the lock. One
+        appended meanwhile (from another thread) waits for the next send. A
+        step held by :meth:`_held_step` whose end came goes as one
+        ``span_end`` line saying when it began; one still open goes as its
+        ``span_begin``, and its end follows on its own.
+
+        The record, ``[begin head, iteration, began, end head]``, gets its
+        fifth slot by one append, the step's end's (its time) or this
+        method's (None), whichever comes first: the end goes out once
+        whatever the threads do."""
         held = self._held
         pop = held.popleft
-        lines = [b'%s%d,"at":%de-9}\n' % pop() for _ in range(len(held))]
-        return b"".join(lines), len(lines)
+        lines = []
+        count = 0
+        for _ in range(len(held)):
+            item = pop()
+            if item.__class__ is tuple:
+                lines.append(b'%s%d,"at":%de-9}\n' % item)
+                count += 1
+                continue
+            # Claim the step's end slot (see above).
+            item.append(None)
+            head, iteration, began, end_head, ended = item[:5]
+            if ended is None:
+                lines.append(b'%s%d,"at":%de-9}\n' % (head, iteration, began))
+                count += 1
+            else:
+                lines.append(b'%s%d,"at":%de-9,"began":%de-9}\n' % (end_head, iteration, ended, began))
+                count += 2
+        return b"".join(lines), count
 
     def _send(self, data):
         """Fire-and-forget: one non-blocking send, or a counted drop. Step
@@ -812,24 +836,16 @@ class Client:
         repeated. A held step costs an append: the checks (a daemon to send
         to, the job's ClearML task, CUDA) are made when the held steps are
         sent, once the first is :data:`_HOLD_NS` old or :data:`_HOLD_MAX`
-        wait. A job that uses CUDA takes the general path instead
+        wait. ``_Steps`` holds a fast step's two messages as one record of
+        its own instead (see :meth:`_take_held`). A job that uses CUDA takes the general path instead
         (``fields_of(iteration)`` gives its fields), so its allocator
         figures go with the message."""
         if self._off:
             return
         if hold and not self._cuda:
-            held = self._held
-            held.append((head, iteration, at))
-            try:
-                if len(held) < _HOLD_MAX and at - held[0][2] < _HOLD_NS:
-                    return
-            except IndexError:  # taken meanwhile by another thread's send
-                return
-            # Sent now (or counted as dropped, with no daemon to take them).
-            self._uses_cuda()
-            if "clearml" in _modules:
-                _clearml_poll(self)
-            self._send(b"")
+            self._held.append((head, iteration, at))
+            # Sent once due (or counted as dropped, with no daemon to take them).
+            self._flush_held(at)
             return
         if self._uses_cuda():
             self._event(kind, fields_of(iteration))
@@ -838,6 +854,27 @@ class Client:
             return
         # Sent at once: stamped and sampled by the daemon as it arrives.
         self._send(b"%s%d}\n" % (head, iteration))
+
+    def _flush_held(self, at):
+        """Sends the held step messages once the first is
+        :data:`_HOLD_NS` old or :data:`_HOLD_MAX` wait (``_Steps.end``
+        makes the same check inline)."""
+        held = self._held
+        try:
+            if len(held) < _HOLD_MAX and at - held[0][2] < _HOLD_NS:
+                return
+        except IndexError:  # taken meanwhile by another thread's send
+            return
+        self._send_held()
+
+    def _send_held(self):
+        """Sends the held step messages (or counts them as dropped, with no
+        daemon to take them), after the checks a message makes: CUDA, the
+        job's ClearML task."""
+        self._uses_cuda()
+        if "clearml" in _modules:
+            _clearml_poll(self)
+        self._send(b"")
 
     def _uses_cuda(self):
         """Whether the job uses CUDA (once it does, it does for good)."""

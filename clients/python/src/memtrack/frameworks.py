@@ -23,6 +23,7 @@ module imports with the standard library alone.
 
 from time import time_ns as _time_ns
 
+from . import client as _client
 from .client import _FAST_NS, Stage, _check_labels, _prebuilt_head, get_client
 
 __all__ = ["hf_callback", "lightning_callback", "attach_hf", "attach_lightning", "batch_labels",
@@ -46,15 +47,18 @@ def batch_labels(batch_size=None, grad_accum=None, world_size=None, rank=None):
 class _Steps(object):
     """One open ``train``/``step`` span at most. Its two messages are
     prebuilt when the labels are set, so a step costs no JSON encoding
-    (``Client._prebuilt``); steps that come less than 10 ms apart are sent
-    in batches, each saying when it came. ``begin`` and ``end`` run at
-    every step, so each is a handful of attribute reads and one call."""
+    (``Client._prebuilt``); steps that come less than 10 ms apart are held
+    back and sent in batches, each step as one line that says when it began
+    and ended (``Client._take_held``). ``begin`` and ``end`` run at every
+    step, so a held step costs a handful of attribute reads and an append
+    each."""
 
-    __slots__ = ("_labels", "_heads", "_began", "_ended", "open_at")
+    __slots__ = ("_labels", "_heads", "_began", "_ended", "_held", "open_at")
 
     def __init__(self):
         self.open_at = None
         self._began = self._ended = -1  # when the last begin and end came (ns)
+        self._held = None  # the open step's record while its client holds it
         self.labels = {}
 
     @property
@@ -80,8 +84,14 @@ class _Steps(object):
         self.open_at = iteration
         now = _time_ns()
         last, self._began = self._began, now
-        get_client()._prebuilt(self._heads[0], iteration, "span_begin", self._fields, now,
-                               0 <= now - last < _FAST_NS)
+        client = _client._default or get_client()
+        if 0 <= now - last < _FAST_NS and not client._cuda and not client._off:
+            # Held back as the step's own record, which end() completes.
+            step = self._held = [self._heads[0], iteration, now, self._heads[1]]
+            client._held.append(step)
+            return
+        self._held = None
+        client._prebuilt(self._heads[0], iteration, "span_begin", self._fields, now, False)
 
     def end(self):
         iteration = self.open_at
@@ -90,8 +100,23 @@ class _Steps(object):
         self.open_at = None
         now = _time_ns()
         last, self._ended = self._ended, now
-        get_client()._prebuilt(self._heads[1], iteration, "span_end", self._fields, now,
-                               0 <= now - last < _FAST_NS)
+        step, self._held = self._held, None
+        client = _client._default or get_client()
+        hold = 0 <= now - last < _FAST_NS
+        if step is not None and hold and not client._cuda:
+            step.append(now)
+            if step[4] is now:
+                # The record's line now carries the whole step; send the
+                # held ones when due (Client._flush_held's check, inline).
+                held = client._held
+                try:
+                    if len(held) < _client._HOLD_MAX and now - held[0][2] < _client._HOLD_NS:
+                        return
+                except IndexError:  # taken meanwhile by another thread's send
+                    return
+                client._send_held()
+                return
+        client._prebuilt(self._heads[1], iteration, "span_end", self._fields, now, hold)
 
 
 class _Stages(object):
