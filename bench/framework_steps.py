@@ -72,7 +72,9 @@ class Blocks(object):
     CPU time: the job then runs with and without the hooks in one process,
     in blocks a few tens of milliseconds long, so the two are compared
     under the same load, allocator state and memory layout. Called first
-    at each step's start (it is put first in the list)."""
+    at each step's start (it is put first in the list). With ``module``
+    (Lightning's), the step hooks memtrack puts on the module's class go
+    and come back with the callback."""
 
     def __init__(self, size):
         self.size = size
@@ -80,7 +82,7 @@ class Blocks(object):
         self.mine = None
         self.inside = True
 
-    def at_step(self, callbacks, step):
+    def at_step(self, callbacks, step, module=None):
         if step % self.size:
             return
         self.marks.append((self.inside, time.perf_counter(), time.process_time()))
@@ -88,10 +90,18 @@ class Blocks(object):
             self.mine = next((c for c in callbacks if type(c).__name__.startswith("Memtrack")), False)
         if self.mine is False:
             raise SystemExit("memtrack's callback is not in the trainer's callbacks")
+        # The callback's own batch hooks are None when the module's are used.
+        if module is not None and type(self.mine).on_train_batch_start is not None:
+            module = None
+        hooks = sys.modules["memtrack.frameworks"]._ModuleHooks if module is not None else None
         if self.inside:
             callbacks.remove(self.mine)
+            if module is not None:
+                hooks.detach(module)
         else:
             callbacks.append(self.mine)
+            if module is not None:
+                hooks.attach(module, self.mine)
         self.inside = not self.inside
 
     def report(self):
@@ -142,7 +152,7 @@ def lightning_job(steps, blocks=None):
     if blocks:
         class Toggle(pl.Callback):
             def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-                blocks.at_step(trainer.callbacks, batch_idx)
+                blocks.at_step(trainer.callbacks, batch_idx, pl_module)
 
         trainer.callbacks.insert(0, Toggle())
         trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))

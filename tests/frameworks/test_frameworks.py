@@ -336,33 +336,52 @@ def test_an_autolog_run_gets_the_memory_without_memtrack_code(tmp_path, mlflow_s
 def test_the_lightning_callback_costs_the_loop_only_the_hooks_it_uses(tmp_path):
     """Lightning calls every callback's hook at every step, each inside a
     profiler context, unless the hook is not callable: memtrack's callback
-    is dispatched for its own two per-step hooks only. Lightning's simple
-    profiler records each dispatch it makes."""
+    is dispatched for no per-batch hook at all, the step being marked from
+    the module's own batch hooks, which Lightning calls anyway. Lightning's
+    simple profiler records each dispatch it makes. The module's own hook
+    still runs at every batch, the module pickles during the fit, and its
+    class is as it was once the fit is over."""
     job = tmp_path / "job.py"
     job.write_text(
-        "import json, sys, torch\n"
+        "import json, pickle, sys, torch\n"
         "import lightning.pytorch as pl\n"
         "class Tiny(pl.LightningModule):\n"
         "    def __init__(self):\n"
         "        super().__init__()\n"
         "        self.net = torch.nn.Linear(4, 1)\n"
+        "        self.seen = []\n"
+        "    def on_train_batch_start(self, batch, idx):\n"
+        "        self.seen.append(idx)\n"
+        "        if idx == 2:\n"
+        "            pickle.loads(pickle.dumps(self))\n"
         "    def training_step(self, batch, idx):\n"
         "        return self.net(batch[0]).pow(2).mean()\n"
         "    def configure_optimizers(self):\n"
         "        return torch.optim.SGD(self.parameters(), lr=0.01)\n"
+        "own = Tiny.__dict__['on_train_batch_start']\n"
         "data = torch.utils.data.TensorDataset(torch.randn(20, 4))\n"
         "trainer = pl.Trainer(max_steps=5, accelerator='cpu', logger=False, profiler='simple',\n"
         "                     enable_progress_bar=False, enable_model_summary=False,\n"
         "                     enable_checkpointing=False, default_root_dir=sys.argv[1])\n"
-        "trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))\n"
+        "model = Tiny()\n"
+        "trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))\n"
         "names = [n for n in trainer.profiler.recorded_durations if 'Memtrack' in n]\n"
-        "print('DISPATCHED ' + json.dumps(names))\n")
+        "print('DISPATCHED ' + json.dumps(names))\n"
+        "print('SEEN ' + json.dumps(model.seen))\n"
+        "print('RESTORED ' + json.dumps([Tiny.__dict__['on_train_batch_start'] is own,\n"
+        "                                'on_train_batch_end' in Tiny.__dict__]))\n")
     doc, proc = run_memtrack(tmp_path, [str(job), str(tmp_path / "root")])
     assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("DISPATCHED ")]
-    assert line, proc.stdout[-2000:]
-    hooks = {name.rsplit(".", 1)[1] for name in json.loads(line[0][len("DISPATCHED "):])}
-    assert {"on_train_batch_start", "on_train_batch_end"} <= hooks, hooks
-    assert not hooks & {"on_before_backward", "on_after_backward", "on_before_optimizer_step",
-                        "on_before_zero_grad"}, hooks
+
+    def printed(tag):
+        line = [l for l in proc.stdout.splitlines() if l.startswith(tag + " ")]
+        assert line, proc.stdout[-2000:]
+        return json.loads(line[0][len(tag) + 1:])
+
+    hooks = {name.rsplit(".", 1)[1] for name in printed("DISPATCHED")}
+    assert "on_train_start" in hooks or "on_fit_start" in hooks, hooks
+    assert not hooks & {"on_train_batch_start", "on_train_batch_end", "on_before_backward",
+                        "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"}, hooks
+    assert printed("SEEN") == [0, 1, 2, 3, 4]
+    assert printed("RESTORED") == [True, False]
     assert [i for i, _ in step_spans(doc)] == [1, 2, 3, 4, 5]

@@ -21,6 +21,7 @@ Neither library is imported here until a callback is asked for; this
 module imports with the standard library alone.
 """
 
+import weakref
 from time import time_ns as _time_ns
 
 from . import client as _client
@@ -341,6 +342,9 @@ def _lightning_step_counter(trainer):
 
 def _make_lightning_class(module):
     callback_base = module.Callback
+    # Lightning 2 skips a callback hook that is None: the step is then
+    # marked from the module's own batch hooks (see _ModuleHooks).
+    module_hooks = _skips_hooks_set_to_none(module)
 
     class MemtrackLightningCallback(callback_base):
         """memtrack's phases for a Lightning ``Trainer``; see
@@ -353,36 +357,51 @@ def _make_lightning_class(module):
             self._labelled = False
             self._step_at = 0
             self._done = None  # see _lightning_step_counter
+            self._trainer = None
 
         def on_fit_start(self, trainer, pl_module):
+            self._trainer = trainer
+            if module_hooks:
+                _ModuleHooks.attach(pl_module, self)
             self._stages.begin("fit", trainer.global_step)
             announce_mlflow()
 
         def on_fit_end(self, trainer, pl_module):
+            _ModuleHooks.detach(pl_module)
             self._steps.end()
             self._stages.end("fit")
 
         def on_exception(self, trainer, pl_module, exception):
+            _ModuleHooks.detach(pl_module)
             self._steps.end()
             self._stages.end_all(exception)
 
         def on_train_epoch_start(self, trainer, pl_module):
+            self._trainer = trainer
             self._done = _lightning_step_counter(trainer)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self._trainer = trainer
+            self._step_begin(batch)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self._step_end()
+
+        def _step_begin(self, batch):
             steps = self._steps
             if steps.open_at is None:
+                trainer = self._trainer
                 if not self._labelled:
                     self._label(trainer, batch)
                 done = self._done
                 step = self._step_at = done.completed if done is not None else trainer.global_step
                 steps.begin(step + 1)
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        def _step_end(self):
             # Under gradient accumulation a step spans several batches: it
             # ends when the optimizer stepped.
             done = self._done
-            if (done.completed if done is not None else trainer.global_step) != self._step_at:
+            if (done.completed if done is not None else self._trainer.global_step) != self._step_at:
                 self._steps.end()
 
         def _label(self, trainer, batch):
@@ -422,15 +441,82 @@ def _make_lightning_class(module):
 
     # Read by Lightning at every hook it calls (a property on its base class).
     MemtrackLightningCallback.state_key = MemtrackLightningCallback.__qualname__
-    if _skips_hooks_set_to_none(module):
-        for name in _UNUSED_BATCH_HOOKS:
+    if module_hooks:
+        for name in _UNUSED_BATCH_HOOKS + _MODULE_BATCH_HOOKS:
             setattr(MemtrackLightningCallback, name, None)
     return MemtrackLightningCallback
+
+
+class _ModuleHooks(object):
+    """The step marked from the ``LightningModule``'s own
+    ``on_train_batch_start`` and ``on_train_batch_end``, which Lightning
+    calls at every batch whether memtrack is there or not: a callback's
+    hooks are each called inside a profiler context of their own, which
+    cost a step more than memtrack's own work. While a fit runs, the
+    module's class has the two wrapped (the class, not the instance, so
+    the module pickles and copies as before); the wrappers call the
+    module's own hooks and return what they return. A module of that class
+    not being fitted under memtrack goes straight to its own hooks."""
+
+    # The modules being fitted, each with its callback.
+    fitting = weakref.WeakKeyDictionary()
+    # The classes wrapped, each with what its own __dict__ held.
+    wrapped = {}
+
+    @classmethod
+    def attach(cls, pl_module, callback):
+        klass = type(pl_module)
+        if klass not in cls.wrapped:
+            saved = {}
+            for name, wrap in (("on_train_batch_start", _batch_start), ("on_train_batch_end", _batch_end)):
+                saved[name] = klass.__dict__.get(name, _NOT_OWN)
+                setattr(klass, name, wrap(getattr(klass, name)))
+            cls.wrapped[klass] = saved
+        cls.fitting[pl_module] = callback
+
+    @classmethod
+    def detach(cls, pl_module):
+        cls.fitting.pop(pl_module, None)
+        klass = type(pl_module)
+        saved = cls.wrapped.get(klass)
+        if saved is None or any(type(m) is klass for m in list(cls.fitting.keys())):
+            return
+        del cls.wrapped[klass]
+        for name, own in saved.items():
+            if own is _NOT_OWN:
+                delattr(klass, name)
+            else:
+                setattr(klass, name, own)
+
+
+_NOT_OWN = object()
+
+
+def _batch_start(hook):
+    def on_train_batch_start(self, *args, **kwargs):
+        callback = _ModuleHooks.fitting.get(self)
+        if callback is not None:
+            callback._step_begin(args[0] if args else kwargs.get("batch"))
+        return hook(self, *args, **kwargs)
+    on_train_batch_start.__wrapped__ = hook
+    return on_train_batch_start
+
+
+def _batch_end(hook):
+    def on_train_batch_end(self, *args, **kwargs):
+        result = hook(self, *args, **kwargs)
+        callback = _ModuleHooks.fitting.get(self)
+        if callback is not None:
+            callback._step_end()
+        return result
+    on_train_batch_end.__wrapped__ = hook
+    return on_train_batch_end
 
 
 # Hooks Lightning calls on every callback at every step or batch, each inside
 # a profiler context, whether the callback overrides them or not: about 4 µs
 # apiece. memtrack's callback uses none of them.
+_MODULE_BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end")
 _UNUSED_BATCH_HOOKS = (
     "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
     "on_validation_batch_start", "on_validation_batch_end", "on_test_batch_start",
