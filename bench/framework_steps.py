@@ -309,7 +309,8 @@ def write(path, lines, load_before, load_after, elapsed, args):
             "torch thread), run under `memtrack run`: with the automatic hooks on and with "
             "`--no-auto-hooks` in separate runs (*on − off, per round*: the median of the rounds' "
             "differences), and in one process with memtrack's callback taken out of the trainer's "
-            "callback list and put back every %d steps (*hooks' cost*: the median difference between "
+            "callback list (Lightning: with its batch hooks on the module) and put back every %d "
+            "steps (*hooks' cost*: the median difference between "
             "neighbouring blocks, with a 95 %% confidence interval; the goal is met when all of the "
             "interval is within it). *In the hooks* is the time spent inside memtrack's step hooks "
             "themselves." % args.blocks,

@@ -42,6 +42,7 @@ def test_fast_steps_are_held_back_and_sent_together_with_their_times(fake, monke
     monkeypatch.setenv("MEMTRACK_SOCKET", d.path)
     monkeypatch.setattr(client_mod, "_default", None)
     monkeypatch.setattr(client_mod, "_HOLD_NS", 3600 * 10**9)
+    monkeypatch.setattr(client_mod, "_HOLD_MAX", 64)
     monkeypatch.setattr(frameworks, "_FAST_NS", 3600 * 10**9)
     steps = frameworks._Steps()
     steps.labels = {"batch_size": "4"}

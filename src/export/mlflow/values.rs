@@ -12,7 +12,7 @@
 //! when the mark is the latest before it ([`Values::push_entry`]), so the
 //! values agree with the order of the run's log. While the run goes on a
 //! value is sent only once it is [`SETTLE_MS`] old
-//! ([`Values::take_settled`]): the job sends held steps at most 50 ms
+//! ([`Values::take_settled`]): the job sends held steps at most 200 ms
 //! after the first of them, and at its next message of any other kind. Its timestamp is the
 //! entry's. The queue holds at most a fixed number of values: while the
 //! server is away (or the run is not known yet) the oldest are dropped,

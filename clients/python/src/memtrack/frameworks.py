@@ -458,8 +458,10 @@ class _ModuleHooks(object):
     module's own hooks and return what they return. A module of that class
     not being fitted under memtrack goes straight to its own hooks."""
 
-    # The modules being fitted, each with its callback.
-    fitting = weakref.WeakKeyDictionary()
+    # The modules being fitted, by id: (a weak reference to the module, its
+    # callback). A dict lookup and a call of the reference, so that a batch
+    # pays no Python-level lookup (a WeakKeyDictionary's get is one).
+    fitting = {}
     # The classes wrapped, each with what its own __dict__ held.
     wrapped = {}
 
@@ -472,14 +474,14 @@ class _ModuleHooks(object):
                 saved[name] = klass.__dict__.get(name, _NOT_OWN)
                 setattr(klass, name, wrap(getattr(klass, name)))
             cls.wrapped[klass] = saved
-        cls.fitting[pl_module] = callback
+        cls.fitting[id(pl_module)] = (weakref.ref(pl_module), callback)
 
     @classmethod
     def detach(cls, pl_module):
-        cls.fitting.pop(pl_module, None)
+        cls.fitting.pop(id(pl_module), None)
         klass = type(pl_module)
         saved = cls.wrapped.get(klass)
-        if saved is None or any(type(m) is klass for m in list(cls.fitting.keys())):
+        if saved is None or any(type(ref()) is klass for ref, _ in list(cls.fitting.values())):
             return
         del cls.wrapped[klass]
         for name, own in saved.items():
@@ -490,13 +492,14 @@ class _ModuleHooks(object):
 
 
 _NOT_OWN = object()
+_fitting = _ModuleHooks.fitting
 
 
 def _batch_start(hook):
     def on_train_batch_start(self, *args, **kwargs):
-        callback = _ModuleHooks.fitting.get(self)
-        if callback is not None:
-            callback._step_begin(args[0] if args else kwargs.get("batch"))
+        fitting = _fitting.get(id(self))
+        if fitting is not None and fitting[0]() is self:
+            fitting[1]._step_begin(args[0] if args else kwargs.get("batch"))
         return hook(self, *args, **kwargs)
     on_train_batch_start.__wrapped__ = hook
     return on_train_batch_start
@@ -505,9 +508,9 @@ def _batch_start(hook):
 def _batch_end(hook):
     def on_train_batch_end(self, *args, **kwargs):
         result = hook(self, *args, **kwargs)
-        callback = _ModuleHooks.fitting.get(self)
-        if callback is not None:
-            callback._step_end()
+        fitting = _fitting.get(id(self))
+        if fitting is not None and fitting[0]() is self:
+            fitting[1]._step_end()
         return result
     on_train_batch_end.__wrapped__ = hook
     return on_train_batch_end
