@@ -387,16 +387,17 @@ mod tests {
     #[test]
     fn a_held_back_step_in_one_line_is_its_begin_and_its_end() {
         let line = r#"{"type":"span_end","component":"train","operation":"step","iteration":9,"labels":{"batch_size":"4"},"at":1000.496,"began":1000.4}"#;
-        let a = act(line);
-        let Action::Step {
-            begin: Record::SpanBegin(b),
-            end: Record::SpanEnd(e),
-        } = a
-        else {
-            panic!("{a:?}")
+        // The step's begin and end, from the sender's previous event `floor`.
+        let step = |floor: f64| match action(message(line), Some(42), 1000.5, floor) {
+            Action::Step {
+                begin: Record::SpanBegin(b),
+                end: Record::SpanEnd(e),
+            } => (b.mark, e.mark),
+            a => panic!("{a:?}"),
         };
-        assert_eq!((b.mark.timestamp, e.mark.timestamp), (1000.4, 1000.496));
-        for m in [&b.mark, &e.mark] {
+        let (b, e) = step(f64::NEG_INFINITY);
+        assert_eq!((b.timestamp, e.timestamp), (1000.4, 1000.496));
+        for m in [&b, &e] {
             assert_eq!(
                 (m.component.as_str(), m.operation.as_str(), m.iteration),
                 ("train", "step", Some(9))
@@ -406,15 +407,8 @@ mod tests {
         // Both stay within what a held-back event may say, and the begin
         // never after the end: here the sender's previous event is later
         // than both.
-        let a = action(message(line), Some(42), 1000.5, 1000.45);
-        let Action::Step {
-            begin: Record::SpanBegin(b),
-            end: Record::SpanEnd(e),
-        } = a
-        else {
-            panic!("{a:?}")
-        };
-        assert_eq!((b.mark.timestamp, e.mark.timestamp), (1000.45, 1000.496));
+        let (b, e) = step(1000.45);
+        assert_eq!((b.timestamp, e.timestamp), (1000.45, 1000.496));
     }
 
     #[test]
