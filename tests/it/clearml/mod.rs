@@ -159,12 +159,19 @@ impl Server {
     }
 
     fn calls_to(&self, endpoint: &str) -> usize {
+        self.statuses_of(endpoint).len()
+    }
+
+    /// The HTTP status the server answered each call to `endpoint` with,
+    /// in order.
+    fn statuses_of(&self, endpoint: &str) -> Vec<u64> {
         self.admin("GET", "/calls", None)["calls"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|c| c["endpoint"] == endpoint)
-            .count()
+            .map(|c| c["status"].as_u64().unwrap_or(0))
+            .collect()
     }
 }
 

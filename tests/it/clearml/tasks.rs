@@ -291,10 +291,12 @@ fn iterations_beyond_i64_never_fail_a_batch() {
         .map(|p| p["iter"].as_u64().unwrap())
         .collect();
     assert_eq!(iters, [3, i64::MAX as u64].into_iter().collect());
-    assert_eq!(
-        server.calls_to("events.add_batch"),
-        1,
-        "no batch failed and was retried"
+    // The two points may go in one batch or two (the sender may wake
+    // between the pushes); none may be refused and sent again.
+    let statuses = server.statuses_of("events.add_batch");
+    assert!(
+        !statuses.is_empty() && statuses.iter().all(|&s| s == 200),
+        "no batch failed and was retried: {statuses:?}"
     );
     server.assert_exactly_once();
 }
