@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 
-use crate::config::Config;
+use crate::config::SocketConfig;
 use crate::engine::EventLink;
 use crate::event::inbox::Input;
 use crate::store::snapshot::Snapshot;
@@ -33,7 +33,7 @@ impl Io {
     /// Starts the runtime, then the event socket when configured. `job_task_off` is the socket's answer to a job
     /// announcing a task no output takes.
     pub(crate) fn start(
-        config: &Config,
+        socket: &SocketConfig,
         engine: SyncSender<Input>,
         self_register: bool,
         first: Snapshot,
@@ -57,9 +57,9 @@ impl Io {
             job_tasks: None,
         };
 
-        if !config.socket.is_off() {
+        if !socket.is_off() {
             io.serve_socket(
-                config,
+                socket,
                 engine,
                 self_register,
                 job_task_off.unwrap_or_default(),
@@ -74,17 +74,17 @@ impl Io {
     /// it; the engine hears its clients through `engine`.
     fn serve_socket(
         &mut self,
-        config: &Config,
+        settings: &SocketConfig,
         engine: SyncSender<Input>,
         self_register: bool,
         job_task_off: &str,
         shutdown_rx: watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
         use crate::event::server;
-        let group = if config.socket.group.is_empty() {
+        let group = if settings.group.is_empty() {
             None
         } else {
-            sys::group_id(&config.socket.group)
+            sys::group_id(&settings.group)
         };
         let mut file = match sys::systemd_listener() {
             // Socket activation: systemd made the socket and owns its mode.
@@ -95,13 +95,13 @@ impl Io {
                     let first = server::default_path().context("cannot choose a socket path")?;
                     Ok(server::bind_first_free(&first, group)?)
                 };
-                if config.socket.path.as_os_str().is_empty() {
+                if settings.path.as_os_str().is_empty() {
                     first_free()?
                 } else {
                     // A chosen path that cannot be had (another run's,
                     // not a socket) costs the job its chosen path, never
                     // its start: the job is told the path used.
-                    match server::bind(&config.socket.path, group) {
+                    match server::bind(&settings.path, group) {
                         Ok(file) => file,
                         Err(e) => {
                             let file = first_free()?;
@@ -128,9 +128,9 @@ impl Io {
             stats: Arc::clone(&stats),
             access: server::Access {
                 uid: sys::uid(),
-                allow_uids: config.socket.allow_uids.clone(),
+                allow_uids: settings.allow_uids.clone(),
                 group,
-                max_connections: config.socket.max_connections,
+                max_connections: settings.max_connections,
             },
         });
         let std_listener = file.take_listener().context("socket already taken")?;

@@ -44,47 +44,56 @@ pub(super) fn adopt_orphans(is_run: bool) {
     }
 }
 
-/// How the tree and its host figure are read.
-pub(super) fn options(config: &Config, is_run: bool) -> (ProcOptions, FootprintOptions) {
-    let opts = ProcOptions {
-        root: config.host.proc_root.clone(),
-        hwm_interval: config.host.hwm_interval,
-        reaper: is_run.then(std::process::id),
-        job: None,
-        smaps: config.host.smaps.then_some(SmapsOptions {
-            interval: config.host.smaps_interval,
-            max_rss: config.host.smaps_max_rss_mb << 20,
-        }),
-        read_share: config.host.pss_budget,
-    };
-
-    let footprint_opts = FootprintOptions {
-        choice: config.host.source,
-        proc_root: config.host.proc_root.clone(),
-    };
-    (opts, footprint_opts)
+/// How the tree and its host figure are read, and the memory limit the
+/// job runs under (bytes, `run` only).
+pub(super) struct TreePlan {
+    procs: ProcOptions,
+    footprint: FootprintOptions,
+    memory_limit: Option<u64>,
 }
 
-/// How the job is started: its extra environment, the run it belongs to
-/// (naming its cgroup) and the memory limit it runs under (bytes).
+impl TreePlan {
+    pub(super) fn of(config: &Config, is_run: bool) -> TreePlan {
+        let host = &config.host;
+        TreePlan {
+            procs: ProcOptions {
+                root: host.proc_root.clone(),
+                hwm_interval: host.hwm_interval,
+                reaper: is_run.then(std::process::id),
+                job: None,
+                smaps: host.smaps.then_some(SmapsOptions {
+                    interval: host.smaps_interval,
+                    max_rss: host.smaps_max_rss_mb << 20,
+                }),
+                read_share: host.pss_budget,
+            },
+            footprint: FootprintOptions {
+                choice: host.source,
+                proc_root: host.proc_root.clone(),
+            },
+            memory_limit: host.memory_limit().filter(|_| is_run),
+        }
+    }
+}
+
+/// How the job is started: its extra environment and the run it belongs
+/// to (naming its cgroup).
 pub(super) struct Launch<'a> {
     pub(crate) env: &'a [(String, String)],
     pub(crate) run_id: &'a str,
-    pub(crate) memory_limit: Option<u64>,
 }
 
 /// Starts the job (`run`) or follows the given PIDs (`attach`).
 pub(super) fn follow(
     mode: &Mode,
-    opts: ProcOptions,
-    footprint_opts: FootprintOptions,
+    tree: TreePlan,
     launch: &Launch<'_>,
     signals: &SignalThread,
     tx: &SyncSender<Input>,
 ) -> anyhow::Result<Followed> {
     match mode {
-        Mode::Run { argv } => start_job(argv, opts, footprint_opts, launch, signals, tx),
-        Mode::Attach { pids } => attach(pids, opts, footprint_opts),
+        Mode::Run { argv } => start_job(argv, tree, launch, signals, tx),
+        Mode::Attach { pids } => attach(pids, tree.procs, tree.footprint),
     }
 }
 
@@ -92,17 +101,21 @@ pub(super) fn follow(
 /// starts the thread that reaps it.
 fn start_job(
     argv: &[String],
-    mut opts: ProcOptions,
-    footprint_opts: FootprintOptions,
+    tree: TreePlan,
     launch: &Launch<'_>,
     signals: &SignalThread,
     tx: &SyncSender<Input>,
 ) -> anyhow::Result<Followed> {
+    let TreePlan {
+        procs: mut opts,
+        footprint: footprint_opts,
+        memory_limit,
+    } = tree;
     // The job's wait4 peak starts from memtrack's own (the child
     // is a copy of memtrack until it executes): only a peak above
     // that one is the job's.
     let inherited_hwm = own_vm_hwm();
-    let (child, footprint) = match launch.memory_limit {
+    let (child, footprint) = match memory_limit {
         Some(limit) => spawn_limited(argv, launch, footprint_opts, limit)?,
         None => spawn_job(argv, launch.env, footprint_opts, launch.run_id)?,
     };

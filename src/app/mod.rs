@@ -2,7 +2,8 @@
 //! its journal, the job (or the attached PIDs), signals, and the engine.
 //!
 //! [`run_daemon`] is the sequence of a run's phases; each phase lives in
-//! the file named after it: `naming` (name and labels), `run_dir` (the run
+//! the file named after it: `plan` (the settings, read once into each
+//! phase's part), `naming` (name and labels), `run_dir` (the run
 //! directory), `io` (the event socket), `outputs` (the one list of the
 //! run's outputs: HTTP, MLflow, ClearML, S3, the files, …), `job` (what is followed),
 //! `recorder` (store, journal, engine) and `finish` (the closing line and
@@ -16,6 +17,7 @@ mod job;
 mod mlflow;
 mod naming;
 mod outputs;
+mod plan;
 mod pyhooks;
 mod recorder;
 pub mod registry;
@@ -40,7 +42,7 @@ pub use resend::{clearml_resend, Resent};
 pub(crate) use run_dir::prepare_run_dir;
 
 use io::Io;
-use naming::{RunLabels, RunName};
+use plan::Plan;
 use run_dir::Cleanup;
 
 /// Runs `memtrack run` or `memtrack attach` to the end.
@@ -50,33 +52,39 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     let _fallback = crate::files::FallbackCleanup;
     // As a container's PID 1, a signal during the start must still end it.
     let startup_signals = crate::shutdown::StartupSignals::install();
-    let name = RunName::choose(&mode, &config);
     job::check_attach_pids(&mode)?;
-    let mut outputs = outputs::build(&config)?;
+    // The settings, read once: from here on each phase has its own part.
+    let plan = Plan::from_config(&mode, &config)?;
+    let Plan {
+        name,
+        labels,
+        mut outputs,
+        output_root,
+        recording,
+        socket,
+        hooks,
+        sd_dir,
+        tree,
+        finish_timeout,
+    } = plan;
     let is_run = matches!(mode, Mode::Run { .. });
     job::adopt_orphans(is_run);
-    if !is_run && config.host.memory_limit().is_some() {
-        tracing::warn!(
-            "host.memory_limit applies to `run` only: the attached processes keep their limits"
-        );
-    }
-    let labels = RunLabels::read(&name.name, &config)?;
-    let run_path = prepare_run_dir(&config.output, &labels.dir_name, name.explicit)?;
+    let run_path = prepare_run_dir(&output_root, &labels.dir_name, name.explicit)?;
     // From here on the run directory is reached through its descriptor.
     let held = crate::files::HeldDir::open(&run_path)
         .with_context(|| format!("cannot use run directory {}", run_path.display()))?;
     let run_dir = held.path().to_path_buf();
     let mut cleanup = Cleanup::new(&held);
-    let (gpu, backend) = recorder::open_gpu(&config);
+    let (gpu, backend) = recorder::open_gpu(&recording);
     let document = run_dir.join(crate::model::json::FILE_NAME);
-    let run = naming::run_info(&mode, &config, name, labels, &run_path, backend);
-    let (store, journal) = recorder::open_store(&config, run, gpu.as_ref(), &run_dir)?;
+    let run = naming::run_info(&mode, &recording, name, labels, &run_path, backend);
+    let (store, journal) = recorder::open_store(&recording, run, gpu.as_ref(), &run_dir)?;
 
     sys::raise_nofile_limit();
     let (tx, rx) = sync_channel::<Input>(65_536);
     let self_register = matches!(&mode, Mode::Attach { pids } if pids.is_empty());
     let mut io = Io::start(
-        &config,
+        &socket,
         tx.clone(),
         self_register,
         store.snapshot(),
@@ -86,7 +94,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     let mut job_env = io.job_env(is_run);
     // Kept until the run ends, then removed.
     let mut _hooks = None;
-    if is_run && pyhooks::wanted(config.auto_hooks) {
+    if hooks {
         match pyhooks::job_env() {
             Ok((var, dir)) => {
                 job_env.push(var);
@@ -100,10 +108,9 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         &run_dir,
         io.socket_path(),
         outputs.metrics(),
-        &config.discovery.sd_dir,
+        &sd_dir,
     );
     say_where(&store.run.name, &io, outputs.metrics(), &registration);
-    let (opts, footprint_opts) = job::options(&config, is_run);
     // Signals are handled before the job exists, so none can kill
     // memtrack between the spawn and the handlers.
     let signals =
@@ -112,18 +119,16 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
     // Start the job last, once everything that can fail has succeeded.
     let followed = job::follow(
         &mode,
-        opts,
-        footprint_opts,
+        tree,
         &job::Launch {
             env: &job_env,
             run_id: &store.run.id,
-            memory_limit: config.host.memory_limit().filter(|_| is_run),
         },
         &signals,
         &tx,
     )?;
     let engine = recorder::start_engine(
-        &config,
+        &recording,
         followed,
         gpu,
         store,
@@ -146,7 +151,7 @@ pub fn run_daemon(mode: Mode, config: Config) -> anyhow::Result<RunOutcome> {
         links: &links,
         job_failed,
     };
-    let export_failed = outputs.finish(&end, config.finish_timeout);
+    let export_failed = outputs.finish(&end, finish_timeout);
     let files = end.files();
     io.stop();
     drop(registration);

@@ -224,7 +224,7 @@ pub(crate) fn check_folder_name(what: &str, value: &str) -> anyhow::Result<()> {
 /// The run's identity as the document records it, from its start.
 pub(super) fn run_info(
     mode: &Mode,
-    config: &Config,
+    recording: &super::recorder::Recording,
     name: RunName,
     place: RunLabels,
     run_dir: &Path,
@@ -253,15 +253,11 @@ pub(super) fn run_info(
         },
         start: crate::units::unix_now(),
         labels,
-        interval_s: config.interval.as_secs_f64(),
+        interval_s: recording.interval.as_secs_f64(),
         memtrack_version: env!("CARGO_PKG_VERSION").into(),
         gpu_backend,
-        memory_limit_mb: config
-            .host
-            .memory_limit()
-            .filter(|_| is_run)
-            .map(crate::units::mib),
-        host_memory_mb: std::fs::read_to_string(config.host.proc_root.join("meminfo"))
+        memory_limit_mb: recording.memory_limit.map(crate::units::mib),
+        host_memory_mb: std::fs::read_to_string(recording.proc_root.join("meminfo"))
             .ok()
             .and_then(|text| crate::sample::parse_meminfo(&text))
             .map(|m| crate::units::mib(m.total)),

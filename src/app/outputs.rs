@@ -29,24 +29,38 @@ use crate::export::s3::run_output::S3Output;
 use crate::model::RunInfo;
 
 /// Every output the configuration turns on, built (and their settings
-/// checked) before anything starts.
+/// checked) before anything starts. An output is one line here.
 pub(super) fn build(config: &Config) -> anyhow::Result<Registered> {
-    let mut list = Registered::default();
     let listen = crate::config::parse_listen(&config.listen).map_err(anyhow::Error::msg)?;
     let default_listen = config.listen == crate::config::DEFAULT_LISTEN;
-    list.add(HttpOutput::build(listen, default_listen)?);
-    list.add(MlflowOutput::build(&config.mlflow)?);
-    list.tracker(ClearmlOutput::build(&config.clearml, &config.s3)?);
-    list.add(S3Output::build(&config.s3)?);
+    // ClearML's output follows the job's own task; when it is off the
+    // socket says why to a job that announces one.
+    let (clearml, job_task_off) = match ClearmlOutput::build(&config.clearml, &config.s3)? {
+        Ok(output) => (Some(output), None),
+        Err(why) => (None, Some(why.to_string())),
+    };
+    let mut list = vec![
+        HttpOutput::build(listen, default_listen)?.map(boxed),
+        MlflowOutput::build(&config.mlflow)?.map(boxed),
+        clearml.map(boxed),
+        S3Output::build(&config.s3)?.map(boxed),
+    ];
     #[cfg(test)]
-    list.add(counting::Counting::build(&config.output)?);
+    list.push(counting::Counting::build(&config.output)?.map(boxed));
     // Last, so it finishes first: the others' ends find the final files.
-    list.add(Some(FilesOutput::build(config.html_report)));
-    Ok(list)
+    list.push(Some(boxed(FilesOutput::build(config.html_report))));
+    Ok(Registered {
+        outputs: list.into_iter().flatten().collect(),
+        job_task_off,
+        links: Arc::default(),
+    })
+}
+
+fn boxed(output: impl Output + 'static) -> Box<dyn Output> {
+    Box::new(output)
 }
 
 /// The outputs built, in the order they start.
-#[derive(Default)]
 pub(super) struct Registered {
     outputs: Vec<Box<dyn Output>>,
     /// Why the output that takes the job's announcements of its task
@@ -57,20 +71,6 @@ pub(super) struct Registered {
 }
 
 impl Registered {
-    fn add(&mut self, output: Option<impl Output + 'static>) {
-        if let Some(o) = output {
-            self.outputs.push(Box::new(o));
-        }
-    }
-
-    /// An output that follows the job's own task, or why it is off.
-    fn tracker<E: std::fmt::Display>(&mut self, output: Result<impl Output + 'static, E>) {
-        match output {
-            Ok(o) => self.outputs.push(Box::new(o)),
-            Err(why) => self.job_task_off = Some(why.to_string()),
-        }
-    }
-
     /// Starts every output in order on the I/O runtime; returns what the
     /// engine publishes to (snapshots, one feed per output, their error
     /// counters).

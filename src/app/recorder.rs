@@ -3,7 +3,8 @@
 //! publishing to the run's outputs.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 
@@ -11,18 +12,54 @@ use super::job::Followed;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions, Outputs};
 use crate::model::{AttributionMode, GpuBackend, RunInfo};
+use crate::sample::gpu::GpuConfig;
 use crate::sample::gpu::GpuSampler;
 use crate::sample::Sampler;
 use crate::store::journal::Journal;
+use crate::store::pressure::Thresholds;
+use crate::store::Limits;
 use crate::store::Store;
+
+/// What records the run is told: where `/proc` is, the GPU settings,
+/// the store's bounds and the engine's pace.
+pub(super) struct Recording {
+    pub(super) proc_root: PathBuf,
+    gpu: GpuConfig,
+    log: Limits,
+    pressure: Thresholds,
+    pub(super) interval: Duration,
+    checkpoint_interval: Duration,
+    /// The flight recorder's interval and window, when it is on.
+    flight: Option<(Duration, Duration)>,
+    /// The job's memory limit, bytes (`run` only).
+    pub(super) memory_limit: Option<u64>,
+}
+
+impl Recording {
+    pub(super) fn of(config: &Config, is_run: bool) -> Recording {
+        Recording {
+            proc_root: config.host.proc_root.clone(),
+            gpu: config.gpu.clone(),
+            log: config.log,
+            pressure: config.pressure,
+            interval: config.interval,
+            checkpoint_interval: config.checkpoint_interval,
+            flight: config
+                .flight
+                .enabled
+                .then_some((config.flight.interval, config.flight.window)),
+            memory_limit: config.host.memory_limit().filter(|_| is_run),
+        }
+    }
+}
 
 /// Opens the GPU backend and says which figures the run will have.
 /// Returns the sampler and the backend's description.
-pub(super) fn open_gpu(config: &Config) -> (Box<dyn GpuSampler>, GpuBackend) {
+pub(super) fn open_gpu(recording: &Recording) -> (Box<dyn GpuSampler>, GpuBackend) {
     let gpu = crate::sample::open_gpu(
-        &config.gpu,
+        &recording.gpu,
         std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
-        &config.host.proc_root,
+        &recording.proc_root,
     );
     let backend = gpu.backend();
     if let GpuBackend::None { reason } = &backend {
@@ -54,12 +91,12 @@ pub(super) fn open_gpu(config: &Config) -> (Box<dyn GpuSampler>, GpuBackend) {
 /// The run's store, with its configured bounds and the GPUs it samples,
 /// and the journal that lets a killed run be recovered.
 pub(super) fn open_store(
-    config: &Config,
+    recording: &Recording,
     run: RunInfo,
     gpu: &dyn GpuSampler,
     run_dir: &Path,
 ) -> anyhow::Result<(Store, Journal)> {
-    let mut store = Store::new(run, config.log, config.pressure);
+    let mut store = Store::new(run, recording.log, recording.pressure);
     store.describe_gpus(gpu.devices(), gpu.attribution());
     let journal = Journal::create(run_dir, &mut store)
         .with_context(|| format!("cannot write to the run directory {}", run_dir.display()))?;
@@ -68,7 +105,7 @@ pub(super) fn open_store(
 
 /// The engine over what the run follows, publishing to `outputs`.
 pub(super) fn start_engine(
-    config: &Config,
+    recording: &Recording,
     followed: Followed,
     gpu: Box<dyn GpuSampler>,
     store: Store,
@@ -81,21 +118,18 @@ pub(super) fn start_engine(
         end_when,
         footprint,
     } = followed;
-    let meminfo = File::open(config.host.proc_root.join("meminfo")).ok();
+    let meminfo = File::open(recording.proc_root.join("meminfo")).ok();
     let sampler = Sampler::new(tree, footprint, gpu, meminfo);
     Engine::new(
         sampler,
         store,
         Some(journal),
         EngineOptions {
-            interval: config.interval,
-            checkpoint_interval: config.checkpoint_interval,
-            journal_flush: std::time::Duration::from_secs(1),
+            interval: recording.interval,
+            checkpoint_interval: recording.checkpoint_interval,
+            journal_flush: Duration::from_secs(1),
             end_when,
-            flight: config
-                .flight
-                .enabled
-                .then_some((config.flight.interval, config.flight.window)),
+            flight: recording.flight,
         },
         events,
         outputs,
