@@ -120,9 +120,9 @@ impl Io {
         let (job_tasks_tx, job_tasks_rx) = mpsc::channel(crate::event::inbox::JOB_TASK_QUEUE);
         self.job_tasks = Some(job_tasks_rx);
         let shared = Arc::new(server::Shared {
-            clearml: Some(job_tasks_tx),
-            clearml_off: job_task_off.to_string(),
-            clearml_off_said: Default::default(),
+            job_tasks: Some(job_tasks_tx),
+            job_task_off: job_task_off.to_string(),
+            job_task_off_said: Default::default(),
             engine,
             notices: notices.clone(),
             stats: Arc::clone(&stats),

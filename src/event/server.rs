@@ -88,13 +88,13 @@ pub(crate) struct Shared {
     pub(crate) access: Access,
     /// The ClearML reporter's intake for `clearml_task` announcements;
     /// `None` (or closed) when the run does not report to ClearML.
-    pub(crate) clearml: Option<mpsc::Sender<crate::event::inbox::JobTask>>,
+    pub(crate) job_tasks: Option<mpsc::Sender<crate::event::inbox::JobTask>>,
     /// Why the run does not report to ClearML, for a job that announces a
     /// task anyway (empty: not known).
-    pub(crate) clearml_off: String,
+    pub(crate) job_task_off: String,
     /// The line that says so, limited by time: a job announcing in a loop
     /// costs a few lines.
-    pub(crate) clearml_off_said: std::sync::Mutex<crate::logging::RateLimited>,
+    pub(crate) job_task_off_said: std::sync::Mutex<crate::logging::RateLimited>,
 }
 
 /// Why the socket could not be set up.
@@ -607,7 +607,7 @@ async fn announce_task(
         reply: ack.then_some(tx),
     };
     // A full queue holds this connection back, as the engine's does.
-    let sent = match &shared.clearml {
+    let sent = match &shared.job_tasks {
         Some(c) => matches!(
             tokio::time::timeout(ENGINE_TIMEOUT, c.send(announcement)).await,
             Ok(Ok(()))
@@ -617,7 +617,7 @@ async fn announce_task(
     if !sent {
         // The one line that says why a job's `Task.init` gets no charts.
         let due = shared
-            .clearml_off_said
+            .job_task_off_said
             .lock()
             .map_or(None, |mut said| said.hit());
         if let Some(n) = due {
@@ -665,12 +665,12 @@ async fn announce_task(
 
 /// Why a `clearml_task` announcement is not taken up.
 fn off_message(shared: &Shared) -> String {
-    if shared.clearml_off.is_empty() {
+    if shared.job_task_off.is_empty() {
         "this memtrack does not report to ClearML".into()
     } else {
         format!(
             "this memtrack does not report to ClearML: {}",
-            shared.clearml_off
+            shared.job_task_off
         )
     }
 }
