@@ -70,15 +70,48 @@ fn env(home: &Path, extra: &[(&'static str, String)]) -> Vec<(&'static str, Stri
     env
 }
 
+/// What a job with an `s3://` `output_uri` starts from: the contract
+/// server, the fileserver and the store, and a home whose `clearml.conf`
+/// is what `clearml-init` writes for the first two plus `sdk.aws.s3` with
+/// the store's right keys ([`sdk_s3`]); `api`, that file before
+/// `sdk.aws.s3` (for a file of memtrack's own).
+struct Stores {
+    server: Server,
+    files: FileServer,
+    s3: S3Server,
+    out: tempfile::TempDir,
+    api: String,
+}
+
+impl Stores {
+    fn start() -> Stores {
+        require_clearml_sdk();
+        let server = Server::start();
+        let files = FileServer::start();
+        let s3 = S3Server::start();
+        let out = scratch();
+        write_clearml_conf(out.path(), &server, &files.url());
+        let api = std::fs::read_to_string(out.path().join("clearml.conf")).unwrap();
+        append_conf(out.path(), &sdk_s3(&s3, S3_SECRET));
+        Stores {
+            server,
+            files,
+            s3,
+            out,
+            api,
+        }
+    }
+}
+
 #[test]
 fn an_s3_output_uri_gets_the_artifact_in_its_bucket_with_clearml_confs_credentials() {
-    require_clearml_sdk();
-    let server = Server::start();
-    let files = FileServer::start();
-    let s3 = S3Server::start();
-    let out = scratch();
-    write_clearml_conf(out.path(), &server, &files.url());
-    append_conf(out.path(), &sdk_s3(&s3, S3_SECRET));
+    let Stores {
+        server,
+        files,
+        s3,
+        out,
+        api: _,
+    } = Stores::start();
     let host = format!("127.0.0.1:{}", s3.port);
     let uri = format!("s3://{host}/{}/runs", s3.bucket);
     let (code, stdout, log) =
@@ -117,17 +150,15 @@ fn an_s3_output_uri_gets_the_artifact_in_its_bucket_with_clearml_confs_credentia
 
 #[test]
 fn wrong_sdk_aws_s3_credentials_are_one_clear_error_and_the_printed_command_uploads_later() {
-    require_clearml_sdk();
-    let server = Server::start();
-    let files = FileServer::start();
-    let s3 = S3Server::start();
-    let out = scratch();
     // The job's SDK has the right secret (it checks the destination at
     // `Task.init`); memtrack is given a file with a wrong one.
-    write_clearml_conf(out.path(), &server, &files.url());
-    let conf = out.path().join("clearml.conf");
-    let good = std::fs::read_to_string(&conf).unwrap();
-    append_conf(out.path(), &sdk_s3(&s3, S3_SECRET));
+    let Stores {
+        server,
+        files: _files,
+        s3,
+        out,
+        api: good,
+    } = Stores::start();
     let wrong_secret = "wrong-secret-never-logged";
     let wrong = out.path().join("memtrack-clearml.conf");
     std::fs::write(&wrong, format!("{good}{}", sdk_s3(&s3, wrong_secret))).unwrap();
@@ -205,15 +236,13 @@ fn wrong_sdk_aws_s3_credentials_are_one_clear_error_and_the_printed_command_uplo
 
 #[test]
 fn hostile_sdk_aws_s3_values_cost_only_the_artifact_and_show_no_secret() {
-    require_clearml_sdk();
-    let server = Server::start();
-    let files = FileServer::start();
-    let s3 = S3Server::start();
-    let out = scratch();
-    write_clearml_conf(out.path(), &server, &files.url());
-    let conf = out.path().join("clearml.conf");
-    let api = std::fs::read_to_string(&conf).unwrap();
-    append_conf(out.path(), &sdk_s3(&s3, S3_SECRET));
+    let Stores {
+        server,
+        files: _files,
+        s3,
+        out,
+        api,
+    } = Stores::start();
     // A password in a host: refused, never echoed; reporting into the task
     // goes on.
     let hostile = out.path().join("hostile.conf");
@@ -281,21 +310,12 @@ fn a_task_memtrack_creates_gets_the_artifact_on_the_fileserver() {
     let server = Server::start();
     let files = FileServer::start();
     let out = scratch();
-    let res = run_to_end(
-        memtrack()
-            .args(["run", "--listen", "off", "--name", "own-task"])
-            .args(["--interval", "50ms", "--output"])
-            .arg(out.path())
-            .args(["--", "sleep", "0.3"])
-            .env("HOME", out.path())
-            .env("CLEARML_API_HOST", server.url())
-            .env("CLEARML_API_ACCESS_KEY", crate::clearml::KEY)
-            .env("CLEARML_API_SECRET_KEY", crate::clearml::SECRET)
-            .env("CLEARML_FILES_HOST", files.url())
-            .env("MEMTRACK_CLEARML_JOB_TASK_WAIT", "0s")
-            .env("AWS_EC2_METADATA_DISABLED", "true"),
-        Duration::from_secs(120),
-    );
+    let res = MemtrackRun::new("own-task", out.path())
+        .clearml(out.path(), Some((&server.url(), crate::clearml::SECRET)))
+        .env("CLEARML_FILES_HOST", files.url())
+        .env("MEMTRACK_CLEARML_JOB_TASK_WAIT", "0s")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .run(["sleep", "0.3"], Duration::from_secs(120));
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "{log}");
     let state = server.state();

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -383,6 +384,113 @@ impl S3Server {
             ("AWS_SECRET_ACCESS_KEY", secret.to_string()),
             ("AWS_EC2_METADATA_DISABLED", "true".to_string()),
         ]
+    }
+}
+
+/// `memtrack run` (or `attach`) as the tests of the exporters start it,
+/// for the test to add what it tests: no HTTP (`--listen off`), the run
+/// `--name NAME` under `--output OUT`, sampled every 50 ms (`interval`
+/// sets another period). Options (`arg`, `args`), an upload to an
+/// [`S3Server`] (`s3`) and the environment (`env`, `envs`, `with`) go on
+/// in the order given; `job` ends the command line with `-- JOB`,
+/// `command` without one (`attach`), `run` runs the job to the end.
+pub struct MemtrackRun {
+    cmd: Command,
+    interval: String,
+}
+
+impl MemtrackRun {
+    /// `memtrack run --listen off --name NAME --output OUT --interval 50ms`.
+    pub fn new(name: &str, out: &Path) -> MemtrackRun {
+        MemtrackRun::of(&["run"], name, out)
+    }
+
+    /// `memtrack attach --pid PID` with the same options.
+    pub fn attach(pid: u32, name: &str, out: &Path) -> MemtrackRun {
+        MemtrackRun::of(&["attach", "--pid", &pid.to_string()], name, out)
+    }
+
+    fn of(head: &[&str], name: &str, out: &Path) -> MemtrackRun {
+        let mut cmd = memtrack();
+        cmd.args(head)
+            .args(["--listen", "off", "--name", name, "--output"])
+            .arg(out);
+        MemtrackRun {
+            cmd,
+            interval: "50ms".into(),
+        }
+    }
+
+    /// `--interval INTERVAL` instead of 50 ms.
+    pub fn interval(mut self, interval: &str) -> Self {
+        self.interval = interval.into();
+        self
+    }
+
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    pub fn args<S: AsRef<OsStr>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.cmd.args(args);
+        self
+    }
+
+    /// Uploads to `s3`: `--s3-url s3://BUCKET/runs`, `--s3-endpoint`, and
+    /// the store's keys in the environment ([`S3Server::env`] with
+    /// [`S3_SECRET`]).
+    pub fn s3(self, s3: &S3Server) -> Self {
+        self.args([
+            "--s3-url",
+            &format!("s3://{}/runs", s3.bucket),
+            "--s3-endpoint",
+            &s3.endpoint(),
+        ])
+        .envs(s3.env(S3_SECRET))
+    }
+
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.cmd.env(key, value);
+        self
+    }
+
+    pub fn envs<K, V>(mut self, vars: impl IntoIterator<Item = (K, V)>) -> Self
+    where
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        self.cmd.envs(vars);
+        self
+    }
+
+    /// `setup` applied to the command: an environment a helper sets up
+    /// (ClearML's, for one).
+    pub fn with(mut self, setup: impl FnOnce(&mut Command)) -> Self {
+        setup(&mut self.cmd);
+        self
+    }
+
+    /// The command, its line ended with `-- JOB`.
+    pub fn job<S: AsRef<OsStr>>(self, job: impl IntoIterator<Item = S>) -> Command {
+        let mut cmd = self.command();
+        cmd.arg("--").args(job);
+        cmd
+    }
+
+    /// The command, with no job (`attach` follows a running one).
+    pub fn command(mut self) -> Command {
+        self.cmd.args(["--interval", &self.interval]);
+        self.cmd
+    }
+
+    /// `job` run to the end, within `timeout`: its output.
+    pub fn run<S: AsRef<OsStr>>(
+        self,
+        job: impl IntoIterator<Item = S>,
+        timeout: Duration,
+    ) -> Output {
+        run_to_end(&mut self.job(job), timeout)
     }
 }
 

@@ -214,33 +214,13 @@ fn rank_run(out: &Path, rank: u32, mib: u32, s3: Option<&S3Server>) -> std::proc
     let script = format!(
         "import time\nb = bytearray({mib} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(0.6)\n"
     );
-    let mut cmd = memtrack();
-    cmd.args([
-        "run",
-        "--listen",
-        "off",
-        "--interval",
-        "100ms",
-        "--name",
-        "job4",
-        "--label",
-        &format!("rank={rank}"),
-        "--output",
-    ])
-    .arg(out);
+    let mut run = MemtrackRun::new("job4", out)
+        .interval("100ms")
+        .args(["--label", &format!("rank={rank}")]);
     if let Some(s3) = s3 {
-        cmd.args([
-            "--s3-url",
-            &format!("s3://{}/runs", s3.bucket),
-            "--s3-endpoint",
-            &s3.endpoint(),
-        ]);
-        for (k, v) in s3.env(S3_SECRET) {
-            cmd.env(k, v);
-        }
+        run = run.s3(s3);
     }
-    cmd.arg("--").args(python(&script));
-    run_to_end(&mut cmd, Duration::from_secs(60))
+    run.run(python(&script), Duration::from_secs(60))
 }
 
 #[test]

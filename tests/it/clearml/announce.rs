@@ -1,7 +1,9 @@
 //! A job naming its own task over the socket: another task, a malformed
 //! name or a flood of them changes nothing and costs little.
 
-use super::{run_with_clearml, Server};
+use std::time::Duration;
+
+use super::{agent_run, Server};
 use crate::common::*;
 
 #[test]
@@ -29,7 +31,8 @@ fn announcements_of_other_tasks_and_malformed_ones_change_nothing() {
          for i in range(3):\n\
          \x20   ask({{'type': 'mark', 'component': 'model', 'operation': 'step', 'iteration': i, 'ack': True}})\n"
     );
-    let res = run_with_clearml(&server, out.path(), &[], &[], &["python3", "-c", &script]);
+    let res =
+        agent_run(&server, out.path()).run(["python3", "-c", &script], Duration::from_secs(120));
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "{log}");
     let state = server.state();
@@ -91,7 +94,8 @@ fn a_flood_of_announcements_costs_a_few_lines_and_bounded_memory() {
          open({figures:?}, 'w').write('%d %d' % (before, kib('VmHWM:')))\n",
         figures = figures.display().to_string()
     );
-    let res = run_with_clearml(&server, out.path(), &[], &[], &["python3", "-c", &script]);
+    let res =
+        agent_run(&server, out.path()).run(["python3", "-c", &script], Duration::from_secs(120));
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "{log}");
     let noted = log.matches("is left alone").count();

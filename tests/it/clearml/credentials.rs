@@ -107,24 +107,13 @@ fn clearml_auth_token_wins_over_keys_as_in_the_sdk() {
         ),
     )
     .unwrap();
-    let mut cmd = memtrack();
-    cmd.args([
-        "run",
-        "--listen",
-        "off",
-        "--name",
-        "job",
-        "--interval",
-        "50ms",
-    ])
-    .args(["--clearml-project", "memtrack-it", "--output"])
-    .arg(out.path())
-    .args(["--", "sh", "-c", "sleep 0.2"]);
-    clearml_env(&mut cmd, out.path(), None)
+    let res = MemtrackRun::new("job", out.path())
+        .args(["--clearml-project", "memtrack-it"])
+        .clearml(out.path(), None)
         .env("CLEARML_AUTH_TOKEN", &token)
         .env("CLEARML_API_ACCESS_KEY", "WRONGKEY")
-        .env("CLEARML_API_SECRET_KEY", "WRONGSECRET");
-    let res = run_to_end(&mut cmd, Duration::from_secs(60));
+        .env("CLEARML_API_SECRET_KEY", "WRONGSECRET")
+        .run(["sh", "-c", "sleep 0.2"], Duration::from_secs(60));
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "{log}");
     let state = server.state();

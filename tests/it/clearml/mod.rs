@@ -15,7 +15,7 @@
 //!   what `clearml-init` leaves is enough.
 //!
 //! A memtrack command gets its ClearML settings in one place,
-//! [`clearml_env`].
+//! [`clearml_env`] ([`MemtrackRun::clearml`] for a run built up by a test).
 
 mod announce;
 mod credentials;
@@ -207,25 +207,20 @@ pub(crate) fn clearml_env<'c>(
     cmd
 }
 
-/// `memtrack run` with ClearML configured the way clearml-agent leaves it
-/// (environment only) and S3 on: the binary end to end.
-fn run_with_clearml(
-    server: &Server,
-    out: &Path,
-    extra_env: &[(&str, String)],
-    args: &[&str],
-    job: &[&str],
-) -> std::process::Output {
-    let mut cmd = memtrack();
-    cmd.args(["run", "--listen", "off", "--name", "job", "--output"])
-        .arg(out);
-    if !args.contains(&"--interval") {
-        cmd.args(["--interval", "50ms"]);
+impl MemtrackRun {
+    /// With ClearML's environment as [`clearml_env`] sets it; before any
+    /// variable of the test's own, which it would remove.
+    pub(crate) fn clearml(self, home: &Path, api: Option<(&str, &str)>) -> Self {
+        self.with(|cmd| {
+            clearml_env(cmd, home, api);
+        })
     }
-    cmd.args(args).arg("--").args(job);
-    clearml_env(&mut cmd, out, Some((&server.url(), SECRET)));
-    for (k, v) in extra_env {
-        cmd.env(k, v);
-    }
-    run_to_end(&mut cmd, Duration::from_secs(120))
+}
+
+/// `memtrack run --name job --output OUT` with ClearML configured the way
+/// clearml-agent leaves it (environment only: the server and its keys,
+/// `HOME` at `out`): the binary end to end, for a test to add its options,
+/// S3 and variables to.
+fn agent_run(server: &Server, out: &Path) -> MemtrackRun {
+    MemtrackRun::new("job", out).clearml(out, Some((&server.url(), SECRET)))
 }

@@ -10,7 +10,7 @@ use memtrack::export::clearml::{Reporter, SPOOL_FILE};
 use serde_json::{json, Value};
 
 use super::live::*;
-use super::{run_with_clearml, Server, SECRET};
+use super::{agent_run, Server, SECRET};
 use crate::common::*;
 
 #[test]
@@ -311,17 +311,12 @@ fn the_server_down_for_the_whole_run_leaves_every_point_in_the_spool() {
     let server = Server::start();
     server.fault(json!({"refuse_for_s": 600}));
     let out = scratch();
-    let res = run_with_clearml(
-        &server,
-        out.path(),
-        &[],
-        &["--config", &{
-            let p = out.path().join("m.toml");
-            std::fs::write(&p, "[clearml]\nfinal_flush_timeout = \"2s\"\n").unwrap();
-            p.display().to_string()
-        }],
-        &["sh", "-c", "sleep 0.3"],
-    );
+    let conf = out.path().join("m.toml");
+    std::fs::write(&conf, "[clearml]\nfinal_flush_timeout = \"2s\"\n").unwrap();
+    let res = agent_run(&server, out.path())
+        .arg("--config")
+        .arg(&conf)
+        .run(["sh", "-c", "sleep 0.3"], Duration::from_secs(120));
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "the job's status wins: {log}");
     let spool = std::fs::read_to_string(out.path().join("job").join(SPOOL_FILE)).unwrap();
@@ -348,18 +343,11 @@ fn sampling_stays_on_schedule_while_clearml_stalls_then_refuses() {
             std::thread::sleep(Duration::from_secs(2));
             server.fault(json!({"refuse_for_s": 600}));
         });
-        run_with_clearml(
-            &server,
-            out.path(),
-            &[],
-            &[
-                "--interval",
-                "100ms",
-                "--config",
-                &conf.display().to_string(),
-            ],
-            &["sh", "-c", "sleep 4"],
-        )
+        agent_run(&server, out.path())
+            .interval("100ms")
+            .arg("--config")
+            .arg(&conf)
+            .run(["sh", "-c", "sleep 4"], Duration::from_secs(120))
     });
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "{log}");

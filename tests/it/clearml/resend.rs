@@ -9,7 +9,7 @@ use std::time::Duration;
 use memtrack::export::clearml::SPOOL_FILE;
 use serde_json::{json, Value};
 
-use super::{clearml_env, run_with_clearml, Server, SECRET};
+use super::{agent_run, clearml_env, Server, SECRET};
 use crate::common::*;
 
 /// `memtrack clearml-resend DIR` with the credentials ClearML users have.
@@ -64,24 +64,11 @@ fn clearml_resend_delivers_what_an_outage_left_and_ends_the_task() {
         "[clearml]\nfinal_flush_timeout = \"2s\"\njob_task_wait = \"0s\"\n",
     )
     .unwrap();
-    let mut cmd = memtrack();
-    cmd.args([
-        "run",
-        "--listen",
-        "off",
-        "--name",
-        "job",
-        "--interval",
-        "50ms",
-    ])
-    .arg("--output")
-    .arg(out.path())
-    .arg("--config")
-    .arg(&conf)
-    .arg("--")
-    .args(marking_job(&go, 20))
-    .stderr(Stdio::piped());
-    let mut child = clearml_env(&mut cmd, out.path(), Some((&server.url(), SECRET)))
+    let mut child = agent_run(&server, out.path())
+        .arg("--config")
+        .arg(&conf)
+        .job(marking_job(&go, 20))
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     wait_for("the task to start", Duration::from_secs(20), || {
@@ -129,16 +116,9 @@ fn wrong_credentials_keep_the_points_for_a_resend_with_the_right_ones() {
     let out = scratch();
     let go = out.path().join("go");
     std::fs::write(&go, "").unwrap();
-    let res = run_with_clearml(
-        &server,
-        out.path(),
-        &[("CLEARML_API_SECRET_KEY", "not-the-secret".to_string())],
-        &[],
-        &marking_job(&go, 5)
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
+    let res = agent_run(&server, out.path())
+        .env("CLEARML_API_SECRET_KEY", "not-the-secret")
+        .run(marking_job(&go, 5), Duration::from_secs(120));
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "the job ran: {log}");
     assert!(log.contains("refused the credentials"), "{log}");
@@ -236,21 +216,10 @@ fn a_failed_upload_keeps_the_task_so_memtrack_upload_uses_its_key() {
     let mut s3 = S3Server::start();
     s3.down();
     let out = scratch();
-    let env: Vec<(&str, String)> = s3.env(S3_SECRET);
-    let res = run_with_clearml(
-        &server,
-        out.path(),
-        &env,
-        &[
-            "--clearml-project",
-            "team/memory",
-            "--s3-url",
-            &format!("s3://{}/runs", s3.bucket),
-            "--s3-endpoint",
-            &s3.endpoint(),
-        ],
-        &["true"],
-    );
+    let res = agent_run(&server, out.path())
+        .args(["--clearml-project", "team/memory"])
+        .s3(&s3)
+        .run(["true"], Duration::from_secs(120));
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "{log}");
     let run_dir = out.path().join("job");

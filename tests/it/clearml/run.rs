@@ -8,7 +8,7 @@ use std::time::Duration;
 use memtrack::export::clearml::SPOOL_FILE;
 use serde_json::Value;
 
-use super::{clearml_env, run_with_clearml, write_clearml_conf, Server, SECRET};
+use super::{agent_run, clearml_env, write_clearml_conf, Server, SECRET};
 use crate::common::*;
 
 #[test]
@@ -16,30 +16,17 @@ fn memtrack_run_creates_completes_and_fills_a_task_with_the_s3_artifact() {
     let server = Server::start();
     let s3 = S3Server::start();
     let out = scratch();
-    let env: Vec<(&str, String)> = s3.env(S3_SECRET);
-    let res = run_with_clearml(
-        &server,
-        out.path(),
-        &env,
-        &[
-            "--clearml-project",
-            "team/memory",
-            "--s3-url",
-            &format!("s3://{}/runs", s3.bucket),
-            "--s3-endpoint",
-            &s3.endpoint(),
-        ],
-        &python(
-            "import os, socket, json\n\
-             s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET'])\n\
-             f = s.makefile('rw')\n\
-             for i in range(3):\n\
-             \x20   f.write(json.dumps({'type': 'mark', 'component': 'model', 'operation': 'step', 'iteration': i, 'ack': True}) + '\\n'); f.flush(); f.readline()\n",
-        )
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>(),
+    let job = python(
+        "import os, socket, json\n\
+         s = socket.socket(socket.AF_UNIX); s.connect(os.environ['MEMTRACK_SOCKET'])\n\
+         f = s.makefile('rw')\n\
+         for i in range(3):\n\
+         \x20   f.write(json.dumps({'type': 'mark', 'component': 'model', 'operation': 'step', 'iteration': i, 'ack': True}) + '\\n'); f.flush(); f.readline()\n",
     );
+    let res = agent_run(&server, out.path())
+        .args(["--clearml-project", "team/memory"])
+        .s3(&s3)
+        .run(job, Duration::from_secs(120));
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "{log}");
     let state = server.state();
@@ -105,13 +92,8 @@ fn memtrack_run_creates_completes_and_fills_a_task_with_the_s3_artifact() {
 fn memtrack_run_fails_the_task_of_a_failed_job_and_keeps_its_status() {
     let server = Server::start();
     let out = scratch();
-    let res = run_with_clearml(
-        &server,
-        out.path(),
-        &[],
-        &[],
-        &["sh", "-c", "sleep 0.2; exit 3"],
-    );
+    let res = agent_run(&server, out.path())
+        .run(["sh", "-c", "sleep 0.2; exit 3"], Duration::from_secs(120));
     assert_eq!(res.status.code(), Some(3), "{}", stderr(&res));
     let state = server.state();
     let task = state["tasks"]
@@ -130,13 +112,9 @@ fn memtrack_run_reports_into_the_agents_task_without_touching_its_status() {
     let server = Server::start();
     let id = server.task("agent task", "agents", "in_progress");
     let out = scratch();
-    let res = run_with_clearml(
-        &server,
-        out.path(),
-        &[("CLEARML_TASK_ID", id.clone())],
-        &[],
-        &["sh", "-c", "sleep 0.3"],
-    );
+    let res = agent_run(&server, out.path())
+        .env("CLEARML_TASK_ID", &id)
+        .run(["sh", "-c", "sleep 0.3"], Duration::from_secs(120));
     assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
     let state = server.state();
     assert_eq!(
@@ -161,13 +139,9 @@ fn a_project_name_is_looked_up_as_the_server_stores_it() {
     // The project exists, stored tidied (as the server stores `team / mem`).
     let existing = server.task("earlier run", "team/mem", "completed");
     let out = scratch();
-    let res = run_with_clearml(
-        &server,
-        out.path(),
-        &[],
-        &["--clearml-project", " team /  mem// "],
-        &["sh", "-c", "sleep 0.2"],
-    );
+    let res = agent_run(&server, out.path())
+        .args(["--clearml-project", " team /  mem// "])
+        .run(["sh", "-c", "sleep 0.2"], Duration::from_secs(120));
     assert_eq!(res.status.code(), Some(0), "{}", stderr(&res));
     let state = server.state();
     assert_eq!(state["projects"].as_object().unwrap().len(), 1, "{state:#}");
@@ -309,13 +283,10 @@ fn the_runs_advice_is_appended_to_its_tasks_description() {
          memtrack.clear_memory('train')\n\
          memtrack.mark('train', 'done', ack=True)\n",
     );
-    let res = run_with_clearml(
-        &server,
-        out.path(),
-        &[("PYTHONPATH", client.display().to_string())],
-        &["--clearml-project", "team/memory", "--no-gpu"],
-        &job.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let res = agent_run(&server, out.path())
+        .args(["--clearml-project", "team/memory", "--no-gpu"])
+        .env("PYTHONPATH", &client)
+        .run(job, Duration::from_secs(120));
     let log = stderr(&res);
     assert_eq!(res.status.code(), Some(0), "{log}");
     let doc = read_document(&out.path().join("job/memory_usage.json"));

@@ -234,23 +234,11 @@ fn run_sdk_job(
     name: &str,
     job: &str,
 ) -> (std::process::Output, String) {
-    let mut cmd = memtrack();
-    cmd.args([
-        "run",
-        "--listen",
-        "off",
-        "--name",
-        name,
-        "--interval",
-        "50ms",
-    ])
-    .args(["--checkpoint-interval", "1s", "--output"])
-    .arg(out)
-    .args(["--s3-url", &format!("s3://{}/runs", s3.bucket)])
-    .args(["--s3-endpoint", &s3.endpoint()])
-    .args(["--", "python3", "-c", job]);
-    sdk_env(&mut cmd, server, s3, out);
-    let res = run_to_end(&mut cmd, Duration::from_secs(180));
+    let res = MemtrackRun::new(name, out)
+        .args(["--checkpoint-interval", "1s"])
+        .s3(s3)
+        .with(|cmd| sdk_env(cmd, server, s3, out))
+        .run(["python3", "-c", job], Duration::from_secs(180));
     let log = format!("{}\n{}", String::from_utf8_lossy(&res.stdout), stderr(&res));
     (res, log)
 }
@@ -289,22 +277,13 @@ fn a_task_init_job_followed_by_attach_gets_the_points_and_the_artifact_in_its_ow
     let pid = job.id();
     // Reaped as soon as it exits, so that memtrack sees it gone.
     let job = std::thread::spawn(move || job.wait_with_output().unwrap());
-    let mut cmd = memtrack();
-    cmd.args(["attach", "--pid", &pid.to_string(), "--socket"])
+    let mut cmd = MemtrackRun::attach(pid, "sdk-attach", out.path())
+        .arg("--socket")
         .arg(&socket)
-        .args([
-            "--listen",
-            "off",
-            "--name",
-            "sdk-attach",
-            "--interval",
-            "50ms",
-        ])
-        .args(["--checkpoint-interval", "1s", "--output"])
-        .arg(out.path())
-        .args(["--s3-url", &format!("s3://{}/runs", s3.bucket)])
-        .args(["--s3-endpoint", &s3.endpoint()]);
-    sdk_env(&mut cmd, &server, &s3, out.path());
+        .args(["--checkpoint-interval", "1s"])
+        .s3(&s3)
+        .with(|cmd| sdk_env(cmd, &server, &s3, out.path()))
+        .command();
     let res = run_to_end(&mut cmd, Duration::from_secs(180));
     let job = job.join().unwrap();
     let log = format!(

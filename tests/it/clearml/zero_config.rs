@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use super::sdk::{
     assert_on_the_jobs_axis, memory_in_the_scripts_task, require_clearml_sdk, sdk_job,
 };
-use super::{clearml_env, start_stand_in, Server, KEY, SECRET};
+use super::{start_stand_in, Server, KEY, SECRET};
 use crate::common::*;
 
 /// The fileserver stand-in (tests/servers/clearml_fileserver.py), killed
@@ -126,25 +126,14 @@ pub(crate) fn run_plain_python_job(
     env: &[(&'static str, String)],
     script: &str,
 ) -> (i32, String, String) {
-    let mut cmd = memtrack();
-    cmd.args([
-        "run",
-        "--listen",
-        "off",
-        "--name",
-        name,
-        "--interval",
-        "50ms",
-        "--output",
-    ])
-    .arg(out)
-    .args(["--", "python3", "-c", script])
-    .env("MEMTRACK_CLEARML_TIMER_EVERY", "1s")
-    .env("MEMTRACK_CLEARML_TIME_AXIS_AFTER", "1s")
-    .env("MEMTRACK_CLEARML_FLUSH_INTERVAL", "200ms");
     // `env` names the job's `HOME` (`bare_sdk_env`); `out` until then.
-    clearml_env(&mut cmd, out, None).envs(env.iter().cloned());
-    let res = run_to_end(&mut cmd, Duration::from_secs(180));
+    let res = MemtrackRun::new(name, out)
+        .clearml(out, None)
+        .env("MEMTRACK_CLEARML_TIMER_EVERY", "1s")
+        .env("MEMTRACK_CLEARML_TIME_AXIS_AFTER", "1s")
+        .env("MEMTRACK_CLEARML_FLUSH_INTERVAL", "200ms")
+        .envs(env.iter().cloned())
+        .run(["python3", "-c", script], Duration::from_secs(180));
     (
         res.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&res.stdout).into_owned(),
