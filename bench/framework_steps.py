@@ -29,6 +29,7 @@ import argparse
 import datetime
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -68,28 +69,49 @@ def time_the_hooks():
 
 class Blocks(object):
     """Takes memtrack's step callback out of the framework's callback list
-    and puts it back every ``size`` steps, and notes each block's wall and
-    CPU time: the job then runs with and without the hooks in one process,
-    in blocks a few tens of milliseconds long, so the two are compared
-    under the same load, allocator state and memory layout. Called first
-    at each step's start (it is put first in the list). With ``module``
-    (Lightning's), the step hooks memtrack puts on the module's class go
-    and come back with the callback."""
+    and puts it back, in blocks of ``size`` steps, and notes each block's
+    wall and CPU time: the job then runs with and without the hooks in one
+    process, in blocks a few tens of milliseconds long, so the two are
+    compared under the same load, allocator state and memory layout. The
+    blocks go in pairs, one with the hooks and one without, in an order
+    drawn at random for each pair: whatever else the loop does every so
+    many steps (a collection, the allocator growing) then falls as often in
+    a block with the hooks as in one without, instead of always in the
+    same one. Called first at each step's start (it is put first in the
+    list). With ``module`` (Lightning's), the step hooks memtrack puts on
+    the module's class go and come back with the callback."""
 
-    def __init__(self, size):
+    def __init__(self, size, seed=20261128):
         self.size = size
-        self.marks = []  # (hooks were in the list during the block that ends here, wall, cpu)
+        self.draw = random.Random(seed)
+        self.blocks = []  # (with the hooks, wall at its start, CPU at its start)
+        self.ends = []  # (wall, CPU) at each block's end, before the next one's toggle
         self.mine = None
         self.inside = True
+        self.first_with = True
 
     def at_step(self, callbacks, step, module=None):
         if step % self.size:
             return
-        self.marks.append((self.inside, time.perf_counter(), time.process_time()))
+        self.ends.append((time.perf_counter(), time.process_time()))
         if self.mine is None:
             self.mine = next((c for c in callbacks if type(c).__name__.startswith("Memtrack")), False)
         if self.mine is False:
             raise SystemExit("memtrack's callback is not in the trainer's callbacks")
+        # Block 0 is the loop's warm-up, with the hooks; then pairs.
+        n = len(self.blocks)
+        if n == 0:
+            wanted = True
+        elif n % 2:
+            self.first_with = self.draw.random() < 0.5
+            wanted = self.first_with
+        else:
+            wanted = not self.first_with
+        if wanted != self.inside:
+            self.toggle(callbacks, module)
+        self.blocks.append((wanted, time.perf_counter(), time.process_time()))
+
+    def toggle(self, callbacks, module):
         # The callback's own batch hooks are None when the module's are used.
         if module is not None and type(self.mine).on_train_batch_start is not None:
             module = None
@@ -102,19 +124,24 @@ class Blocks(object):
             callbacks.append(self.mine)
             if module is not None:
                 hooks.attach(module, self.mine)
+            # As if the hooks had never been out: the block's first step
+            # is as close to the last one as any other, so it is held
+            # back like the rest instead of sent at once.
+            steps = getattr(self.mine, "_steps", None)
+            if steps is not None:
+                steps._began = steps._ended = time.time_ns()
         self.inside = not self.inside
 
     def report(self):
-        """Prints, for each pair of neighbouring blocks (one with the hooks,
-        one without; the first block, the loop's warm-up, is left out), the
-        difference per step, with the hooks minus without, in wall and CPU
-        time."""
-        m, n = self.marks, self.size
-        # The block from mark i to mark i + 1 ran with the hooks when they
-        # were out of the list before mark i's toggle.
-        blocks = [(not m[i][0], (m[i + 1][1] - m[i][1]) / n, (m[i + 1][2] - m[i][2]) / n)
-                  for i in range(1, len(m) - 1)]
-        for a, b in zip(blocks[0::2], blocks[1::2]):
+        """Prints, for each pair of blocks (one with the hooks, one
+        without), the difference per step, with the hooks minus without,
+        in wall and CPU time. A toggle falls between two blocks, in
+        neither."""
+        n = self.size
+        timed = [(on, (end[0] - wall) / n, (end[1] - cpu) / n)
+                 for (on, wall, cpu), end in zip(self.blocks, self.ends[1:])]
+        pairs = timed[1:]
+        for a, b in zip(pairs[0::2], pairs[1::2]):
             on, off = (a, b) if a[0] else (b, a)
             print("block_diff_s %.9f %.9f" % (on[1] - off[1], on[2] - off[2]))
 
@@ -309,10 +336,10 @@ def write(path, lines, load_before, load_after, elapsed, args):
             "torch thread), run under `memtrack run`: with the automatic hooks on and with "
             "`--no-auto-hooks` in separate runs (*on − off, per round*: the median of the rounds' "
             "differences), and in one process with memtrack's callback taken out of the trainer's "
-            "callback list (Lightning: with its batch hooks on the module) and put back every %d "
-            "steps (*hooks' cost*: the median difference between "
-            "neighbouring blocks, with a 95 %% confidence interval; the goal is met when all of the "
-            "interval is within it). *In the hooks* is the time spent inside memtrack's step hooks "
+            "callback list (Lightning: with its batch hooks on the module) and put back, in pairs "
+            "of blocks of %d steps, one with the hooks and one without, in an order drawn at "
+            "random for each pair (*hooks' cost*: the median difference within the pairs, with a "
+            "95 %% confidence interval; the goal is met when all of the interval is within it). *In the hooks* is the time spent inside memtrack's step hooks "
             "themselves." % args.blocks,
             "", ""] + lines + [""]
     with open(path, "w") as f:
@@ -348,7 +375,7 @@ def table(args, frameworks):
 
     print("%d CPU hogs beside the job on %d cores; memtrack %s" % (args.hogs, os.cpu_count(), args.bin))
     out("| per step (median of %d runs of %d steps, %d CPU hogs) | hooks off (`--no-auto-hooks`) | hooks on "
-        "| ratio on/off | on − off, per round | in one process, blocks of %d steps: hooks' cost (95 %% CI) "
+        "| ratio on/off | on − off, per round | in one process, pairs of blocks of %d steps: hooks' cost (95 %% CI) "
         "| job CPU, same blocks | in the hooks | goal |" % (args.rounds, args.steps, args.hogs, args.blocks))
     out("|---|---|---|---|---|---|---|---|---|")
     for framework in frameworks:
