@@ -165,7 +165,9 @@ fn upload(args: &UploadArgs) -> Result<u8, Failure> {
 fn clearml_resend(args: &ClearmlResendArgs) -> Result<u8, Failure> {
     let config = load_config(args)?;
     logging::init(&config.log_level);
-    let done = app::clearml_resend(&args.dir, &config, args.timeout).map_err(runtime)?;
+    let done =
+        memtrack::export::clearml::resend::clearml_resend(&args.dir, &config.clearml, args.timeout)
+            .map_err(runtime)?;
     stdout(&format!("{}\n", done.summary)).map_err(|e| runtime(e.into()))?;
     Ok(if done.complete { 0 } else { 1 })
 }
@@ -174,7 +176,9 @@ fn clearml_resend(args: &ClearmlResendArgs) -> Result<u8, Failure> {
 fn mlflow_resend(args: &MlflowResendArgs) -> Result<u8, Failure> {
     let config = load_config(args)?;
     logging::init(&config.log_level);
-    let done = app::mlflow_resend(&args.dir, &config, args.timeout).map_err(runtime)?;
+    let done =
+        memtrack::export::mlflow::resend::mlflow_resend(&args.dir, &config.mlflow, args.timeout)
+            .map_err(runtime)?;
     stdout(&format!("{}\n", done.summary)).map_err(|e| runtime(e.into()))?;
     Ok(if done.complete { 0 } else { 1 })
 }

@@ -7,21 +7,18 @@
 //! directory), `io` (the event socket), `outputs` (the one list of the
 //! run's outputs: HTTP, MLflow, ClearML, S3, the files, …), `job` (what is followed),
 //! `recorder` (store, journal, engine) and `finish` (the closing line and
-//! the exit code, once the outputs, the run's files among them, are done). `resend` is `memtrack clearml-resend`, `mlflow` is
-//! `memtrack mlflow-resend`.
+//! the exit code, once the outputs, the run's files among them, are done).
 
 mod context;
 mod finish;
 mod io;
 mod job;
-mod mlflow;
 mod naming;
 mod outputs;
 mod plan;
 mod pyhooks;
 mod recorder;
 pub mod registry;
-mod resend;
 mod run_dir;
 
 use std::sync::mpsc::sync_channel;
@@ -35,10 +32,8 @@ use crate::shutdown::SignalThread;
 use crate::sys;
 
 pub use context::{Mode, RunOutcome};
-pub use mlflow::{mlflow_resend, MlflowResent};
 pub use naming::{default_run_name, run_labels, LABEL_ENV};
 pub use pyhooks::remove_leftovers as remove_leftover_hooks;
-pub use resend::{clearml_resend, Resent};
 pub(crate) use run_dir::prepare_run_dir;
 
 use io::Io;

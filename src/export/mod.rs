@@ -6,7 +6,7 @@ pub(crate) mod files;
 pub(crate) mod finish;
 pub mod http;
 pub(crate) mod http_output;
-pub(crate) mod mlflow;
+pub mod mlflow;
 pub(crate) mod output;
 pub(crate) mod peer;
 pub mod prometheus;

@@ -26,7 +26,9 @@
 //!   in `state`;
 //! - `reporter`: the task that owns the queue and drives the server,
 //!   doing what the machine decides;
-//! - `outcome`: what the reporter and the app tell each other.
+//! - `outcome`: what the reporter and the app tell each other;
+//! - [`resend`]: `memtrack clearml-resend`, which sends what an ended run
+//!   left and ends a task it created.
 //!
 //! The run-directory files a later resend or upload reads (the spool, the
 //! task note) are in [`crate::export::task_note`].
@@ -43,6 +45,7 @@ pub(crate) mod output;
 pub mod points;
 pub mod queue;
 pub(crate) mod reporter;
+pub mod resend;
 pub(crate) mod run_output;
 pub(crate) mod settings;
 mod state;

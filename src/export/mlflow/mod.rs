@@ -22,16 +22,17 @@
 //! artifacts through the server's artifact proxy (`mlflow server`'s
 //! default; another artifact store is reported and skipped). What does not
 //! arrive is kept in the run directory's `mlflow-spool.jsonl` (`spool`)
-//! for `memtrack mlflow-resend`. The engine never waits on any of it.
+//! for `memtrack mlflow-resend` (`resend`). The engine never waits on
+//! any of it.
 
 mod api;
 mod live;
+pub mod resend;
 pub(crate) mod run_output;
 mod settings;
 mod spool;
 mod values;
 
-pub(crate) use live::resend;
 pub use settings::MlflowConfig;
 pub(crate) use settings::{resolve, Resolved};
 pub(crate) use spool::SPOOL_FILE;

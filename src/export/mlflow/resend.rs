@@ -1,12 +1,10 @@
 //! `memtrack mlflow-resend`: what a run could not deliver to MLflow, sent
-//! once the server is back (the output itself is
-//! `export::mlflow::run_output`).
+//! once the server is back (the output itself is `run_output`).
 
 use std::path::Path;
 
-use crate::config::Config;
-use crate::export::mlflow;
 use crate::export::mlflow::run_output::owed;
+use crate::export::mlflow::{self, MlflowConfig};
 
 /// What `memtrack mlflow-resend` achieved.
 #[derive(Debug)]
@@ -24,7 +22,7 @@ pub struct MlflowResent {
 /// is refused with the line that broke it, and left as it is.
 pub fn mlflow_resend(
     run_dir: &Path,
-    config: &Config,
+    config: &MlflowConfig,
     timeout: std::time::Duration,
 ) -> anyhow::Result<MlflowResent> {
     if crate::store::journal::is_live(run_dir) {
@@ -33,7 +31,7 @@ pub fn mlflow_resend(
             run_dir.display()
         );
     }
-    let settings = match mlflow::resolve(&config.mlflow, &|v| std::env::var(v).ok())? {
+    let settings = match mlflow::resolve(config, &|v| std::env::var(v).ok())? {
         mlflow::Resolved::On(s) => Some(s),
         mlflow::Resolved::Off | mlflow::Resolved::Unusable(_) => None,
     };
@@ -41,7 +39,7 @@ pub fn mlflow_resend(
         .enable_all()
         .build()?;
     let report = runtime.block_on(async {
-        mlflow::resend(
+        super::live::resend(
             settings.as_ref(),
             run_dir,
             tokio::time::Instant::now() + timeout,

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::config::Config;
-use crate::export::clearml;
+use crate::export::clearml::{self, ClearmlConfig};
 use crate::model::Document;
 use crate::store::journal;
 
@@ -28,7 +27,7 @@ pub struct Resent {
 /// job did. What still cannot be sent stays in the spool.
 pub fn clearml_resend(
     run_dir: &Path,
-    config: &Config,
+    config: &ClearmlConfig,
     timeout: Duration,
 ) -> anyhow::Result<Resent> {
     if journal::is_live(run_dir) {
@@ -76,9 +75,9 @@ fn read_run(run_dir: &Path) -> anyhow::Result<Document> {
 
 /// The ClearML settings to resend with: ClearML on unless turned off, and
 /// the task the run noted unless the configuration names one.
-fn resend_settings(config: &Config, task_file: &Path) -> anyhow::Result<clearml::Settings> {
+fn resend_settings(config: &ClearmlConfig, task_file: &Path) -> anyhow::Result<clearml::Settings> {
     // Asking for a resend turns ClearML on unless it is turned off.
-    let mut cc = config.clearml.clone();
+    let mut cc = config.clone();
     if cc.enabled == crate::switch::Switch::Auto {
         cc.enabled = crate::switch::Switch::On;
     }
