@@ -16,7 +16,7 @@
 //! `memtrack/gpu_mb` and `memtrack/gpu_reserved_mb` on the job's iteration
 //! axis (`step` = the entry's iteration, a timer sample taking the last
 //! iteration seen before it; the entry's time as the timestamp), sent
-//! while the job runs in batches of at most [`BATCH`] values (`live`);
+//! while the job runs in batches of at most `settings::BATCH` values (`live`);
 //! at the end the run's peaks as `memtrack/peak_host_mb` and
 //! `memtrack/peak_gpu_mb`, and `memory_usage.json` and the report page as
 //! artifacts through the server's artifact proxy (`mlflow server`'s
