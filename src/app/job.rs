@@ -53,7 +53,7 @@ pub(super) struct TreePlan {
 }
 
 impl TreePlan {
-    pub(super) fn of(config: &Config, is_run: bool) -> TreePlan {
+    pub(super) fn of(config: &Config, is_run: bool, memory_limit: Option<u64>) -> TreePlan {
         let host = &config.host;
         TreePlan {
             procs: ProcOptions {
@@ -71,7 +71,7 @@ impl TreePlan {
                 choice: host.source,
                 proc_root: host.proc_root.clone(),
             },
-            memory_limit: host.memory_limit().filter(|_| is_run),
+            memory_limit,
         }
     }
 }

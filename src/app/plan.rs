@@ -42,17 +42,20 @@ pub(super) struct Plan {
 impl Plan {
     pub(super) fn from_config(mode: &Mode, config: &Config) -> anyhow::Result<Plan> {
         let is_run = matches!(mode, Mode::Run { .. });
-        if !is_run && config.host.memory_limit().is_some() {
+        let memory_limit = config.host.memory_limit();
+        if !is_run && memory_limit.is_some() {
             tracing::warn!(
                 "host.memory_limit applies to `run` only: the attached processes keep their limits"
             );
         }
+        // The limit the job runs under (bytes): none when attaching.
+        let memory_limit = memory_limit.filter(|_| is_run);
         let name = RunName::choose(mode, config);
         let labels = RunLabels::read(&name.name, config)?;
         Ok(Plan {
             hooks: is_run && super::pyhooks::wanted(config.auto_hooks),
-            recording: Recording::of(config, is_run),
-            tree: TreePlan::of(config, is_run),
+            recording: Recording::of(config, memory_limit),
+            tree: TreePlan::of(config, is_run, memory_limit),
             outputs: outputs::build(config)?,
             name,
             labels,

@@ -36,7 +36,7 @@ pub(super) struct Recording {
 }
 
 impl Recording {
-    pub(super) fn of(config: &Config, is_run: bool) -> Recording {
+    pub(super) fn of(config: &Config, memory_limit: Option<u64>) -> Recording {
         Recording {
             proc_root: config.host.proc_root.clone(),
             gpu: config.gpu.clone(),
@@ -48,7 +48,7 @@ impl Recording {
                 .flight
                 .enabled
                 .then_some((config.flight.interval, config.flight.window)),
-            memory_limit: config.host.memory_limit().filter(|_| is_run),
+            memory_limit,
         }
     }
 }
