@@ -858,8 +858,7 @@ class Client:
 
     def _flush_held(self, at):
         """Sends the held step messages once the first is
-        :data:`_HOLD_NS` old or :data:`_HOLD_MAX` wait (``_Steps.end``
-        makes the same check inline)."""
+        :data:`_HOLD_NS` old or :data:`_HOLD_MAX` wait."""
         held = self._held
         try:
             if len(held) < _HOLD_MAX and at - held[0][2] < _HOLD_NS:

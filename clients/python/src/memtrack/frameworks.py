@@ -107,15 +107,9 @@ class _Steps(object):
         if step is not None and hold and not client._cuda:
             step.append(now)
             if step[4] is now:
-                # The record's line now carries the whole step; send the
-                # held ones when due (Client._flush_held's check, inline).
-                held = client._held
-                try:
-                    if len(held) < _client._HOLD_MAX and now - held[0][2] < _client._HOLD_NS:
-                        return
-                except IndexError:  # taken meanwhile by another thread's send
-                    return
-                client._send_held()
+                # The record's line now carries the whole step; the held
+                # ones go when due.
+                client._flush_held(now)
                 return
         client._prebuilt(self._heads[1], iteration, "span_end", self._fields, now, hold)
 
