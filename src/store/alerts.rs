@@ -3,13 +3,28 @@
 //! alert, kept up to [`Limits::max_alerts`](super::limits::Limits::max_alerts)
 //! and always returned to the caller.
 
-use super::state::Store;
+use std::collections::BTreeMap;
+
+use super::pressure::{Level, Thresholds};
 use crate::model::Alert;
 use crate::sample::Sample;
 
-impl Store {
-    /// The pressure levels crossed by a sample, as alerts.
-    pub(super) fn pressure(&mut self, sample: &Sample) -> Vec<Alert> {
+/// The alerts' state: the alerts kept, and each resource's level.
+#[derive(Debug, Clone, Default)]
+pub(super) struct AlertsState {
+    pub(super) kept: Vec<Alert>,
+    pub(super) levels: BTreeMap<String, Level>,
+}
+
+impl AlertsState {
+    /// The pressure levels crossed by a sample, as alerts; at most
+    /// `max_kept` are kept in the run's list.
+    pub(super) fn crossings(
+        &mut self,
+        sample: &Sample,
+        thresholds: &Thresholds,
+        max_kept: usize,
+    ) -> Vec<Alert> {
         let mut ratios: Vec<(String, f64)> = Vec::new();
         let m = sample.memory;
         if m.total > 0 {
@@ -22,17 +37,12 @@ impl Store {
         }
         let mut alerts = Vec::new();
         for (resource, ratio) in ratios {
-            let previous = self
-                .alerts
-                .levels
-                .get(&resource)
-                .copied()
-                .unwrap_or_default();
-            let level = self.thresholds.level(ratio, previous);
+            let previous = self.levels.get(&resource).copied().unwrap_or_default();
+            let level = thresholds.level(ratio, previous);
             if level == previous {
                 continue;
             }
-            self.alerts.levels.insert(resource.clone(), level);
+            self.levels.insert(resource.clone(), level);
             let what = if resource == "host" {
                 "host RAM".to_string()
             } else {
@@ -51,8 +61,8 @@ impl Store {
                     level.as_str()
                 ),
             };
-            if self.alerts.kept.len() < self.limits.max_alerts {
-                self.alerts.kept.push(alert.clone());
+            if self.kept.len() < max_kept {
+                self.kept.push(alert.clone());
             }
             alerts.push(alert);
         }

@@ -23,14 +23,19 @@ use std::io::{self, Read, Seek};
 
 use serde::{Deserialize, Serialize};
 
+use super::alerts::AlertsState;
 use super::entries::EntryLog;
+use super::gpu::GpuState;
+use super::host::HostState;
 use super::limits::Limits;
+use super::marks::MarksState;
+use super::peaks::PeaksState;
 use super::pressure::{Level, Thresholds};
+use super::samples::SamplesState;
 use super::snapshot::{AllocatorNow, Current};
-use super::state::{
-    AlertsState, GpuState, HostState, LiveTarget, MarksState, OpenSpan, PeaksState, SamplesState,
-    SpansState, StagesState, TargetsState,
-};
+use super::spans::{OpenSpan, SpansState};
+use super::stages::StagesState;
+use super::targets::{LiveTarget, TargetsState};
 use super::Store;
 use crate::model::leak::LeakSeries;
 use crate::model::thin::Thinned;

@@ -6,9 +6,10 @@
 //! since it was last announced, is returned to be pushed to subscribers
 //! before the limit is reached.
 
-use super::snapshot::Forecast;
-use super::state::Store;
-use crate::model::forecast::in_words;
+use std::collections::BTreeMap;
+
+use super::snapshot::{Current, Forecast};
+use crate::model::forecast::{in_words, ForecastSeries};
 use crate::sample::Sample;
 use crate::units::mib;
 
@@ -20,14 +21,35 @@ const NOTICE_HORIZON_S: f64 = 3600.0;
 /// seconds.
 const MIN_SOONER_S: f64 = 5.0;
 
-impl Store {
-    /// Folds a sample into the forecasts; returns those to announce.
-    pub(super) fn forecast(&mut self, sample: &Sample) -> Vec<Forecast> {
+/// The forecasts' state (not checkpointed: a recovered run starts its
+/// series afresh).
+#[derive(Debug, Clone, Default)]
+pub(super) struct ForecastState {
+    series: BTreeMap<String, ForecastSeries>,
+    now: BTreeMap<String, Forecast>,
+    /// The seconds last announced per resource.
+    announced: BTreeMap<String, f64>,
+}
+
+impl ForecastState {
+    /// The live forecasts, by resource.
+    pub(super) fn live(&self) -> impl Iterator<Item = &Forecast> {
+        self.now.values()
+    }
+
+    /// Folds a sample (whose tree's figures are `c`; the job runs under
+    /// `memory_limit_mb`, if any) into the forecasts; returns those to
+    /// announce.
+    pub(super) fn fold(
+        &mut self,
+        sample: &Sample,
+        c: &Current,
+        memory_limit_mb: Option<f64>,
+    ) -> Vec<Forecast> {
         let t = sample.timestamp;
         // (resource, figure, limit, the limit's code and words), MiB.
         let mut figures: Vec<(String, f64, f64, &'static str, &'static str)> = Vec::new();
-        let c = &self.current;
-        match (self.run.memory_limit_mb, c.charge_mb) {
+        match (memory_limit_mb, c.charge_mb) {
             // The limit is enforced on the charge, not on the headline.
             (Some(limit), Some(charge)) => {
                 figures.push((
@@ -69,11 +91,11 @@ impl Store {
         }
         let mut out = Vec::new();
         for (resource, used, limit, code, what) in figures {
-            let series = self.forecasts.series.entry(resource.clone()).or_default();
+            let series = self.series.entry(resource.clone()).or_default();
             series.push(t, used);
             let Some(o) = series.outlook(limit) else {
-                self.forecasts.now.remove(&resource);
-                self.forecasts.announced.remove(&resource);
+                self.now.remove(&resource);
+                self.announced.remove(&resource);
                 continue;
             };
             let subject = if resource == "host" {
@@ -97,23 +119,18 @@ impl Store {
                 limit_mb: limit,
                 limit: code.to_string(),
             };
-            let due =
-                o.seconds <= NOTICE_HORIZON_S
-                    && self.forecasts.announced.get(&resource).is_none_or(|last| {
-                        o.seconds <= 0.5 * last && last - o.seconds >= MIN_SOONER_S
-                    });
+            let due = o.seconds <= NOTICE_HORIZON_S
+                && self
+                    .announced
+                    .get(&resource)
+                    .is_none_or(|last| o.seconds <= 0.5 * last && last - o.seconds >= MIN_SOONER_S);
             if due {
-                self.forecasts.announced.insert(resource.clone(), o.seconds);
+                self.announced.insert(resource.clone(), o.seconds);
                 out.push(f.clone());
             }
-            self.forecasts.now.insert(resource, f);
+            self.now.insert(resource, f);
         }
         out
-    }
-
-    /// The live forecasts, by resource.
-    pub(crate) fn forecasts(&self) -> Vec<Forecast> {
-        self.forecasts.now.values().cloned().collect()
     }
 }
 

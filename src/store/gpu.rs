@@ -7,53 +7,66 @@
 
 use std::collections::BTreeMap;
 
-use super::state::Store;
 use crate::model::{Gpu, GpuAttribution};
 use crate::sample::gpu::{Device, Status as GpuStatus};
 use crate::sample::Sample;
 use crate::units::mib;
+
+/// The GPUs' state: each device's row, how the tree's share is told
+/// apart, and whether NVML answered the latest sample.
+#[derive(Debug, Clone, Default)]
+pub(super) struct GpuState {
+    pub(super) devices: BTreeMap<u32, Gpu>,
+    /// How the tree's GPU memory is told apart (absent without NVML).
+    pub(super) attribution: Option<GpuAttribution>,
+    pub(super) nvml_up: bool,
+}
 
 /// GPU memory of the tree in one sample, in bytes.
 #[derive(Debug, Default)]
 pub(super) struct TreeGpu {
     pub(super) by_device: BTreeMap<u32, u64>,
     pub(super) by_pid: BTreeMap<u32, u64>,
+    /// Each process's use of each device: `(pid, device, bytes)`.
+    pub(super) by_process: Vec<(u32, u32, u64)>,
 }
 
-impl Store {
+impl GpuState {
     /// Records the GPUs' static description (index, UUID, name) and how
-    /// the tree's share of them is told apart. Called before the first
-    /// checkpoint, so the journal's state holds it.
-    pub fn describe_gpus(&mut self, devices: &[Device], attribution: Option<GpuAttribution>) {
-        self.gpu.attribution = attribution;
+    /// the tree's share of them is told apart.
+    pub(super) fn describe(&mut self, devices: &[Device], attribution: Option<GpuAttribution>) {
+        self.attribution = attribution;
         for d in devices {
-            let g = self.gpu.devices.entry(d.index).or_insert_with(|| Gpu {
-                index: d.index,
-                ..Gpu::default()
-            });
+            let g = self.row(d.index);
             g.uuid.clone_from(&d.uuid);
             g.name.clone_from(&d.name);
         }
     }
 
-    /// How the tree's GPU memory is told apart (absent without NVML).
-    pub(crate) fn gpu_attribution(&self) -> Option<&GpuAttribution> {
-        self.gpu.attribution.as_ref()
+    fn row(&mut self, index: u32) -> &mut Gpu {
+        self.devices.entry(index).or_insert_with(|| Gpu {
+            index,
+            ..Gpu::default()
+        })
     }
 
-    /// Folds the GPU memory of the tree's processes into their rows and
-    /// sums it per device and per process; counts NVML errors.
-    pub(super) fn fold_gpu_processes(&mut self, sample: &Sample) -> TreeGpu {
+    /// The tree's GPU memory in a sample, per device, per process and per
+    /// both, counting only the processes `followed` says are the tree's;
+    /// notes whether NVML answered and counts its errors in
+    /// `nvml_errors`.
+    pub(super) fn tree_share(
+        &mut self,
+        sample: &Sample,
+        followed: impl Fn(u32) -> bool,
+        nvml_errors: &mut u64,
+    ) -> TreeGpu {
         if let GpuStatus::Error(_) = sample.gpu_status {
-            self.counters.nvml_errors += 1;
+            *nvml_errors += 1;
         }
-        self.gpu.nvml_up = sample.gpu_status == GpuStatus::Sampled;
+        self.nvml_up = sample.gpu_status == GpuStatus::Sampled;
         let mut tree = TreeGpu::default();
-        for live in self.targets.live.values_mut() {
-            live.gpu.clear();
-        }
         if sample.gpu_status == GpuStatus::Sampled {
-            if let Some(a) = &mut self.gpu.attribution {
+            if let Some(a) = &mut self.attribution {
                 a.count(sample.gpu.device_level);
             }
             if sample.gpu.device_level {
@@ -64,36 +77,20 @@ impl Store {
                 return tree;
             }
         }
-        for p in &sample.gpu.processes {
-            let Some(live) = self.targets.live.get_mut(&p.pid) else {
-                continue;
-            };
+        for p in sample.gpu.processes.iter().filter(|p| followed(p.pid)) {
             let used = p.used.unwrap_or(0);
-            *live.gpu.entry(p.device).or_default() += used;
             *tree.by_device.entry(p.device).or_default() += used;
             *tree.by_pid.entry(p.pid).or_default() += used;
-            let peak = live
-                .target
-                .peak_gpu_mb_by_device
-                .entry(p.device)
-                .or_default();
-            *peak = peak.max(mib(used));
+            tree.by_process.push((p.pid, p.device, used));
         }
         tree
     }
 
     /// Folds each device's reading (and the tree's share of it,
     /// `tree_by_device`) into its row and peaks.
-    pub(super) fn fold_gpu_devices(
-        &mut self,
-        sample: &Sample,
-        tree_by_device: &BTreeMap<u32, u64>,
-    ) {
+    pub(super) fn fold_devices(&mut self, sample: &Sample, tree_by_device: &BTreeMap<u32, u64>) {
         for d in &sample.gpu.devices {
-            let g = self.gpu.devices.entry(d.index).or_insert_with(|| Gpu {
-                index: d.index,
-                ..Gpu::default()
-            });
+            let g = self.row(d.index);
             g.total_mb = mib(d.total);
             g.used_mb = mib(d.used);
             g.peak_used_mb = g.peak_used_mb.max(g.used_mb);

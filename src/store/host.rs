@@ -1,76 +1,36 @@
 //! The host: the footprint source the sampler chose (and the ones before
-//! it), what that source saw (cgroup breakdown at the peak, PSS reads),
-//! the machine's memory, and the tree's current figures each sample.
+//! it), what that source saw (cgroup breakdown at the peak, PSS reads) and
+//! the machine's memory. The tree's current figures, which every entry
+//! takes, are `apply`'s.
 
-use super::snapshot::Current;
-use super::state::Store;
-use crate::model::{CgroupBreakdown, GpuSource, HostInfo, HostSource, HostSourceChange};
+use crate::model::{CgroupBreakdown, HostInfo, HostSource, HostSourceChange};
 use crate::sample::footprint::SourceInfo;
-use crate::sample::gpu::Status as GpuStatus;
-use crate::sample::Sample;
+use crate::sample::{HostMemory, Sample};
 use crate::units::mib;
 
-impl Store {
-    /// Folds a sample's host figures and the tree's GPU memory (`gpu_tree`,
-    /// MiB) into the current figures (and the last ones of a live tree).
-    pub(super) fn fold_current(&mut self, sample: &Sample, gpu_tree: f64) {
-        let sampled = sample.gpu_status == GpuStatus::Sampled;
-        if sample.memory.total > 0 {
-            self.host.memory = sample.memory;
-        }
-        let (used, peak, source) = match &sample.host.footprint {
-            Some(f) => (f.used, f.peak.max(f.used), f.source),
-            // Journals of older builds: the RSS sum, as it was then.
-            None => (
-                sample.host.tree_rss(),
-                sample.host.tree_hwm(),
-                HostSource::Rss,
-            ),
-        };
-        self.observe_host(sample, mib(used));
-        let charge = sample
-            .host
-            .footprint
-            .as_ref()
-            .and_then(|f| f.cgroup.as_ref());
-        self.current = Current {
-            timestamp: sample.timestamp,
-            cpu_used_mb: mib(used),
-            cpu_hwm_mb: mib(peak),
-            charge_mb: charge.map(|r| mib(r.working_set())),
-            charge_hwm_mb: charge.map(|r| {
-                mib(r
-                    .interval_peak_working_set()
-                    .unwrap_or_else(|| r.working_set()))
-            }),
-            host_source: source,
-            gpu_tree_mb: gpu_tree,
-            gpu_tree_peak_mb: self.current.gpu_tree_peak_mb.max(gpu_tree),
-            gpu_source: match (sampled, sample.gpu.device_level) {
-                (true, false) => GpuSource::Nvml,
-                (true, true) => GpuSource::Device,
-                (false, _) => GpuSource::None,
-            },
-            processes: sample.host.processes.len(),
-        };
-        if !sample.host.processes.is_empty() {
-            self.last_alive = Some(self.current.clone());
-        }
-    }
+/// The host's state: the machine's memory, the footprint source and what
+/// it saw (absent until the first sample), and since when it serves.
+#[derive(Debug, Clone, Default)]
+pub(super) struct HostState {
+    pub(super) memory: HostMemory,
+    pub(super) info: Option<HostInfo>,
+    pub(super) since: f64,
+}
 
+impl HostState {
     /// Records the host source the sampler chose (or changed to).
-    pub(super) fn set_host_source(&mut self, info: &SourceInfo) {
+    pub(super) fn set_source(&mut self, info: &SourceInfo) {
         let mut earlier = Vec::new();
-        if let Some(old) = self.host.info.take() {
+        if let Some(old) = self.info.take() {
             earlier = old.earlier;
             earlier.push(HostSourceChange {
                 source: old.source,
                 reason: old.reason,
-                since: self.host.since,
+                since: self.since,
             });
         }
-        self.host.since = info.since;
-        self.host.info = Some(HostInfo {
+        self.since = info.since;
+        self.info = Some(HostInfo {
             source: info.source,
             reason: info.reason.clone(),
             cgroup: info.cgroup.as_ref().map(|p| p.display().to_string()),
@@ -81,11 +41,16 @@ impl Store {
         });
     }
 
-    /// Folds what the host source saw into the run's [`HostInfo`].
-    pub(super) fn observe_host(&mut self, sample: &Sample, used_mb: f64) {
+    /// Folds what the host source saw in a sample of `used_mb` into the
+    /// run's [`HostInfo`] (its breakdown and reads at the run's peak,
+    /// `run_peak_mb` so far), and keeps the machine's memory.
+    pub(super) fn observe(&mut self, sample: &Sample, used_mb: f64, run_peak_mb: f64) {
+        if sample.memory.total > 0 {
+            self.memory = sample.memory;
+        }
         let rss_sum = mib(sample.host.tree_rss());
-        let new_peak = used_mb > self.peaks.run.figures.cpu_ram_used_mb;
-        let Some(host) = &mut self.host.info else {
+        let new_peak = used_mb > run_peak_mb;
+        let Some(host) = &mut self.info else {
             return;
         };
         host.rss_sum_peak_mb = host.rss_sum_peak_mb.max(rss_sum);

@@ -3,119 +3,89 @@
 //! them, and a count per (component, operation) bounded by
 //! [`Limits::max_event_kinds`](super::limits::Limits::max_event_kinds).
 
+use std::collections::BTreeMap;
+
 use super::limits::{admit, OTHER};
-use super::record::Mark;
 use super::snapshot::{AllocatorNow, Current};
-use super::state::Store;
-use crate::model::{Entry, EntryKind, Figures, GpuSource};
-use crate::units::mib;
+use crate::model::{Allocator, Entry, Figures};
 
-impl Store {
-    /// An entry with the tree's figures; GPU fields from NVML (or none).
-    pub(super) fn entry_from(&self, c: &Current) -> Entry {
-        Entry {
-            timestamp: c.timestamp,
-            figures: Figures {
-                cpu_ram_used_mb: c.cpu_used_mb,
-                gpu_ram_used_mb: c.gpu_tree_mb,
-                gpu_ram_peak_mb: c.gpu_tree_peak_mb,
-                reserved_gpu_ram_mb: c.gpu_tree_mb,
-                gpu_process_used_mb: c.gpu_tree_mb,
-                cpu_ram_hwm_mb: c.cpu_hwm_mb,
-            },
-            gpu_source: c.gpu_source,
-            charge_mb: c.charge_mb,
-            charge_hwm_mb: c.charge_hwm_mb,
-            ..Entry::default()
-        }
-    }
+/// The marks' state: events per component and operation (and how many
+/// kinds that is), and the latest allocator figures each process sent.
+#[derive(Debug, Clone, Default)]
+pub(super) struct MarksState {
+    /// Events per component and operation.
+    pub(super) event_counts: BTreeMap<String, BTreeMap<String, u64>>,
+    pub(super) event_kinds: usize,
+    /// The latest allocator figures each process sent.
+    pub(super) allocator_now: BTreeMap<u32, AllocatorNow>,
+}
 
-    /// `stage` is given for a stage's boundary only: its entry counts for
-    /// the run's and the stages' peaks but makes no component of its own
-    /// (no "stage" row in the peaks, no `component="stage"` in /metrics):
-    /// a stage's peaks are in `stages[]`.
-    pub(super) fn record_mark(
+impl MarksState {
+    /// Counts an event of `component` and `operation`; past `max_kinds`
+    /// kinds a new one counts under [`OTHER`] (counted in `folded`).
+    pub(super) fn count(
         &mut self,
-        mark: &Mark,
-        operation: String,
-        stage: Option<String>,
-    ) -> Entry {
-        let boundary = stage.is_some();
-        let mut entry = Entry {
-            component: mark.component.clone(),
-            operation,
-            timestamp: mark.timestamp,
-            kind: mark.kind,
-            pid: mark.pid,
-            iteration: mark.iteration,
-            labels: mark.labels.clone(),
-            stage: stage.or_else(|| self.open_stage()),
-            ..self.entry_from(&self.current.clone())
-        };
-        if let Some(a) = mark.allocator {
-            entry.figures.gpu_ram_used_mb = mib(a.allocated);
-            entry.figures.reserved_gpu_ram_mb = mib(a.reserved);
-            entry.figures.gpu_ram_peak_mb = mib(a.max_allocated);
-            entry.gpu_source = GpuSource::Allocator;
-        }
-        if mark.kind == EntryKind::Event {
-            self.counters.events += 1;
-            if !boundary {
-                self.count_event(&entry.component, &entry.operation);
-            }
-        }
-        if let (Some(a), Some(pid)) = (mark.allocator, mark.pid) {
-            self.marks.allocator_now.insert(
-                pid,
-                AllocatorNow {
-                    pid,
-                    timestamp: mark.timestamp,
-                    figures: a,
-                },
-            );
-        }
-        if boundary {
-            self.observe_outside_components(&entry, 1);
-        } else {
-            self.observe(&entry, 1);
-        }
-        self.push_event(&entry);
-        entry
-    }
-
-    /// Keeps an event entry: in the log (memory or file) and in the leak
-    /// rule's bounded series.
-    pub(super) fn push_event(&mut self, entry: &Entry) {
-        self.leak.push_untimed(entry);
-        if self.events.push(entry).is_err() {
-            // Kept in memory and written with the next batch.
-            self.counters.journal_errors += 1;
-        }
-    }
-
-    pub(super) fn count_event(&mut self, component: &str, operation: &str) {
+        component: &str,
+        operation: &str,
+        max_kinds: usize,
+        folded: &mut u64,
+    ) {
         let known = self
-            .marks
             .event_counts
             .get(component)
             .is_some_and(|ops| ops.contains_key(operation));
-        let (c, o) = if admit(known, self.marks.event_kinds, self.limits.max_event_kinds) {
+        let (c, o) = if admit(known, self.event_kinds, max_kinds) {
             (component, operation)
         } else {
-            self.counters.event_kinds_folded += 1;
+            *folded += 1;
             (OTHER, OTHER)
         };
         let n = self
-            .marks
             .event_counts
             .entry(c.to_string())
             .or_default()
             .entry(o.to_string())
             .or_insert(0);
         if *n == 0 {
-            self.marks.event_kinds += 1;
+            self.event_kinds += 1;
         }
         *n += 1;
+    }
+
+    /// The allocator figures `pid` sent at `timestamp`, its latest.
+    pub(super) fn note_allocator(&mut self, pid: u32, timestamp: f64, figures: Allocator) {
+        self.allocator_now.insert(
+            pid,
+            AllocatorNow {
+                pid,
+                timestamp,
+                figures,
+            },
+        );
+    }
+
+    /// A process that left sends no more allocator figures.
+    pub(super) fn forget(&mut self, pid: u32) {
+        self.allocator_now.remove(&pid);
+    }
+}
+
+/// An entry with the tree's figures `c`; GPU fields from NVML (or none).
+pub(super) fn entry_from(c: &Current) -> Entry {
+    Entry {
+        timestamp: c.timestamp,
+        figures: Figures {
+            cpu_ram_used_mb: c.cpu_used_mb,
+            gpu_ram_used_mb: c.gpu_tree_mb,
+            gpu_ram_peak_mb: c.gpu_tree_peak_mb,
+            reserved_gpu_ram_mb: c.gpu_tree_mb,
+            gpu_process_used_mb: c.gpu_tree_mb,
+            cpu_ram_hwm_mb: c.cpu_hwm_mb,
+        },
+        gpu_source: c.gpu_source,
+        charge_mb: c.charge_mb,
+        charge_hwm_mb: c.charge_hwm_mb,
+        ..Entry::default()
     }
 }
 

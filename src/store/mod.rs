@@ -12,20 +12,24 @@
 //! stage peaks, pressure levels and the summary are all a pure fold over
 //! the records, tested here without I/O.
 //!
-//! Here: the [`Record`] and [`Store::apply`], which hands each record to
-//! its fold. The files beside this one, by concern:
+//! Here: the [`Record`]. The files beside this one, by concern:
+//! - `apply`: [`Store::apply`], the one place a record is handed to the
+//!   folds it concerns (a sample phase by phase) and the only code that
+//!   changes the store.
 //! - `record`: what records carry and what applying one gives;
 //!   `limits`: the bounds and the fold into [`OTHER`] past them.
-//! - `state`: the [`Store`], its accessors, and the end of the run.
-//! - The folds, each with its state in a struct of its own that the
-//!   [`Store`] holds: `samples` (phase by phase), `targets`, `gpu`, `host`,
-//!   `alerts`, `marks`, `spans`, `stages`, `peaks`.
+//! - `state`: the [`Store`] and its accessors.
+//! - The folds, each a struct of its own that the [`Store`] holds, with
+//!   its methods, given what it needs of the others as arguments:
+//!   `targets`, `gpu`, `host`, `alerts`, `forecast`, `marks`, `spans`,
+//!   `stages`, `peaks`, `samples`.
 //! - Views of the state: `status` (status, levels, [`snapshot::Snapshot`]),
 //!   `document` (`memory_usage.json`) and `log_view` (`LogView`).
 //! - Storage: [`entries`] and `chunked` (the event log), [`journal`]
 //!   (records and checkpoints on disk); [`pressure`]: levels and thresholds.
 
 mod alerts;
+mod apply;
 mod checkpoint;
 pub(crate) mod chunked;
 mod document;
@@ -91,39 +95,4 @@ pub enum Record {
     JournalErrors {
         total: u64,
     },
-}
-
-impl Store {
-    /// Applies one record: the only way state changes.
-    pub fn apply(&mut self, record: &Record) -> Applied {
-        self.seq += 1;
-        match record {
-            Record::Sample { kind, sample } => self.apply_sample(*kind, sample),
-            Record::Mark(mark) => Applied {
-                entry: Some(self.record_mark(mark, mark.operation.clone(), None)),
-                ..Applied::default()
-            },
-            Record::SpanBegin(b) => self.begin_span(b),
-            Record::SpanEnd(b) => self.end_span(b),
-            Record::StageBegin(b) => self.begin_stage(b),
-            Record::StageEnd(b) => self.end_stage(b),
-            Record::Exit { pid, exit, max_rss } => {
-                self.exit(*pid, *exit, *max_rss);
-                Applied::default()
-            }
-            Record::Flight(w) => {
-                self.keep_flight(w);
-                Applied::default()
-            }
-            Record::JournalErrors { total } => {
-                let c = &mut self.counters_mut().journal_errors;
-                *c = (*c).max(*total);
-                Applied::default()
-            }
-            Record::Finish { timestamp, exit } => Applied {
-                entry: Some(self.finish(*timestamp, *exit)),
-                ..Applied::default()
-            },
-        }
-    }
 }

@@ -1,68 +1,24 @@
-//! Samples: a sample is folded phase by phase — the tree's changes, GPU
-//! memory per process, per-process figures, devices, host and current
-//! figures, pressure — and a timer sample becomes a timer entry, counted
-//! for the innermost open span's component.
+//! Samples: the run's timer entries, thinned. A sample itself is folded
+//! phase by phase by `apply` (the tree's changes, GPU memory per process,
+//! per-process figures, devices, host and current figures, pressure,
+//! forecasts), and a timer sample becomes a timer entry there, counted for
+//! the innermost open span's component; the tests of that order are here.
 
 use super::limits::Limits;
-use super::record::{Applied, SampleKind};
-use super::state::{SamplesState, Store, SYSTEM};
 use crate::model::thin::Thinned;
-use crate::model::{Entry, EntryKind};
-use crate::sample::Sample;
-use crate::units::mib;
+use crate::model::Entry;
+
+/// The samples' state: the timer entries, thinned.
+#[derive(Debug, Clone)]
+pub(super) struct SamplesState {
+    pub(super) timer: Thinned<Entry>,
+}
 
 impl SamplesState {
     pub(super) fn new(limits: &Limits) -> SamplesState {
         SamplesState {
             timer: Thinned::new(limits.max_timer_entries),
         }
-    }
-}
-
-impl Store {
-    /// Applies one sample.
-    pub(super) fn apply_sample(&mut self, kind: SampleKind, sample: &Sample) -> Applied {
-        if let Some(info) = &sample.host_source {
-            self.set_host_source(info);
-        }
-        self.follow_the_tree(sample);
-        let gpu = self.fold_gpu_processes(sample);
-        self.fold_process_readings(sample, &gpu.by_pid);
-        self.fold_gpu_devices(sample, &gpu.by_device);
-        self.fold_current(sample, mib(gpu.by_device.values().sum()));
-        let alerts = self.pressure(sample);
-        let forecasts = self.forecast(sample);
-        let entry = match kind {
-            SampleKind::Timer => Some(self.timer_entry()),
-            SampleKind::Event => {
-                self.counters.event_samples += 1;
-                None
-            }
-        };
-        Applied {
-            entry,
-            alerts,
-            unmatched: false,
-            forecasts,
-        }
-    }
-
-    /// The timer entry of the latest sample, in the innermost open span's
-    /// component (or [`SYSTEM`]), kept in the thinned timer log.
-    fn timer_entry(&mut self) -> Entry {
-        self.counters.ticks += 1;
-        let span = self.spans.open.last();
-        let entry = Entry {
-            component: span.map_or_else(|| SYSTEM.to_string(), |s| s.component.clone()),
-            operation: "timer".into(),
-            kind: EntryKind::Timer,
-            span: span.map(|s| format!("{}/{}", s.component, s.operation)),
-            stage: self.open_stage(),
-            ..self.entry_from(&self.current.clone())
-        };
-        self.observe(&entry, 1);
-        self.samples.timer.push(entry.clone());
-        entry
     }
 }
 

@@ -3,55 +3,63 @@
 //! component timer samples count for; `span_end` closes the innermost
 //! match, the same process's first.
 
-use super::record::{Applied, Boundary};
-use super::state::{OpenSpan, Store};
+use super::record::Mark;
 
-impl Store {
-    /// Logs a span's start and opens it when there is room.
-    pub(super) fn begin_span(&mut self, b: &Boundary) -> Applied {
-        let entry = self.record_mark(&b.mark, format!("before_{}", b.mark.operation), None);
-        if self.spans.open.len() < self.limits.max_open_spans {
-            self.spans.open.push(OpenSpan {
-                pid: b.mark.pid,
-                component: b.mark.component.clone(),
-                operation: b.mark.operation.clone(),
-                started: b.mark.timestamp,
+/// The spans' state: those open, outermost first.
+#[derive(Debug, Clone, Default)]
+pub(super) struct SpansState {
+    pub(super) open: Vec<OpenSpan>,
+}
+
+/// An open span: the process that opened it (when known), its name and
+/// when it began.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct OpenSpan {
+    pub(super) pid: Option<u32>,
+    pub(super) component: String,
+    pub(super) operation: String,
+    pub(super) started: f64,
+}
+
+impl SpansState {
+    /// Opens the span `m` begins when fewer than `max_open` are open;
+    /// otherwise counts it in `untracked`.
+    pub(super) fn open(&mut self, m: &Mark, max_open: usize, untracked: &mut u64) {
+        if self.open.len() < max_open {
+            self.open.push(OpenSpan {
+                pid: m.pid,
+                component: m.component.clone(),
+                operation: m.operation.clone(),
+                started: m.timestamp,
             });
         } else {
-            self.counters.spans_untracked += 1;
-        }
-        Applied {
-            entry: Some(entry),
-            ..Applied::default()
+            *untracked += 1;
         }
     }
 
-    /// Closes the innermost open span of the same component and operation
-    /// (of the same process if there is one) and logs its end.
-    pub(super) fn end_span(&mut self, b: &Boundary) -> Applied {
-        let m = &b.mark;
+    /// Closes the innermost open span of `m`'s component and operation
+    /// (of the same process if there is one); false when none is open.
+    pub(super) fn close(&mut self, m: &Mark) -> bool {
+        let same = |s: &OpenSpan| s.component == m.component && s.operation == m.operation;
         let found = self
-            .spans
             .open
             .iter()
-            .rposition(|s| {
-                s.component == m.component && s.operation == m.operation && s.pid == m.pid
-            })
-            .or_else(|| {
-                self.spans
-                    .open
-                    .iter()
-                    .rposition(|s| s.component == m.component && s.operation == m.operation)
-            });
+            .rposition(|s| same(s) && s.pid == m.pid)
+            .or_else(|| self.open.iter().rposition(same));
         if let Some(i) = found {
-            self.spans.open.remove(i);
+            self.open.remove(i);
         }
-        let entry = self.record_mark(m, format!("after_{}", m.operation), None);
-        Applied {
-            entry: Some(entry),
-            unmatched: found.is_none(),
-            ..Applied::default()
-        }
+        found.is_some()
+    }
+
+    /// The innermost open span, whose component timer samples count for.
+    pub(super) fn innermost(&self) -> Option<&OpenSpan> {
+        self.open.last()
+    }
+
+    /// Spans a dead process left open can never be closed by it.
+    pub(super) fn close_those_of(&mut self, pid: u32) {
+        self.open.retain(|s| s.pid != Some(pid));
     }
 }
 

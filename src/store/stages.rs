@@ -4,17 +4,23 @@
 //! and the end of the run abandons those still open. Entries logged while
 //! a stage is open carry its name and count for its peak.
 
-use super::record::{Applied, Boundary};
-use super::state::Store;
-use crate::model::Stage;
+use super::record::Boundary;
+use crate::model::{Entry, Stage};
 
-impl Store {
-    /// Opens a stage (when there is room) and logs its start.
-    pub(super) fn begin_stage(&mut self, b: &Boundary) -> Applied {
-        let name = b.mark.operation.clone();
-        if self.make_room_for_a_stage() {
-            self.stages.list.push(Stage {
-                name: name.clone(),
+/// The stages' state: every stage kept, open and closed, in start order.
+#[derive(Debug, Clone, Default)]
+pub(super) struct StagesState {
+    pub(super) list: Vec<Stage>,
+}
+
+impl StagesState {
+    /// Opens the stage `b` begins, when there is room among `max_stages`
+    /// (a stage that cannot be kept, or one made room for, is counted in
+    /// `dropped`).
+    pub(super) fn open(&mut self, b: &Boundary, max_stages: usize, dropped: &mut u64) {
+        if self.make_room(max_stages, dropped) {
+            self.list.push(Stage {
+                name: b.mark.operation.clone(),
                 status: "RUNNING".into(),
                 start: b.mark.timestamp,
                 pid: b.mark.pid,
@@ -22,57 +28,44 @@ impl Store {
                 ..Stage::default()
             });
         }
-        let entry = self.record_mark(&b.mark, format!("{name}/begin"), Some(name));
-        Applied {
-            entry: Some(entry),
-            ..Applied::default()
-        }
     }
 
-    /// Logs a stage's end and closes the latest open stage of its name.
-    pub(super) fn end_stage(&mut self, b: &Boundary) -> Applied {
-        let name = b.mark.operation.clone();
-        // The end's own sample belongs to the stage it closes.
-        let entry = self.record_mark(&b.mark, format!("{name}/end"), Some(name.clone()));
+    /// Closes the latest open stage of `b`'s name with its status and
+    /// duration; false when none is open.
+    pub(super) fn close(&mut self, b: &Boundary) -> bool {
         let open = self
-            .stages
             .list
             .iter_mut()
             .rev()
-            .find(|s| s.name == name && s.end.is_none());
-        let unmatched = open.is_none();
-        if let Some(stage) = open {
-            stage.end = Some(b.mark.timestamp);
-            stage.duration_s = Some((b.mark.timestamp - stage.start).max(0.0));
-            stage.status = b.status.clone().unwrap_or_else(|| "SUCCESS".into());
-            stage.message.clone_from(&b.message);
-        }
-        Applied {
-            entry: Some(entry),
-            unmatched,
-            ..Applied::default()
-        }
+            .find(|s| s.name == b.mark.operation && s.end.is_none());
+        let Some(stage) = open else {
+            return false;
+        };
+        stage.end = Some(b.mark.timestamp);
+        stage.duration_s = Some((b.mark.timestamp - stage.start).max(0.0));
+        stage.status = b.status.clone().unwrap_or_else(|| "SUCCESS".into());
+        stage.message.clone_from(&b.message);
+        true
     }
 
     /// Closes every open stage at the end of the run as `ABANDONED`.
-    pub(super) fn abandon_open_stages(&mut self, timestamp: f64) {
-        for stage in self.stages.list.iter_mut().filter(|s| s.end.is_none()) {
+    pub(super) fn abandon_open(&mut self, timestamp: f64) {
+        for stage in self.list.iter_mut().filter(|s| s.end.is_none()) {
             stage.end = Some(timestamp);
             stage.duration_s = Some((timestamp - stage.start).max(0.0));
             stage.status = "ABANDONED".into();
         }
     }
 
-    /// Whether `stages[]` has room for one more: at the limit, the closed
+    /// Whether the list has room for one more: at the limit, the closed
     /// stage with the smallest peak goes (counted); with every stage
     /// open, the new one is not kept (counted).
-    pub(super) fn make_room_for_a_stage(&mut self) -> bool {
-        if self.stages.list.len() < self.limits.max_stages {
+    fn make_room(&mut self, max_stages: usize, dropped: &mut u64) -> bool {
+        if self.list.len() < max_stages {
             return true;
         }
-        self.counters.stages_dropped += 1;
+        *dropped += 1;
         let smallest = self
-            .stages
             .list
             .iter()
             .enumerate()
@@ -89,20 +82,27 @@ impl Store {
             .map(|(i, _)| i);
         match smallest {
             Some(i) => {
-                self.stages.list.remove(i);
+                self.list.remove(i);
                 true
             }
             None => false,
         }
     }
 
+    /// The innermost open stage's name.
     pub(super) fn open_stage(&self) -> Option<String> {
-        self.stages
-            .list
+        self.list
             .iter()
             .rev()
             .find(|s| s.end.is_none())
             .map(|s| s.name.clone())
+    }
+
+    /// Folds an entry into the peaks of the stages open now.
+    pub(super) fn observe_open(&mut self, entry: &Entry, n: u64) {
+        for stage in self.list.iter_mut().filter(|s| s.end.is_none()) {
+            stage.peak.observe_weighted(entry, n);
+        }
     }
 }
 

@@ -1,29 +1,32 @@
-//! The store's state: every field a run has, the accessors exporters and
-//! the engine read, and the end of the run. Only
-//! [`Store::apply`](super::Store::apply) changes it, through the folds in
-//! the files beside this one.
+//! The store's state: every field a run has, and the accessors exporters
+//! and the engine read. Only [`Store::apply`](super::Store::apply)
+//! changes it (`apply.rs`), through the folds in the files beside this
+//! one.
 
-use std::collections::BTreeMap;
-
+use super::alerts::AlertsState;
 use super::entries::EntryLog;
+use super::forecast::ForecastState;
+use super::gpu::GpuState;
+use super::host::HostState;
 use super::limits::Limits;
-use super::pressure::{Level, Thresholds};
-use super::snapshot::{AllocatorNow, Current};
+use super::marks::MarksState;
+use super::peaks::PeaksState;
+use super::pressure::Thresholds;
+use super::samples::SamplesState;
+use super::snapshot::{Current, Forecast};
+use super::spans::SpansState;
+use super::stages::StagesState;
+use super::targets::TargetsState;
 use crate::model::leak::LeakSeries;
-use crate::model::thin::Thinned;
-use crate::model::RunStatus;
-use crate::model::{
-    Alert, Counters, Entry, EntryKind, Exit, FlightWindow, Gpu, GpuAttribution, HostInfo, Peaks,
-    RunInfo, Stage, Target,
-};
-use crate::sample::HostMemory;
+use crate::model::{Counters, FlightWindow, GpuAttribution, Peaks, RunInfo};
+use crate::sample::gpu::Device;
 
 /// Component of timer samples taken outside any span, and of memtrack's
 /// own entries (`experiment_start` / `experiment_end`).
 pub const SYSTEM: &str = "system";
 
-/// All run state: each fold's in a struct of its own (below; the fold's
-/// code is in its file beside this one), and here what no single fold
+/// All run state: each fold's in a struct of its own, defined with its
+/// methods in its file beside this one, and here what no single fold
 /// owns. A checkpoint is not this struct's form: `super::checkpoint`
 /// converts it to the checkpoint's file format and back.
 #[derive(Debug, Clone)]
@@ -56,110 +59,6 @@ pub struct Store {
     pub(super) flights: Vec<FlightWindow>,
     /// Time to OOM, live.
     pub(super) forecasts: ForecastState,
-}
-
-/// The forecasts' state (not checkpointed: a recovered run starts its
-/// series afresh).
-#[derive(Debug, Clone, Default)]
-pub(super) struct ForecastState {
-    pub(super) series: BTreeMap<String, crate::model::forecast::ForecastSeries>,
-    pub(super) now: BTreeMap<String, super::snapshot::Forecast>,
-    /// The seconds last announced per resource.
-    pub(super) announced: BTreeMap<String, f64>,
-}
-
-/// The alerts' state: the alerts kept, and each resource's level.
-#[derive(Debug, Clone, Default)]
-pub(super) struct AlertsState {
-    pub(super) kept: Vec<Alert>,
-    pub(super) levels: BTreeMap<String, Level>,
-}
-
-/// The GPUs' state: each device's row, how the tree's share is told
-/// apart, and whether NVML answered the latest sample.
-#[derive(Debug, Clone, Default)]
-pub(super) struct GpuState {
-    pub(super) devices: BTreeMap<u32, Gpu>,
-    /// How the tree's GPU memory is told apart (absent without NVML).
-    pub(super) attribution: Option<GpuAttribution>,
-    pub(super) nvml_up: bool,
-}
-
-/// The host's state: the machine's memory, the footprint source and what
-/// it saw (absent until the first sample), and since when it serves.
-#[derive(Debug, Clone, Default)]
-pub(super) struct HostState {
-    pub(super) memory: HostMemory,
-    pub(super) info: Option<HostInfo>,
-    pub(super) since: f64,
-}
-
-/// The marks' state: events per component and operation (and how many
-/// kinds that is), and the latest allocator figures each process sent.
-#[derive(Debug, Clone, Default)]
-pub(super) struct MarksState {
-    /// Events per component and operation.
-    pub(super) event_counts: BTreeMap<String, BTreeMap<String, u64>>,
-    pub(super) event_kinds: usize,
-    /// The latest allocator figures each process sent.
-    pub(super) allocator_now: BTreeMap<u32, AllocatorNow>,
-}
-
-/// The peaks' state: the run's, and each component's.
-#[derive(Debug, Clone, Default)]
-pub(super) struct PeaksState {
-    pub(super) run: Peaks,
-    pub(super) by_component: BTreeMap<String, Peaks>,
-}
-
-/// The samples' state: the timer entries, thinned.
-#[derive(Debug, Clone)]
-pub(super) struct SamplesState {
-    pub(super) timer: Thinned<Entry>,
-}
-
-/// The spans' state: those open, outermost first.
-#[derive(Debug, Clone, Default)]
-pub(super) struct SpansState {
-    pub(super) open: Vec<OpenSpan>,
-}
-
-/// The stages' state: every stage kept, open and closed, in start order.
-#[derive(Debug, Clone, Default)]
-pub(super) struct StagesState {
-    pub(super) list: Vec<Stage>,
-}
-
-/// The targets' state: the processes of the tree, live and gone.
-#[derive(Debug, Clone, Default)]
-pub(super) struct TargetsState {
-    pub(super) live: BTreeMap<u32, LiveTarget>,
-    pub(super) gone: Vec<Target>,
-}
-
-/// A process of the tree while it lives: its row and its bounded series.
-#[derive(Debug, Clone)]
-pub(super) struct LiveTarget {
-    pub(super) target: Target,
-    pub(super) series: Thinned<[f64; 3]>,
-    /// Latest figures in bytes, for exporters.
-    pub(super) rss: u64,
-    pub(super) hwm: u64,
-    pub(super) gpu: BTreeMap<u32, u64>,
-    pub(super) pss: Option<u64>,
-    pub(super) uss: Option<u64>,
-    /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read.
-    pub(super) own_series: Thinned<[f64; 3]>,
-}
-
-/// An open span: the process that opened it (when known), its name and
-/// when it began.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct OpenSpan {
-    pub(super) pid: Option<u32>,
-    pub(super) component: String,
-    pub(super) operation: String,
-    pub(super) started: f64,
 }
 
 impl Store {
@@ -237,37 +136,23 @@ impl Store {
         self.run.end.is_some()
     }
 
-    /// Ends the run: open stages are abandoned, open spans dropped, and
-    /// `experiment_end` reports the last figures of a live tree.
-    pub(super) fn finish(&mut self, timestamp: f64, exit: Option<Exit>) -> Entry {
-        self.abandon_open_stages(timestamp);
-        self.spans.open.clear();
-        let last = self
-            .last_alive
-            .clone()
-            .unwrap_or_else(|| self.current.clone());
-        let entry = Entry {
-            component: SYSTEM.into(),
-            operation: "experiment_end".into(),
-            timestamp,
-            kind: EntryKind::System,
-            ..self.entry_from(&last)
-        };
-        self.observe(&entry, 1);
-        self.push_event(&entry);
-        self.run.end = Some(timestamp);
-        self.run.exit = exit.or(self.run.exit);
-        self.run.status = RunStatus::Finished;
-        entry
+    /// Records the GPUs' static description (index, UUID, name) and how
+    /// the tree's share of them is told apart. Called before the first
+    /// checkpoint, so the journal's state holds it.
+    pub fn describe_gpus(&mut self, devices: &[Device], attribution: Option<GpuAttribution>) {
+        self.gpu.describe(devices, attribution);
     }
-
-    /// Keeps a flight-recorder window, up to [`MAX_FLIGHTS`](super::limits::MAX_FLIGHTS).
-    pub(super) fn keep_flight(&mut self, w: &FlightWindow) {
-        if self.flights.len() < super::limits::MAX_FLIGHTS {
-            self.flights.push(w.clone());
-        } else {
-            self.counters.flights_dropped += 1;
-        }
+    /// How the tree's GPU memory is told apart (absent without NVML).
+    pub(crate) fn gpu_attribution(&self) -> Option<&GpuAttribution> {
+        self.gpu.attribution.as_ref()
+    }
+    /// The name of a process of the tree, live or gone.
+    pub(crate) fn target_name(&self, pid: u32) -> Option<String> {
+        self.targets.name(pid)
+    }
+    /// The live forecasts, by resource.
+    pub(crate) fn forecasts(&self) -> Vec<Forecast> {
+        self.forecasts.live().cloned().collect()
     }
 }
 

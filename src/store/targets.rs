@@ -7,12 +7,33 @@
 
 use std::collections::BTreeMap;
 
-use super::state::{LiveTarget, Store};
 use crate::model::thin::Thinned;
 use crate::model::{Exit, Target};
 use crate::sample::host::{Joined, Left};
 use crate::sample::Sample;
 use crate::units::mib;
+
+/// The targets' state: the processes of the tree, live and gone.
+#[derive(Debug, Clone, Default)]
+pub(super) struct TargetsState {
+    pub(super) live: BTreeMap<u32, LiveTarget>,
+    pub(super) gone: Vec<Target>,
+}
+
+/// A process of the tree while it lives: its row and its bounded series.
+#[derive(Debug, Clone)]
+pub(super) struct LiveTarget {
+    pub(super) target: Target,
+    pub(super) series: Thinned<[f64; 3]>,
+    /// Latest figures in bytes, for exporters.
+    pub(super) rss: u64,
+    pub(super) hwm: u64,
+    pub(super) gpu: BTreeMap<u32, u64>,
+    pub(super) pss: Option<u64>,
+    pub(super) uss: Option<u64>,
+    /// `[unix seconds, uss MiB, pss MiB]` at each own-cost read.
+    pub(super) own_series: Thinned<[f64; 3]>,
+}
 
 impl LiveTarget {
     /// A live row around `target`, no figures read yet.
@@ -30,16 +51,14 @@ impl LiveTarget {
     }
 }
 
-impl Store {
+impl TargetsState {
     /// The name of a process of the tree, live or gone.
-    pub(crate) fn target_name(&self, pid: u32) -> Option<String> {
-        self.targets
-            .live
+    pub(super) fn name(&self, pid: u32) -> Option<String> {
+        self.live
             .get(&pid)
             .map(|l| l.target.name.clone())
             .or_else(|| {
-                self.targets
-                    .gone
+                self.gone
                     .iter()
                     .rev()
                     .find(|t| t.pid == pid)
@@ -47,43 +66,23 @@ impl Store {
             })
     }
 
-    /// Follows the tree's changes a sample reports: processes that joined,
-    /// were described or left, and the reader's error counts.
-    pub(super) fn follow_the_tree(&mut self, sample: &Sample) {
-        let ts = sample.timestamp;
-        for j in &sample.host.joined {
-            self.join(j, ts);
-        }
-        for d in &sample.host.described {
-            if let Some(live) = self.targets.live.get_mut(&d.pid) {
-                live.target.name.clone_from(&d.name);
-                live.target.cmdline.clone_from(&d.cmdline);
-            }
-        }
-        for left in &sample.host.left {
-            self.leave(left, ts);
-        }
-        self.counters.proc_errors += u64::from(sample.host.errors);
-        self.counters.fd_fallbacks += u64::from(sample.host.fd_fallbacks);
-    }
-
-    /// A process joins the tree: a new row, or its old one when it is the
-    /// same process (PID and start time) seen again.
-    fn join(&mut self, j: &Joined, ts: f64) {
+    /// A process joins the tree: a new row (counted in `seen`), or its
+    /// old one when it is the same process (PID and start time) seen
+    /// again. Its series keep `series_points` points.
+    pub(super) fn join(&mut self, j: &Joined, ts: f64, series_points: usize, seen: &mut u64) {
         // The same process (PID and start time) seen again — a zombie
         // found by a later scan — keeps its one row.
         if let Some(i) = self
-            .targets
             .gone
             .iter()
             .position(|t| t.pid == j.id.pid && t.start_time == j.start_time)
         {
-            let target = self.targets.gone.remove(i);
-            let mut series = Thinned::new(self.limits.target_series_points);
+            let target = self.gone.remove(i);
+            let mut series = Thinned::new(series_points);
             for point in &target.series {
                 series.push(*point);
             }
-            let mut own_series = Thinned::new(self.limits.target_series_points);
+            let mut own_series = Thinned::new(series_points);
             for point in &target.own_series {
                 own_series.push(*point);
             }
@@ -93,20 +92,18 @@ impl Store {
                 own_series: Vec::new(),
                 ..target
             };
-            self.targets
-                .live
+            self.live
                 .insert(j.id.pid, LiveTarget::new(target, series, own_series));
             return;
         }
         if self
-            .targets
             .live
             .get(&j.id.pid)
             .is_some_and(|l| l.target.start_time == j.start_time)
         {
             return;
         }
-        self.counters.targets_seen += 1;
+        *seen += 1;
         let target = Target {
             pid: j.id.pid,
             ppid: j.ppid,
@@ -118,23 +115,18 @@ impl Store {
             last_seen: ts,
             ..Target::default()
         };
-        let series = Thinned::new(self.limits.target_series_points);
-        let own_series = Thinned::new(self.limits.target_series_points);
-        self.targets
-            .live
+        let series = Thinned::new(series_points);
+        let own_series = Thinned::new(series_points);
+        self.live
             .insert(j.id.pid, LiveTarget::new(target, series, own_series));
     }
 
     /// Folds each live process's reading (and its GPU memory, `gpu_by_pid`)
     /// into its row, its peaks and its series.
-    pub(super) fn fold_process_readings(
-        &mut self,
-        sample: &Sample,
-        gpu_by_pid: &BTreeMap<u32, u64>,
-    ) {
+    pub(super) fn fold_readings(&mut self, sample: &Sample, gpu_by_pid: &BTreeMap<u32, u64>) {
         let ts = sample.timestamp;
         for r in &sample.host.processes {
-            let Some(live) = self.targets.live.get_mut(&r.pid) else {
+            let Some(live) = self.live.get_mut(&r.pid) else {
                 continue;
             };
             live.rss = r.rss;
@@ -176,9 +168,34 @@ impl Store {
         }
     }
 
-    pub(super) fn leave(&mut self, left: &Left, ts: f64) {
-        let Some(live) = self.targets.live.remove(&left.id.pid) else {
-            return;
+    /// Each live process's GPU memory in this sample, `(pid, device,
+    /// bytes)`, and its peak per device.
+    pub(super) fn fold_gpu(&mut self, by_process: &[(u32, u32, u64)]) {
+        for live in self.live.values_mut() {
+            live.gpu.clear();
+        }
+        for &(pid, device, used) in by_process {
+            let Some(live) = self.live.get_mut(&pid) else {
+                continue;
+            };
+            *live.gpu.entry(device).or_default() += used;
+            let peak = live.target.peak_gpu_mb_by_device.entry(device).or_default();
+            *peak = peak.max(mib(used));
+        }
+    }
+
+    /// A process leaves the tree with its exit and `wait4` peak; returns
+    /// whether it was live. Gone rows beyond `max_targets` are pruned, the
+    /// smallest first (counted in `pruned`).
+    pub(super) fn leave(
+        &mut self,
+        left: &Left,
+        ts: f64,
+        max_targets: usize,
+        pruned: &mut u64,
+    ) -> bool {
+        let Some(live) = self.live.remove(&left.id.pid) else {
+            return false;
         };
         let mut t = live.target;
         t.series = live.series.iter().copied().collect();
@@ -189,15 +206,10 @@ impl Store {
         }
         if let Some(b) = left.max_rss {
             t.hwm_mb = t.hwm_mb.max(mib(b));
-            self.exact_peak(b);
         }
-        // Spans a dead process left open can never be closed by it.
-        self.spans.open.retain(|s| s.pid != Some(t.pid));
-        self.marks.allocator_now.remove(&t.pid);
-        self.targets.gone.push(t);
-        if self.targets.gone.len() + self.targets.live.len() > self.limits.max_targets {
+        self.gone.push(t);
+        if self.gone.len() + self.live.len() > max_targets {
             if let Some(i) = self
-                .targets
                 .gone
                 .iter()
                 .enumerate()
@@ -205,27 +217,24 @@ impl Store {
                 .min_by(|a, b| a.1.peak_rss_mb.total_cmp(&b.1.peak_rss_mb))
                 .map(|(i, _)| i)
             {
-                self.targets.gone.remove(i);
-                self.counters.targets_pruned += 1;
+                self.gone.remove(i);
+                *pruned += 1;
             }
         }
+        true
     }
 
-    /// A process we reaped: its exact exit status, and its `wait4` peak
-    /// for its row and the run's peak.
+    /// A process we reaped: its exact exit status, and its `wait4` peak.
     pub(super) fn exit(&mut self, pid: u32, exit: Exit, max_rss: Option<u64>) {
-        let target = match self.targets.live.get_mut(&pid) {
+        let target = match self.live.get_mut(&pid) {
             Some(l) => Some(&mut l.target),
-            None => self.targets.gone.iter_mut().rev().find(|t| t.pid == pid),
+            None => self.gone.iter_mut().rev().find(|t| t.pid == pid),
         };
         if let Some(t) = target {
             t.exit = Some(exit);
             if let Some(b) = max_rss {
                 t.hwm_mb = t.hwm_mb.max(mib(b));
             }
-        }
-        if let Some(b) = max_rss {
-            self.exact_peak(b);
         }
     }
 }
