@@ -11,9 +11,7 @@ use super::record::{Applied, Boundary, Mark, SampleKind};
 use super::snapshot::Current;
 use super::state::{Store, SYSTEM};
 use super::Record;
-use crate::model::{
-    Counters, Entry, EntryKind, Exit, FlightWindow, GpuSource, HostSource, RunStatus,
-};
+use crate::model::{Entry, EntryKind, Exit, FlightWindow, GpuSource, HostSource, RunStatus};
 use crate::sample::gpu::Status as GpuStatus;
 use crate::sample::Sample;
 use crate::units::mib;
@@ -283,26 +281,19 @@ impl Store {
     /// left open and sends no more allocator figures.
     fn follow_the_tree(&mut self, sample: &Sample) {
         let ts = sample.timestamp;
-        let counters: &mut Counters = &mut self.counters;
+        let counters = &mut self.counters;
         for j in &sample.host.joined {
-            self.targets.join(
-                j,
-                ts,
-                self.limits.target_series_points,
-                &mut counters.targets_seen,
-            );
+            let points = self.limits.target_series_points;
+            self.targets.join(j, ts, points, &mut counters.targets_seen);
         }
         for d in &sample.host.described {
-            if let Some(live) = self.targets.live.get_mut(&d.pid) {
-                live.target.name.clone_from(&d.name);
-                live.target.cmdline.clone_from(&d.cmdline);
-            }
+            self.targets.describe(d);
         }
         for left in &sample.host.left {
-            let max_targets = self.limits.max_targets;
+            let max = self.limits.max_targets;
             if !self
                 .targets
-                .leave(left, ts, max_targets, &mut counters.targets_pruned)
+                .leave(left, ts, max, &mut counters.targets_pruned)
             {
                 continue;
             }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use crate::model::thin::Thinned;
 use crate::model::{Exit, Target};
-use crate::sample::host::{Joined, Left};
+use crate::sample::host::{Described, Joined, Left};
 use crate::sample::Sample;
 use crate::units::mib;
 
@@ -119,6 +119,14 @@ impl TargetsState {
         let own_series = Thinned::new(series_points);
         self.live
             .insert(j.id.pid, LiveTarget::new(target, series, own_series));
+    }
+
+    /// A live process's name and command line, read after it joined.
+    pub(super) fn describe(&mut self, d: &Described) {
+        if let Some(live) = self.live.get_mut(&d.pid) {
+            live.target.name.clone_from(&d.name);
+            live.target.cmdline.clone_from(&d.cmdline);
+        }
     }
 
     /// Folds each live process's reading (and its GPU memory, `gpu_by_pid`)
