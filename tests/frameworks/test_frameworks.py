@@ -385,3 +385,57 @@ def test_the_lightning_callback_costs_the_loop_only_the_hooks_it_uses(tmp_path):
     assert printed("SEEN") == [0, 1, 2, 3, 4]
     assert printed("RESTORED") == [True, False]
     assert [i for i, _ in step_spans(doc)] == [1, 2, 3, 4, 5]
+
+
+def test_the_hugging_face_steps_cost_the_loop_no_callback_dispatch(tmp_path):
+    """transformers calls every callback in the handler's list at each of a
+    step's four events, with eight keyword arguments, whether it does
+    anything then or not: under the automatic hooks memtrack's callback is
+    in no list, the step being marked from the handler's own step events.
+    The job's own callbacks still see every event, once."""
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import collections, json, sys, torch\n"
+        "from transformers import (GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback,\n"
+        "                          TrainingArguments)\n"
+        "class Counting(TrainerCallback):\n"
+        "    def __init__(self):\n"
+        "        self.seen = collections.Counter()\n"
+        "    def on_step_begin(self, args, state, control, **kw):\n"
+        "        self.seen['on_step_begin'] += 1\n"
+        "    def on_optimizer_step(self, args, state, control, **kw):\n"
+        "        self.seen['on_optimizer_step'] += 1\n"
+        "    def on_step_end(self, args, state, control, **kw):\n"
+        "        self.seen['on_step_end'] += 1\n"
+        "    def on_train_end(self, args, state, control, **kw):\n"
+        "        self.seen['on_train_end'] += 1\n"
+        "class Tokens(torch.utils.data.Dataset):\n"
+        "    def __init__(self, n):\n"
+        "        self.ids = torch.randint(0, 97, (n, 16))\n"
+        "    def __len__(self):\n"
+        "        return len(self.ids)\n"
+        "    def __getitem__(self, i):\n"
+        "        return {'input_ids': self.ids[i], 'labels': self.ids[i]}\n"
+        "model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=97, n_positions=16))\n"
+        "args = TrainingArguments(output_dir=sys.argv[1], max_steps=5, per_device_train_batch_size=4,\n"
+        "                         save_strategy='no', eval_strategy='no', logging_strategy='no',\n"
+        "                         report_to=[], use_cpu=True, disable_tqdm=True)\n"
+        "counting = Counting()\n"
+        "trainer = Trainer(model=model, args=args, train_dataset=Tokens(20), callbacks=[counting])\n"
+        "trainer.train()\n"
+        "print('LISTED ' + json.dumps([type(c).__name__ for c in trainer.callback_handler.callbacks]))\n"
+        "print('SEEN ' + json.dumps(counting.seen))\n")
+    doc, proc = run_memtrack(tmp_path, [str(job), str(tmp_path / "out_dir")])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    def printed(tag):
+        line = [l for l in proc.stdout.splitlines() if l.startswith(tag + " ")]
+        assert line, proc.stdout[-2000:]
+        return json.loads(line[0][len(tag) + 1:])
+
+    listed = printed("LISTED")
+    assert "Counting" in listed and not [name for name in listed if "Memtrack" in name], listed
+    assert printed("SEEN") == {"on_step_begin": 5, "on_optimizer_step": 5, "on_step_end": 5,
+                               "on_train_end": 1}
+    assert [i for i, _ in step_spans(doc)] == [1, 2, 3, 4, 5]
+    assert len(stages(doc, "fit")) == 1

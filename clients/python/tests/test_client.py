@@ -101,6 +101,83 @@ def test_a_message_inside_a_held_step_sends_its_begin_first(fake, monkeypatch):
     assert get_dropped() == 0 and client_mod.get_client()._sent == 7
 
 
+def test_the_hf_step_hooks_sit_on_the_callback_handler_and_come_off_it(fake, monkeypatch):
+    # attach_hf's step path: the trainer's callback handler has its four
+    # events wrapped on the instance; each still runs the handler's own
+    # (which calls the callbacks in its list) and returns its control; the
+    # step begins after the handler's step begin and ends before its step
+    # end; a handler without the four is left as it was; detach gives the
+    # handler its own events back, and an event the instance had of its
+    # own before is kept.
+    from memtrack import frameworks
+
+    d = fake()
+    monkeypatch.setenv("MEMTRACK_SOCKET", d.path)
+    monkeypatch.setattr(client_mod, "_default", None)
+    seen = []
+
+    class Handler(object):
+        def on_train_begin(self, args, state, control):
+            seen.append(("train_begin", control))
+            return control + 1
+
+        def on_step_begin(self, args, state, control):
+            seen.append(("step_begin", steps.open_at))
+            return control + 1
+
+        def on_step_end(self, args, state, control):
+            seen.append(("step_end", steps.open_at))
+            return control + 1
+
+        def on_train_end(self, args, state, control):
+            seen.append(("train_end", control))
+            return control + 1
+
+    class Callback(object):
+        def __init__(self):
+            self._steps = frameworks._Steps()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            seen.append(("mine_train_begin", control))
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self._steps.end()
+            seen.append(("mine_train_end", control))
+
+    handler, callback = Handler(), Callback()
+    steps = callback._steps
+    own_train_end = lambda args, state, control: control  # noqa: E731
+    handler.on_train_end = own_train_end
+    state = types.SimpleNamespace(global_step=0)
+    assert frameworks._HandlerHooks.attach(handler, callback)
+    assert handler.on_train_begin(None, state, 1) == 2
+    for step in range(3):
+        state.global_step = step
+        assert handler.on_step_begin(None, state, 10) == 11
+        assert handler.on_step_end(None, state, 20) == 21
+    assert handler.on_train_end(None, state, 30) == 30
+    assert seen == ([("train_begin", 1), ("mine_train_begin", 2)]
+                    + [("step_begin", None), ("step_end", None)] * 3 + [("mine_train_end", 30)])
+    client_mod.get_client().flush()
+    assert d.wait_lines(4)
+    objs = d.objects()
+    assert [o.get("iteration") for o in objs if o["type"] in ("span_begin", "span_end")][:2] == [1, 1]
+    assert sorted({o["iteration"] for o in objs}) == [1, 2, 3]
+
+    frameworks._HandlerHooks.detach(handler)
+    assert vars(handler) == {"on_train_end": own_train_end}
+    assert handler.on_step_begin.__func__ is Handler.on_step_begin
+
+    class Partial(object):
+        def on_step_begin(self, args, state, control):
+            return control
+
+    partial = Partial()
+    assert not frameworks._HandlerHooks.attach(partial, callback)
+    assert vars(partial) == {}
+    assert not frameworks._HandlerHooks.attach(None, callback)
+
+
 def get_dropped():
     return client_mod.get_client().dropped()
 

@@ -52,14 +52,18 @@ class _Steps(object):
     back and sent in batches, each step as one line that says when it began
     and ended (``Client._take_held``). ``begin`` and ``end`` run at every
     step, so a held step costs a handful of attribute reads and an append
-    each."""
+    each: whether its batch is due is kept here (when the first step of
+    the batch was held, and how many more may wait), not read from the
+    client's queue."""
 
-    __slots__ = ("_labels", "_heads", "_began", "_ended", "_held", "open_at")
+    __slots__ = ("_labels", "_heads", "_began", "_ended", "_held", "_due", "_room", "open_at")
 
     def __init__(self):
         self.open_at = None
         self._began = self._ended = -1  # when the last begin and end came (ns)
         self._held = None  # the open step's record while its client holds it
+        self._due = None  # when the batch of held steps goes (ns); None: none held
+        self._room = 0  # how many more steps the batch may hold
         self.labels = {}
 
     @property
@@ -90,8 +94,11 @@ class _Steps(object):
             # Held back as the step's own record, which end() completes.
             step = self._held = [self._heads[0], iteration, now, self._heads[1]]
             client._held.append(step)
+            if self._due is None:
+                self._due = now + _client._HOLD_NS
+                self._room = _client._HOLD_MAX
             return
-        self._held = None
+        self._held = self._due = None
         client._prebuilt(self._heads[0], iteration, "span_begin", self._fields, now, False)
 
     def end(self):
@@ -109,8 +116,13 @@ class _Steps(object):
             if step[4] is now:
                 # The record's line now carries the whole step; the held
                 # ones go when due.
-                client._flush_held(now)
+                self._room -= 1
+                if self._room > 0 and now < self._due:
+                    return
+                self._due = None
+                client._send_held()
                 return
+        self._due = None
         client._prebuilt(self._heads[1], iteration, "span_end", self._fields, now, hold)
 
 
@@ -263,18 +275,89 @@ def hf_callback():
 
 
 def attach_hf(trainer):
-    """Add memtrack's callback to a built transformers ``Trainer`` and run its
-    ``train``, ``evaluate``, ``predict`` and checkpoint saves inside stages.
-    Returns the callback."""
+    """Give a built transformers ``Trainer`` memtrack's phases: its
+    ``train``, ``evaluate``, ``predict`` and checkpoint saves run inside
+    stages, and its steps are marked from the trainer's own callback
+    handler (see :class:`_HandlerHooks`); where the trainer has not the
+    methods memtrack looks for, memtrack's callback is added to its
+    callbacks instead. Returns the callback."""
     callback = hf_callback()
     callback.attached = True
-    trainer.add_callback(callback)
     _wrap_method(trainer, "train", "fit", _hf_step)
     _wrap_method(trainer, "evaluate", "evaluate", _hf_step)
     _wrap_method(trainer, "predict", "predict", _hf_step)
     if not _wrap_method(trainer, "_save_checkpoint", "save", _hf_step):
         callback.attached = False  # the stages then come from the callbacks
+    if not (callback.attached and _HandlerHooks.attach(getattr(trainer, "callback_handler", None), callback)):
+        trainer.add_callback(callback)
     return callback
+
+
+class _HandlerHooks(object):
+    """The steps marked from the trainer's ``CallbackHandler`` itself, with
+    memtrack's callback kept out of its list: the handler calls every
+    callback in its list for each of a step's four events (step begin, the
+    optimizer step's two, step end), each call with eight keyword
+    arguments, whether the callback does anything then or not. The
+    handler's ``on_train_begin``, ``on_step_begin``, ``on_step_end`` and
+    ``on_train_end`` are wrapped on the instance (the callbacks in the list
+    are called as before, and see what they saw) and call memtrack's:
+    the step begins after the other callbacks' step begin and ends before
+    their step end. Used when the stages come from the trainer's own
+    methods (``attach_hf``), so that no other event is needed."""
+
+    EVENTS = ("on_train_begin", "on_step_begin", "on_step_end", "on_train_end")
+
+    @classmethod
+    def attach(cls, handler, callback):
+        """Wraps the handler's four events; False (and nothing changed)
+        where it has not all four."""
+        originals = [getattr(handler, name, None) for name in cls.EVENTS]
+        if handler is None or not all(callable(o) for o in originals):
+            return False
+        train_begin, step_begin, step_end, train_end = originals
+        steps = callback._steps
+        begin, end = steps.begin, steps.end
+
+        def on_train_begin(args, state, control, *more, **named):
+            control = train_begin(args, state, control, *more, **named)
+            callback.on_train_begin(args, state, control)
+            return control
+
+        def on_step_begin(args, state, control, *more):
+            control = step_begin(args, state, control, *more)
+            begin(state.global_step + 1)
+            return control
+
+        def on_step_end(args, state, control, *more):
+            end()
+            return step_end(args, state, control, *more)
+
+        def on_train_end(args, state, control, *more, **named):
+            callback.on_train_end(args, state, control)
+            return train_end(args, state, control, *more, **named)
+
+        own = vars(handler)
+        try:
+            for name, wrapped in zip(cls.EVENTS, (on_train_begin, on_step_begin, on_step_end, on_train_end)):
+                wrapped._memtrack_own = own.get(name, _NOT_OWN)
+                wrapped._memtrack_callback = callback
+                setattr(handler, name, wrapped)
+        except Exception:
+            cls.detach(handler)
+            return False
+        return True
+
+    @classmethod
+    def detach(cls, handler):
+        """Gives the handler its own four events back."""
+        own = vars(handler)
+        for name in cls.EVENTS:
+            saved = getattr(own.get(name), "_memtrack_own", None)
+            if saved is _NOT_OWN:
+                del own[name]
+            elif saved is not None:
+                own[name] = saved
 
 
 # -- PyTorch Lightning --------------------------------------------------------
