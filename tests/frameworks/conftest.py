@@ -57,6 +57,13 @@ def run_memtrack(tmp_path, argv, env=None, flags=(), timeout=300):
         return json.load(f), proc
 
 
+def printed(proc, tag):
+    """The JSON value a job printed on its line ``TAG value``."""
+    line = [l for l in proc.stdout.splitlines() if l.startswith(tag + " ")]
+    assert line, proc.stdout[-2000:]
+    return json.loads(line[0][len(tag) + 1:])
+
+
 def events(doc):
     return [e for e in doc["detailed_log"] if e["operation"] != "timer"]
 

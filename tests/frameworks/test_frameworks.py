@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from conftest import JOBS, job_env, run_memtrack, stages, step_spans, events
+from conftest import JOBS, events, job_env, printed, run_memtrack, stages, step_spans
 
 STEPS = 20
 BATCH = 4
@@ -373,17 +373,12 @@ def test_the_lightning_callback_costs_the_loop_only_the_hooks_it_uses(tmp_path):
     doc, proc = run_memtrack(tmp_path, [str(job), str(tmp_path / "root")])
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    def printed(tag):
-        line = [l for l in proc.stdout.splitlines() if l.startswith(tag + " ")]
-        assert line, proc.stdout[-2000:]
-        return json.loads(line[0][len(tag) + 1:])
-
-    hooks = {name.rsplit(".", 1)[1] for name in printed("DISPATCHED")}
+    hooks = {name.rsplit(".", 1)[1] for name in printed(proc, "DISPATCHED")}
     assert "on_train_start" in hooks or "on_fit_start" in hooks, hooks
     assert not hooks & {"on_train_batch_start", "on_train_batch_end", "on_before_backward",
                         "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"}, hooks
-    assert printed("SEEN") == [0, 1, 2, 3, 4]
-    assert printed("RESTORED") == [True, False]
+    assert printed(proc, "SEEN") == [0, 1, 2, 3, 4]
+    assert printed(proc, "RESTORED") == [True, False]
     assert [i for i, _ in step_spans(doc)] == [1, 2, 3, 4, 5]
 
 
@@ -428,14 +423,9 @@ def test_the_hugging_face_steps_cost_the_loop_no_callback_dispatch(tmp_path):
     doc, proc = run_memtrack(tmp_path, [str(job), str(tmp_path / "out_dir")])
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    def printed(tag):
-        line = [l for l in proc.stdout.splitlines() if l.startswith(tag + " ")]
-        assert line, proc.stdout[-2000:]
-        return json.loads(line[0][len(tag) + 1:])
-
-    listed = printed("LISTED")
+    listed = printed(proc, "LISTED")
     assert "Counting" in listed and not [name for name in listed if "Memtrack" in name], listed
-    assert printed("SEEN") == {"on_step_begin": 5, "on_optimizer_step": 5, "on_step_end": 5,
+    assert printed(proc, "SEEN") == {"on_step_begin": 5, "on_optimizer_step": 5, "on_step_end": 5,
                                "on_train_end": 1}
     assert [i for i, _ in step_spans(doc)] == [1, 2, 3, 4, 5]
     assert len(stages(doc, "fit")) == 1
