@@ -177,6 +177,15 @@ def test_the_hf_step_hooks_sit_on_the_callback_handler_and_come_off_it(fake, mon
     assert vars(partial) == {}
     assert not frameworks._HandlerHooks.attach(None, callback)
 
+    class Slotted(object):
+        # All four events, but no instance dict to wrap them on.
+        __slots__ = ()
+
+    for name in frameworks._HandlerHooks.EVENTS:
+        setattr(Slotted, name, lambda self, args, state, control: control)
+    assert not frameworks._HandlerHooks.attach(Slotted(), callback)
+    frameworks._HandlerHooks.detach(Slotted())
+
 
 def get_dropped():
     return client_mod.get_client().dropped()

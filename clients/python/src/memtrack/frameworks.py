@@ -313,7 +313,8 @@ class _HandlerHooks(object):
         """Wraps the handler's four events; False (and nothing changed)
         where it has not all four."""
         originals = [getattr(handler, name, None) for name in cls.EVENTS]
-        if handler is None or not all(callable(o) for o in originals):
+        own = getattr(handler, "__dict__", None)
+        if own is None or not all(callable(o) for o in originals):
             return False
         train_begin, step_begin, step_end, train_end = originals
         steps = callback._steps
@@ -337,7 +338,6 @@ class _HandlerHooks(object):
             callback.on_train_end(args, state, control)
             return train_end(args, state, control, *more, **named)
 
-        own = vars(handler)
         try:
             for name, wrapped in zip(cls.EVENTS, (on_train_begin, on_step_begin, on_step_end, on_train_end)):
                 wrapped._memtrack_own = own.get(name, _NOT_OWN)
@@ -351,7 +351,7 @@ class _HandlerHooks(object):
     @classmethod
     def detach(cls, handler):
         """Gives the handler its own four events back."""
-        own = vars(handler)
+        own = getattr(handler, "__dict__", None) or {}
         for name in cls.EVENTS:
             saved = getattr(own.get(name), "_memtrack_own", None)
             if saved is _NOT_OWN:
