@@ -46,7 +46,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, ".."))
@@ -104,7 +103,8 @@ class Blocks(object):
     allocator growing) then falls as often in a block with the hooks as
     in one without, instead of always in the same one. ``at_step`` is
     called at each step's start, before memtrack's hooks; ``hooks`` (set
-    by the job) is (take them out, put them back, their ``_Steps``)."""
+    by the job) is (take them out, put them back, their ``_Steps`` or None
+    for a peer that holds nothing back)."""
 
     def __init__(self, size, reference=False, seed=20261128):
         self.size = size
@@ -153,7 +153,8 @@ class Blocks(object):
             # As if the hooks had never been out: the block's first step
             # is as close to the last one as any other, so it is held
             # back like the rest instead of sent at once.
-            steps._began = steps._ended = time.time_ns()
+            if steps is not None:
+                steps._began = steps._ended = time.time_ns()
         self.inside = not self.inside
 
     def report(self):
@@ -206,8 +207,7 @@ def reference_callback(base, begin, end):
 
 def in_list(callbacks, callback):
     """``Blocks.hooks`` for a callback in a framework's callback list."""
-    return (lambda: callbacks.remove(callback), lambda: callbacks.append(callback),
-            types.SimpleNamespace())
+    return lambda: callbacks.remove(callback), lambda: callbacks.append(callback), None
 
 
 def lightning_hooks(trainer, module):
