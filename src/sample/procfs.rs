@@ -745,10 +745,7 @@ fn read_member(
         }
         // Same cadence: notice an exec since the process was described.
         if m.describe_tries == 0 {
-            if let Ok(n) = File::open(dir().join("cmdline")).and_then(|mut f| {
-                buf.clear();
-                f.read_to_end(buf)
-            }) {
+            if let Ok(n) = File::open(dir().join("cmdline")).and_then(|f| read_whole(f, buf)) {
                 if n > 0 && hash_bytes(&buf[..n]) != m.cmdline_hash {
                     m.describe_tries = DESCRIBE_TRIES;
                 }
@@ -772,9 +769,43 @@ fn gone(e: &io::Error) -> bool {
 }
 
 fn read_small<'b>(path: &Path, buf: &'b mut Vec<u8>) -> io::Result<&'b str> {
-    buf.clear();
-    File::open(path)?.read_to_end(buf)?;
+    read_whole(File::open(path)?, buf)?;
     std::str::from_utf8(buf).map_err(io::Error::other)
+}
+
+/// First read of a [`read_whole`]: a page holds any `stat`, `statm` or
+/// `status` of a process with a usual group list and CPU mask.
+const WHOLE_FIRST: usize = 4096;
+
+/// Reads `f` whole into `buf` (its length), in as few `read`s as procfs
+/// allows. A procfs file of a process (`stat`, `status`, `cmdline`) hands
+/// out all it holds that fits in one `read`, so a read that leaves room in
+/// the buffer reached the end: no size probe first and no empty read after
+/// (`read_to_end` makes both, three system calls where the floor makes
+/// one). A read that fills the buffer may have more behind it: the buffer
+/// grows and reading goes on.
+fn read_whole(mut f: File, buf: &mut Vec<u8>) -> io::Result<usize> {
+    buf.clear();
+    buf.resize(WHOLE_FIRST, 0);
+    let mut len = 0;
+    loop {
+        match f.read(&mut buf[len..]) {
+            Ok(n) => {
+                len += n;
+                if n == 0 || len < buf.len() {
+                    break;
+                }
+                buf.resize(buf.len() * 2, 0);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                buf.truncate(len);
+                return Err(e);
+            }
+        }
+    }
+    buf.truncate(len);
+    Ok(len)
 }
 
 fn truncate_utf8(s: &mut String, max: usize) {
@@ -829,6 +860,62 @@ mod tests {
         assert_eq!(s.ppid, 1000);
         assert_eq!(s.start_ticks, 98765);
         assert_eq!(s.exit_code, Some(0));
+    }
+
+    #[test]
+    fn read_whole_reads_past_a_full_first_buffer() {
+        let dir = std::env::temp_dir().join(format!("memtrack-read-whole-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut buf = Vec::new();
+        for len in [
+            0,
+            1,
+            WHOLE_FIRST - 1,
+            WHOLE_FIRST,
+            WHOLE_FIRST + 1,
+            3 * WHOLE_FIRST + 17,
+        ] {
+            let path = dir.join(format!("f{len}"));
+            let data: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            std::fs::write(&path, &data).unwrap();
+            assert_eq!(
+                read_whole(File::open(&path).unwrap(), &mut buf).unwrap(),
+                len
+            );
+            assert_eq!(buf, data, "{len} bytes");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn read_whole_reads_a_live_procfs_file_whole() {
+        // A process's status is read in one go; its lines end where the
+        // kernel's do.
+        let mut buf = Vec::new();
+        let text = read_small(Path::new("/proc/self/status"), &mut buf).unwrap();
+        assert!(text.starts_with("Name:"), "{text}");
+        assert!(text.ends_with('\n'));
+        assert!(parse_status(text).unwrap().vm_hwm > 0);
+        // A command line longer than the first read comes back whole
+        // (`sleep` sums its arguments: a long run of zeros adds nothing).
+        let long = "0".repeat(3 * WHOLE_FIRST);
+        let mut child = std::process::Command::new("sleep")
+            .args(["30", &long])
+            .spawn()
+            .unwrap();
+        let path = PathBuf::from(format!("/proc/{}/cmdline", child.id()));
+        let mut n = 0;
+        for _ in 0..200 {
+            n = read_whole(File::open(&path).unwrap(), &mut buf).unwrap();
+            if n > WHOLE_FIRST {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(n, "sleep".len() + "30".len() + long.len() + 3);
+        assert!(buf.ends_with(format!("{long}\0").as_bytes()));
     }
 
     #[test]
