@@ -1,10 +1,15 @@
-/* The floor of a host memory sampler: exactly the /proc reads memtrack's
- * samples need, and nothing else. Every tick: one pread of a kept-open
- * /proc/PID/statm per process. Once per second: one read of
+/* The floor of a sampler that follows a process tree: exactly the /proc
+ * reads its samples need, and nothing else. Every tick: one pread of a
+ * kept-open /proc/PID/statm per process (its memory), and one of its
+ * kept-open /proc/PID/task/PID/children (the new processes it started:
+ * a tree sampler has to find them). Once per second: one read of
  * /proc/PID/status per process (the VmHWM high-water mark). Runs for the
  * given seconds at the given interval, then exits.
  *
- *   floor INTERVAL_MS SECONDS PID...
+ * With --no-children it skips the children lists: the reads of the
+ * samples alone, a floor that would never see a new process.
+ *
+ *   floor [--no-children] INTERVAL_MS SECONDS PID...
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -23,18 +28,27 @@ static void add_ms(struct timespec *t, long ms) {
 }
 
 int main(int argc, char **argv) {
+    int children = 1;
+    if (argc > 1 && strcmp(argv[1], "--no-children") == 0) {
+        children = 0;
+        argv++;
+        argc--;
+    }
     if (argc < 4) {
-        fprintf(stderr, "usage: %s INTERVAL_MS SECONDS PID...\n", argv[0]);
+        fprintf(stderr, "usage: %s [--no-children] INTERVAL_MS SECONDS PID...\n", argv[0]);
         return 2;
     }
     long interval = atol(argv[1]);
     long seconds = atol(argv[2]);
     int n = argc - 3;
     int *statm = calloc((size_t)n, sizeof(int));
+    int *kids = calloc((size_t)n, sizeof(int));
     char path[64], buf[4096];
     for (int i = 0; i < n; i++) {
         snprintf(path, sizeof path, "/proc/%s/statm", argv[3 + i]);
         statm[i] = open(path, O_RDONLY | O_CLOEXEC);
+        snprintf(path, sizeof path, "/proc/%s/task/%s/children", argv[3 + i], argv[3 + i]);
+        kids[i] = children ? open(path, O_RDONLY | O_CLOEXEC) : -1;
     }
     struct timespec next, end;
     clock_gettime(CLOCK_MONOTONIC, &next);
@@ -46,6 +60,10 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) {
             if (statm[i] >= 0) {
                 ssize_t r = pread(statm[i], buf, sizeof buf, 0);
+                sink += (unsigned long)r;
+            }
+            if (kids[i] >= 0) {
+                ssize_t r = pread(kids[i], buf, sizeof buf, 0);
                 sink += (unsigned long)r;
             }
         }
