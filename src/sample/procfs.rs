@@ -382,8 +382,10 @@ impl ProcTree {
 
     /// The command line (bounded) and the hash of its raw bytes.
     fn read_cmdline(&self, pid: u32) -> (Vec<String>, u64) {
-        std::fs::read(self.opts.root.join(pid.to_string()).join("cmdline"))
-            .map(|b| {
+        let mut b = Vec::new();
+        File::open(self.opts.root.join(pid.to_string()).join("cmdline"))
+            .and_then(|f| read_whole(f, &mut b))
+            .map(|_| {
                 let mut args = parse_cmdline(&b);
                 args.truncate(64);
                 for a in &mut args {
