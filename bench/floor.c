@@ -2,9 +2,9 @@
  * reads its samples need, and nothing else. Every tick: one pread of a
  * kept-open /proc/PID/statm per process (its memory), and one of its
  * kept-open /proc/PID/task/PID/children (the new processes it started:
- * a tree sampler has to find them). Once per second: one read of
- * /proc/PID/status per process (the VmHWM high-water mark). Runs for the
- * given seconds at the given interval, then exits.
+ * a tree sampler has to find them). Once per second: one pread of a
+ * kept-open /proc/PID/status per process (the VmHWM high-water mark).
+ * Runs for the given seconds at the given interval, then exits.
  *
  * With --no-children it skips the children lists: the reads of the
  * samples alone, a floor that would never see a new process.
@@ -43,12 +43,15 @@ int main(int argc, char **argv) {
     int n = argc - 3;
     int *statm = calloc((size_t)n, sizeof(int));
     int *kids = calloc((size_t)n, sizeof(int));
+    int *status = calloc((size_t)n, sizeof(int));
     char path[64], buf[4096];
     for (int i = 0; i < n; i++) {
         snprintf(path, sizeof path, "/proc/%s/statm", argv[3 + i]);
         statm[i] = open(path, O_RDONLY | O_CLOEXEC);
         snprintf(path, sizeof path, "/proc/%s/task/%s/children", argv[3 + i], argv[3 + i]);
         kids[i] = children ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+        snprintf(path, sizeof path, "/proc/%s/status", argv[3 + i]);
+        status[i] = open(path, O_RDONLY | O_CLOEXEC);
     }
     struct timespec next, end;
     clock_gettime(CLOCK_MONOTONIC, &next);
@@ -69,11 +72,9 @@ int main(int argc, char **argv) {
         }
         if (ticks % per_second == 0) {
             for (int i = 0; i < n; i++) {
-                snprintf(path, sizeof path, "/proc/%s/status", argv[3 + i]);
-                int fd = open(path, O_RDONLY | O_CLOEXEC);
-                if (fd >= 0) {
-                    sink += (unsigned long)read(fd, buf, sizeof buf);
-                    close(fd);
+                if (status[i] >= 0) {
+                    ssize_t r = pread(status[i], buf, sizeof buf, 0);
+                    sink += (unsigned long)r;
                 }
             }
         }

@@ -137,17 +137,24 @@ fn footprint_rows(n: usize, root: u32, pids: &[u32]) {
         .iter()
         .map(|p| File::open(format!("/proc/{p}/statm")).expect("statm"))
         .collect();
+    // memtrack reads status (VmHWM) and cmdline (has it exec'd?) at the
+    // hwm cadence, from files it keeps open; so does the floor.
+    let slow: Vec<(File, File)> = pids
+        .iter()
+        .map(|p| {
+            (
+                File::open(format!("/proc/{p}/status")).expect("status"),
+                File::open(format!("/proc/{p}/cmdline")).expect("cmdline"),
+            )
+        })
+        .collect();
     let mut buf = vec![0u8; 8192];
     let read_status = |buf: &mut Vec<u8>| {
-        for (f, p) in statm.iter().zip(pids) {
-            let n = f.read_at(buf, 0).expect("pread");
-            std::hint::black_box(&buf[..n]);
-            // memtrack reads status (VmHWM) and cmdline (has it exec'd?)
-            // at the hwm cadence.
-            let s = std::fs::read(format!("/proc/{p}/status")).expect("status");
-            std::hint::black_box(&s);
-            let c = std::fs::read(format!("/proc/{p}/cmdline")).expect("cmdline");
-            std::hint::black_box(&c);
+        for (f, (status, cmdline)) in statm.iter().zip(&slow) {
+            for file in [f, status, cmdline] {
+                let n = file.read_at(buf, 0).expect("pread");
+                std::hint::black_box(&buf[..n]);
+            }
         }
     };
     let tick = |choice: Option<memtrack::sample::cgroup::Cgroup>| {

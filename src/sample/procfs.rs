@@ -17,14 +17,20 @@
 //! which costs many `statm` reads (`cargo bench --bench tick`: the
 //! `sample + VmHWM read` column against `memtrack sample`); it is a running
 //! maximum, so it is refreshed at `hwm_interval` rather than every tick
-//! without losing anything while the process lives.
+//! without losing anything while the process lives. At that same cadence
+//! `/proc/PID/cmdline` tells whether the process exec'd. Both are kept open
+//! beside `statm` while descriptors allow (a `pread` of a kept file costs
+//! about half of an open, read and close); a process that joins once the
+//! members hold half the descriptors memtrack allows itself has them
+//! opened by path for each read instead, so they never crowd out a
+//! `statm`.
 //!
 //! Parsers are pure functions over `&str`; the reader takes the procfs root
 //! as an argument so tests can run against a fake tree.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -78,6 +84,12 @@ struct Member {
     /// Kept open while descriptors last; `None`: read by path (and the
     /// start time checked, so a reused PID is not taken for this one).
     statm: Option<File>,
+    /// `status` (`VmHWM`) and `cmdline` (the exec check), read once per
+    /// `hwm_interval`: kept open beside `statm` while descriptors allow
+    /// (see [`ProcTree::keeps_slow_files`]), else opened by path each time.
+    /// A `pread` of a kept file costs about half an open, read and close.
+    status: Option<File>,
+    cmdline: Option<File>,
     rss: u64,
     hwm: u64,
     hwm_read_at: Option<Instant>,
@@ -97,6 +109,16 @@ struct Member {
     /// Hash of the command line last described: a change means the
     /// process exec'd (a shell wrapper, a pyenv shim) and is re-described.
     cmdline_hash: u64,
+}
+
+impl Member {
+    /// The descriptors this member holds.
+    fn descriptors(&self) -> usize {
+        [&self.statm, &self.status, &self.cmdline]
+            .iter()
+            .filter(|f| f.is_some())
+            .count()
+    }
 }
 
 /// How many samples an empty command line is retried: a process caught in
@@ -125,9 +147,10 @@ pub struct ProcTree {
     /// Scratch list of members found gone during a sample.
     departed: Vec<u32>,
     buf: Vec<u8>,
-    /// Processes whose `statm` may stay open: the descriptor limit less
+    /// Descriptors the members may hold: the descriptor limit less
     /// headroom for the reads, sockets and files memtrack opens besides.
     max_open: usize,
+    /// Descriptors the members hold now.
     open_now: usize,
     /// Members that left with the last sample: (pid, command-line hash,
     /// anonymous bytes), for an orphan found a sample late.
@@ -356,9 +379,7 @@ impl ProcTree {
         let Some(m) = self.members.remove(&pid) else {
             return;
         };
-        if m.statm.is_some() {
-            self.open_now -= 1;
-        }
+        self.open_now -= m.descriptors();
         let mut left = Left {
             id: m.id,
             exit: None,
@@ -380,11 +401,16 @@ impl ProcTree {
         out.left.push(left);
     }
 
-    /// The command line (bounded) and the hash of its raw bytes.
+    /// The command line (bounded) and the hash of its raw bytes, from the
+    /// member's kept-open file when it has one.
     fn read_cmdline(&self, pid: u32) -> (Vec<String>, u64) {
+        let kept = self.members.get(&pid).and_then(|m| m.cmdline.as_ref());
+        self.read_cmdline_from(pid, kept)
+    }
+
+    fn read_cmdline_from(&self, pid: u32, kept: Option<&File>) -> (Vec<String>, u64) {
         let mut b = Vec::new();
-        File::open(self.opts.root.join(pid.to_string()).join("cmdline"))
-            .and_then(|f| read_whole(f, &mut b))
+        read_kept(kept, &self.opts.root, pid, "cmdline", &mut b)
             .map(|_| {
                 let mut args = parse_cmdline(&b);
                 args.truncate(64);
@@ -430,9 +456,27 @@ impl ProcTree {
         }
     }
 
+    /// Whether a joining member may keep its once-a-second files open
+    /// beside its `statm`: only while the members, this one's three
+    /// included, hold at most half the descriptors allowed, so those files
+    /// never leave a later process's `statm` (read every tick) to be read
+    /// by path.
+    fn keeps_slow_files(&self) -> bool {
+        self.open_now + 3 <= self.max_open / 2
+    }
+
     fn join(&mut self, stat: Stat, statm: Option<File>, root: bool, out: &mut HostSample) {
         let pid = stat.pid;
-        let (cmdline, cmdline_hash) = self.read_cmdline(pid);
+        let (status, cmdline_file) = if statm.is_some() && self.keeps_slow_files() {
+            let dir = self.opts.root.join(pid.to_string());
+            (
+                File::open(dir.join("status")).ok(),
+                File::open(dir.join("cmdline")).ok(),
+            )
+        } else {
+            (None, None)
+        };
+        let (cmdline, cmdline_hash) = self.read_cmdline_from(pid, cmdline_file.as_ref());
         let describe_tries = if cmdline.is_empty() {
             DESCRIBE_TRIES
         } else {
@@ -442,9 +486,6 @@ impl ProcTree {
             pid,
             start_ticks: stat.start_ticks,
         };
-        if statm.is_some() {
-            self.open_now += 1;
-        }
         let fork_of = self.fork_of(&stat, cmdline_hash);
         out.joined.push(Joined {
             id,
@@ -454,22 +495,23 @@ impl ProcTree {
             cmdline,
             root,
         });
-        self.members.insert(
-            pid,
-            Member {
-                id,
-                statm,
-                rss: 0,
-                hwm: 0,
-                hwm_read_at: None,
-                hwm_rise: 0,
-                anon: 0,
-                fork_of,
-                read_ok: false,
-                describe_tries,
-                cmdline_hash,
-            },
-        );
+        let member = Member {
+            id,
+            statm,
+            status,
+            cmdline: cmdline_file,
+            rss: 0,
+            hwm: 0,
+            hwm_read_at: None,
+            hwm_rise: 0,
+            anon: 0,
+            fork_of,
+            read_ok: false,
+            describe_tries,
+            cmdline_hash,
+        };
+        self.open_now += member.descriptors();
+        self.members.insert(pid, member);
     }
 
     /// The followed process `stat`'s process was forked from without an
@@ -735,7 +777,8 @@ fn read_member(
     let due =
         |at: Option<Instant>, every: Duration| at.is_none_or(|t| now.duration_since(t) >= every);
     if due(m.hwm_read_at, opts.hwm_interval) {
-        if let Ok(status) = read_small(&dir().join("status"), buf)
+        if let Ok(status) = read_kept(m.status.as_ref(), &opts.root, pid, "status", buf)
+            .and_then(|_| std::str::from_utf8(buf).map_err(io::Error::other))
             .and_then(|t| parse_status(t).map_err(io::Error::other))
         {
             // A rise of the high-water mark above both the last one and
@@ -747,7 +790,7 @@ fn read_member(
         }
         // Same cadence: notice an exec since the process was described.
         if m.describe_tries == 0 {
-            if let Ok(n) = File::open(dir().join("cmdline")).and_then(|f| read_whole(f, buf)) {
+            if let Ok(n) = read_kept(m.cmdline.as_ref(), &opts.root, pid, "cmdline", buf) {
                 if n > 0 && hash_bytes(&buf[..n]) != m.cmdline_hash {
                     m.describe_tries = DESCRIBE_TRIES;
                 }
@@ -771,27 +814,43 @@ fn gone(e: &io::Error) -> bool {
 }
 
 fn read_small<'b>(path: &Path, buf: &'b mut Vec<u8>) -> io::Result<&'b str> {
-    read_whole(File::open(path)?, buf)?;
+    read_whole(&File::open(path)?, buf)?;
     std::str::from_utf8(buf).map_err(io::Error::other)
+}
+
+/// Reads a process's procfs file `name` whole into `buf`: from `kept` when
+/// the member keeps it open, else opened by path for this read.
+fn read_kept(
+    kept: Option<&File>,
+    root: &Path,
+    pid: u32,
+    name: &str,
+    buf: &mut Vec<u8>,
+) -> io::Result<usize> {
+    match kept {
+        Some(f) => read_whole(f, buf),
+        None => read_whole(&File::open(root.join(pid.to_string()).join(name))?, buf),
+    }
 }
 
 /// First read of a [`read_whole`]: a page holds any `stat`, `statm` or
 /// `status` of a process with a usual group list and CPU mask.
 const WHOLE_FIRST: usize = 4096;
 
-/// Reads `f` whole into `buf` (its length), in as few `read`s as procfs
-/// allows. A procfs file of a process (`stat`, `status`, `cmdline`) hands
-/// out all it holds that fits in one `read`, so a read that leaves room in
+/// Reads `f` whole from its start into `buf` (its length), in as few
+/// `pread`s as procfs allows, so a kept-open file is read again the same
+/// way. A procfs file of a process (`stat`, `status`, `cmdline`) hands
+/// out all it holds that fits in one read, so a read that leaves room in
 /// the buffer reached the end: no size probe first and no empty read after
 /// (`read_to_end` makes both, three system calls where the floor makes
 /// one). A read that fills the buffer may have more behind it: the buffer
-/// grows and reading goes on.
-fn read_whole(mut f: File, buf: &mut Vec<u8>) -> io::Result<usize> {
+/// grows and reading goes on from there.
+fn read_whole(f: &File, buf: &mut Vec<u8>) -> io::Result<usize> {
     buf.clear();
     buf.resize(WHOLE_FIRST, 0);
     let mut len = 0;
     loop {
-        match f.read(&mut buf[len..]) {
+        match f.read_at(&mut buf[len..], len as u64) {
             Ok(n) => {
                 len += n;
                 if n == 0 || len < buf.len() {
@@ -881,7 +940,7 @@ mod tests {
             let data: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
             std::fs::write(&path, &data).unwrap();
             assert_eq!(
-                read_whole(File::open(&path).unwrap(), &mut buf).unwrap(),
+                read_whole(&File::open(&path).unwrap(), &mut buf).unwrap(),
                 len
             );
             assert_eq!(buf, data, "{len} bytes");
@@ -908,7 +967,7 @@ mod tests {
         let path = PathBuf::from(format!("/proc/{}/cmdline", child.id()));
         let mut n = 0;
         for _ in 0..200 {
-            n = read_whole(File::open(&path).unwrap(), &mut buf).unwrap();
+            n = read_whole(&File::open(&path).unwrap(), &mut buf).unwrap();
             if n > WHOLE_FIRST {
                 break;
             }
@@ -1061,6 +1120,64 @@ mod tests {
         tree.peek(&mut rss);
         assert!(rss.is_empty(), "{rss:?}");
         child.wait().unwrap();
+    }
+
+    #[test]
+    fn kept_files_follow_an_exec_and_are_counted() {
+        // sh starts a long sleep beside it, then execs into another: its
+        // kept `status` and `cmdline` read the process it became.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & sleep 0.2; exec sleep 30"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut tree = live_tree(None);
+        tree.max_open = 8;
+        tree.add_root(pid).unwrap();
+        let mut out = HostSample::default();
+        tree.sample(Instant::now(), &mut out);
+        assert_eq!(
+            tree.members[&pid].descriptors(),
+            3,
+            "statm, status, cmdline"
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut became = None;
+        while became.is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            out.clear();
+            tree.sample(Instant::now(), &mut out);
+            became = out
+                .described
+                .iter()
+                .find(|d| d.pid == pid)
+                .map(|d| d.cmdline.clone());
+            let root = out.processes.iter().find(|p| p.pid == pid).unwrap();
+            assert!(root.hwm >= root.rss && root.rss > 0);
+        }
+        assert_eq!(became, Some(vec!["sleep".to_string(), "30".to_string()]));
+        // The sleeps joined with the slow files' half of the descriptors
+        // spent: each keeps its statm alone, and is read all the same.
+        let others: Vec<u32> = tree.pids().filter(|&p| p != pid).collect();
+        assert!(!others.is_empty(), "the background sleep joined");
+        for p in &others {
+            assert_eq!(tree.members[p].descriptors(), 1);
+            let read = out.processes.iter().find(|r| r.pid == *p).unwrap();
+            assert!(read.hwm >= read.rss && read.rss > 0);
+        }
+        assert_eq!(tree.open_now, 3 + others.len());
+        for p in tree.pids() {
+            let _ = sys::kill(p, libc::SIGKILL);
+        }
+        child.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !tree.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            out.clear();
+            tree.sample(Instant::now(), &mut out);
+        }
+        assert!(tree.is_empty());
+        assert_eq!(tree.open_now, 0, "every descriptor given back");
     }
 
     #[test]
