@@ -129,29 +129,25 @@ fn footprint_reader(choice: SourceChoice) -> FootprintReader {
 
 /// The tree's footprint at default settings (1 s interval, so the VmHWM
 /// read falls due every tick): memtrack's sampler tick against the floor of
-/// the same files read by hand — `statm`, `status` and `cmdline` per
-/// process, plus the cgroup's four files (cgroup) — and the Pss budget's
+/// the same files read by hand — `statm` and `status` per process, plus
+/// the cgroup's four files (cgroup) — and the Pss budget's
 /// cost on its own.
 fn footprint_rows(n: usize, root: u32, pids: &[u32]) {
     let statm: Vec<File> = pids
         .iter()
         .map(|p| File::open(format!("/proc/{p}/statm")).expect("statm"))
         .collect();
-    // memtrack reads status (VmHWM) and cmdline (has it exec'd?) at the
-    // hwm cadence, from files it keeps open; so does the floor.
-    let slow: Vec<(File, File)> = pids
+    // memtrack reads status (VmHWM) at the hwm cadence, from a file it
+    // keeps open; so does the floor. (Its command line, read every 10 s to
+    // notice an exec, is memtrack's own extra.)
+    let status: Vec<File> = pids
         .iter()
-        .map(|p| {
-            (
-                File::open(format!("/proc/{p}/status")).expect("status"),
-                File::open(format!("/proc/{p}/cmdline")).expect("cmdline"),
-            )
-        })
+        .map(|p| File::open(format!("/proc/{p}/status")).expect("status"))
         .collect();
     let mut buf = vec![0u8; 8192];
     let read_status = |buf: &mut Vec<u8>| {
-        for (f, (status, cmdline)) in statm.iter().zip(&slow) {
-            for file in [f, status, cmdline] {
+        for (f, status) in statm.iter().zip(&status) {
+            for file in [f, status] {
                 let n = file.read_at(buf, 0).expect("pread");
                 std::hint::black_box(&buf[..n]);
             }

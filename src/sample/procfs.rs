@@ -17,8 +17,10 @@
 //! which costs many `statm` reads (`cargo bench --bench tick`: the
 //! `sample + VmHWM read` column against `memtrack sample`); it is a running
 //! maximum, so it is refreshed at `hwm_interval` rather than every tick
-//! without losing anything while the process lives. At that same cadence
-//! `/proc/PID/cmdline` tells whether the process exec'd. Both are kept open
+//! without losing anything while the process lives. An exec shows there
+//! too, as a new `Name`, and has `/proc/PID/cmdline` read at once; every
+//! `EXEC_CHECK_EVERY` it is read anyway (an exec of the same program keeps
+//! the name). Both files are kept open
 //! beside `statm` while descriptors allow (a `pread` of a kept file costs
 //! about half of an open, read and close); a process that joins once the
 //! members hold half the descriptors memtrack allows itself has them
@@ -109,6 +111,12 @@ struct Member {
     /// Hash of the command line last described: a change means the
     /// process exec'd (a shell wrapper, a pyenv shim) and is re-described.
     cmdline_hash: u64,
+    /// When the command line was last read to look for an exec.
+    cmdline_read_at: Instant,
+    /// Hash of the `Name` its last `status` showed: an exec renames a
+    /// process (unless it runs the same program again), so a change has
+    /// the command line read at once.
+    name_hash: Option<u64>,
 }
 
 impl Member {
@@ -124,6 +132,12 @@ impl Member {
 /// How many samples an empty command line is retried: a process caught in
 /// `execve` (a just-spawned job always is) shows none for a moment.
 const DESCRIBE_TRIES: u8 = 10;
+
+/// The command line of a process whose name has not changed is read for
+/// an exec at most this often: an exec of the same program (a Python
+/// wrapper that execs Python) keeps the name, and is described anew within
+/// this time; any other exec at the next `VmHWM` read.
+const EXEC_CHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// Safety-net full scan period.
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(10);
@@ -509,6 +523,8 @@ impl ProcTree {
             read_ok: false,
             describe_tries,
             cmdline_hash,
+            cmdline_read_at: Instant::now(),
+            name_hash: None,
         };
         self.open_now += member.descriptors();
         self.members.insert(pid, member);
@@ -777,6 +793,7 @@ fn read_member(
     let due =
         |at: Option<Instant>, every: Duration| at.is_none_or(|t| now.duration_since(t) >= every);
     if due(m.hwm_read_at, opts.hwm_interval) {
+        let mut renamed = false;
         if let Ok(status) = read_kept(m.status.as_ref(), &opts.root, pid, "status", buf)
             .and_then(|_| std::str::from_utf8(buf).map_err(io::Error::other))
             .and_then(|t| parse_status(t).map_err(io::Error::other))
@@ -787,13 +804,22 @@ fn read_member(
                 m.hwm_rise = status.vm_hwm.saturating_sub(m.hwm.max(rss));
             }
             m.hwm = m.hwm.max(status.vm_hwm);
+            let name = hash_bytes(status.name.as_bytes());
+            renamed = m.name_hash.is_some_and(|h| h != name);
+            m.name_hash = Some(name);
         }
-        // Same cadence: notice an exec since the process was described.
-        if m.describe_tries == 0 {
-            if let Ok(n) = read_kept(m.cmdline.as_ref(), &opts.root, pid, "cmdline", buf) {
-                if n > 0 && hash_bytes(&buf[..n]) != m.cmdline_hash {
+        // Notice an exec since the process was described: at once when
+        // its name changed, else every `EXEC_CHECK_EVERY`.
+        if m.describe_tries == 0 && (renamed || due(Some(m.cmdline_read_at), EXEC_CHECK_EVERY)) {
+            m.cmdline_read_at = now;
+            match read_kept(m.cmdline.as_ref(), &opts.root, pid, "cmdline", buf) {
+                // Caught inside an `execve` (renamed, its arguments not yet
+                // set): the next samples read it again.
+                Ok(0) => m.describe_tries = DESCRIBE_TRIES,
+                Ok(n) if hash_bytes(&buf[..n]) != m.cmdline_hash => {
                     m.describe_tries = DESCRIBE_TRIES;
                 }
+                _ => {}
             }
         }
         m.hwm_read_at = Some(now);
@@ -1178,6 +1204,55 @@ mod tests {
         }
         assert!(tree.is_empty());
         assert_eq!(tree.open_now, 0, "every descriptor given back");
+    }
+
+    #[test]
+    fn an_exec_of_the_same_program_is_seen_by_the_periodic_check() {
+        // sh execs another sh: the name stays, so only the periodic read
+        // of the command line notices.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 0.2; exec sh -c 'sleep 30; true'"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut tree = live_tree(None);
+        tree.add_root(pid).unwrap();
+        let mut out = HostSample::default();
+        tree.sample(Instant::now(), &mut out);
+        let cmdline = format!("/proc/{pid}/cmdline");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // (The first command line holds that text too: wait for it alone.)
+        while std::fs::read_to_string(&cmdline).unwrap() != "sh\0-c\0sleep 30; true\0" {
+            assert!(Instant::now() < deadline, "the exec never came");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let described = |out: &HostSample| {
+            out.described
+                .iter()
+                .find(|d| d.pid == pid)
+                .map(|d| d.cmdline.clone())
+        };
+        for _ in 0..3 {
+            out.clear();
+            tree.sample(Instant::now(), &mut out);
+            assert_eq!(described(&out), None, "read before it was due");
+        }
+        let m = tree.members.get_mut(&pid).unwrap();
+        m.cmdline_read_at = m.cmdline_read_at.checked_sub(EXEC_CHECK_EVERY).unwrap();
+        out.clear();
+        tree.sample(Instant::now(), &mut out);
+        assert_eq!(
+            described(&out),
+            Some(vec![
+                "sh".to_string(),
+                "-c".to_string(),
+                "sleep 30; true".to_string()
+            ])
+        );
+        for p in tree.pids() {
+            let _ = sys::kill(p, libc::SIGKILL);
+        }
+        child.wait().unwrap();
     }
 
     #[test]
