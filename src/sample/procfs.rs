@@ -17,15 +17,14 @@
 //! which costs many `statm` reads (`cargo bench --bench tick`: the
 //! `sample + VmHWM read` column against `memtrack sample`); it is a running
 //! maximum, so it is refreshed at `hwm_interval` rather than every tick
-//! without losing anything while the process lives. An exec shows there
-//! too, as a new `Name`, and has `/proc/PID/cmdline` read at once; every
-//! `EXEC_CHECK_EVERY` it is read anyway (an exec of the same program keeps
-//! the name). Both files are kept open
-//! beside `statm` while descriptors allow (a `pread` of a kept file costs
-//! about half of an open, read and close); a process that joins once the
-//! members hold half the descriptors memtrack allows itself has them
-//! opened by path for each read instead, so they never crowd out a
-//! `statm`.
+//! without losing anything while the process lives. An exec usually shows
+//! there too, as a new `Name`, and has `/proc/PID/cmdline` read at once;
+//! every `EXEC_CHECK_EVERY` it is read anyway (an exec of the same program
+//! keeps the name). Both files are kept open beside `statm` while
+//! descriptors allow (a `pread` of a kept file costs about half of an
+//! open, read and close); a process that joins once the members hold half
+//! the descriptors memtrack allows itself has them opened by path for each
+//! read instead, so they never crowd out a `statm`.
 //!
 //! Parsers are pure functions over `&str`; the reader takes the procfs root
 //! as an argument so tests can run against a fake tree.
@@ -86,9 +85,9 @@ struct Member {
     /// Kept open while descriptors last; `None`: read by path (and the
     /// start time checked, so a reused PID is not taken for this one).
     statm: Option<File>,
-    /// `status` (`VmHWM`) and `cmdline` (the exec check), read once per
-    /// `hwm_interval`: kept open beside `statm` while descriptors allow
-    /// (see [`ProcTree::keeps_slow_files`]), else opened by path each time.
+    /// `status` (`VmHWM`, read once per `hwm_interval`) and `cmdline` (the
+    /// exec check): kept open beside `statm` while descriptors allow (see
+    /// [`ProcTree::keeps_slow_files`]), else opened by path for each read.
     /// A `pread` of a kept file costs about half an open, read and close.
     status: Option<File>,
     cmdline: Option<File>,
